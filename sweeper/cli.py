@@ -1,0 +1,289 @@
+"""``sweeper`` command line: one function per command; the docstring is the help.
+
+Heavy modules (optuna, sqlalchemy, fastapi; torch only ever in the trial child) are imported
+inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.errors import SpaceError, SweeperError
+
+if TYPE_CHECKING:
+    from sweeper.recommend import Recommendation
+    from sweeper.space import TrialConfig
+    from sweeper.store import TrialRow
+    from sweeper.trial.protocol import PreparedData
+
+app = typer.Typer(
+    help="Find the cheapest way to run a training job: timed trials, priced per run.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+StorageOption = Annotated[
+    str | None,
+    typer.Option(
+        "--storage",
+        help="SQLAlchemy URL: sqlite:///file.db or postgresql+psycopg://user@host/db "
+        "(default: $SWEEPER_STORAGE, then the space's storage, then sqlite:///sweeper.db)",
+    ),
+]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@app.command()
+def launch(
+    space: Annotated[Path, typer.Option("--space", help="a space file, e.g. spaces/h100.yaml")],
+    storage: StorageOption = None,
+    n_trials: Annotated[
+        int | None, typer.Option("--n-trials", min=1, help="override the space's budget")
+    ] = None,
+) -> None:
+    """Run a sweep: each trial trains the workload with one config in a child process."""
+    from sweeper.settings import Settings, resolve_storage
+    from sweeper.space import load_space
+    from sweeper.study import run_sweep
+
+    try:
+        parsed = load_space(space)
+    except SpaceError as e:
+        raise _fail(f"invalid space file\n{e}", code=2) from None
+    url = resolve_storage(storage, parsed.storage)
+    observer = RichObserver(parsed.study, n_trials or parsed.budget.n_trials)
+    from sweeper.store import redact
+
+    console.print(
+        f"sweep [bold]{parsed.study}[/] on {parsed.hardware.name} "
+        f"(${parsed.hardware.usd_per_hour:.2f}/h) → {redact(url)}",
+        highlight=False,
+    )
+    try:
+        with observer:
+            report = run_sweep(
+                parsed,
+                storage_url=url,
+                cache_dir=Settings().cache_dir,
+                space_text=space.read_text(encoding="utf-8"),
+                space_path=str(space),
+                n_trials=n_trials,
+                observer=observer,
+            )
+    except KeyboardInterrupt:
+        raise _fail("interrupted; finished trials are kept, the running one is marked", 130) from None
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    _print_leaderboard(url, parsed.study)
+    console.print(
+        f"{report.trials_run} trials ({report.completed} complete, {report.failed} failed) "
+        f"in {report.wall_s:.0f} s",
+        highlight=False,
+    )
+    if report.best is not None:
+        _print_recommendation(report.best)
+
+
+@app.command()
+def serve(
+    storage: StorageOption = None,
+    host: Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="port (default 8000)")] = None,
+) -> None:
+    """Serve the REST API and the dashboard."""
+    import uvicorn
+
+    from api.app import create_app
+    from sweeper.settings import Settings, resolve_storage
+    from sweeper.store import redact
+
+    settings = Settings()
+    url = resolve_storage(storage)
+    try:
+        application = create_app(url)
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    bind_host, bind_port = host or settings.host, port or settings.port
+    console.print(
+        f"dashboard on http://{bind_host}:{bind_port}/  (storage {redact(url)})", highlight=False
+    )
+    uvicorn.run(application, host=bind_host, port=bind_port, log_level="warning")
+
+
+@app.command("best")
+def best_command(
+    study: Annotated[str, typer.Option("--study", help="study name")],
+    storage: StorageOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Print the recommended (cheapest per run) config of a study."""
+    from dataclasses import asdict
+
+    from sweeper.recommend import best
+    from sweeper.settings import resolve_storage
+    from sweeper.store import Store
+
+    store = Store(resolve_storage(storage))
+    try:
+        store.migrate()
+        recommendation = best(store, study)
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.dispose()
+    if as_json:
+        sys.stdout.write(json.dumps(asdict(recommendation), indent=2) + "\n")
+    else:
+        _print_recommendation(recommendation)
+
+
+def main() -> None:
+    app()
+
+
+# ---------------------------------------------------------------------------- output
+
+
+class RichObserver:
+    """Shows the sweep while it runs: a progress bar and one line per finished trial."""
+
+    def __init__(self, study: str, n_trials: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task(f"{study}: starting", total=n_trials)
+
+    def __enter__(self) -> RichObserver:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def prepare_started(self) -> None:
+        self.progress.update(self.task, description="preparing dataset and tokenizer")
+
+    def prepare_done(self, prepared: PreparedData, wall_s: float) -> None:
+        stats = prepared.stats
+        self.progress.console.print(
+            f"data: {stats['dataset_rows']} rows, tokens per sample p50 {stats['tokens_p50']}, "
+            f"p90 {stats['tokens_p90']}, max {stats['tokens_max']} (prepared in {wall_s:.1f} s)",
+            highlight=False,
+        )
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        self.progress.update(self.task, description=f"trial {number}: {_describe(config)}")
+
+    def trial_done(self, row: TrialRow) -> None:
+        config = _describe_dict(row.config)
+        if row.state == "complete":
+            line = (
+                f"[green]✓[/] #{row.number} {config} → {row.samples_per_s:,.1f} samples/s, "
+                f"{row.it_per_s:.2f} it/s, ${row.cost_per_run_usd:,.2f}/run"
+            )
+        else:
+            message = (row.failure_message or "")[:160]
+            line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {message}"
+        self.progress.console.print(line, highlight=False)
+        self.progress.advance(self.task)
+
+    def note(self, message: str) -> None:
+        self.progress.console.print(f"[yellow]note:[/] {message}", highlight=False)
+
+
+def _describe(config: TrialConfig) -> str:
+    return _describe_dict(config.model_dump())
+
+
+def _describe_dict(config: dict[str, Any]) -> str:
+    loader = f"w{config['num_workers']}"
+    if config.get("prefetch_factor"):
+        loader += f"/pf{config['prefetch_factor']}"
+    return (
+        f"bs{config['per_device_batch_size']}×ga{config['gradient_accumulation_steps']} "
+        f"seq{config['max_seq_length']} {loader} {config['attn_implementation']} "
+        f"compile={config['compile_mode']}"
+    )
+
+
+def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
+    from sweeper.store import Store
+
+    store = Store(url)
+    trials = store.list_trials(study)
+    store.dispose()
+    completed = sorted(
+        (t for t in trials if t.state == "complete" and t.cost_per_run_usd is not None),
+        key=lambda t: (t.cost_per_run_usd, t.number),
+    )
+    table = Table(title=f"{study}: cheapest per run", title_justify="left")
+    for header in ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "h/run", "$/run"):
+        table.add_column(header, justify="left" if header == "config" else "right")
+    for t in completed[:top]:
+        table.add_row(
+            str(t.number),
+            _describe_dict(t.config),
+            f"{t.samples_per_s:,.1f}",
+            f"{t.tokens_per_s:,.0f}",
+            f"{t.it_per_s:.2f}",
+            f"{(t.data_wait_share or 0) * 100:.0f}%",
+            f"{t.hours_per_run:,.1f}",
+            f"{t.cost_per_run_usd:,.2f}",
+        )
+    console.print(table)
+    failed = [t for t in trials if t.state == "failed"]
+    for t in failed:
+        console.print(
+            f"[red]failed[/] #{t.number} {_describe_dict(t.config)}: {t.failure_kind}: "
+            f"{(t.failure_message or '')[:200]}",
+            highlight=False,
+        )
+
+
+def _print_recommendation(rec: Recommendation) -> None:
+    config = rec.config
+    console.print(
+        f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
+        f"(${rec.usd_per_hour:.2f}/h), trial #{rec.trial_number} of {rec.completed_trials}:",
+        highlight=False,
+    )
+    for key, value in config.items():
+        console.print(f"  {key}: {value}", highlight=False)
+    console.print(
+        f"  → {rec.samples_per_s:,.1f} samples/s, {rec.tokens_per_s:,.0f} tokens/s, "
+        f"{rec.it_per_s:.2f} it/s; {rec.hours_per_run:,.1f} h/run, "
+        f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
+        highlight=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""One exception root for sweeper; foreign errors are mapped to these at one boundary.
+
+    SweeperError
+    ├── SpaceError            a space file is missing, not YAML, or fails validation (exit 2)
+    ├── StorageError          the database cannot be reached or its schema is wrong
+    ├── StudyNotFoundError    no study of that name in the storage
+    ├── NoResultError         a study has no completed trial to recommend
+    └── TrialError            a trial failed; ``kind`` says how (one of FAILURE_KINDS)
+
+A failed trial is data: the launcher returns a ``TrialFailure`` record rather than raising, and
+``TrialError`` is only raised inside the child, where it is caught and classified.
+"""
+
+from __future__ import annotations
+
+# Kinds a failed trial is classified into; stored as text and shown in the dashboard.
+FAILURE_KINDS = (
+    "oom",  # device or host out of memory
+    "unsupported",  # an attention implementation / compile mode / dtype that cannot run here
+    "compile",  # torch.compile raised
+    "dataloader",  # a DataLoader worker died
+    "nonfinite",  # loss became NaN or inf
+    "timeout",  # the trial ran past its timeout and was killed
+    "killed",  # the child died by a signal it did not send itself (e.g. host OOM-killer)
+    "interrupted",  # the user stopped the sweep during this trial
+    "error",  # anything else: the message says what
+)
+
+
+class SweeperError(Exception):
+    """Root of every error sweeper raises on purpose."""
+
+
+class SpaceError(SweeperError):
+    """A space file cannot be used; the message names the file, the field and the line."""
+
+
+class StorageError(SweeperError):
+    """The storage URL is invalid or the database cannot be reached."""
+
+
+class StudyNotFoundError(SweeperError):
+    """No study of that name exists in the storage."""
+
+
+class NoResultError(SweeperError):
+    """The study has no completed trial yet, so nothing can be recommended."""
+
+
+class TrialError(SweeperError):
+    """A trial failed in a way the child recognised; ``kind`` is one of FAILURE_KINDS."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        if kind not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {kind!r}")
+        super().__init__(message)
+        self.kind = kind
+        self.message = message

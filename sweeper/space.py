@@ -1,0 +1,333 @@
+"""Space files: YAML → a validated, frozen ``Space`` → Optuna distributions.
+
+This is the only module that calls ``trial.suggest_*``. Every error names the file, the YAML line,
+the field and the value, e.g.::
+
+    spaces/x.yaml:14: search.per_device_batch_size: List should have at least 1 item after
+    validation, not 0 (got [])
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sweeper.errors import SpaceError
+from sweeper.presets import MODEL_SIZES
+
+if TYPE_CHECKING:
+    import optuna
+
+CompileMode = Literal[
+    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]
+AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+StudyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
+
+
+class _Frozen(BaseModel):
+    """Frozen, strict, keyword-only config: unknown keys and wrong types are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Hardware(_Frozen):
+    """The machine a trial runs on and what it costs."""
+
+    name: str = Field(min_length=1, description="e.g. 'H100 SXM 80GB'; used for pricing and MFU")
+    usd_per_hour: float = Field(gt=0, description="rental price of the whole machine, $/h")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class ModelSpec(_Frozen):
+    """Either a Hugging Face id / local path, or an architecture built with random weights."""
+
+    id: str | None = Field(default=None, description="hub id or local path for from_pretrained")
+    arch: Literal["llama", "gpt2"] | None = Field(
+        default=None, description="build from a transformers config with random weights"
+    )
+    size: str | None = Field(default=None, description="a preset of sweeper.trial.workload")
+    config: dict[str, int | float | str | bool] = Field(
+        default_factory=dict, description="overrides on the transformers config"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.id is None) == (self.arch is None):
+            raise ValueError("set exactly one of 'id' (pretrained) or 'arch' (built from config)")
+        if self.arch is not None:
+            sizes = MODEL_SIZES[self.arch]
+            if self.size not in sizes:
+                raise ValueError(
+                    f"'arch: {self.arch}' needs a 'size', one of {', '.join(sizes)} "
+                    f"(got {self.size!r})"
+                )
+        return self
+
+
+class TokenizerSpec(_Frozen):
+    """A tokenizer loaded by id/path, or a byte-level BPE trained locally on the dataset."""
+
+    id: str | None = Field(default=None, description="hub id or local path for AutoTokenizer")
+    vocab_size: int = Field(default=8192, ge=256, le=262144)
+
+
+class GeneratedCorpus(_Frozen):
+    """A demo corpus cut from this Python's own stdlib sources, lengths drawn log-normally."""
+
+    samples: int = Field(ge=16)
+    median_chars: int = Field(default=1200, ge=16)
+    sigma: float = Field(default=0.8, ge=0, le=3, description="log-normal spread of lengths")
+    seed: int = 0
+
+
+class DatasetSpec(_Frozen):
+    """Where the training text comes from."""
+
+    path: str | None = Field(default=None, description="local .jsonl/.json/.parquet/.txt file")
+    generate: GeneratedCorpus | None = None
+    text_field: str = "text"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if (self.path is None) == (self.generate is None):
+            raise ValueError("set exactly one of 'path' (a local file) or 'generate' (demo corpus)")
+        return self
+
+
+class Workload(_Frozen):
+    """The real training job the sweep is pricing."""
+
+    model: ModelSpec
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    dataset: DatasetSpec
+    precision: Precision = "fp32"
+    tf32: bool = Field(default=True, description="allow TF32 matmuls on CUDA")
+    padding: Literal["max_length", "longest"] = "max_length"
+    learning_rate: float = Field(default=1e-4, gt=0)
+    samples: int = Field(gt=0, description="training samples per epoch of the real job")
+    epochs: float = Field(gt=0, description="epochs of the real job")
+
+
+def _choices(kind: Any) -> Any:
+    return Annotated[list[kind], Field(min_length=1)]
+
+
+class SearchSpace(_Frozen):
+    """The seven knobs; each is a non-empty list of choices (one item fixes the knob)."""
+
+    per_device_batch_size: _choices(Annotated[int, Field(gt=0)])
+    gradient_accumulation_steps: _choices(Annotated[int, Field(gt=0)])
+    num_workers: _choices(Annotated[int, Field(ge=0)])
+    prefetch_factor: _choices(Annotated[int, Field(gt=0)])
+    max_seq_length: _choices(Annotated[int, Field(ge=8)])
+    compile_mode: _choices(CompileMode)
+    attn_implementation: _choices(AttnImplementation)
+
+    @field_validator("*")
+    @classmethod
+    def _no_repeats(cls, values: list[Any]) -> list[Any]:
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"choices repeat {', '.join(repeated)}; list each choice once")
+        return values
+
+    def grid(self) -> Iterator[TrialConfig]:
+        """Every distinct config of the space (prefetch_factor only matters with workers)."""
+        for batch, accum, workers, seq, compile_mode, attn in itertools.product(
+            self.per_device_batch_size,
+            self.gradient_accumulation_steps,
+            self.num_workers,
+            self.max_seq_length,
+            self.compile_mode,
+            self.attn_implementation,
+        ):
+            for prefetch in self.prefetch_factor if workers > 0 else [None]:
+                yield TrialConfig(
+                    per_device_batch_size=batch,
+                    gradient_accumulation_steps=accum,
+                    num_workers=workers,
+                    prefetch_factor=prefetch,
+                    max_seq_length=seq,
+                    compile_mode=compile_mode,
+                    attn_implementation=attn,
+                )
+
+    def grid_size(self) -> int:
+        with_workers = sum(1 for w in self.num_workers if w > 0)
+        loaders = with_workers * len(self.prefetch_factor) + (len(self.num_workers) - with_workers)
+        return loaders * math.prod(
+            len(x)
+            for x in (
+                self.per_device_batch_size,
+                self.gradient_accumulation_steps,
+                self.max_seq_length,
+                self.compile_mode,
+                self.attn_implementation,
+            )
+        )
+
+
+class TrialSettings(_Frozen):
+    """How long each trial runs."""
+
+    warmup_steps: int = Field(default=3, ge=1, description="optimizer steps before timing")
+    measure_steps: int = Field(default=10, ge=2, description="optimizer steps in the window")
+    max_measure_seconds: float = Field(
+        default=120, gt=0, description="cap on the timed window; fewer steps if reached"
+    )
+    timeout_s: float = Field(default=600, gt=0, description="the child is killed after this")
+
+
+class Budget(_Frozen):
+    n_trials: int = Field(gt=0)
+    seed: int = 0
+
+
+class Space(_Frozen):
+    """A whole space file."""
+
+    study: StudyName
+    storage: str | None = None
+    hardware: Hardware
+    workload: Workload
+    search: SearchSpace
+    trial: TrialSettings = TrialSettings()
+    budget: Budget
+
+
+class TrialConfig(_Frozen):
+    """One point of the search space: what a trial runs."""
+
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    num_workers: int
+    prefetch_factor: int | None
+    max_seq_length: int
+    compile_mode: CompileMode
+    attn_implementation: AttnImplementation
+
+    @property
+    def effective_batch(self) -> int:
+        return self.per_device_batch_size * self.gradient_accumulation_steps
+
+
+def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
+    """Ask Optuna for one config; prefetch_factor is only a knob when there are workers."""
+    workers = trial.suggest_categorical("num_workers", search.num_workers)
+    prefetch = (
+        trial.suggest_categorical("prefetch_factor", search.prefetch_factor)
+        if workers > 0
+        else None
+    )
+    return TrialConfig(
+        per_device_batch_size=trial.suggest_categorical(
+            "per_device_batch_size", search.per_device_batch_size
+        ),
+        gradient_accumulation_steps=trial.suggest_categorical(
+            "gradient_accumulation_steps", search.gradient_accumulation_steps
+        ),
+        num_workers=workers,
+        prefetch_factor=prefetch,
+        max_seq_length=trial.suggest_categorical("max_seq_length", search.max_seq_length),
+        compile_mode=trial.suggest_categorical("compile_mode", search.compile_mode),
+        attn_implementation=trial.suggest_categorical(
+            "attn_implementation", search.attn_implementation
+        ),
+    )
+
+
+# ---------------------------------------------------------------- loading with line numbers
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def _key_lines(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
+    """Record the 1-based line of every key and list item; reject duplicate keys."""
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(
+                    line,
+                    f"{_dotted(path + (key,))}: key appears twice "
+                    f"(lines {seen[key]} and {line}); keep one",
+                )
+            seen[key] = line
+            _key_lines(value_node, path + (key,), out)
+            out[path + (key,)] = line
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _key_lines(item, path + (index,), out)
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _line_for(loc: tuple[Any, ...], lines: Mapping[tuple[Any, ...], int]) -> int:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return lines[loc[:cut]]
+    return 1
+
+
+def parse_space(text: str, source: str = "<space>") -> Space:
+    """Validate a space from YAML text; raise SpaceError naming ``source:line: field``."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise SpaceError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    if not isinstance(data, dict):
+        raise SpaceError(f"{source}:1: a space file is a mapping of keys (study, hardware, ...)")
+    lines: dict[tuple[Any, ...], int] = {}
+    try:
+        _key_lines(root, (), lines)
+    except _DuplicateKey as e:
+        raise SpaceError(f"{source}:{e.line}: {e}") from None
+    try:
+        return Space.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+            field = _dotted(loc)
+            if err["type"] == "extra_forbidden":
+                message = "unknown key; remove it or check its spelling"
+            elif err["type"] == "missing":
+                message = "required key is missing"
+            else:
+                message = f"{err['msg']} (got {err.get('input')!r})"
+            problems.append(f"{source}:{_line_for(loc, lines)}: {field}: {message}")
+        raise SpaceError("\n".join(problems)) from None
+
+
+def load_space(path: str | Path) -> Space:
+    """Read and validate a space file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpaceError(f"{path}: cannot read space file: {e.strerror}") from e
+    return parse_space(text, source=str(path))

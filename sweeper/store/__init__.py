@@ -1,0 +1,6 @@
+"""Storage: our typed tables beside Optuna's, in SQLite or Postgres."""
+
+from sweeper.store.models import StudyRow, TrialRow
+from sweeper.store.store import Store, redact
+
+__all__ = ["Store", "StudyRow", "TrialRow", "redact"]

@@ -1,0 +1,82 @@
+"""Tables sweeper owns, beside Optuna's in the same database.
+
+Optuna keeps the search state (its ``studies``/``trials`` tables); these keep the typed
+measurement of each trial and what it costs, so that the API can filter and sort in SQL.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+TRIAL_STATES = ("running", "complete", "failed", "pruned")
+STUDY_STATES = ("running", "finished", "interrupted", "failed")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class StudyRow(Base):
+    __tablename__ = "sweeper_studies"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
+    state: Mapped[str] = mapped_column(String(16))
+    hardware_name: Mapped[str] = mapped_column(String(255))
+    usd_per_hour: Mapped[float] = mapped_column(Float)
+    device: Mapped[str] = mapped_column(String(16))
+    samples: Mapped[int] = mapped_column(BigInteger)
+    epochs: Mapped[float] = mapped_column(Float)
+    n_trials_planned: Mapped[int]
+    space_yaml: Mapped[str] = mapped_column(Text)
+    space_path: Mapped[str | None] = mapped_column(String(1024))
+    dataset_stats: Mapped[dict[str, Any] | None] = mapped_column(
+        JsonType, doc="token-length distribution of the dataset, from the prepare step"
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    trials: Mapped[list[TrialRow]] = relationship(
+        back_populates="study", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class TrialRow(Base):
+    __tablename__ = "sweeper_trials"
+    __table_args__ = (
+        Index("ix_sweeper_trials_study_number", "study_id", "number", unique=True),
+        Index("ix_sweeper_trials_study_cost", "study_id", "state", "cost_per_run_usd"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("sweeper_studies.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(doc="Optuna's trial number in the study")
+    state: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    wall_s: Mapped[float | None] = mapped_column(Float, doc="child start to result, seconds")
+
+    it_per_s: Mapped[float | None] = mapped_column(Float, doc="optimizer steps per second")
+    samples_per_s: Mapped[float | None] = mapped_column(Float)
+    tokens_per_s: Mapped[float | None] = mapped_column(Float, doc="real (non-pad) tokens/s")
+    padded_tokens_per_s: Mapped[float | None] = mapped_column(Float)
+    data_wait_share: Mapped[float | None] = mapped_column(Float)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    compile_s: Mapped[float | None] = mapped_column(Float)
+    hours_per_run: Mapped[float | None] = mapped_column(Float)
+    cost_per_run_usd: Mapped[float | None] = mapped_column(Float)
+    loss_first: Mapped[float | None] = mapped_column(Float)
+    loss_last: Mapped[float | None] = mapped_column(Float)
+    failure_kind: Mapped[str | None] = mapped_column(String(32))
+    failure_message: Mapped[str | None] = mapped_column(Text)
+    measurement: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+
+    study: Mapped[StudyRow] = relationship(back_populates="trials")

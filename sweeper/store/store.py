@@ -1,0 +1,247 @@
+"""The one door to our tables: engine, schema migration, one session scope, and queries.
+
+Foreign database errors become ``StorageError`` here, with the URL's password hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, func, make_url, select, text
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.store.models import StudyRow, TrialRow
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# Any 64-bit constant: serialises concurrent schema upgrades of one Postgres database.
+_MIGRATION_LOCK_ID = 0x5EE9E4
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable URL>"
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """NaN and inf are not measurements: store them as NULL (the raw JSON keeps a note)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats by None, recursively, so JSON columns stay valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class Store:
+    """Our tables in one database (SQLite file or Postgres), created on first use."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.engine: Engine = _make_engine(url)
+        except (ArgumentError, ImportError, SQLAlchemyError) as e:
+            raise StorageError(
+                f"invalid storage URL {redact(url)!r}: {e}. Use sqlite:///path/to/file.db or "
+                "postgresql+psycopg://user@host:5432/dbname"
+            ) from e
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One unit of work: commits on success, rolls back on any error."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as e:
+            session.rollback()
+            raise StorageError(f"database error on {redact(self.url)}: {e}") from e
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def migrate(self) -> None:
+        """Bring our tables to the newest schema (safe to call from several workers)."""
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        try:
+            with self.engine.begin() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID}
+                    )
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+        except SQLAlchemyError as e:
+            raise StorageError(
+                f"cannot reach or migrate the database at {redact(self.url)}: "
+                f"{str(getattr(e, 'orig', None) or e).strip()}. Is the server running and the "
+                "URL right?"
+            ) from e
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # ------------------------------------------------------------------ studies
+
+    def upsert_study(self, name: str, **fields: Any) -> StudyRow:
+        """Create the study row, or update it when a sweep is resumed."""
+        with self.session() as s:
+            row = s.scalar(select(StudyRow).where(StudyRow.name == name))
+            now = utcnow()
+            if row is None:
+                row = StudyRow(name=name, created_at=now, updated_at=now, **fields)
+                s.add(row)
+            else:
+                for key, value in fields.items():
+                    setattr(row, key, value)
+                row.updated_at = now
+            s.flush()
+            return row
+
+    def set_study_state(self, name: str, state: str) -> None:
+        with self.session() as s:
+            row = self._study(s, name)
+            row.state = state
+            row.updated_at = utcnow()
+
+    def get_study(self, name: str) -> StudyRow:
+        with self.session() as s:
+            return self._study(s, name)
+
+    def list_studies(self) -> list[tuple[StudyRow, dict[str, Any]]]:
+        """Every study with trial counts per state and its best $/run."""
+        with self.session() as s:
+            studies = s.scalars(select(StudyRow).order_by(StudyRow.created_at)).all()
+            counts = s.execute(
+                select(TrialRow.study_id, TrialRow.state, func.count()).group_by(
+                    TrialRow.study_id, TrialRow.state
+                )
+            ).all()
+            best = dict(
+                s.execute(
+                    select(TrialRow.study_id, func.min(TrialRow.cost_per_run_usd))
+                    .where(TrialRow.state == "complete")
+                    .group_by(TrialRow.study_id)
+                ).all()
+            )
+        summaries = []
+        for study in studies:
+            per_state = {state: n for sid, state, n in counts if sid == study.id}
+            summaries.append(
+                (study, {"trials": per_state, "best_cost_per_run_usd": best.get(study.id)})
+            )
+        return summaries
+
+    def delete_study(self, name: str) -> None:
+        with self.session() as s:
+            s.delete(self._study(s, name))
+
+    @staticmethod
+    def _study(s: Session, name: str) -> StudyRow:
+        row = s.scalar(select(StudyRow).where(StudyRow.name == name))
+        if row is None:
+            raise StudyNotFoundError(f"no study named {name!r} in this storage")
+        return row
+
+    # ------------------------------------------------------------------ trials
+
+    def start_trial(self, study: str, number: int, config: dict[str, Any]) -> None:
+        with self.session() as s:
+            study_row = self._study(s, study)
+            s.add(
+                TrialRow(
+                    study_id=study_row.id,
+                    number=number,
+                    state="running",
+                    config=config,
+                    started_at=utcnow(),
+                )
+            )
+
+    def finish_trial(self, study: str, number: int, state: str, **fields: Any) -> TrialRow:
+        """Record a trial's outcome; floats are stored only when finite."""
+        with self.session() as s:
+            study_row = self._study(s, study)
+            row = s.scalar(
+                select(TrialRow).where(TrialRow.study_id == study_row.id, TrialRow.number == number)
+            )
+            if row is None:
+                raise StorageError(f"trial {number} of study {study!r} was never started")
+            row.state = state
+            row.finished_at = utcnow()
+            for key, value in fields.items():
+                if isinstance(value, float):
+                    value = finite_or_none(value)
+                elif isinstance(value, dict | list):
+                    value = json_safe(value)
+                setattr(row, key, value)
+            s.flush()
+            return row
+
+    def list_trials(
+        self,
+        study: str,
+        *,
+        after: int | None = None,
+        states: Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[TrialRow]:
+        """Trials in number order; ``after`` returns only numbers greater than it (polling)."""
+        with self.session() as s:
+            study_row = self._study(s, study)
+            query = select(TrialRow).where(TrialRow.study_id == study_row.id)
+            if after is not None:
+                query = query.where(TrialRow.number > after)
+            if states:
+                query = query.where(TrialRow.state.in_(list(states)))
+            query = query.order_by(TrialRow.number).offset(offset)
+            if limit is not None:
+                query = query.limit(limit)
+            return list(s.scalars(query).all())
+
+
+def _make_engine(url: str) -> Engine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            # WAL lets the dashboard read while a sweep writes; FKs make deletes cascade.
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)

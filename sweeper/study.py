@@ -1,0 +1,314 @@
+"""The sweep: an Optuna study driven by ask/tell, one child process per trial.
+
+Optuna owns the search state (its tables); each trial's typed measurement and projected cost go
+into our tables in the same database. The objective is $/run (minimize), never it/s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import optuna
+from sqlalchemy.exc import SQLAlchemyError
+
+from sweeper.cost import project_run
+from sweeper.errors import StorageError, SweeperError
+from sweeper.launcher import run_child
+from sweeper.recommend import Recommendation, best
+from sweeper.space import Space, TrialConfig, suggest
+from sweeper.store import Store, TrialRow, redact
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
+# Stop asking after this many consecutive configs that were already measured.
+_MAX_DUPLICATE_ASKS = 20
+# Measurement fields copied onto the Optuna trial, so optuna-dashboard shows them too.
+_OPTUNA_ATTRS = (
+    "it_per_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "data_wait_share",
+    "peak_memory_bytes",
+    "compile_s",
+)
+
+
+class SweepObserver(Protocol):
+    """What the CLI (or a test) hears while a sweep runs."""
+
+    def prepare_started(self) -> None: ...
+    def prepare_done(self, prepared: PreparedData, wall_s: float) -> None: ...
+    def trial_started(self, number: int, config: TrialConfig) -> None: ...
+    def trial_done(self, row: TrialRow) -> None: ...
+    def note(self, message: str) -> None: ...
+
+
+class SilentObserver:
+    def prepare_started(self) -> None:
+        pass
+
+    def prepare_done(self, prepared: PreparedData, wall_s: float) -> None:
+        pass
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        pass
+
+    def trial_done(self, row: TrialRow) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport:
+    study: str
+    storage_url: str
+    trials_run: int
+    completed: int
+    failed: int
+    wall_s: float
+    best: Recommendation | None
+
+
+class PrepareError(SweeperError):
+    """The dataset or tokenizer could not be prepared, so no trial can run."""
+
+
+def run_sweep(
+    space: Space,
+    *,
+    storage_url: str,
+    cache_dir: Path,
+    space_text: str,
+    space_path: str | None = None,
+    n_trials: int | None = None,
+    observer: SweepObserver | None = None,
+) -> SweepReport:
+    """Run ``n_trials`` measured trials (default: the space's budget) and record them."""
+    observer = observer or SilentObserver()
+    n_trials = n_trials or space.budget.n_trials
+    started = time.perf_counter()
+    store = Store(storage_url)
+    store.migrate()
+    study = _optuna_study(space, storage_url)
+    store.upsert_study(
+        space.study,
+        state="running",
+        hardware_name=space.hardware.name,
+        usd_per_hour=space.hardware.usd_per_hour,
+        device=space.hardware.device,
+        samples=space.workload.samples,
+        epochs=space.workload.epochs,
+        n_trials_planned=n_trials,
+        space_yaml=space_text,
+        space_path=space_path,
+    )
+    try:
+        prepared = _prepare(space, cache_dir, observer)
+        store.upsert_study(space.study, dataset_stats=prepared.stats)
+        counts = _trial_loop(space, study, store, prepared, cache_dir, n_trials, observer)
+    except KeyboardInterrupt:
+        store.set_study_state(space.study, "interrupted")
+        raise
+    except BaseException:
+        store.set_study_state(space.study, "failed")
+        raise
+    store.set_study_state(space.study, "finished")
+    try:
+        recommendation: Recommendation | None = best(store, space.study)
+    except SweeperError:
+        recommendation = None
+    store.dispose()
+    return SweepReport(
+        study=space.study,
+        storage_url=storage_url,
+        trials_run=counts["run"],
+        completed=counts["complete"],
+        failed=counts["failed"],
+        wall_s=time.perf_counter() - started,
+        best=recommendation,
+    )
+
+
+def _optuna_study(space: Space, storage_url: str) -> optuna.Study:
+    optuna.logging.set_verbosity(logging.WARNING)
+    try:
+        storage = optuna.storages.RDBStorage(storage_url)
+        return optuna.create_study(
+            study_name=space.study,
+            storage=storage,
+            direction="minimize",
+            sampler=optuna.samplers.TPESampler(seed=space.budget.seed),
+            load_if_exists=True,
+        )
+    except SQLAlchemyError as e:
+        raise StorageError(f"Optuna cannot use the storage {redact(storage_url)}: {e}") from e
+
+
+def _prepare(space: Space, cache_dir: Path, observer: SweepObserver) -> PreparedData:
+    observer.prepare_started()
+    run = run_child(
+        ChildRequest(
+            kind="prepare", workload=space.workload, device="cpu", cache_dir=str(cache_dir)
+        ),
+        timeout_s=max(600.0, space.trial.timeout_s),
+    )
+    if run.result.status != "ok" or run.result.payload is None:
+        raise PrepareError(
+            f"preparing the dataset and tokenizer failed ({run.result.failure_kind}): "
+            f"{run.result.failure_message}\n{run.log_tail[-1500:]}"
+        )
+    prepared = PreparedData.model_validate(run.result.payload)
+    observer.prepare_done(prepared, run.wall_s)
+    return prepared
+
+
+def _trial_loop(
+    space: Space,
+    study: optuna.Study,
+    store: Store,
+    prepared: PreparedData,
+    cache_dir: Path,
+    n_trials: int,
+    observer: SweepObserver,
+) -> dict[str, int]:
+    counts = {"run": 0, "complete": 0, "failed": 0}
+    measured = {
+        TrialConfig.model_validate(t.config)
+        for t in store.list_trials(space.study, states=["complete", "failed"])
+    }
+    grid_size = space.search.grid_size()
+    duplicates_in_a_row = 0
+    while counts["run"] < n_trials:
+        if len(measured) >= grid_size:
+            observer.note(f"all {grid_size} configs of the space are measured; stopping early")
+            break
+        trial = study.ask()
+        config = suggest(trial, space.search)
+        if config in measured:
+            # an already-measured config teaches nothing new: skip it without spending budget
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            duplicates_in_a_row += 1
+            if duplicates_in_a_row >= _MAX_DUPLICATE_ASKS:
+                observer.note("the sampler keeps proposing measured configs; stopping early")
+                break
+            continue
+        duplicates_in_a_row = 0
+        measured.add(config)
+        row = _run_one(space, study, store, prepared, cache_dir, trial, config, observer)
+        counts["run"] += 1
+        counts["complete" if row.state == "complete" else "failed"] += 1
+    return counts
+
+
+def _run_one(
+    space: Space,
+    study: optuna.Study,
+    store: Store,
+    prepared: PreparedData,
+    cache_dir: Path,
+    trial: optuna.Trial,
+    config: TrialConfig,
+    observer: SweepObserver,
+) -> TrialRow:
+    store.start_trial(space.study, trial.number, config.model_dump())
+    observer.trial_started(trial.number, config)
+    request = ChildRequest(
+        kind="trial",
+        workload=space.workload,
+        device=space.hardware.device,
+        cache_dir=str(cache_dir),
+        prepared=prepared,
+        config=config,
+        settings=space.trial,
+    )
+    try:
+        run = run_child(request, timeout_s=space.trial.timeout_s)
+    except KeyboardInterrupt:
+        _record_failure(
+            store, study, trial, space.study, "interrupted", "the sweep was stopped by the user"
+        )
+        raise
+    result = run.result
+    if result.status == "ok" and result.payload is not None:
+        measurement = result.payload
+        projection = project_run(
+            samples_per_s=measurement["samples_per_s"],
+            samples=space.workload.samples,
+            epochs=space.workload.epochs,
+            usd_per_hour=space.hardware.usd_per_hour,
+            compile_s=measurement.get("compile_s", 0.0),
+        )
+        for key in _OPTUNA_ATTRS:
+            trial.set_user_attr(key, measurement.get(key))
+        trial.set_user_attr("hours_per_run", projection.hours_per_run)
+        trial.set_user_attr("effective_batch", config.effective_batch)
+        study.tell(trial, projection.cost_per_run_usd)
+        row = store.finish_trial(
+            space.study,
+            trial.number,
+            "complete",
+            wall_s=run.wall_s,
+            hours_per_run=projection.hours_per_run,
+            cost_per_run_usd=projection.cost_per_run_usd,
+            measurement=measurement,
+            **_metric_columns(measurement),
+        )
+    else:
+        row = _record_failure(
+            store,
+            study,
+            trial,
+            space.study,
+            result.failure_kind or "error",
+            result.failure_message or "no message",
+            wall_s=run.wall_s,
+            details={"traceback": result.traceback, "log_tail": run.log_tail},
+        )
+    observer.trial_done(row)
+    return row
+
+
+def _record_failure(
+    store: Store,
+    study: optuna.Study,
+    trial: optuna.Trial,
+    study_name: str,
+    kind: str,
+    message: str,
+    *,
+    wall_s: float | None = None,
+    details: dict[str, Any] | None = None,
+) -> TrialRow:
+    trial.set_user_attr("failure_kind", kind)
+    trial.set_user_attr("failure_message", message[:2000])
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    return store.finish_trial(
+        study_name,
+        trial.number,
+        "failed",
+        wall_s=wall_s,
+        failure_kind=kind,
+        failure_message=message,
+        measurement=details,
+    )
+
+
+def _metric_columns(measurement: dict[str, Any]) -> dict[str, Any]:
+    columns = (
+        "it_per_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "padded_tokens_per_s",
+        "data_wait_share",
+        "compile_s",
+        "loss_first",
+        "loss_last",
+    )
+    values: dict[str, Any] = {key: measurement.get(key) for key in columns}
+    values["peak_memory_bytes"] = measurement.get("peak_memory_bytes")
+    return values

@@ -1,0 +1,68 @@
+"""Classify an exception raised in a trial into one of ``sweeper.errors.FAILURE_KINDS``.
+
+Checks walk the whole chain (``__cause__`` / ``__context__``): torch.compile wraps the real error
+(``BackendCompilerFailed``), DataLoader re-raises worker errors, transformers wraps import errors.
+Matching is by class name and message so that this module needs no torch import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sweeper.errors import TrialError
+
+_UNSUPPORTED_MARKERS = (
+    "flash_attn",
+    "flashattention",
+    "flash attention",
+    "flexattention does not support",
+    "does not support an attention implementation",
+    "does not support flex",
+    "not supported on cpu",
+    "cuda requested but",
+    "bf16 is not supported",
+)
+
+
+def chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and every cause/context behind it, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """Return (kind, message) for a trial failure; ``message`` is the most telling line."""
+    links = list(chain(exc))
+    for link in links:
+        if isinstance(link, TrialError):
+            return link.kind, link.message
+    for link in links:
+        name = type(link).__name__
+        text = str(link).lower()
+        if name == "OutOfMemoryError" or "out of memory" in text:
+            return "oom", _first_line(link)
+    for link in links:
+        text = str(link).lower()
+        if any(marker in text for marker in _UNSUPPORTED_MARKERS):
+            return "unsupported", _first_line(link)
+    for link in links:
+        name = type(link).__name__
+        if name in ("BackendCompilerFailed", "InductorError", "TorchRuntimeError", "Unsupported"):
+            return "compile", f"{name}: {_first_line(link)}"
+    for link in links:
+        text = str(link)
+        if "DataLoader worker" in text:
+            return "dataloader", _first_line(link)
+    return "error", f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[0][:2000]

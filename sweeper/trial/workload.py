@@ -1,0 +1,159 @@
+"""Build what one trial trains: tokenizer, dataset, DataLoader with the trial's knobs, model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from sweeper.errors import TrialError
+from sweeper.presets import MODEL_SIZES
+from sweeper.space import TrialConfig, Workload
+from sweeper.trial.corpus import load_hf_dataset
+from sweeper.trial.protocol import PreparedData
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if requested == "cuda":
+        raise TrialError(
+            "unsupported", "cuda requested but torch.cuda.is_available() is False on this machine"
+        )
+    return torch.device("cpu")
+
+
+class TokenizingDataset(Dataset):
+    """Tokenizes each text when it is fetched, so DataLoader workers do real work in parallel."""
+
+    def __init__(self, hf_dataset: Any, text_field: str, tokenizer: Any, max_length: int) -> None:
+        self.rows = hf_dataset
+        self.text_field = text_field
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        # an EOS closes each sample, as a causal-LM fine-tune sees it; some tokenizers have none
+        self.suffix = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> list[int]:
+        text = self.rows[index][self.text_field]
+        ids = self.tokenizer(
+            text,
+            add_special_tokens=False,
+            truncation=True,
+            max_length=self.max_length - len(self.suffix),
+        )["input_ids"]
+        return ids + self.suffix
+
+
+@dataclass(frozen=True)
+class Collator:
+    """Pads a batch to max_length (fixed shapes) or to its longest row; pads are not labels."""
+
+    pad_id: int
+    max_length: int
+    pad_to_max: bool
+
+    def __call__(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+        width = self.max_length if self.pad_to_max else max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, : len(row)] = 1
+        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def load_tokenizer(prepared: PreparedData) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_loader(
+    workload: Workload,
+    prepared: PreparedData,
+    config: TrialConfig,
+    tokenizer: Any,
+    device: torch.device,
+    cache_dir: Path,
+) -> DataLoader:
+    hf_dataset = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
+    dataset = TokenizingDataset(hf_dataset, prepared.text_field, tokenizer, config.max_seq_length)
+    workers = config.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=config.per_device_batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        prefetch_factor=config.prefetch_factor if workers > 0 else None,
+        pin_memory=device.type == "cuda",
+        collate_fn=Collator(
+            pad_id=tokenizer.pad_token_id,
+            max_length=config.max_seq_length,
+            pad_to_max=workload.padding == "max_length",
+        ),
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def model_config(workload: Workload, tokenizer: Any, max_seq_length: int) -> Any:
+    """The transformers config of a model built from an architecture and size preset."""
+    from transformers import AutoConfig
+
+    spec = workload.model
+    assert spec.arch is not None and spec.size is not None
+    overrides: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        **MODEL_SIZES[spec.arch][spec.size],
+    }
+    if spec.arch == "gpt2":
+        overrides["n_positions"] = max(1024, max_seq_length)
+    else:
+        overrides["max_position_embeddings"] = max(4096, max_seq_length)
+    overrides.update(spec.config)
+    return AutoConfig.for_model(spec.arch, **overrides)
+
+
+def config_hash(config: Any) -> str:
+    text = json.dumps(config.to_diff_dict(), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_model(
+    workload: Workload, config: TrialConfig, tokenizer: Any, device: torch.device
+) -> tuple[torch.nn.Module, str]:
+    """The model on ``device`` in fp32 (mixed precision is autocast), and its config hash."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    spec = workload.model
+    if spec.id is not None:
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.id, attn_implementation=config.attn_implementation, dtype=torch.float32
+        )
+    else:
+        model = AutoModelForCausalLM.from_config(
+            model_config(workload, tokenizer, config.max_seq_length),
+            attn_implementation=config.attn_implementation,
+            dtype=torch.float32,
+        )
+    model.config.use_cache = False
+    return model.to(device), config_hash(model.config)
