@@ -85,7 +85,9 @@ def launch(
                 observer=observer,
             )
     except KeyboardInterrupt:
-        raise _fail("interrupted; finished trials are kept, the running one is marked", 130) from None
+        raise _fail(
+            "interrupted; finished trials are kept, the running one is marked", 130
+        ) from None
     except SweeperError as e:
         raise _fail(str(e)) from None
     _print_leaderboard(url, parsed.study)
@@ -206,8 +208,9 @@ class RichObserver:
         config = _describe_dict(row.config)
         if row.state == "complete":
             line = (
-                f"[green]✓[/] #{row.number} {config} → {row.samples_per_s:,.1f} samples/s, "
-                f"{row.it_per_s:.2f} it/s, ${row.cost_per_run_usd:,.2f}/run"
+                f"[green]✓[/] #{row.number} {config} → {_num(row.samples_per_s, ',.1f')} "
+                f"samples/s, {_num(row.it_per_s, '.2f')} it/s, "
+                f"${_num(row.cost_per_run_usd, ',.2f')}/run"
             )
         else:
             message = (row.failure_message or "")[:160]
@@ -217,6 +220,11 @@ class RichObserver:
 
     def note(self, message: str) -> None:
         self.progress.console.print(f"[yellow]note:[/] {message}", highlight=False)
+
+
+def _num(value: float | None, spec: str) -> str:
+    """Format a figure that may be unknown (NULL in the store) as '—'."""
+    return "—" if value is None else format(value, spec)
 
 
 def _describe(config: TrialConfig) -> str:
@@ -251,12 +259,12 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
         table.add_row(
             str(t.number),
             _describe_dict(t.config),
-            f"{t.samples_per_s:,.1f}",
-            f"{t.tokens_per_s:,.0f}",
-            f"{t.it_per_s:.2f}",
-            f"{(t.data_wait_share or 0) * 100:.0f}%",
-            f"{t.hours_per_run:,.1f}",
-            f"{t.cost_per_run_usd:,.2f}",
+            _num(t.samples_per_s, ",.1f"),
+            _num(t.tokens_per_s, ",.0f"),
+            _num(t.it_per_s, ".2f"),
+            _num(None if t.data_wait_share is None else t.data_wait_share * 100, ".0f") + "%",
+            _num(t.hours_per_run, ",.1f"),
+            _num(t.cost_per_run_usd, ",.2f"),
         )
     console.print(table)
     failed = [t for t in trials if t.state == "failed"]
@@ -278,8 +286,8 @@ def _print_recommendation(rec: Recommendation) -> None:
     for key, value in config.items():
         console.print(f"  {key}: {value}", highlight=False)
     console.print(
-        f"  → {rec.samples_per_s:,.1f} samples/s, {rec.tokens_per_s:,.0f} tokens/s, "
-        f"{rec.it_per_s:.2f} it/s; {rec.hours_per_run:,.1f} h/run, "
+        f"  → {rec.samples_per_s:,.1f} samples/s, {_num(rec.tokens_per_s, ',.0f')} tokens/s, "
+        f"{_num(rec.it_per_s, '.2f')} it/s; {_num(rec.hours_per_run, ',.1f')} h/run, "
         f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
         highlight=False,
     )

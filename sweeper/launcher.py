@@ -29,6 +29,7 @@ class ChildRun:
     result: ChildResult
     wall_s: float
     log_tail: str
+    pid: int  # also the process group id of the child and its DataLoader workers
 
 
 def run_child(request: ChildRequest, *, timeout_s: float, workdir: Path | None = None) -> ChildRun:
@@ -72,6 +73,7 @@ def run_child(request: ChildRequest, *, timeout_s: float, workdir: Path | None =
                     ),
                     wall_s=time.perf_counter() - started,
                     log_tail=_tail(log_path),
+                    pid=process.pid,
                 )
             except BaseException:
                 kill_group(process)
@@ -81,7 +83,10 @@ def run_child(request: ChildRequest, *, timeout_s: float, workdir: Path | None =
         # the child is gone; sweep up any DataLoader worker it left behind
         _signal_group(process.pid, signal.SIGKILL)
         return ChildRun(
-            result=_read_result(result_path, returncode, log_tail), wall_s=wall_s, log_tail=log_tail
+            result=_read_result(result_path, returncode, log_tail),
+            wall_s=wall_s,
+            log_tail=log_tail,
+            pid=process.pid,
         )
 
 

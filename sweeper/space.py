@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sweeper.errors import SpaceError
 from sweeper.presets import MODEL_SIZES
@@ -59,17 +67,22 @@ class ModelSpec(_Frozen):
         default_factory=dict, description="overrides on the transformers config"
     )
 
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, size: str | None, info: ValidationInfo) -> str | None:
+        arch = info.data.get("arch")
+        if arch is not None and size is not None and size not in MODEL_SIZES[arch]:
+            raise ValueError(f"unknown size for {arch}; use one of {', '.join(MODEL_SIZES[arch])}")
+        return size
+
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if (self.id is None) == (self.arch is None):
             raise ValueError("set exactly one of 'id' (pretrained) or 'arch' (built from config)")
-        if self.arch is not None:
-            sizes = MODEL_SIZES[self.arch]
-            if self.size not in sizes:
-                raise ValueError(
-                    f"'arch: {self.arch}' needs a 'size', one of {', '.join(sizes)} "
-                    f"(got {self.size!r})"
-                )
+        if self.arch is not None and self.size is None:
+            raise ValueError(
+                f"'arch: {self.arch}' needs a 'size': {', '.join(MODEL_SIZES[self.arch])}"
+            )
         return self
 
 
@@ -317,6 +330,10 @@ def parse_space(text: str, source: str = "<space>") -> Space:
                 message = "unknown key; remove it or check its spelling"
             elif err["type"] == "missing":
                 message = "required key is missing"
+            elif err["type"] == "value_error":
+                message = err["msg"].removeprefix("Value error, ")
+                if loc and not isinstance(err.get("input"), dict | list):
+                    message += f" (got {err.get('input')!r})"
             else:
                 message = f"{err['msg']} (got {err.get('input')!r})"
             problems.append(f"{source}:{_line_for(loc, lines)}: {field}: {message}")

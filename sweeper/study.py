@@ -94,7 +94,8 @@ def run_sweep(
     started = time.perf_counter()
     store = Store(storage_url)
     store.migrate()
-    study = _optuna_study(space, storage_url)
+    optuna_storage = _optuna_storage(storage_url)
+    study = _optuna_study(space, optuna_storage)
     store.upsert_study(
         space.study,
         state="running",
@@ -117,6 +118,8 @@ def run_sweep(
     except BaseException:
         store.set_study_state(space.study, "failed")
         raise
+    finally:
+        optuna_storage.engine.dispose()
     store.set_study_state(space.study, "finished")
     try:
         recommendation: Recommendation | None = best(store, space.study)
@@ -134,10 +137,16 @@ def run_sweep(
     )
 
 
-def _optuna_study(space: Space, storage_url: str) -> optuna.Study:
+def _optuna_storage(storage_url: str) -> optuna.storages.RDBStorage:
     optuna.logging.set_verbosity(logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage(storage_url)
+        return optuna.storages.RDBStorage(storage_url)
+    except SQLAlchemyError as e:
+        raise StorageError(f"Optuna cannot use the storage {redact(storage_url)}: {e}") from e
+
+
+def _optuna_study(space: Space, storage: optuna.storages.RDBStorage) -> optuna.Study:
+    try:
         return optuna.create_study(
             study_name=space.study,
             storage=storage,
@@ -146,7 +155,7 @@ def _optuna_study(space: Space, storage_url: str) -> optuna.Study:
             load_if_exists=True,
         )
     except SQLAlchemyError as e:
-        raise StorageError(f"Optuna cannot use the storage {redact(storage_url)}: {e}") from e
+        raise StorageError(f"Optuna cannot create the study {space.study!r}: {e}") from e
 
 
 def _prepare(space: Space, cache_dir: Path, observer: SweepObserver) -> PreparedData:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
+
+from sweeper.launcher import run_child
+from sweeper.space import Space, load_space
+from sweeper.trial.protocol import ChildRequest, PreparedData
+from tests.helpers import TINY_SPACE
 
 PG_ADMIN_DSN = os.environ.get("SWEEPER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -51,3 +57,27 @@ def storage_url(request: pytest.FixtureRequest) -> str:
         return request.getfixturevalue("sqlite_url")
     request.applymarker(pytest.mark.postgres)
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One sweeper cache (corpus, tokenizer, Arrow files) for the whole test session."""
+    return tmp_path_factory.mktemp("sweeper-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_space() -> Space:
+    return load_space(TINY_SPACE)
+
+
+@pytest.fixture(scope="session")
+def tiny_prepared(tiny_space: Space, cache_dir: Path) -> PreparedData:
+    """The tiny workload's corpus and tokenizer, made by a real prepare child once."""
+    run = run_child(
+        ChildRequest(
+            kind="prepare", workload=tiny_space.workload, device="cpu", cache_dir=str(cache_dir)
+        ),
+        timeout_s=300,
+    )
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    return PreparedData.model_validate(run.result.payload)

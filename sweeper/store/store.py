@@ -16,7 +16,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, func, make_url, select, text
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from sweeper.errors import StorageError, StudyNotFoundError
 from sweeper.store.models import StudyRow, TrialRow
@@ -213,11 +213,18 @@ class Store:
         states: Sequence[str] | None = None,
         limit: int | None = None,
         offset: int = 0,
+        include_measurement: bool = False,
     ) -> list[TrialRow]:
-        """Trials in number order; ``after`` returns only numbers greater than it (polling)."""
+        """Trials in number order; ``after`` returns only numbers greater than it (polling).
+
+        The bulky raw ``measurement`` JSON is only loaded with ``include_measurement=True``;
+        touching it otherwise raises, rather than silently querying per row.
+        """
         with self.session() as s:
             study_row = self._study(s, study)
             query = select(TrialRow).where(TrialRow.study_id == study_row.id)
+            if not include_measurement:
+                query = query.options(defer(TrialRow.measurement, raiseload=True))
             if after is not None:
                 query = query.where(TrialRow.number > after)
             if states:
@@ -226,6 +233,14 @@ class Store:
             if limit is not None:
                 query = query.limit(limit)
             return list(s.scalars(query).all())
+
+    def get_trial(self, study: str, number: int) -> TrialRow | None:
+        """One trial with its raw measurement, or None if the study has no such number."""
+        with self.session() as s:
+            study_row = self._study(s, study)
+            return s.scalar(
+                select(TrialRow).where(TrialRow.study_id == study_row.id, TrialRow.number == number)
+            )
 
 
 def _make_engine(url: str) -> Engine:

@@ -1,0 +1,1 @@
+"""One router per resource: ``studies`` (REST under /api) and ``pages`` (HTML dashboard)."""

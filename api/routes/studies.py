@@ -1,0 +1,103 @@
+"""REST: studies, their trials, and the recommended (cheapest) config, under /api/studies."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from api.deps import StoreDep
+from api.schemas import BestConfig, StudyDetail, StudySummary, TrialDetail, TrialState, TrialSummary
+from sweeper import recommend
+from sweeper.store import Store, StudyRow
+from sweeper.store.models import TRIAL_STATES
+
+router = APIRouter(prefix="/api/studies", tags=["studies"])
+
+
+def _summary_fields(study: StudyRow, totals: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": study.name,
+        "state": study.state,
+        "hardware_name": study.hardware_name,
+        "usd_per_hour": study.usd_per_hour,
+        "device": study.device,
+        "samples": study.samples,
+        "epochs": study.epochs,
+        "n_trials_planned": study.n_trials_planned,
+        # Every state is listed, so clients need no "missing key means zero" rule.
+        "trials": {state: 0 for state in TRIAL_STATES} | totals["trials"],
+        "best_cost_per_run_usd": totals["best_cost_per_run_usd"],
+        "created_at": study.created_at,
+        "updated_at": study.updated_at,
+    }
+
+
+def study_summaries(store: Store) -> list[StudySummary]:
+    """Every study, oldest first, with trial counts per state and best $/run."""
+    return [
+        StudySummary.model_validate(_summary_fields(study, totals))
+        for study, totals in store.list_studies()
+    ]
+
+
+def study_detail(store: Store, name: str) -> StudyDetail:
+    """One study's summary plus its space file; raises StudyNotFoundError."""
+    study = store.get_study(name)
+    totals: dict[str, Any] = next(
+        (totals for row, totals in store.list_studies() if row.id == study.id),
+        {"trials": {}, "best_cost_per_run_usd": None},
+    )
+    return StudyDetail.model_validate(
+        _summary_fields(study, totals)
+        | {"space_yaml": study.space_yaml, "dataset_stats": study.dataset_stats}
+    )
+
+
+@router.get("", response_model=list[StudySummary])
+def list_studies(store: StoreDep) -> list[StudySummary]:
+    """All studies with trial counts per state and the best $/run found so far."""
+    return study_summaries(store)
+
+
+@router.get("/{name}", response_model=StudyDetail)
+def get_study(name: str, store: StoreDep) -> StudyDetail:
+    """One study: its summary, the space YAML it ran, and its dataset statistics."""
+    return study_detail(store, name)
+
+
+@router.get("/{name}/trials", response_model=list[TrialSummary])
+def list_trials(
+    name: str,
+    store: StoreDep,
+    after: Annotated[
+        int | None, Query(description="only trials numbered above this (for polling)")
+    ] = None,
+    state: Annotated[
+        list[TrialState] | None, Query(description="keep these states; repeat to give several")
+    ] = None,
+    limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[TrialSummary]:
+    """Trials in number order, without the raw measurement (see /trials/{number})."""
+    trials = store.list_trials(name, after=after, states=state, limit=limit, offset=offset)
+    return [TrialSummary.model_validate(trial) for trial in trials]
+
+
+@router.get("/{name}/trials/{number}", response_model=TrialDetail)
+def get_trial(name: str, number: int, store: StoreDep) -> TrialDetail:
+    """One trial with its raw measurement (per-step times, stats)."""
+    trial = store.get_trial(name, number)
+    if trial is None:
+        raise HTTPException(status_code=404, detail=f"study {name!r} has no trial {number}")
+    return TrialDetail.model_validate(trial)
+
+
+@router.get(
+    "/{name}/best",
+    response_model=BestConfig,
+    responses={409: {"description": "the study has no completed trial yet"}},
+)
+def get_best(name: str, store: StoreDep) -> BestConfig:
+    """The recommended config: the cheapest completed trial ($/run), ties to the earlier one."""
+    return BestConfig.model_validate(recommend.best(store, name))

@@ -1,0 +1,95 @@
+"""Response models of the REST API; field names are the store's column names."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+TrialState = Literal["running", "complete", "failed", "pruned"]
+
+
+def _assume_utc(value: datetime) -> datetime:
+    # SQLite drops the offset of timezone-aware columns; the store always writes UTC.
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_assume_utc)]
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(from_attributes=True, frozen=True)
+
+
+class StudySummary(_Response):
+    """One study with its trial counts and best price so far."""
+
+    name: str
+    state: str = Field(description="running | finished | interrupted | failed")
+    hardware_name: str
+    usd_per_hour: float
+    device: str
+    samples: int = Field(description="samples per epoch of the real job")
+    epochs: float
+    n_trials_planned: int
+    trials: dict[TrialState, int] = Field(description="number of trials in each state")
+    best_cost_per_run_usd: float | None = Field(
+        description="lowest $/run among completed trials; null when none completed"
+    )
+    created_at: UtcDatetime
+    updated_at: UtcDatetime
+
+
+class StudyDetail(StudySummary):
+    """A study's summary plus the space file it ran and its dataset's statistics."""
+
+    space_yaml: str
+    dataset_stats: dict[str, Any] | None
+
+
+class TrialSummary(_Response):
+    """One trial: its config, measured throughput and projected price, or how it failed."""
+
+    number: int
+    state: TrialState
+    config: dict[str, Any]
+    started_at: UtcDatetime
+    finished_at: UtcDatetime | None
+    wall_s: float | None
+    it_per_s: float | None = Field(description="optimizer steps per second")
+    samples_per_s: float | None
+    tokens_per_s: float | None = Field(description="real (non-pad) tokens per second")
+    padded_tokens_per_s: float | None
+    data_wait_share: float | None = Field(description="share of step time waiting for data")
+    peak_memory_bytes: int | None
+    compile_s: float | None
+    hours_per_run: float | None
+    cost_per_run_usd: float | None
+    loss_first: float | None
+    loss_last: float | None
+    failure_kind: str | None
+    failure_message: str | None
+
+
+class TrialDetail(TrialSummary):
+    """A trial with its raw measurement (per-step times and everything derived from them)."""
+
+    measurement: dict[str, Any] | None
+
+
+class BestConfig(_Response):
+    """The recommendation: the cheapest completed trial of a study."""
+
+    study: str
+    hardware_name: str
+    usd_per_hour: float
+    trial_number: int
+    config: dict[str, Any]
+    it_per_s: float | None
+    samples_per_s: float
+    tokens_per_s: float | None
+    hours_per_run: float | None
+    cost_per_run_usd: float
+    peak_memory_bytes: int | None
+    completed_trials: int

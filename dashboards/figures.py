@@ -1,0 +1,275 @@
+"""Figures of a study: a function returns plain rows, another builds the Plotly figure from them.
+
+Tests check the rows; the figure functions only lay them out. Figures are returned as JSON-able
+dicts (``fig.to_plotly_json()``) that the page embeds and plotly.js draws, e.g.::
+
+    rows = history_rows(store.list_trials("cpu-demo"))
+    figure = history_figure(rows)      # {"data": [...], "layout": {...}}
+
+Plotly renders a subset of HTML in trace names and hover text, so every user string (config
+values, group names) goes through ``plain_text`` first.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import plotly.graph_objects as go
+
+# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
+PALETTE = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#56B4E9",
+    "#D55E00",
+    "#F0E442",
+    "#000000",
+)
+INK = "#1f2933"
+MUTED = "#7b8794"
+GRID = "#e4e7eb"
+NO_VALUE = "(unset)"
+
+
+class TrialLike(Protocol):
+    """What the figures read from a trial: a ``TrialRow`` or an API ``TrialSummary``."""
+
+    @property
+    def number(self) -> int: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+    @property
+    def samples_per_s(self) -> float | None: ...
+    @property
+    def tokens_per_s(self) -> float | None: ...
+    @property
+    def hours_per_run(self) -> float | None: ...
+    @property
+    def cost_per_run_usd(self) -> float | None: ...
+    @property
+    def failure_kind(self) -> str | None: ...
+
+
+def plain_text(value: object) -> str:
+    """Text that plotly shows literally: its pseudo-HTML tags and entities are escaped."""
+    return html.escape(str(value), quote=False)
+
+
+def config_text(config: Mapping[str, Any]) -> str:
+    """A config as hover text, one ``knob = value`` per line, escaped for plotly."""
+    return "<br>".join(f"{plain_text(key)} = {plain_text(value)}" for key, value in config.items())
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _by_number(trials: Iterable[TrialLike]) -> list[TrialLike]:
+    return sorted(trials, key=lambda trial: trial.number)
+
+
+# ------------------------------------------------------------------ optimization history
+
+
+def history_rows(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
+    """$/run of each completed trial in trial order, with the best (lowest) $/run so far.
+
+    Failed, pruned and running trials have no price and are left out.
+
+    >>> history_rows([])
+    []
+    """
+    rows: list[dict[str, Any]] = []
+    best_so_far = math.inf
+    for trial in _by_number(trials):
+        if trial.state != "complete" or not _finite(trial.cost_per_run_usd):
+            continue
+        cost = float(trial.cost_per_run_usd)  # type: ignore[arg-type]
+        is_new_best = cost < best_so_far
+        best_so_far = min(best_so_far, cost)
+        rows.append(
+            {
+                "number": trial.number,
+                "cost_per_run_usd": cost,
+                "hours_per_run": trial.hours_per_run,
+                "best_so_far_usd": best_so_far,
+                "is_new_best": is_new_best,
+                "config": dict(trial.config),
+            }
+        )
+    return rows
+
+
+def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """$/run per completed trial (markers) and the best-so-far line (a step)."""
+    numbers = [row["number"] for row in rows]
+    trials_trace = go.Scatter(
+        name="trial $/run",
+        x=numbers,
+        y=[row["cost_per_run_usd"] for row in rows],
+        mode="markers",
+        marker={"color": PALETTE[0], "size": 9, "opacity": 0.8},
+        customdata=[
+            [_hours_text(row["hours_per_run"]), config_text(row["config"])] for row in rows
+        ],
+        hovertemplate=(
+            "trial %{x}<br>$%{y:,.2f} per run, %{customdata[0]}<br><br>%{customdata[1]}"
+            "<extra></extra>"
+        ),
+    )
+    best_trace = go.Scatter(
+        name="best so far",
+        x=numbers,
+        y=[row["best_so_far_usd"] for row in rows],
+        mode="lines",
+        line={"color": PALETTE[5], "width": 2, "shape": "hv"},
+        hovertemplate="best so far after trial %{x}: $%{y:,.2f}<extra></extra>",
+    )
+    figure = go.Figure(data=[trials_trace, best_trace], layout=_layout())
+    figure.update_xaxes(title_text="trial number", rangemode="nonnegative")
+    figure.update_yaxes(title_text="$ per run", tickprefix="$", rangemode="tozero")
+    if not rows:
+        _add_empty_note(figure, "no completed trial yet")
+    figure.update_traces(cliponaxis=False)
+    return figure.to_plotly_json()
+
+
+def _hours_text(hours: float | None) -> str:
+    return f"{hours:,.1f} h per run" if _finite(hours) else "hours unknown"
+
+
+# ------------------------------------------------------------------ throughput per trial
+
+
+def throughput_rows(
+    trials: Iterable[TrialLike], *, color_by: str = "attn_implementation"
+) -> list[dict[str, Any]]:
+    """Samples/s of each finished trial, grouped by one config knob.
+
+    Completed trials carry their throughput; failed and pruned trials are kept with
+    ``samples_per_s=None`` so the figure can show which groups fail. Running trials are left out.
+    """
+    rows: list[dict[str, Any]] = []
+    for trial in _by_number(trials):
+        if trial.state == "running":
+            continue
+        completed = trial.state == "complete" and _finite(trial.samples_per_s)
+        if trial.state == "complete" and not completed:
+            continue
+        rows.append(
+            {
+                "number": trial.number,
+                "state": trial.state,
+                "group": str(trial.config.get(color_by, NO_VALUE)),
+                "samples_per_s": trial.samples_per_s if completed else None,
+                "tokens_per_s": trial.tokens_per_s if completed else None,
+                "failure_kind": trial.failure_kind,
+                "config": dict(trial.config),
+            }
+        )
+    return rows
+
+
+def throughput_figure(
+    rows: list[dict[str, Any]], *, color_by: str = "attn_implementation"
+) -> dict[str, Any]:
+    """Samples/s per trial, one colour per group; failed trials are crosses on the axis."""
+    groups = sorted({row["group"] for row in rows})
+    traces = []
+    for index, group in enumerate(groups):
+        color = PALETTE[index % len(PALETTE)]
+        label = plain_text(group)
+        completed = [r for r in rows if r["group"] == group and r["samples_per_s"] is not None]
+        failed = [r for r in rows if r["group"] == group and r["samples_per_s"] is None]
+        if completed:
+            traces.append(
+                go.Scatter(
+                    name=label,
+                    legendgroup=label,
+                    x=[row["number"] for row in completed],
+                    y=[row["samples_per_s"] for row in completed],
+                    mode="markers",
+                    marker={"color": color, "size": 9, "opacity": 0.85},
+                    customdata=[
+                        [_tokens_text(row["tokens_per_s"]), config_text(row["config"])]
+                        for row in completed
+                    ],
+                    hovertemplate=(
+                        "trial %{x}<br>%{y:,.3r} samples/s, %{customdata[0]}<br><br>"
+                        "%{customdata[1]}<extra></extra>"
+                    ),
+                )
+            )
+        if failed:
+            traces.append(
+                go.Scatter(
+                    name=f"{label} (failed)",
+                    legendgroup=label,
+                    # A group that only failed still needs its legend entry.
+                    showlegend=not completed,
+                    x=[row["number"] for row in failed],
+                    y=[0.0 for _ in failed],
+                    mode="markers",
+                    marker={"color": color, "size": 10, "symbol": "x-thin", "line": {"width": 2}},
+                    customdata=[
+                        [
+                            plain_text(row["failure_kind"] or row["state"]),
+                            config_text(row["config"]),
+                        ]
+                        for row in failed
+                    ],
+                    hovertemplate=(
+                        "trial %{x}: %{customdata[0]}<br><br>%{customdata[1]}<extra></extra>"
+                    ),
+                )
+            )
+    figure = go.Figure(data=traces, layout=_layout())
+    figure.update_layout(legend_title_text=plain_text(color_by))
+    figure.update_xaxes(title_text="trial number", rangemode="nonnegative")
+    figure.update_yaxes(title_text="samples/s (× = failed)", rangemode="tozero")
+    if not any(row["samples_per_s"] is not None for row in rows):
+        _add_empty_note(figure, "no completed trial yet")
+    # Markers on the axes (failed trials at 0, trial 0) would otherwise be cut in half.
+    figure.update_traces(cliponaxis=False)
+    return figure.to_plotly_json()
+
+
+def _tokens_text(tokens_per_s: float | None) -> str:
+    return f"{tokens_per_s:,.0f} tokens/s" if _finite(tokens_per_s) else "tokens/s unknown"
+
+
+# ------------------------------------------------------------------ shared layout
+
+
+def _layout() -> go.Layout:
+    return go.Layout(
+        template="plotly_white",
+        font={"family": "system-ui, -apple-system, 'Segoe UI', sans-serif", "color": INK},
+        margin={"l": 64, "r": 16, "t": 32, "b": 48},
+        height=340,
+        hovermode="closest",
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
+        # Plotly.react keeps the user's zoom and legend toggles across live updates.
+        uirevision="study",
+        xaxis={"gridcolor": GRID, "zeroline": False},
+        yaxis={"gridcolor": GRID, "zeroline": False},
+    )
+
+
+def _add_empty_note(figure: go.Figure, text: str) -> None:
+    figure.add_annotation(
+        text=plain_text(text),
+        xref="paper",
+        yref="paper",
+        x=0.5,
+        y=0.5,
+        showarrow=False,
+        font={"color": MUTED, "size": 14},
+    )

@@ -1,0 +1,277 @@
+"""The REST API and pages on a real store (SQLite and Postgres) through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from api.app import create_app
+from sweeper.store import Store
+
+# A space and a slash-free but URL-hostile name: clients must percent-encode it.
+STUDY = "llama 1b@h100?#%"
+STUDY_PATH = quote(STUDY, safe="")
+PLAIN_STUDY = "plain"
+SPACE_YAML = "study: llama-1b\nhardware:\n  name: H100 SXM 80GB\n"
+
+
+def add_study(store: Store, name: str, **overrides: object) -> None:
+    fields: dict[str, object] = {
+        "state": "running",
+        "hardware_name": "H100 SXM 80GB",
+        "usd_per_hour": 2.5,
+        "device": "cuda",
+        "samples": 600_000,
+        "epochs": 3.0,
+        "n_trials_planned": 8,
+        "space_yaml": SPACE_YAML,
+        "dataset_stats": {"median_tokens": 412, "p90_tokens": 1530},
+    }
+    store.upsert_study(name, **(fields | overrides))
+
+
+def add_complete(
+    store: Store, study: str, number: int, config: dict, *, cost: float, it_per_s: float
+) -> None:
+    store.start_trial(study, number, config)
+    samples_per_s = 1_800_000 / (cost / 2.5 * 3600)  # consistent with the price
+    store.finish_trial(
+        study,
+        number,
+        "complete",
+        it_per_s=it_per_s,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * 400,
+        padded_tokens_per_s=samples_per_s * 512,
+        data_wait_share=0.02,
+        peak_memory_bytes=40 * 2**30,
+        compile_s=0.0,
+        hours_per_run=cost / 2.5,
+        cost_per_run_usd=cost,
+        loss_first=10.4,
+        loss_last=9.8,
+        wall_s=31.5,
+        measurement={"step_times_s": [0.51, 0.5, 0.52], "p50_step_s": 0.51},
+    )
+
+
+def config(attn: str, batch: int, accumulation: int) -> dict:
+    return {
+        "per_device_batch_size": batch,
+        "gradient_accumulation_steps": accumulation,
+        "attn_implementation": attn,
+        "compile_mode": "none",
+    }
+
+
+def fill(url: str) -> str:
+    """One study: three completed trials at different $/run, one failed, one still running."""
+    store = Store(url)
+    store.migrate()
+    add_study(store, STUDY)
+    add_complete(store, STUDY, 0, config("eager", 8, 1), cost=5.0, it_per_s=1.0)
+    # Cheapest, but fewer optimizer steps per second (accumulation 4): it/s must not decide.
+    add_complete(store, STUDY, 1, config("sdpa", 8, 4), cost=2.0, it_per_s=0.6)
+    store.start_trial(STUDY, 2, config("flex_attention", 8, 1))
+    store.finish_trial(
+        STUDY,
+        2,
+        "failed",
+        failure_kind="unsupported",
+        failure_message="FlexAttention does not support backward on CPU",
+    )
+    add_complete(store, STUDY, 3, config("sdpa", 16, 1), cost=3.0, it_per_s=4.0)
+    store.start_trial(STUDY, 4, config("sdpa", 32, 1))
+    add_study(store, PLAIN_STUDY, state="finished")
+    store.start_trial(PLAIN_STUDY, 0, config("eager", 8, 1))
+    store.finish_trial(PLAIN_STUDY, 0, "failed", failure_kind="oom", failure_message="CUDA OOM")
+    store.dispose()
+    return url
+
+
+@pytest.fixture
+def client(storage_url: str) -> Iterator[TestClient]:
+    """The API over the filled store, once on SQLite and once on Postgres."""
+    with TestClient(create_app(fill(storage_url))) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def page_client(sqlite_url: str) -> Iterator[TestClient]:
+    """For what does not depend on the database backend: pages, static files, OpenAPI."""
+    with TestClient(create_app(fill(sqlite_url))) as test_client:
+        yield test_client
+
+
+def test_list_studies_counts_trials_per_state(client: TestClient) -> None:
+    response = client.get("/api/studies")
+    assert response.status_code == 200
+    studies = {study["name"]: study for study in response.json()}
+    assert set(studies) == {STUDY, PLAIN_STUDY}
+    study = studies[STUDY]
+    assert study["trials"] == {"complete": 3, "failed": 1, "running": 1, "pruned": 0}
+    assert study["best_cost_per_run_usd"] == pytest.approx(2.0)
+    assert study["hardware_name"] == "H100 SXM 80GB"
+    assert study["usd_per_hour"] == 2.5
+    assert study["n_trials_planned"] == 8
+    # Timestamps carry their UTC offset on both backends (SQLite drops it on storage).
+    assert study["created_at"].endswith(("Z", "+00:00"))
+    assert "space_yaml" not in study
+    assert studies[PLAIN_STUDY]["best_cost_per_run_usd"] is None
+
+    detail = client.get(f"/api/studies/{STUDY_PATH}").json()
+    assert {key: detail[key] for key in study} == study
+    assert detail["space_yaml"] == SPACE_YAML
+    assert detail["dataset_stats"] == {"median_tokens": 412, "p90_tokens": 1530}
+
+
+def test_trials_in_number_order_without_measurement(client: TestClient) -> None:
+    trials = client.get(f"/api/studies/{STUDY_PATH}/trials").json()
+    assert [t["number"] for t in trials] == [0, 1, 2, 3, 4]
+    assert [t["state"] for t in trials] == ["complete", "complete", "failed", "complete", "running"]
+    assert all("measurement" not in t for t in trials)
+    first = trials[0]
+    assert first["config"]["attn_implementation"] == "eager"
+    assert first["cost_per_run_usd"] == pytest.approx(5.0)
+    assert first["peak_memory_bytes"] == 40 * 2**30
+    assert first["wall_s"] == pytest.approx(31.5)
+    assert first["finished_at"] is not None
+    assert trials[4]["finished_at"] is None and trials[4]["samples_per_s"] is None
+
+
+def test_trial_filters(client: TestClient) -> None:
+    url = f"/api/studies/{STUDY_PATH}/trials"
+
+    def numbers(**params: str | int) -> list[int]:
+        response = client.get(url, params=params)
+        assert response.status_code == 200, response.text
+        return [trial["number"] for trial in response.json()]
+
+    assert numbers(after=2) == [3, 4]
+    assert numbers(after=4) == []
+    assert numbers(limit=2, offset=1) == [1, 2]
+    assert numbers(after=0, state="complete") == [1, 3]
+    assert client.get(url, params={"limit": 0}).status_code == 422
+
+    failed = client.get(url, params={"state": "failed"}).json()
+    assert [t["number"] for t in failed] == [2]
+    assert failed[0]["failure_kind"] == "unsupported"
+    assert "FlexAttention" in failed[0]["failure_message"]
+    several = client.get(url, params=[("state", "failed"), ("state", "running")]).json()
+    assert [t["number"] for t in several] == [2, 4]
+    assert client.get(url, params={"state": "exploded"}).status_code == 422
+
+
+def test_one_trial_includes_its_measurement(client: TestClient) -> None:
+    trial = client.get(f"/api/studies/{STUDY_PATH}/trials/1").json()
+    assert trial["number"] == 1
+    assert trial["measurement"] == {"step_times_s": [0.51, 0.5, 0.52], "p50_step_s": 0.51}
+    missing = client.get(f"/api/studies/{STUDY_PATH}/trials/99")
+    assert missing.status_code == 404
+    assert "99" in missing.json()["detail"]
+
+
+def test_best_is_the_cheapest_completed_trial_not_the_fastest_steps(client: TestClient) -> None:
+    response = client.get(f"/api/studies/{STUDY_PATH}/best")
+    assert response.status_code == 200
+    best = response.json()
+    # Trial 3 has the highest it/s (4.0) but costs $3.00/run; trial 1 costs $2.00.
+    assert best["trial_number"] == 1
+    assert best["cost_per_run_usd"] == pytest.approx(2.0)
+    assert best["config"] == config("sdpa", 8, 4)
+    assert best["completed_trials"] == 3
+    assert best["study"] == STUDY
+    assert best["usd_per_hour"] == 2.5
+
+
+def test_unknown_study_is_404_and_no_result_is_409(client: TestClient) -> None:
+    for suffix in ("", "/trials", "/trials/0", "/best"):
+        response = client.get(f"/api/studies/no-such-study{suffix}")
+        assert response.status_code == 404, suffix
+        assert response.headers["content-type"] == "application/json"
+        assert "no-such-study" in response.json()["detail"]
+
+    response = client.get(f"/api/studies/{PLAIN_STUDY}/best")
+    assert response.status_code == 409
+    assert response.json()["detail"] == f"study {PLAIN_STUDY!r} has no completed trial yet"
+
+
+def test_fresh_database_serves_empty_lists(sqlite_url: str) -> None:
+    with TestClient(create_app(sqlite_url)) as client:
+        assert client.get("/api/studies").json() == []
+        page = client.get("/")
+        assert page.status_code == 200
+        assert "No studies in this storage yet" in page.text
+
+
+def test_broken_database_is_503_with_a_message(sqlite_url: str) -> None:
+    with TestClient(create_app(sqlite_url)) as client:
+        store: Store = client.app.state.store  # type: ignore[attr-defined]
+        with store.engine.begin() as connection:
+            connection.execute(text("DROP TABLE sweeper_trials"))
+        response = client.get("/api/studies")
+        assert response.status_code == 503
+        assert "database error" in response.json()["detail"]
+
+
+def test_openapi_lists_the_study_endpoints(page_client: TestClient) -> None:
+    paths = page_client.get("/openapi.json").json()["paths"]
+    for path in (
+        "/api/studies",
+        "/api/studies/{name}",
+        "/api/studies/{name}/trials",
+        "/api/studies/{name}/trials/{number}",
+        "/api/studies/{name}/best",
+    ):
+        assert path in paths
+    assert not any(path.startswith("/studies") or path == "/" for path in paths)
+
+
+def test_plotly_js_is_served_from_the_installed_package(page_client: TestClient) -> None:
+    response = page_client.get("/static/plotly.min.js")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/javascript")
+    assert "max-age=31536000" in response.headers["cache-control"]
+    assert len(response.content) > 1_000_000
+    assert b"plotly" in response.content[:2000].lower()
+    own = page_client.get("/static/study.js")
+    assert own.status_code == 200 and "Plotly.react" in own.text
+    assert page_client.get("/static/style.css").status_code == 200
+
+
+def test_study_page_uses_local_plotly_only(page_client: TestClient) -> None:
+    response = page_client.get(f"/studies/{STUDY_PATH}")
+    assert response.status_code == 200
+    html = response.text
+    sources = re.findall(r'<script[^>]*\bsrc="([^"]*)"', html)
+    assert any(src.startswith("/static/plotly.min.js") for src in sources)
+    assert all(src.startswith("/static/") for src in sources), sources
+    assert not any("cdn" in src.lower() or "https://" in src for src in sources)
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+
+
+def test_study_page_shows_recommendation_and_trials(page_client: TestClient) -> None:
+    html = page_client.get(f"/studies/{STUDY_PATH}").text
+    assert "$2.00" in html  # the recommendation's $/run
+    assert "FlexAttention does not support backward on CPU" in html
+    assert "unsupported" in html
+    assert 'id="chart-history"' in html and 'id="chart-throughput"' in html
+    overview = page_client.get("/").text
+    assert f'href="/studies/{STUDY_PATH}"' in overview
+
+
+def test_study_page_without_completed_trial_says_so(page_client: TestClient) -> None:
+    html = page_client.get(f"/studies/{PLAIN_STUDY}").text
+    assert "No completed trial yet." in html
+
+
+def test_unknown_study_page_is_a_404_html_page(page_client: TestClient) -> None:
+    response = page_client.get("/studies/no-such-study")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("text/html")
+    assert "no study named &#39;no-such-study&#39;" in response.text

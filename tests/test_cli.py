@@ -1,0 +1,212 @@
+"""End to end through the real CLI: sweep, store, read back by API, `best`, `serve`, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import psutil
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from sweeper.store import Store
+from tests.helpers import REPO, TINY_SPACE
+
+
+def _sweeper(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture
+def env(cache_dir: Path) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    return {**clean, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
+
+
+def test_invalid_space_exits_2_and_writes_nothing(tmp_path: Path, env: dict[str, str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY_SPACE.read_text().replace("[sdpa, eager]", "[]"))
+    db = tmp_path / "never.db"
+    result = _sweeper("launch", "--space", str(bad), "--storage", f"sqlite:///{db}", env=env)
+    assert result.returncode == 2
+    assert (
+        f"{bad}:26: search.attn_implementation: List should have at least 1 item" in result.stderr
+    )
+    assert not db.exists()
+
+
+def test_unreachable_storage_exits_1(env: dict[str, str]) -> None:
+    result = _sweeper(
+        "launch",
+        "--space",
+        str(TINY_SPACE),
+        "--storage",
+        "postgresql+psycopg://postgres@127.0.0.1:1/none",
+        env=env,
+    )
+    assert result.returncode == 1
+    assert "cannot reach" in result.stderr and "127.0.0.1:1" in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sweep_stores_trials_and_api_reads_them(
+    storage_url: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    # SQLite through --storage, Postgres through the environment variable
+    if storage_url.startswith("sqlite"):
+        args = ("--storage", storage_url)
+    else:
+        args = ()
+        env = {**env, "SWEEPER_STORAGE": storage_url}
+    result = _sweeper("launch", "--space", str(TINY_SPACE), "--n-trials", "3", *args, env=env)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "tiny: cheapest per run" in result.stdout
+    assert "recommended for tiny" in result.stdout
+
+    # our typed table
+    store = Store(storage_url)
+    trials = store.list_trials("tiny")
+    store.dispose()
+    assert len(trials) == 3 and all(t.state == "complete" for t in trials)
+    for t in trials:
+        assert t.samples_per_s and t.samples_per_s > 0
+        expected_hours = 10_000 * 1 / t.samples_per_s / 3600
+        assert t.hours_per_run == pytest.approx(expected_hours)
+        assert t.cost_per_run_usd == pytest.approx(expected_hours * 0.10)
+    cheapest = min(trials, key=lambda t: (t.cost_per_run_usd, t.number))
+
+    # Optuna's tables, same database: ordinary trials with values and user attributes
+    optuna_storage = optuna.storages.RDBStorage(storage_url)
+    study = optuna.load_study(study_name="tiny", storage=optuna_storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    optuna_storage.engine.dispose()
+    assert len(done) == 3
+    assert {round(t.values[0], 9) for t in done} == {round(t.cost_per_run_usd, 9) for t in trials}
+    assert all("samples_per_s" in t.user_attrs for t in done)
+
+    # the REST API
+    with TestClient(create_app(storage_url)) as client:
+        studies = client.get("/api/studies").json()
+        assert [s["name"] for s in studies] == ["tiny"]
+        assert studies[0]["trials"]["complete"] == 3 and studies[0]["trials"]["failed"] == 0
+        listed = client.get("/api/studies/tiny/trials").json()
+        assert [t["number"] for t in listed] == [t.number for t in trials]
+        api_best = client.get("/api/studies/tiny/best").json()
+        assert api_best["trial_number"] == cheapest.number
+        assert api_best["cost_per_run_usd"] == pytest.approx(cheapest.cost_per_run_usd)
+
+    # `sweeper best --json` prints the same recommendation
+    best = _sweeper("best", "--study", "tiny", "--json", *args, env=env)
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["trial_number"] == cheapest.number
+
+    # and a real server answers the same
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as log_file:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "sweeper.cli", "serve", *args, "--port", str(port)],
+            env=env,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/api/studies/tiny/best", timeout=2)
+                break
+            except httpx.TransportError:
+                assert server.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "server did not come up in 30 s"
+                time.sleep(0.2)
+        assert response.status_code == 200
+        assert response.json()["trial_number"] == cheapest.number
+        page = httpx.get(f"http://127.0.0.1:{port}/studies/tiny", timeout=5)
+        assert page.status_code == 200 and "/static/plotly.min.js" in page.text
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_best_for_unknown_study_exits_1(sqlite_url: str, env: dict[str, str]) -> None:
+    result = _sweeper("best", "--study", "nope", "--storage", sqlite_url, env=env)
+    assert result.returncode == 1
+    assert "no study named 'nope'" in result.stderr
+
+
+def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
+    tmp_path: Path, sqlite_url: str, env: dict[str, str]
+) -> None:
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(
+        TINY_SPACE.read_text()
+        .replace("  measure_steps: 3", "  measure_steps: 100000")
+        .replace("  max_measure_seconds: 10", "  max_measure_seconds: 600")
+    )
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sweeper.cli",
+            "launch",
+            "--space",
+            str(slow),
+            "--storage",
+            sqlite_url,
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    store = Store(sqlite_url)
+    deadline = time.monotonic() + 120
+    while True:  # wait until the first trial's child is training
+        children = psutil.Process(process.pid).children(recursive=True)
+        trial_children = [c for c in children if "sweeper.trial" in " ".join(c.cmdline())]
+        running = []
+        if trial_children:
+            try:
+                running = store.list_trials("tiny", states=["running"])
+            except Exception:  # the study row may not exist yet
+                running = []
+        if running:
+            break
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    time.sleep(2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr
+    (trial,) = store.list_trials("tiny")
+    assert (trial.state, trial.failure_kind) == ("failed", "interrupted")
+    assert store.get_study("tiny").state == "interrupted"
+    store.dispose()
+    for child in trial_children:
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE

@@ -1,0 +1,207 @@
+"""Dashboard: the rows behind each figure, number formats, and escaping of user strings."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+
+import dashboards
+from api.app import create_app
+from dashboards import figures
+from sweeper.store import Store
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trial:
+    """The fields figures read from a trial (TrialRow and TrialSummary both have them)."""
+
+    number: int
+    state: str
+    config: dict[str, Any] = field(default_factory=dict)
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    hours_per_run: float | None = None
+    cost_per_run_usd: float | None = None
+    failure_kind: str | None = None
+
+
+def complete(number: int, cost: float, attn: str = "sdpa", samples_per_s: float = 10.0) -> Trial:
+    return Trial(
+        number=number,
+        state="complete",
+        config={"attn_implementation": attn, "per_device_batch_size": 8},
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * 300,
+        hours_per_run=cost / 2.5,
+        cost_per_run_usd=cost,
+    )
+
+
+# Out of order on purpose: rows follow trial numbers, not input order.
+TRIALS = [
+    complete(3, 4.0, attn="eager", samples_per_s=5.0),
+    complete(0, 6.0, attn="eager", samples_per_s=3.0),
+    complete(1, 3.0),
+    Trial(
+        number=2,
+        state="failed",
+        config={"attn_implementation": "flex_attention"},
+        failure_kind="unsupported",
+    ),
+    complete(4, 2.5, samples_per_s=12.0),
+    Trial(number=5, state="running", config={"attn_implementation": "sdpa"}),
+    complete(6, float("inf")),  # an unusable price is not a point on the chart
+]
+
+
+def test_history_rows_are_completed_trials_with_best_so_far() -> None:
+    rows = figures.history_rows(TRIALS)
+    assert [row["number"] for row in rows] == [0, 1, 3, 4]
+    assert [row["cost_per_run_usd"] for row in rows] == [6.0, 3.0, 4.0, 2.5]
+    assert [row["best_so_far_usd"] for row in rows] == [6.0, 3.0, 3.0, 2.5]
+    assert [row["is_new_best"] for row in rows] == [True, True, False, True]
+    best = [row["best_so_far_usd"] for row in rows]
+    assert all(later <= earlier for earlier, later in zip(best, best[1:], strict=False))
+    assert figures.history_rows([TRIALS[3], TRIALS[5]]) == []
+
+
+def test_throughput_rows_keep_failures_and_drop_running() -> None:
+    rows = figures.throughput_rows(TRIALS)
+    assert [(r["number"], r["group"], r["samples_per_s"]) for r in rows] == [
+        (0, "eager", 3.0),
+        (1, "sdpa", 10.0),
+        (2, "flex_attention", None),
+        (3, "eager", 5.0),
+        (4, "sdpa", 12.0),
+        (6, "sdpa", 10.0),
+    ]
+    assert rows[2]["failure_kind"] == "unsupported"
+    by_batch = figures.throughput_rows(TRIALS, color_by="per_device_batch_size")
+    assert {r["group"] for r in by_batch} == {"8", figures.NO_VALUE}
+
+
+def test_figures_are_json_with_one_point_per_row() -> None:
+    history = figures.history_figure(figures.history_rows(TRIALS))
+    json.dumps(history)  # embedded in the page as JSON: must not need a custom encoder
+    points, best_line = history["data"]
+    assert points["x"] == [0, 1, 3, 4] and best_line["y"] == [6.0, 3.0, 3.0, 2.5]
+
+    throughput = figures.throughput_figure(figures.throughput_rows(TRIALS))
+    json.dumps(throughput)
+    names = [trace["name"] for trace in throughput["data"]]
+    assert names == ["eager", "flex_attention (failed)", "sdpa"]
+    failed = throughput["data"][1]
+    assert failed["x"] == [2] and failed["y"] == [0.0] and failed["showlegend"] is True
+
+
+def test_empty_figures_say_there_is_nothing_yet() -> None:
+    for figure in (figures.history_figure([]), figures.throughput_figure([])):
+        notes = [note["text"] for note in figure["layout"].get("annotations", [])]
+        assert notes == ["no completed trial yet"]
+
+
+def test_user_strings_in_figures_are_plain_text() -> None:
+    hostile = '<img src=x onerror=alert(1)> & "%{x}"'
+    trials = [
+        complete(0, 1.0, attn=hostile),
+        Trial(
+            number=1,
+            state="failed",
+            config={"attn_implementation": hostile},
+            failure_kind="<b>oom</b>",
+        ),
+    ]
+    history = figures.history_figure(figures.history_rows(trials))
+    throughput = figures.throughput_figure(figures.throughput_rows(trials))
+    text = json.dumps([history["data"], throughput["data"]])
+    assert "<img" not in text and "<b>" not in text
+    assert "&lt;img src=x onerror=alert(1)&gt; &amp;" in text
+    # Hover templates are ours; user strings reach them only through customdata.
+    for trace in history["data"] + throughput["data"]:
+        assert "onerror" not in trace["hovertemplate"]
+
+
+@pytest.mark.parametrize(
+    ("formatter", "value", "expected"),
+    [
+        (dashboards.usd, 1234.567, "$1,234.57"),
+        (dashboards.usd, None, "—"),
+        (dashboards.hours, 5.04, "5.0"),
+        (dashboards.hours, float("inf"), "—"),
+        (dashboards.sig3, 1234.5, "1,230"),
+        (dashboards.sig3, 12.345, "12.3"),
+        (dashboards.sig3, 0.012345, "0.0123"),
+        (dashboards.sig3, 9.996, "10.0"),
+        (dashboards.memory, 3 * 2**30, "3.0 GiB"),
+        (dashboards.memory, 5 * 2**20, "5 MiB"),
+        (dashboards.percent, 0.123, "12.3%"),
+        (dashboards.path_segment, "a b/c?#", "a%20b%2Fc%3F%23"),
+    ],
+)
+def test_number_formats(formatter: Any, value: Any, expected: str) -> None:
+    assert formatter(value) == expected
+
+
+HOSTILE_STUDY = "<img src=x onerror=alert(1)>"
+
+
+@pytest.fixture
+def hostile_client(sqlite_url: str) -> Iterator[TestClient]:
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study(
+        HOSTILE_STUDY,
+        state="running",
+        hardware_name="<b>GPU</b>",
+        usd_per_hour=2.5,
+        device="cuda",
+        samples=1000,
+        epochs=1.0,
+        n_trials_planned=2,
+        space_yaml="</script><script>alert(2)</script>",
+    )
+    store.start_trial(HOSTILE_STUDY, 0, {"attn_implementation": "<script>alert(3)</script>"})
+    store.finish_trial(
+        HOSTILE_STUDY, 0, "complete", samples_per_s=10.0, cost_per_run_usd=1.5, hours_per_run=0.6
+    )
+    store.start_trial(HOSTILE_STUDY, 1, {"attn_implementation": "sdpa"})
+    store.finish_trial(
+        HOSTILE_STUDY,
+        1,
+        "failed",
+        failure_kind="error",
+        failure_message="<script>alert(4)</script>",
+    )
+    store.dispose()
+    with TestClient(create_app(sqlite_url)) as client:
+        yield client
+
+
+def test_hostile_names_render_escaped(hostile_client: TestClient) -> None:
+    overview = hostile_client.get("/").text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in overview
+    assert "<img src=x" not in overview
+    assert f'href="/studies/{quote(HOSTILE_STUDY, safe="")}"' in overview
+
+    response = hostile_client.get(f"/studies/{quote(HOSTILE_STUDY, safe='')}")
+    assert response.status_code == 200
+    page = response.text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<img src=x" not in page
+    assert "<b>GPU</b>" not in page
+    assert "<script>alert" not in page and "</script><script>" not in page
+
+    # The embedded JSON survives the escaping and names the API URL percent-encoded.
+    embedded = re.search(r'<script type="application/json" id="study-data">(.*?)</script>', page)
+    assert embedded is not None
+    live = json.loads(embedded.group(1))
+    assert live["trials_url"] == f"/api/studies/{quote(HOSTILE_STUDY, safe='')}/trials"
+    assert live["trials"] == [{"number": 0, "state": "complete"}, {"number": 1, "state": "failed"}]
+    assert live["figures"]["history"]["data"][0]["x"] == [0]

@@ -1,0 +1,25 @@
+"""The controller stays light: the CLI and API never import torch or transformers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_cli_and_api_do_not_import_torch() -> None:
+    code = (
+        "import sys, sweeper.cli, sweeper.study, sweeper.launcher, api.app\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'datasets', 'tokenizers') "
+        "if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_help_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "--help"], capture_output=True, text=True, check=True
+    )
+    for command in ("launch", "serve", "best"):
+        assert command in out.stdout

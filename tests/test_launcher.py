@@ -1,0 +1,109 @@
+"""The launcher never hangs: a timeout kills the whole process group, deaths are classified."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from sweeper.errors import TrialError
+from sweeper.launcher import _read_result, run_child
+from sweeper.space import Space, TrialConfig
+from sweeper.trial.failures import classify
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
+
+def _live_group_members(pgid: int, wait_s: float = 5.0) -> list[int]:
+    """Processes of the group still alive; zombies (dead, awaiting their reaper) don't count."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        members = []
+        for proc in psutil.process_iter(["pid", "status"]):
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    members.append(proc.pid)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+        if not members or time.monotonic() > deadline:
+            return members
+        time.sleep(0.1)
+
+
+def test_timeout_kills_child_and_its_workers(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    # many measured steps with 2 DataLoader workers: it cannot finish in 4 s
+    settings = tiny_space.trial.model_copy(
+        update={"measure_steps": 100_000, "max_measure_seconds": 600}
+    )
+    config = TrialConfig(
+        per_device_batch_size=4,
+        gradient_accumulation_steps=1,
+        num_workers=2,
+        prefetch_factor=2,
+        max_seq_length=64,
+        compile_mode="none",
+        attn_implementation="sdpa",
+    )
+    request = ChildRequest(
+        kind="trial",
+        workload=tiny_space.workload,
+        device="cpu",
+        cache_dir=str(cache_dir),
+        prepared=tiny_prepared,
+        config=config,
+        settings=settings,
+    )
+    started = time.perf_counter()
+    run = run_child(request, timeout_s=8)
+    elapsed = time.perf_counter() - started
+    assert run.result.status == "failed" and run.result.failure_kind == "timeout"
+    assert "8 s" in (run.result.failure_message or "")
+    assert elapsed < 8 + 6 + 2  # timeout + SIGTERM grace + slack
+    assert _live_group_members(run.pid) == []
+
+
+def test_death_by_signal_without_result_is_killed() -> None:
+    result = _read_result(Path("/nonexistent/result.json"), -signal.SIGKILL, "log")
+    assert result.failure_kind == "killed"
+    assert "SIGKILL" in (result.failure_message or "") and "OOM" in (result.failure_message or "")
+
+
+def test_exit_without_result_keeps_last_log_line() -> None:
+    result = _read_result(Path("/nonexistent/result.json"), 3, "starting\nImportError: boom\n")
+    assert result.failure_kind == "error"
+    assert "exited 3" in (result.failure_message or "") and "ImportError: boom" in (
+        result.failure_message or ""
+    )
+
+
+def test_classify_walks_the_cause_chain() -> None:
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    class BackendCompilerFailed(RuntimeError):
+        pass
+
+    try:
+        try:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except OutOfMemoryError as inner:
+            raise BackendCompilerFailed("backend='inductor' raised") from inner
+    except BackendCompilerFailed as outer:
+        assert classify(outer)[0] == "oom"
+    try:
+        raise BackendCompilerFailed("backend='inductor' raised: LoweringException")
+    except BackendCompilerFailed as exc:
+        assert classify(exc) == (
+            "compile",
+            "BackendCompilerFailed: backend='inductor' raised: LoweringException",
+        )
+    assert classify(TrialError("nonfinite", "loss became nan"))[0] == "nonfinite"
+    assert (
+        classify(RuntimeError("DataLoader worker (pid 12) is killed by signal: Killed."))[0]
+        == "dataloader"
+    )
+    assert classify(ValueError("something else"))[0] == "error"

@@ -1,0 +1,133 @@
+"""One store suite, run against SQLite and a fresh Postgres database."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import inspect
+
+from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.store import Store
+
+STUDY_FIELDS = {
+    "state": "running",
+    "hardware_name": "H100 SXM 80GB",
+    "usd_per_hour": 2.5,
+    "device": "cuda",
+    "samples": 600_000,
+    "epochs": 3.0,
+    "n_trials_planned": 4,
+    "space_yaml": "study: s\n",
+    "space_path": "spaces/s.yaml",
+}
+
+
+@pytest.fixture
+def store(storage_url: str) -> Store:
+    store = Store(storage_url)
+    store.migrate()
+    yield store
+    store.dispose()
+
+
+def test_migrate_is_idempotent_and_creates_our_tables(store: Store) -> None:
+    store.migrate()
+    tables = set(inspect(store.engine).get_table_names())
+    assert {"sweeper_studies", "sweeper_trials", "sweeper_alembic_version"} <= tables
+
+
+def test_study_round_trip_and_resume(store: Store) -> None:
+    created = store.upsert_study("s", **STUDY_FIELDS)
+    again = store.upsert_study("s", **{**STUDY_FIELDS, "n_trials_planned": 9})
+    assert again.id == created.id
+    row = store.get_study("s")
+    assert (row.n_trials_planned, row.usd_per_hour, row.samples) == (9, 2.5, 600_000)
+    store.set_study_state("s", "finished")
+    assert store.get_study("s").state == "finished"
+
+
+def test_trials_lifecycle_filters_and_counts(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    for number in range(4):
+        store.start_trial("s", number, {"per_device_batch_size": 2**number})
+    store.finish_trial(
+        "s",
+        0,
+        "complete",
+        samples_per_s=10.0,
+        cost_per_run_usd=5.0,
+        measurement={"step_times_s": [0.1, 0.2]},
+    )
+    store.finish_trial("s", 1, "complete", samples_per_s=20.0, cost_per_run_usd=2.5)
+    store.finish_trial("s", 2, "failed", failure_kind="oom", failure_message="CUDA out of memory")
+    # trial 3 stays running
+    numbers = [t.number for t in store.list_trials("s")]
+    assert numbers == [0, 1, 2, 3]
+    assert [t.number for t in store.list_trials("s", after=1)] == [2, 3]
+    assert [t.number for t in store.list_trials("s", states=["failed"])] == [2]
+    assert [t.number for t in store.list_trials("s", limit=2, offset=1)] == [1, 2]
+    first = store.list_trials("s", include_measurement=True)[0]
+    assert first.config == {"per_device_batch_size": 1}
+    assert first.measurement == {"step_times_s": [0.1, 0.2]}
+    assert first.finished_at is not None and first.finished_at >= first.started_at
+    ((study, summary),) = store.list_studies()
+    assert study.name == "s"
+    assert summary["trials"] == {"complete": 2, "failed": 1, "running": 1}
+    assert summary["best_cost_per_run_usd"] == 2.5
+
+
+def test_non_finite_numbers_are_stored_as_null(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    store.start_trial("s", 0, {})
+    store.finish_trial(
+        "s",
+        0,
+        "complete",
+        samples_per_s=float("nan"),
+        loss_last=float("inf"),
+        measurement={"losses": [1.0, float("nan")]},
+    )
+    (row,) = store.list_trials("s", include_measurement=True)
+    assert row.samples_per_s is None and row.loss_last is None
+    assert row.measurement == {"losses": [1.0, None]}
+
+
+def test_get_trial_loads_the_measurement(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    store.start_trial("s", 0, {})
+    store.finish_trial("s", 0, "complete", measurement={"step_times_s": [0.5]})
+    trial = store.get_trial("s", 0)
+    assert trial is not None and trial.measurement == {"step_times_s": [0.5]}
+    assert store.get_trial("s", 1) is None
+    (listed,) = store.list_trials("s")
+    with pytest.raises(Exception, match="measurement"):
+        _ = listed.measurement  # deferred on lists: it must not lazy-load per row
+
+
+def test_unknown_study_and_trial(store: Store) -> None:
+    with pytest.raises(StudyNotFoundError, match="'nope'"):
+        store.list_trials("nope")
+    store.upsert_study("s", **STUDY_FIELDS)
+    with pytest.raises(StorageError, match="never started"):
+        store.finish_trial("s", 7, "complete")
+
+
+def test_delete_cascades_to_trials(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    store.start_trial("s", 0, {})
+    store.delete_study("s")
+    with pytest.raises(StudyNotFoundError):
+        store.get_study("s")
+    assert store.list_studies() == []
+
+
+def test_unreachable_database_is_a_clear_error() -> None:
+    store = Store("postgresql+psycopg://postgres:secret@127.0.0.1:1/none")
+    with pytest.raises(StorageError) as info:
+        store.migrate()
+    message = str(info.value)
+    assert "127.0.0.1:1" in message and "secret" not in message and "***" in message
+
+
+def test_invalid_url_is_a_clear_error() -> None:
+    with pytest.raises(StorageError, match="invalid storage URL"):
+        Store("notadb://x")

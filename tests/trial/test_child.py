@@ -1,0 +1,139 @@
+"""The child trains a real tiny Llama on CPU and reports a measurement that adds up."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from sweeper.launcher import ChildRun, run_child
+from sweeper.space import Space, TrialConfig
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
+
+def _config(**overrides: object) -> TrialConfig:
+    values: dict[str, object] = {
+        "per_device_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "max_seq_length": 64,
+        "compile_mode": "none",
+        "attn_implementation": "sdpa",
+    }
+    values.update(overrides)
+    return TrialConfig.model_validate(values)
+
+
+def _run(space: Space, prepared: PreparedData, cache_dir: Path, config: TrialConfig) -> ChildRun:
+    request = ChildRequest(
+        kind="trial",
+        workload=space.workload,
+        device="cpu",
+        cache_dir=str(cache_dir),
+        prepared=prepared,
+        config=config,
+        settings=space.trial,
+    )
+    return run_child(request, timeout_s=120)
+
+
+def test_prepare_makes_corpus_tokenizer_and_length_stats(tiny_prepared: PreparedData) -> None:
+    assert Path(tiny_prepared.dataset_path).is_file()
+    assert (Path(tiny_prepared.tokenizer_path) / "tokenizer.json").is_file()
+    stats = tiny_prepared.stats
+    assert stats["dataset_rows"] == 400
+    assert (
+        0 < stats["tokens_p50"] <= stats["tokens_p90"] <= stats["tokens_p99"] <= stats["tokens_max"]
+    )
+    assert len(stats["token_percentiles"]) == 101
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_child_trains_and_measures(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, workers: int
+) -> None:
+    config = _config(num_workers=workers, prefetch_factor=2 if workers else None)
+    run = _run(tiny_space, tiny_prepared, cache_dir, config)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    m = run.result.payload
+    assert m is not None
+    settings = tiny_space.trial
+    assert m["measured_steps"] == settings.measure_steps
+    assert len(m["step_times_s"]) == settings.warmup_steps + settings.measure_steps
+    # throughput figures are consistent with each other
+    assert m["it_per_s"] > 0
+    assert m["samples_per_s"] == pytest.approx(m["it_per_s"] * config.effective_batch)
+    assert 0 < m["tokens_per_s"] <= m["padded_tokens_per_s"]
+    assert m["padded_tokens_per_s"] == pytest.approx(m["samples_per_s"] * config.max_seq_length)
+    assert 0 <= m["data_wait_share"] < 1
+    assert m["step_time_p50_s"] <= m["step_time_p90_s"]
+    # a randomly initialised LM starts near ln(vocab) and trains with finite losses
+    vocab = 512
+    assert abs(m["loss_first"] - math.log(vocab)) < 1.0
+    assert all(math.isfinite(loss) for loss in m["losses"])
+    assert m["compile_s"] == 0.0
+    assert m["peak_memory_bytes"] > 50 * 2**20 and m["memory_kind"] == "cpu_peak_rss"
+    env = m["env"]
+    assert env["device_type"] == "cpu" and env["torch"].startswith("2.13.0")
+    assert env["dataset_hash"] == tiny_prepared.dataset_hash
+    assert len(env["model_config_hash"]) == 16
+    assert m["n_params"] > 100_000
+
+
+def test_unimportable_attention_is_classified_unsupported(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    run = _run(
+        tiny_space, tiny_prepared, cache_dir, _config(attn_implementation="flash_attention_2")
+    )
+    assert run.result.status == "failed"
+    assert run.result.failure_kind == "unsupported"
+    assert "flash" in (run.result.failure_message or "").lower()
+    assert "Traceback" in (run.result.traceback or "")
+
+
+def test_cuda_requested_without_gpu_is_unsupported(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    request = ChildRequest(
+        kind="trial",
+        workload=tiny_space.workload,
+        device="cuda",
+        cache_dir=str(cache_dir),
+        prepared=tiny_prepared,
+        config=_config(),
+        settings=tiny_space.trial,
+    )
+    run = run_child(request, timeout_s=120)
+    assert (run.result.status, run.result.failure_kind) == ("failed", "unsupported")
+    assert "cuda requested" in (run.result.failure_message or "")
+
+
+@pytest.mark.gpu
+def test_child_trains_on_cuda(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    request = ChildRequest(
+        kind="trial",
+        workload=tiny_space.workload.model_copy(update={"precision": "bf16"}),
+        device="cuda",
+        cache_dir=str(cache_dir),
+        prepared=tiny_prepared,
+        config=_config(),
+        settings=tiny_space.trial,
+    )
+    run = run_child(request, timeout_s=300)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    m = run.result.payload
+    assert m is not None and m["memory_kind"] == "cuda_max_allocated"
+    assert m["env"]["device_type"] == "cuda"
