@@ -93,3 +93,5 @@ class BestConfig(_Response):
     cost_per_run_usd: float
     peak_memory_bytes: int | None
     completed_trials: int
+    truncated_samples_share: float | None = None
+    warnings: list[str] = []

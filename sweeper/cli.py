@@ -280,7 +280,8 @@ def _print_recommendation(rec: Recommendation) -> None:
     config = rec.config
     console.print(
         f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
-        f"(${rec.usd_per_hour:.2f}/h), trial #{rec.trial_number} of {rec.completed_trials}:",
+        f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, the cheapest of "
+        f"{rec.completed_trials} completed",
         highlight=False,
     )
     for key, value in config.items():
@@ -291,6 +292,8 @@ def _print_recommendation(rec: Recommendation) -> None:
         f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
         highlight=False,
     )
+    for warning in rec.warnings:
+        console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
 
 
 if __name__ == "__main__":

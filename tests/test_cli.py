@@ -210,3 +210,33 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     store.dispose()
     for child in trial_children:
         assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_recommendation_warns_when_it_truncates(sqlite_url: str) -> None:
+    """The demo's cheapest config may cut samples short; the user must be told (seed 001)."""
+    from sweeper.recommend import best
+
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study(
+        "t",
+        state="finished",
+        hardware_name="CPU",
+        usd_per_hour=0.1,
+        device="cpu",
+        samples=100,
+        epochs=1.0,
+        n_trials_planned=2,
+        space_yaml="",
+        space_path=None,
+        dataset_stats={"token_percentiles": list(range(0, 1010, 10))},  # 0..1000 tokens
+    )
+    for number, seq, cost in ((0, 128, 1.0), (1, 2048, 2.0)):
+        store.start_trial("t", number, {"max_seq_length": seq})
+        store.finish_trial("t", number, "complete", samples_per_s=10.0, cost_per_run_usd=cost)
+    recommendation = best(store, "t")
+    store.dispose()
+    assert recommendation.config["max_seq_length"] == 128
+    assert recommendation.truncated_samples_share == pytest.approx(88 / 101)
+    (warning,) = recommendation.warnings
+    assert "max_seq_length 128 truncates about 87% of samples" in warning
