@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from sweeper.recommend import Recommendation
+
 TrialState = Literal["running", "complete", "failed", "pruned"]
 
 
@@ -78,20 +80,5 @@ class TrialDetail(TrialSummary):
     measurement: dict[str, Any] | None
 
 
-class BestConfig(_Response):
-    """The recommendation: the cheapest completed trial of a study."""
-
-    study: str
-    hardware_name: str
-    usd_per_hour: float
-    trial_number: int
-    config: dict[str, Any]
-    it_per_s: float | None
-    samples_per_s: float
-    tokens_per_s: float | None
-    hours_per_run: float | None
-    cost_per_run_usd: float
-    peak_memory_bytes: int | None
-    completed_trials: int
-    truncated_samples_share: float | None = None
-    warnings: list[str] = []
+# The recommendation has one definition, shared with the CLI.
+BestConfig = Recommendation

@@ -6,7 +6,6 @@ inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli``
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -133,8 +132,6 @@ def best_command(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Print the recommended (cheapest per run) config of a study."""
-    from dataclasses import asdict
-
     from sweeper.recommend import best
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
@@ -148,7 +145,7 @@ def best_command(
     finally:
         store.dispose()
     if as_json:
-        sys.stdout.write(json.dumps(asdict(recommendation), indent=2) + "\n")
+        sys.stdout.write(recommendation.model_dump_json(indent=2) + "\n")
     else:
         _print_recommendation(recommendation)
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from sweeper.errors import NoResultError
 from sweeper.store import Store, StudyRow, TrialRow
 
 
-@dataclass(frozen=True, kw_only=True)
-class Recommendation:
+class Recommendation(BaseModel):
+    """The cheapest completed trial of a study; also the REST API's response schema."""
+
+    model_config = ConfigDict(frozen=True)
+
     study: str
     hardware_name: str
     usd_per_hour: float

@@ -4,6 +4,57 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sweeper.space import Space, TrialConfig
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
 SPACES = Path(__file__).parent / "spaces"
 REPO = Path(__file__).parent.parent
 TINY_SPACE = SPACES / "tiny.yaml"
+
+# A study row as a sweep of seed 000's job on an H100 would write it.
+STUDY_FIELDS: dict[str, object] = {
+    "state": "running",
+    "hardware_name": "H100 SXM 80GB",
+    "usd_per_hour": 2.5,
+    "device": "cuda",
+    "samples": 600_000,
+    "epochs": 3.0,
+    "n_trials_planned": 8,
+    "space_yaml": "study: llama-1b\nhardware:\n  name: H100 SXM 80GB\n",
+    "space_path": None,
+}
+
+
+def tiny_config(**overrides: object) -> TrialConfig:
+    """A config of the tiny space: batch 4 × accumulation 2, seq 64, sdpa, no workers."""
+    values: dict[str, object] = {
+        "per_device_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "num_workers": 0,
+        "prefetch_factor": None,
+        "max_seq_length": 64,
+        "compile_mode": "none",
+        "attn_implementation": "sdpa",
+    }
+    return TrialConfig.model_validate(values | overrides)
+
+
+def trial_request(
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    config: TrialConfig,
+    *,
+    device: str = "cpu",
+    **settings: object,
+) -> ChildRequest:
+    """A trial request for ``config``; keyword arguments override the space's trial settings."""
+    return ChildRequest(
+        kind="trial",
+        workload=space.workload,
+        device=device,
+        cache_dir=str(cache_dir),
+        prepared=prepared,
+        config=config,
+        settings=space.trial.model_copy(update=settings),
+    )

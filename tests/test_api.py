@@ -12,26 +12,16 @@ from sqlalchemy import text
 
 from api.app import create_app
 from sweeper.store import Store
+from tests.helpers import STUDY_FIELDS
 
 # A space and a slash-free but URL-hostile name: clients must percent-encode it.
 STUDY = "llama 1b@h100?#%"
 STUDY_PATH = quote(STUDY, safe="")
 PLAIN_STUDY = "plain"
-SPACE_YAML = "study: llama-1b\nhardware:\n  name: H100 SXM 80GB\n"
 
 
 def add_study(store: Store, name: str, **overrides: object) -> None:
-    fields: dict[str, object] = {
-        "state": "running",
-        "hardware_name": "H100 SXM 80GB",
-        "usd_per_hour": 2.5,
-        "device": "cuda",
-        "samples": 600_000,
-        "epochs": 3.0,
-        "n_trials_planned": 8,
-        "space_yaml": SPACE_YAML,
-        "dataset_stats": {"median_tokens": 412, "p90_tokens": 1530},
-    }
+    fields = STUDY_FIELDS | {"dataset_stats": {"median_tokens": 412, "p90_tokens": 1530}}
     store.upsert_study(name, **(fields | overrides))
 
 
@@ -126,7 +116,7 @@ def test_list_studies_counts_trials_per_state(client: TestClient) -> None:
 
     detail = client.get(f"/api/studies/{STUDY_PATH}").json()
     assert {key: detail[key] for key in study} == study
-    assert detail["space_yaml"] == SPACE_YAML
+    assert detail["space_yaml"] == STUDY_FIELDS["space_yaml"]
     assert detail["dataset_stats"] == {"median_tokens": 412, "p90_tokens": 1530}
 
 

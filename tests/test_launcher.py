@@ -11,9 +11,10 @@ import psutil
 
 from sweeper.errors import TrialError
 from sweeper.launcher import _read_result, run_child
-from sweeper.space import Space, TrialConfig
+from sweeper.space import Space
 from sweeper.trial.failures import classify
-from sweeper.trial.protocol import ChildRequest, PreparedData
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import tiny_config, trial_request
 
 
 def _live_group_members(pgid: int, wait_s: float = 5.0) -> list[int]:
@@ -35,27 +36,10 @@ def _live_group_members(pgid: int, wait_s: float = 5.0) -> list[int]:
 def test_timeout_kills_child_and_its_workers(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    # many measured steps with 2 DataLoader workers: it cannot finish in 4 s
-    settings = tiny_space.trial.model_copy(
-        update={"measure_steps": 100_000, "max_measure_seconds": 600}
-    )
-    config = TrialConfig(
-        per_device_batch_size=4,
-        gradient_accumulation_steps=1,
-        num_workers=2,
-        prefetch_factor=2,
-        max_seq_length=64,
-        compile_mode="none",
-        attn_implementation="sdpa",
-    )
-    request = ChildRequest(
-        kind="trial",
-        workload=tiny_space.workload,
-        device="cpu",
-        cache_dir=str(cache_dir),
-        prepared=tiny_prepared,
-        config=config,
-        settings=settings,
+    # many measured steps with 2 DataLoader workers: it cannot finish in 8 s
+    config = tiny_config(gradient_accumulation_steps=1, num_workers=2, prefetch_factor=2)
+    request = trial_request(
+        tiny_space, tiny_prepared, cache_dir, config, measure_steps=100_000, max_measure_seconds=600
     )
     started = time.perf_counter()
     run = run_child(request, timeout_s=8)

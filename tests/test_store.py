@@ -7,18 +7,7 @@ from sqlalchemy import inspect
 
 from sweeper.errors import StorageError, StudyNotFoundError
 from sweeper.store import Store
-
-STUDY_FIELDS = {
-    "state": "running",
-    "hardware_name": "H100 SXM 80GB",
-    "usd_per_hour": 2.5,
-    "device": "cuda",
-    "samples": 600_000,
-    "epochs": 3.0,
-    "n_trials_planned": 4,
-    "space_yaml": "study: s\n",
-    "space_path": "spaces/s.yaml",
-}
+from tests.helpers import STUDY_FIELDS
 
 
 @pytest.fixture
@@ -37,7 +26,7 @@ def test_migrate_is_idempotent_and_creates_our_tables(store: Store) -> None:
 
 def test_study_round_trip_and_resume(store: Store) -> None:
     created = store.upsert_study("s", **STUDY_FIELDS)
-    again = store.upsert_study("s", **{**STUDY_FIELDS, "n_trials_planned": 9})
+    again = store.upsert_study("s", **{**STUDY_FIELDS, "n_trials_planned": 9})  # resumed
     assert again.id == created.id
     row = store.get_study("s")
     assert (row.n_trials_planned, row.usd_per_hour, row.samples) == (9, 2.5, 600_000)

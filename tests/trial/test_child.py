@@ -9,34 +9,12 @@ import pytest
 
 from sweeper.launcher import ChildRun, run_child
 from sweeper.space import Space, TrialConfig
-from sweeper.trial.protocol import ChildRequest, PreparedData
-
-
-def _config(**overrides: object) -> TrialConfig:
-    values: dict[str, object] = {
-        "per_device_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "num_workers": 0,
-        "prefetch_factor": None,
-        "max_seq_length": 64,
-        "compile_mode": "none",
-        "attn_implementation": "sdpa",
-    }
-    values.update(overrides)
-    return TrialConfig.model_validate(values)
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import tiny_config, trial_request
 
 
 def _run(space: Space, prepared: PreparedData, cache_dir: Path, config: TrialConfig) -> ChildRun:
-    request = ChildRequest(
-        kind="trial",
-        workload=space.workload,
-        device="cpu",
-        cache_dir=str(cache_dir),
-        prepared=prepared,
-        config=config,
-        settings=space.trial,
-    )
-    return run_child(request, timeout_s=120)
+    return run_child(trial_request(space, prepared, cache_dir, config), timeout_s=120)
 
 
 def test_prepare_makes_corpus_tokenizer_and_length_stats(tiny_prepared: PreparedData) -> None:
@@ -54,7 +32,7 @@ def test_prepare_makes_corpus_tokenizer_and_length_stats(tiny_prepared: Prepared
 def test_child_trains_and_measures(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, workers: int
 ) -> None:
-    config = _config(num_workers=workers, prefetch_factor=2 if workers else None)
+    config = tiny_config(num_workers=workers, prefetch_factor=2 if workers else None)
     run = _run(tiny_space, tiny_prepared, cache_dir, config)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     m = run.result.payload
@@ -86,7 +64,7 @@ def test_unimportable_attention_is_classified_unsupported(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     run = _run(
-        tiny_space, tiny_prepared, cache_dir, _config(attn_implementation="flash_attention_2")
+        tiny_space, tiny_prepared, cache_dir, tiny_config(attn_implementation="flash_attention_2")
     )
     assert run.result.status == "failed"
     assert run.result.failure_kind == "unsupported"
@@ -101,15 +79,7 @@ def test_cuda_requested_without_gpu_is_unsupported(
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    request = ChildRequest(
-        kind="trial",
-        workload=tiny_space.workload,
-        device="cuda",
-        cache_dir=str(cache_dir),
-        prepared=tiny_prepared,
-        config=_config(),
-        settings=tiny_space.trial,
-    )
+    request = trial_request(tiny_space, tiny_prepared, cache_dir, tiny_config(), device="cuda")
     run = run_child(request, timeout_s=120)
     assert (run.result.status, run.result.failure_kind) == ("failed", "unsupported")
     assert "cuda requested" in (run.result.failure_message or "")
@@ -123,15 +93,10 @@ def test_child_trains_on_cuda(
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine")
-    request = ChildRequest(
-        kind="trial",
-        workload=tiny_space.workload.model_copy(update={"precision": "bf16"}),
-        device="cuda",
-        cache_dir=str(cache_dir),
-        prepared=tiny_prepared,
-        config=_config(),
-        settings=tiny_space.trial,
+    bf16 = tiny_space.model_copy(
+        update={"workload": tiny_space.workload.model_copy(update={"precision": "bf16"})}
     )
+    request = trial_request(bf16, tiny_prepared, cache_dir, tiny_config(), device="cuda")
     run = run_child(request, timeout_s=300)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     m = run.result.payload
