@@ -125,6 +125,11 @@ class Workload(_Frozen):
     precision: Precision = "fp32"
     tf32: bool = Field(default=True, description="allow TF32 matmuls on CUDA")
     padding: Literal["max_length", "longest"] = "max_length"
+    tokenize: Literal["on_the_fly", "pretokenized"] = Field(
+        default="on_the_fly",
+        description="on_the_fly: DataLoader workers tokenize (num_workers matters); "
+        "pretokenized: the prepare step tokenizes once and trials read token ids",
+    )
     learning_rate: float = Field(default=1e-4, gt=0)
     samples: int = Field(gt=0, description="training samples per epoch of the real job")
     epochs: float = Field(gt=0, description="epochs of the real job")
@@ -189,15 +194,45 @@ class SearchSpace(_Frozen):
         )
 
 
-class TrialSettings(_Frozen):
-    """How long each trial runs."""
+class WarmupSettings(_Frozen):
+    """Burn-in: run until step time is steady, i.e. the median of the last ``window`` steps is
+    within ``tolerance`` of the median of the ``window`` before; bounded by steps and seconds."""
 
-    warmup_steps: int = Field(default=3, ge=1, description="optimizer steps before timing")
-    measure_steps: int = Field(default=10, ge=2, description="optimizer steps in the window")
-    max_measure_seconds: float = Field(
-        default=120, gt=0, description="cap on the timed window; fewer steps if reached"
-    )
-    timeout_s: float = Field(default=600, gt=0, description="the child is killed after this")
+    min_steps: int = Field(default=2, ge=1)
+    max_steps: int = Field(default=40, ge=1)
+    max_seconds: float = Field(default=600, gt=0, description="compile can take minutes")
+    window: int = Field(default=3, ge=2)
+    tolerance: float = Field(default=0.05, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> WarmupSettings:
+        if self.min_steps > self.max_steps:
+            raise ValueError("min_steps must not exceed max_steps")
+        return self
+
+
+class MeasureSettings(_Frozen):
+    """The timed window: stop once the 95% interval of throughput is within ±target_ci,
+    or at max_steps / max_seconds (then the achieved interval is reported as is)."""
+
+    min_steps: int = Field(default=5, ge=2)
+    max_steps: int = Field(default=500, ge=2)
+    max_seconds: float = Field(default=60, gt=0)
+    target_ci: float = Field(default=0.02, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> MeasureSettings:
+        if self.min_steps > self.max_steps:
+            raise ValueError("min_steps must not exceed max_steps")
+        return self
+
+
+class TrialSettings(_Frozen):
+    """How each trial warms up and how long it measures."""
+
+    warmup: WarmupSettings = WarmupSettings()
+    measure: MeasureSettings = MeasureSettings()
+    timeout_s: float = Field(default=900, gt=0, description="the child is killed after this")
 
 
 class Budget(_Frozen):

@@ -46,9 +46,10 @@ def trial_request(
     config: TrialConfig,
     *,
     device: str = "cpu",
-    **settings: object,
+    warmup: dict[str, object] | None = None,
+    measure: dict[str, object] | None = None,
 ) -> ChildRequest:
-    """A trial request for ``config``; keyword arguments override the space's trial settings."""
+    """A trial request for ``config``; ``warmup``/``measure`` override the space's settings."""
     return ChildRequest(
         kind="trial",
         workload=space.workload,
@@ -56,5 +57,10 @@ def trial_request(
         cache_dir=str(cache_dir),
         prepared=prepared,
         config=config,
-        settings=space.trial.model_copy(update=settings),
+        settings=space.trial.model_copy(
+            update={
+                "warmup": space.trial.warmup.model_copy(update=warmup or {}),
+                "measure": space.trial.measure.model_copy(update=measure or {}),
+            }
+        ),
     )

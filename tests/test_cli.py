@@ -162,9 +162,9 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
 ) -> None:
     slow = tmp_path / "slow.yaml"
     slow.write_text(
-        TINY_SPACE.read_text()
-        .replace("  measure_steps: 3", "  measure_steps: 100000")
-        .replace("  max_measure_seconds: 10", "  max_measure_seconds: 600")
+        TINY_SPACE.read_text().replace(
+            "    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600"
+        )
     )
     process = subprocess.Popen(
         [
@@ -240,3 +240,51 @@ def test_recommendation_warns_when_it_truncates(sqlite_url: str) -> None:
     assert recommendation.truncated_samples_share == pytest.approx(88 / 101)
     (warning,) = recommendation.warnings
     assert "max_seq_length 128 truncates about 87% of samples" in warning
+
+
+def test_killing_the_sweeper_leaves_no_orphan(
+    tmp_path: Path, sqlite_url: str, env: dict[str, str]
+) -> None:
+    """SIGKILL gives the parent no chance to clean up: the kernel's parent-death signal must."""
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(
+        TINY_SPACE.read_text()
+        .replace("  num_workers: [0]", "  num_workers: [2]")
+        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600")
+    )
+    sweeper = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sweeper.cli",
+            "launch",
+            "--space",
+            str(slow),
+            "--storage",
+            sqlite_url,
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    family: list[psutil.Process] = []
+    while time.monotonic() < deadline:  # wait for a trial child with its DataLoader workers
+        trials = [
+            c
+            for c in psutil.Process(sweeper.pid).children()
+            if "sweeper.trial" in " ".join(c.cmdline())
+        ]
+        workers = [w for t in trials for w in t.children()]
+        if trials and workers:
+            family = trials + workers
+            break
+        assert sweeper.poll() is None
+        time.sleep(0.2)
+    assert family, "no trial with workers appeared"
+    sweeper.kill()
+    sweeper.wait()
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [p.cmdline() for p in alive]

@@ -39,7 +39,11 @@ def test_timeout_kills_child_and_its_workers(
     # many measured steps with 2 DataLoader workers: it cannot finish in 8 s
     config = tiny_config(gradient_accumulation_steps=1, num_workers=2, prefetch_factor=2)
     request = trial_request(
-        tiny_space, tiny_prepared, cache_dir, config, measure_steps=100_000, max_measure_seconds=600
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        config,
+        measure={"max_steps": 100_000, "max_seconds": 600, "target_ci": 1e-9},
     )
     started = time.perf_counter()
     run = run_child(request, timeout_s=8)

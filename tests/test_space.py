@@ -47,9 +47,9 @@ def _broken(replace: str, by: str) -> str:
         ("[2, 4]", "[]", ":20: search.per_device_batch_size: List should have at least 1 item"),
         ("[sdpa, eager]", "[sdpa, flash]", ":26: search.attn_implementation[1]: Input should be"),
         (
-            "  warmup_steps: 1",
-            "  warmup_steps: 1\n  warmup_steps: 2",
-            ":29: trial.warmup_steps: key appears twice",
+            "    window: 2",
+            "    window: 2\n    window: 3",
+            ":32: trial.warmup.window: key appears twice",
         ),
         (
             "    size: tiny",
@@ -58,9 +58,9 @@ def _broken(replace: str, by: str) -> str:
         ),
         ("[2, 4]", "[2, 2]", ":20: search.per_device_batch_size: choices repeat 2"),
         (
-            "  measure_steps: 3",
-            '  measure_steps: "3"',
-            ":29: trial.measure_steps: Input should be a valid integer",
+            "    min_steps: 3",
+            '    min_steps: "3"',
+            ":33: trial.measure.min_steps: Input should be a valid integer",
         ),
         ("budget:\n  n_trials: 3\n", "", ":2: budget: required key is missing"),
     ],

@@ -10,29 +10,18 @@ import time
 
 PROCESS_STARTED_AT = time.time()
 
-import ctypes  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL us if the sweeper parent dies, so no trial is orphaned."""
-    parent = os.environ.get("SWEEPER_PARENT_PID")
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(parent):  # it died before prctl took effect
-        os._exit(1)
+from sweeper.trial.lifeline import die_with_parent  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     request_path, result_path = Path(argv[0]), Path(argv[1])
-    _die_with_parent()
+    parent = os.environ.get("SWEEPER_PARENT_PID")
+    die_with_parent(int(parent) if parent else None)
     from sweeper.trial.failures import classify
     from sweeper.trial.protocol import ChildRequest, ChildResult
 

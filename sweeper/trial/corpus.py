@@ -58,6 +58,11 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
 
     stats = length_stats(texts, tokenizer_path)
     stats["dataset_rows"] = len(texts)
+    pretokenized_path = None
+    if workload.tokenize == "pretokenized":
+        pretokenized_path = str(
+            pretokenize(path, fmt, spec.text_field, tokenizer_path, dataset_hash, cache_dir)
+        )
     return PreparedData(
         dataset_path=str(path),
         dataset_format=fmt,
@@ -65,6 +70,7 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
         tokenizer_path=tokenizer_path,
         dataset_hash=dataset_hash,
         stats=stats,
+        pretokenized_path=pretokenized_path,
     )
 
 
@@ -174,6 +180,37 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> None:
     if out_dir.exists():  # another sweep finished first; theirs is identical
         return
     partial.rename(out_dir)
+
+
+def pretokenize(
+    path: Path, fmt: str, text_field: str, tokenizer_path: str, dataset_hash: str, cache_dir: Path
+) -> Path:
+    """Tokenize the whole dataset once (untruncated ids) and save it; cached by content."""
+    from transformers import AutoTokenizer
+
+    tokenizer_file = Path(tokenizer_path) / "tokenizer.json"
+    tokenizer_id = (
+        tokenizer_file.read_bytes() if tokenizer_file.is_file() else tokenizer_path.encode()
+    )
+    key = hashlib.sha256(dataset_hash.encode() + tokenizer_id + text_field.encode()).hexdigest()
+    out = cache_dir / "pretokenized" / key[:16]
+    if (out / "dataset_info.json").is_file():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    dataset = load_hf_dataset(str(path), fmt, cache_dir)
+    tokenized = dataset.map(
+        lambda rows: {
+            "input_ids": tokenizer(rows[text_field], add_special_tokens=False)["input_ids"]
+        },
+        batched=True,
+        remove_columns=dataset.column_names,
+        desc=None,
+    )
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
+    tokenized.save_to_disk(str(partial))
+    if not out.exists():
+        partial.rename(out)
+    return out
 
 
 def length_stats(texts: list[str], tokenizer_path: str) -> dict[str, Any]:

@@ -1,11 +1,16 @@
-"""One measurement recipe: build, warm up, time a synchronized window, report with spread.
+"""One measurement recipe: build, burn in until steady, time a window to a target interval.
 
 Timing rules (why, not what):
-- The device is synchronized after every optimizer step, so a step's time is its real cost and
-  the window's edges are exact; ``loss.item()`` would sync anyway on CUDA.
-- Time blocked on ``next(loader)`` is kept apart from compute: a trial can say it is input-bound.
-- The first step holds torch.compile's compilation (and lazy CUDA init); it is reported as
-  ``first_step_s``/``compile_s`` and never enters the throughput.
+- Burn-in steps are synchronized one by one: their times decide when the step time is steady
+  (median of the last ``window`` steps within ``tolerance`` of the ``window`` before).
+- The timed window is synchronized only at its edges, as a real run is: per-step times come from
+  CUDA events (or the host clock on CPU), so no step waits for the device more than training
+  would. Losses stay on the device until an edge, where they are checked for NaN/inf.
+- Whatever burn-in cost beyond steady-state steps (torch.compile, autotuning, allocator and
+  cuDNN warm-up) is reported as ``warmup_excess_s`` — and as ``compile_s`` for compiled
+  configs — and never enters the throughput: a real run pays it once.
+- Time the host spends blocked on ``next(loader)`` is kept apart: a trial says when it is
+  input-bound.
 """
 
 from __future__ import annotations
@@ -14,26 +19,101 @@ import contextlib
 import math
 import os
 import platform
+import re
 import resource
 import socket
 import statistics
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sweeper.errors import TrialError
-from sweeper.space import TrialConfig, Workload
+from sweeper.hardware import math_mode, peak_flops
+from sweeper.space import MeasureSettings, TrialConfig, WarmupSettings, Workload
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.workload import build_loader, build_model, load_tokenizer, resolve_device
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+# Two-sided 95% Student t quantiles by degrees of freedom; beyond the table, the normal value.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021,
+        60: 2.000, 120: 1.980}  # fmt: skip
+
+
+def t95(df: int) -> float:
+    """Conservative t quantile: the table value at the largest tabulated df not above ``df``."""
+    if df < 1:
+        return math.inf
+    if df > 120:
+        return 1.960
+    return _T95[max(k for k in _T95 if k <= df)]
+
+
+def ci95_rel(step_times: list[float]) -> float:
+    """Half-width of the 95% interval of the mean step time, relative to the mean.
+
+    The same relative half-width bounds throughput (its reciprocal) to first order.
+
+    >>> round(ci95_rel([1.0, 1.1, 0.9, 1.0, 1.0]), 4)
+    0.0878
+    """
+    n = len(step_times)
+    if n < 2:
+        return math.inf
+    mean = statistics.fmean(step_times)
+    return t95(n - 1) * statistics.stdev(step_times) / math.sqrt(n) / mean if mean > 0 else math.inf
+
+
+def is_steady(step_times: list[float], window: int, tolerance: float) -> bool:
+    """Median of the last ``window`` steps within ``tolerance`` of the median of those before.
+
+    >>> is_steady([30.0, 0.21, 0.20, 0.20, 0.21, 0.20], window=3, tolerance=0.05)
+    True
+    >>> is_steady([30.0, 9.0, 0.4, 0.20, 0.21, 0.20], window=3, tolerance=0.05)
+    False
+    """
+    if len(step_times) < 2 * window:
+        return False
+    recent = statistics.median(step_times[-window:])
+    before = statistics.median(step_times[-2 * window : -window])
+    return abs(recent / before - 1) <= tolerance
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass
+class _Step:
+    loss: torch.Tensor
+    data_wait_s: float
+    real_tokens: int
+    padded_tokens: int
+    samples: int
+    time_s: float = 0.0
+
+
+@dataclass
+class _Phase:
+    steps: list[_Step] = field(default_factory=list)
+
+    @property
+    def times(self) -> list[float]:
+        return [s.time_s for s in self.steps]
+
 
 def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any]:
-    """Train the trial's config through warm-up and a timed window; return the measurement."""
+    """Train the trial's config through burn-in and a timed window; return the measurement."""
     assert request.config and request.settings and request.prepared
     imports_done_at = time.time()
     workload, config, settings = request.workload, request.config, request.settings
@@ -45,7 +125,9 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         workload, request.prepared, config, tokenizer, device, Path(request.cache_dir)
     )
     model, model_hash = build_model(workload, config, tokenizer, device)
+    matmul_params = _matmul_params(model)
     n_params = sum(p.numel() for p in model.parameters())
+    model_config = model.config
     model.train()
     if config.compile_mode != "none":
         model = torch.compile(model, mode=config.compile_mode)
@@ -55,59 +137,60 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     built_at = time.time()
 
     stepper = _Stepper(model, optimizer, loader, config, workload, device)
-    steps: list[dict[str, float]] = []
-    for _ in range(settings.warmup_steps):
-        steps.append(stepper.step())
+    burn_in, steady = _burn_in(stepper, settings.warmup, device)
+    _check_finite(burn_in.steps, offset=0)
     warmup_done_at = time.time()
+    window, window_s = _timed_window(stepper, settings.measure, device)
+    _check_finite(window.steps, offset=len(burn_in.steps))
 
-    _sync(device)
-    window_start = time.perf_counter()
-    window: list[dict[str, float]] = []
-    while len(window) < settings.measure_steps:
-        window.append(stepper.step())
-        elapsed = time.perf_counter() - window_start
-        if len(window) >= 2 and elapsed >= settings.max_measure_seconds:
-            break
-    window_s = time.perf_counter() - window_start  # step() ends synchronized
-    steps.extend(window)
-
-    losses = [s["loss"] for s in steps]
-    for index, loss in enumerate(losses):
-        if not math.isfinite(loss):
-            raise TrialError("nonfinite", f"loss became {loss} at optimizer step {index + 1}")
-
-    step_times = [s["time_s"] for s in window]
-    mean_step = statistics.fmean(step_times)
-    stdev = statistics.stdev(step_times) if len(step_times) > 1 else 0.0
-    p50 = _percentile(step_times, 50)
-    samples = len(window) * config.effective_batch
-    first_step_s = steps[0]["time_s"]
+    times = window.times
+    p50 = percentile(times, 50)
+    mean_step = statistics.fmean(times)
+    warmup_excess_s = max(0.0, sum(burn_in.times) - len(burn_in.steps) * p50)
+    samples = sum(s.samples for s in window.steps)
+    padded_tokens = sum(s.padded_tokens for s in window.steps)
+    padded_tokens_per_s = padded_tokens / window_s
+    ci = ci95_rel(times)
+    all_steps = burn_in.steps + window.steps
+    losses = [float(s.loss) for s in all_steps]
     return {
-        "it_per_s": len(window) / window_s,
+        "it_per_s": len(times) / window_s,
         "samples_per_s": samples / window_s,
-        "tokens_per_s": sum(s["real_tokens"] for s in window) / window_s,
-        "padded_tokens_per_s": sum(s["padded_tokens"] for s in window) / window_s,
-        "data_wait_share": sum(s["data_wait_s"] for s in window) / window_s,
+        "tokens_per_s": sum(s.real_tokens for s in window.steps) / window_s,
+        "padded_tokens_per_s": padded_tokens_per_s,
+        "data_wait_share": min(1.0, sum(s.data_wait_s for s in window.steps) / window_s),
         "step_time_p50_s": p50,
-        "step_time_p90_s": _percentile(step_times, 90),
-        "step_time_cv": stdev / mean_step if mean_step > 0 else 0.0,
-        # 95% interval of the mean step time, relative (normal approx.; refined in issue 3)
-        "throughput_ci95_rel": 1.96 * stdev / math.sqrt(len(step_times)) / mean_step
-        if mean_step > 0
-        else 0.0,
-        "measured_steps": len(window),
+        "step_time_p90_s": percentile(times, 90),
+        "step_time_mean_s": mean_step,
+        "step_time_cv": statistics.stdev(times) / mean_step if len(times) > 1 else 0.0,
+        "throughput_ci95_rel": ci,
+        "ci_target": settings.measure.target_ci,
+        "ci_met": ci <= settings.measure.target_ci,
+        "measured_steps": len(times),
         "window_s": window_s,
-        "warmup_steps": settings.warmup_steps,
-        "first_step_s": first_step_s,
-        "compile_s": max(0.0, first_step_s - p50) if config.compile_mode != "none" else 0.0,
+        "warmup_steps": len(burn_in.steps),
+        "warmup_steady": steady,
+        "warmup_s": sum(burn_in.times),
+        "warmup_excess_s": warmup_excess_s,
+        "first_step_s": burn_in.times[0],
+        "compile_s": warmup_excess_s if config.compile_mode != "none" else 0.0,
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "losses": losses,
-        "step_times_s": [s["time_s"] for s in steps],
-        "data_wait_s": [s["data_wait_s"] for s in steps],
+        "warmup_step_times_s": burn_in.times,
+        "step_times_s": times,
+        "data_wait_s": [s.data_wait_s for s in all_steps],
         "loader_epochs": stepper.loader_epochs,
         "n_params": n_params,
         "effective_batch": config.effective_batch,
+        **_mfu(
+            device,
+            workload,
+            model_config,
+            matmul_params,
+            padded_tokens_per_s,
+            padded_tokens / samples,
+        ),
         **_peak_memory(device),
         "phases_s": {
             "spawn_to_start": max(0.0, process_started_at - request.spawned_at)
@@ -122,8 +205,68 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     }
 
 
+def _burn_in(stepper: _Stepper, rule: WarmupSettings, device: torch.device) -> tuple[_Phase, bool]:
+    phase = _Phase()
+    started = time.perf_counter()
+    while True:
+        step_started = time.perf_counter()
+        step = stepper.step()
+        _sync(device)
+        step.time_s = time.perf_counter() - step_started
+        phase.steps.append(step)
+        count = len(phase.steps)
+        if count >= rule.min_steps and is_steady(phase.times, rule.window, rule.tolerance):
+            return phase, True
+        if count >= rule.max_steps or time.perf_counter() - started >= rule.max_seconds:
+            return phase, False
+
+
+def _timed_window(
+    stepper: _Stepper, rule: MeasureSettings, device: torch.device
+) -> tuple[_Phase, float]:
+    """Steps until the interval target, the step cap or the time cap; synced at the edges."""
+    phase = _Phase()
+    cuda = device.type == "cuda"
+    _sync(device)
+    started = time.perf_counter()
+    marks: list[Any] = []
+    if cuda:
+        marks.append(torch.cuda.Event(enable_timing=True))
+        marks[0].record()
+    done = 0  # steps whose end the device has reached (CUDA) — their times are known
+    previous = started
+    while True:
+        step = stepper.step()
+        phase.steps.append(step)
+        if cuda:
+            mark = torch.cuda.Event(enable_timing=True)
+            mark.record()
+            marks.append(mark)
+            while done < len(phase.steps) and marks[done + 1].query():
+                phase.steps[done].time_s = marks[done].elapsed_time(marks[done + 1]) / 1000
+                done += 1
+        else:
+            now = time.perf_counter()
+            step.time_s = now - previous
+            previous = now
+            done = len(phase.steps)
+        known = [s.time_s for s in phase.steps[:done]]
+        enough = done >= rule.min_steps and ci95_rel(known) <= rule.target_ci
+        capped = (
+            len(phase.steps) >= rule.max_steps or time.perf_counter() - started >= rule.max_seconds
+        )
+        if (enough or capped) and len(phase.steps) >= rule.min_steps:
+            break
+    _sync(device)
+    window_s = time.perf_counter() - started
+    if cuda:
+        for index in range(done, len(phase.steps)):
+            phase.steps[index].time_s = marks[index].elapsed_time(marks[index + 1]) / 1000
+    return phase, window_s
+
+
 class _Stepper:
-    """One optimizer step = ``accumulation`` micro-batches, timed and synchronized."""
+    """One optimizer step = ``accumulation`` micro-batches; no host sync inside."""
 
     def __init__(
         self,
@@ -160,10 +303,9 @@ class _Stepper:
             self.batches = iter(self.loader)
             return next(self.batches)
 
-    def step(self) -> dict[str, float]:
-        started = time.perf_counter()
+    def step(self) -> _Step:
         data_wait_s = 0.0
-        real_tokens = padded_tokens = 0
+        real_tokens = padded_tokens = samples = 0
         loss_total = torch.zeros((), device=self.device)
         for _ in range(self.accumulation):
             waited = time.perf_counter()
@@ -171,6 +313,7 @@ class _Stepper:
             data_wait_s += time.perf_counter() - waited
             real_tokens += int(batch["attention_mask"].sum())
             padded_tokens += batch["input_ids"].numel()
+            samples += batch["input_ids"].shape[0]
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
             with self.autocast():
                 loss = self.model(**batch).loss / self.accumulation
@@ -185,15 +328,16 @@ class _Stepper:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = float(loss_total.item())
-        _sync(self.device)
-        return {
-            "time_s": time.perf_counter() - started,
-            "data_wait_s": data_wait_s,
-            "real_tokens": real_tokens,
-            "padded_tokens": padded_tokens,
-            "loss": loss_value,
-        }
+        return _Step(loss_total, data_wait_s, real_tokens, padded_tokens, samples)
+
+
+def _check_finite(steps: list[_Step], offset: int) -> None:
+    for index, step in enumerate(steps):
+        value = float(step.loss)
+        if not math.isfinite(value):
+            raise TrialError(
+                "nonfinite", f"loss became {value} at optimizer step {offset + index + 1}"
+            )
 
 
 def _configure_backends(device: torch.device, workload: Workload) -> None:
@@ -209,12 +353,46 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def _matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that do matmuls per token: all but embedding lookups; a tied LM head counts."""
+    total = sum(p.numel() for p in model.parameters())
+    embeddings = model.get_input_embeddings().weight
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight is embeddings
+    lookups = 0 if tied else embeddings.numel()
+    position = getattr(
+        getattr(model, "transformer", None), "wpe", None
+    )  # GPT-2's learned positions
+    if position is not None:
+        lookups += position.weight.numel()
+    return total - lookups
+
+
+def _mfu(
+    device: torch.device,
+    workload: Workload,
+    model_config: Any,
+    matmul_params: int,
+    padded_tokens_per_s: float,
+    mean_width: float,
+) -> dict[str, Any]:
+    """Model FLOPs utilisation (PaLM appendix B: 6N + 12·L·d·T per token, fwd + bwd)."""
+    flops_per_token = 6 * matmul_params + 12 * model_config.num_hidden_layers * (
+        model_config.hidden_size * mean_width
+    )
+    achieved = flops_per_token * padded_tokens_per_s
+    result: dict[str, Any] = {
+        "flops_per_token": flops_per_token,
+        "achieved_tflops": achieved / 1e12,
+        "mfu": None,
+        "peak_tflops": None,
+    }
+    if device.type == "cuda":
+        peak = peak_flops(torch.cuda.get_device_name(device))
+        if peak is not None:
+            tflops = peak.tflops(math_mode(workload.precision, workload.tf32))
+            result.update(mfu=achieved / (tflops * 1e12), peak_tflops=tflops, peak_name=peak.name)
+    return result
 
 
 def _peak_memory(device: torch.device) -> dict[str, Any]:
@@ -222,6 +400,7 @@ def _peak_memory(device: torch.device) -> dict[str, Any]:
         return {
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
             "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "device_memory_bytes": torch.cuda.get_device_properties(device).total_memory,
             "memory_kind": "cuda_max_allocated",
         }
     # ru_maxrss is KiB on Linux; it covers this process, not DataLoader workers
@@ -235,11 +414,13 @@ def environment(device: torch.device, model_hash: str, prepared: PreparedData) -
     """What the numbers were measured on: enough to refuse comparing apples with pears."""
     import transformers
 
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    cuda = device.type == "cuda"
     return {
         "device_type": device.type,
-        "device_name": device_name,
+        "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
+        "driver": _nvidia_driver() if cuda else None,
         "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
@@ -249,6 +430,15 @@ def environment(device: torch.device, model_hash: str, prepared: PreparedData) -
         "model_config_hash": model_hash,
         "dataset_hash": prepared.dataset_hash,
     }
+
+
+def _nvidia_driver() -> str | None:
+    with contextlib.suppress(OSError):
+        text = Path("/proc/driver/nvidia/version").read_text()
+        match = re.search(r"Kernel Module(?: for x86_64)?\s+([\d.]+)", text)
+        if match:
+            return match.group(1)
+    return None
 
 
 def _cpu_name() -> str:

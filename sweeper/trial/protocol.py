@@ -20,6 +20,7 @@ class PreparedData(BaseModel):
     tokenizer_path: str
     dataset_hash: str
     stats: dict[str, Any]
+    pretokenized_path: str | None = None  # a datasets.save_to_disk dir of untruncated ids
 
 
 class ChildRequest(BaseModel):

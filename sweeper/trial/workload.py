@@ -15,6 +15,7 @@ from sweeper.errors import TrialError
 from sweeper.presets import MODEL_SIZES
 from sweeper.space import TrialConfig, Workload
 from sweeper.trial.corpus import load_hf_dataset
+from sweeper.trial.lifeline import dataloader_worker_init
 from sweeper.trial.protocol import PreparedData
 
 
@@ -28,6 +29,21 @@ def resolve_device(requested: str) -> torch.device:
             "unsupported", "cuda requested but torch.cuda.is_available() is False on this machine"
         )
     return torch.device("cpu")
+
+
+class PretokenizedDataset(Dataset):
+    """Reads token ids saved by the prepare step: the loader only slices and pads."""
+
+    def __init__(self, tokenized: Any, tokenizer: Any, max_length: int) -> None:
+        self.rows = tokenized
+        self.suffix = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        self.keep = max_length - len(self.suffix)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> list[int]:
+        return list(self.rows[index]["input_ids"][: self.keep]) + self.suffix
 
 
 class TokenizingDataset(Dataset):
@@ -91,8 +107,18 @@ def build_loader(
     device: torch.device,
     cache_dir: Path,
 ) -> DataLoader:
-    hf_dataset = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
-    dataset = TokenizingDataset(hf_dataset, prepared.text_field, tokenizer, config.max_seq_length)
+    dataset: Dataset
+    if prepared.pretokenized_path is not None:
+        from datasets import load_from_disk
+
+        dataset = PretokenizedDataset(
+            load_from_disk(prepared.pretokenized_path), tokenizer, config.max_seq_length
+        )
+    else:
+        hf_dataset = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
+        dataset = TokenizingDataset(
+            hf_dataset, prepared.text_field, tokenizer, config.max_seq_length
+        )
     workers = config.num_workers
     return DataLoader(
         dataset,
@@ -108,6 +134,7 @@ def build_loader(
             pad_to_max=workload.padding == "max_length",
         ),
         generator=torch.Generator().manual_seed(0),
+        worker_init_fn=dataloader_worker_init if workers > 0 else None,
     )
 
 

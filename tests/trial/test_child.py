@@ -38,8 +38,13 @@ def test_child_trains_and_measures(
     m = run.result.payload
     assert m is not None
     settings = tiny_space.trial
-    assert m["measured_steps"] == settings.measure_steps
-    assert len(m["step_times_s"]) == settings.warmup_steps + settings.measure_steps
+    assert m["measured_steps"] == settings.measure.max_steps == len(m["step_times_s"])
+    assert 1 <= m["warmup_steps"] == len(m["warmup_step_times_s"]) <= settings.warmup.max_steps
+    assert len(m["losses"]) == m["warmup_steps"] + m["measured_steps"]
+    # the window's steps add up to its synchronized length (host clock on CPU)
+    assert sum(m["step_times_s"]) == pytest.approx(m["window_s"], rel=0.05)
+    assert m["throughput_ci95_rel"] > 0 and m["ci_target"] == 0.02
+    assert m["mfu"] is None and m["achieved_tflops"] > 0  # no peak-FLOPs entry for a CPU
     # throughput figures are consistent with each other
     assert m["it_per_s"] > 0
     assert m["samples_per_s"] == pytest.approx(m["it_per_s"] * config.effective_batch)

@@ -1,0 +1,180 @@
+"""The measurement recipe on a real tiny model: steady burn-in, interval-targeted window,
+compile cost kept out of throughput, data wait, and failures classified from real causes."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sweeper.launcher import ChildRun, run_child
+from sweeper.space import Space
+from sweeper.trial.protocol import ChildRequest, PreparedData
+from tests.helpers import tiny_config, trial_request
+
+
+def _with_workload(space: Space, **updates: object) -> Space:
+    return space.model_copy(update={"workload": space.workload.model_copy(update=updates)})
+
+
+def _ok(run: ChildRun) -> dict:
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    assert run.result.payload is not None
+    return run.result.payload
+
+
+def test_window_stops_at_the_interval_target(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    loose = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(),
+        measure={"min_steps": 4, "max_steps": 500, "max_seconds": 60, "target_ci": 0.9},
+    )
+    m = _ok(run_child(loose, timeout_s=120))
+    assert m["ci_met"] and m["throughput_ci95_rel"] <= 0.9
+    assert m["measured_steps"] == 4  # a ±90% target is met as soon as min_steps allow
+
+
+def test_window_stops_at_the_time_cap_and_says_so(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    strict = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(),
+        measure={"min_steps": 3, "max_steps": 10_000, "max_seconds": 3, "target_ci": 1e-6},
+    )
+    m = _ok(run_child(strict, timeout_s=120))
+    assert not m["ci_met"] and m["throughput_ci95_rel"] > 1e-6
+    assert 3.0 <= m["window_s"] < 3.0 + 2 * m["step_time_p90_s"] + 0.5
+    assert m["measured_steps"] > 3
+    assert m["it_per_s"] == pytest.approx(m["measured_steps"] / m["window_s"])
+
+
+def test_burn_in_runs_until_steady(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    request = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(),
+        warmup={"min_steps": 1, "max_steps": 30, "window": 3, "tolerance": 0.25},
+    )
+    m = _ok(run_child(request, timeout_s=120))
+    # steadiness needs two windows of 3 steps; on a loaded CPU it may take longer, never forever
+    assert 6 <= m["warmup_steps"] <= 30
+    assert m["warmup_steady"] == (m["warmup_steps"] < 30) or m["warmup_steady"]
+
+
+def test_compile_time_is_measured_apart_from_throughput(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    request = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(compile_mode="default"),
+        warmup={"min_steps": 2, "max_steps": 12, "window": 2, "tolerance": 0.3},
+    )
+    m = _ok(run_child(request, timeout_s=300))
+    # Inductor compiles cold (per-trial cache dir): seconds, all of it in the first steps
+    assert m["compile_s"] > 2.0
+    assert m["first_step_s"] > 20 * m["step_time_p50_s"]
+    assert max(m["step_times_s"]) < m["first_step_s"] / 5  # no compile inside the window
+    assert m["compile_s"] == pytest.approx(m["warmup_excess_s"])
+
+
+@pytest.fixture(scope="module")
+def pretokenized(tiny_space: Space, cache_dir: Path) -> tuple[Space, PreparedData]:
+    space = _with_workload(tiny_space, tokenize="pretokenized")
+    run = run_child(
+        ChildRequest(
+            kind="prepare", workload=space.workload, device="cpu", cache_dir=str(cache_dir)
+        ),
+        timeout_s=300,
+    )
+    return space, PreparedData.model_validate(_ok(run))
+
+
+def test_pretokenized_data_trains_and_waits_less(
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    pretokenized: tuple[Space, PreparedData],
+    cache_dir: Path,
+) -> None:
+    space, prepared = pretokenized
+    assert prepared.pretokenized_path and Path(prepared.pretokenized_path).is_dir()
+    # long samples, a tiny model, no workers: tokenizing in the loop is a visible share of a step
+    config = tiny_config(
+        per_device_batch_size=16, gradient_accumulation_steps=1, max_seq_length=256
+    )
+    measure = {"min_steps": 8, "max_steps": 8}
+    fly = _ok(
+        run_child(
+            trial_request(tiny_space, tiny_prepared, cache_dir, config, measure=measure),
+            timeout_s=120,
+        )
+    )
+    pre = _ok(
+        run_child(trial_request(space, prepared, cache_dir, config, measure=measure), timeout_s=120)
+    )
+    assert fly["data_wait_share"] > 0.02
+    assert pre["data_wait_share"] < fly["data_wait_share"] / 2
+    # same data, same truncation: the same real tokens per sample
+    assert pre["tokens_per_s"] / pre["samples_per_s"] == pytest.approx(
+        fly["tokens_per_s"] / fly["samples_per_s"], rel=0.15
+    )
+
+
+def test_non_finite_loss_is_a_classified_failure(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    # AdamW's first update moves weights by ~lr: 1e30 overflows the activations to NaN
+    space = _with_workload(tiny_space, learning_rate=1e30)
+    run = run_child(trial_request(space, tiny_prepared, cache_dir, tiny_config()), timeout_s=120)
+    assert (run.result.status, run.result.failure_kind) == ("failed", "nonfinite")
+    assert "loss became nan at optimizer step" in (run.result.failure_message or "")
+
+
+def test_dataloader_worker_crash_is_a_classified_failure(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    config = tiny_config(num_workers=2, prefetch_factor=2)
+    request = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        config,
+        measure={"max_steps": 100_000, "max_seconds": 60, "target_ci": 1e-9},
+    )
+    result: dict[str, ChildRun] = {}
+    thread = threading.Thread(target=lambda: result.update(run=run_child(request, timeout_s=120)))
+    thread.start()
+    # Workers are recreated each epoch (every few seconds on this tiny corpus): kill one as
+    # soon as it is seen, and look again if it was already gone.
+    deadline = time.monotonic() + 60
+    killed = False
+    while not killed and time.monotonic() < deadline:
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "sweeper.trial" in " ".join(child.cmdline()) and child.children():
+                    child.children()[0].send_signal(signal.SIGKILL)
+                    killed = True
+                    break
+            except psutil.NoSuchProcess:
+                continue
+        time.sleep(0.1)
+    assert killed, "no DataLoader worker appeared"
+    thread.join(timeout=120)
+    run = result["run"]
+    assert (run.result.status, run.result.failure_kind) == ("failed", "dataloader")
+    assert "DataLoader worker" in (run.result.failure_message or "")
