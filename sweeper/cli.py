@@ -55,6 +55,7 @@ def launch(
     ] = None,
 ) -> None:
     """Run a sweep: each trial trains the workload with one config in a child process."""
+    from sweeper.preflight import PreflightError
     from sweeper.settings import Settings, resolve_storage
     from sweeper.space import load_space
     from sweeper.study import run_sweep
@@ -87,6 +88,8 @@ def launch(
         raise _fail(
             "interrupted; finished trials are kept, the running one is marked", 130
         ) from None
+    except PreflightError as e:
+        raise _fail(f"preflight: {e}", code=2) from None
     except SweeperError as e:
         raise _fail(str(e)) from None
     _print_leaderboard(url, parsed.study)

@@ -233,6 +233,15 @@ class TrialSettings(_Frozen):
     warmup: WarmupSettings = WarmupSettings()
     measure: MeasureSettings = MeasureSettings()
     timeout_s: float = Field(default=900, gt=0, description="the child is killed after this")
+    preflight: bool = Field(
+        default=True, description="probe attention, compile modes and precision before trials"
+    )
+    slow_precision_factor: float = Field(
+        default=3.0,
+        gt=1,
+        description="preflight refuses a precision this many times slower "
+        "than fp32 (bf16 autocast on CPUs without AMX is ~10x slower)",
+    )
 
 
 class Budget(_Frozen):

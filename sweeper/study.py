@@ -18,13 +18,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sweeper.cost import project_run
 from sweeper.errors import StorageError, SweeperError
 from sweeper.launcher import run_child
+from sweeper.preflight import PROBED_KNOBS, PreflightReport, run_preflight
 from sweeper.recommend import Recommendation, best
 from sweeper.space import Space, TrialConfig, suggest
 from sweeper.store import Store, TrialRow, redact
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
-# Stop asking after this many consecutive configs that were already measured.
-_MAX_DUPLICATE_ASKS = 20
+# Stop asking after this many consecutive configs that were measured or ruled out already.
+_MAX_SKIPS_IN_A_ROW = 50
 # Measurement fields copied onto the Optuna trial, so optuna-dashboard shows them too.
 _OPTUNA_ATTRS = (
     "it_per_s",
@@ -111,7 +112,12 @@ def run_sweep(
     try:
         prepared = _prepare(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)
-        counts = _trial_loop(space, study, store, prepared, cache_dir, n_trials, observer)
+        preflight = PreflightReport()
+        if space.trial.preflight:
+            preflight = _preflight(space, prepared, cache_dir, observer)
+            store.upsert_study(space.study, preflight=preflight.to_json())
+        loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer)
+        counts = loop.run(n_trials)
     except KeyboardInterrupt:
         store.set_study_state(space.study, "interrupted")
         raise
@@ -176,42 +182,84 @@ def _prepare(space: Space, cache_dir: Path, observer: SweepObserver) -> Prepared
     return prepared
 
 
-def _trial_loop(
-    space: Space,
-    study: optuna.Study,
-    store: Store,
-    prepared: PreparedData,
-    cache_dir: Path,
-    n_trials: int,
-    observer: SweepObserver,
-) -> dict[str, int]:
-    counts = {"run": 0, "complete": 0, "failed": 0}
-    measured = {
-        TrialConfig.model_validate(t.config)
-        for t in store.list_trials(space.study, states=["complete", "failed"])
+def _preflight(
+    space: Space, prepared: PreparedData, cache_dir: Path, observer: SweepObserver
+) -> PreflightReport:
+    started = time.perf_counter()
+    report = run_preflight(space, prepared, cache_dir, note=observer.note)
+    kept = {
+        knob: [v for v in getattr(space.search, knob) if v not in report.dropped.get(knob, {})]
+        for knob in PROBED_KNOBS
     }
-    grid_size = space.search.grid_size()
-    duplicates_in_a_row = 0
-    while counts["run"] < n_trials:
-        if len(measured) >= grid_size:
-            observer.note(f"all {grid_size} configs of the space are measured; stopping early")
-            break
-        trial = study.ask()
-        config = suggest(trial, space.search)
-        if config in measured:
-            # an already-measured config teaches nothing new: skip it without spending budget
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            duplicates_in_a_row += 1
-            if duplicates_in_a_row >= _MAX_DUPLICATE_ASKS:
-                observer.note("the sampler keeps proposing measured configs; stopping early")
+    observer.note(
+        f"preflight ({time.perf_counter() - started:.0f} s, {len(report.outcomes)} probes): "
+        + "; ".join(f"{knob} {', '.join(values)}" for knob, values in kept.items())
+        + f"; precision {space.workload.precision} ok"
+    )
+    return report
+
+
+class _TrialLoop:
+    """Ask, skip what cannot teach anything new, run, tell — until the budget is spent."""
+
+    def __init__(
+        self,
+        space: Space,
+        study: optuna.Study,
+        store: Store,
+        prepared: PreparedData,
+        preflight: PreflightReport,
+        cache_dir: Path,
+        observer: SweepObserver,
+    ) -> None:
+        self.space, self.study, self.store = space, study, store
+        self.prepared, self.preflight = prepared, preflight
+        self.cache_dir, self.observer = cache_dir, observer
+
+    def run(self, n_trials: int) -> dict[str, int]:
+        counts = {"run": 0, "complete": 0, "failed": 0}
+        runnable = {c for c in self.space.search.grid() if self.preflight.allows(c) is None}
+        measured = {
+            TrialConfig.model_validate(t.config)
+            for t in self.store.list_trials(self.space.study, states=["complete", "failed"])
+        } & runnable
+        skipped_in_a_row = 0
+        while counts["run"] < n_trials:
+            if measured >= runnable:
+                self.observer.note(
+                    f"all {len(runnable)} runnable configs of the space are measured; stopping"
+                )
                 break
-            continue
-        duplicates_in_a_row = 0
-        measured.add(config)
-        row = _run_one(space, study, store, prepared, cache_dir, trial, config, observer)
-        counts["run"] += 1
-        counts["complete" if row.state == "complete" else "failed"] += 1
-    return counts
+            trial = self.study.ask()
+            config = suggest(trial, self.space.search)
+            # Optuna forbids changing a categorical's choices within a study, so configs that
+            # preflight ruled out (or that were measured already) are pruned without a trial.
+            reason = self.preflight.allows(config)
+            if reason is None and config in measured:
+                reason = "already measured"
+            if reason is not None:
+                trial.set_user_attr("skipped", reason)
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                skipped_in_a_row += 1
+                if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
+                    self.observer.note("the sampler keeps proposing skipped configs; stopping")
+                    break
+                continue
+            skipped_in_a_row = 0
+            measured.add(config)
+            row = _run_one(
+                self.space,
+                self.study,
+                self.store,
+                self.prepared,
+                self.cache_dir,
+                trial,
+                config,
+                self.observer,
+            )
+            counts["run"] += 1
+            counts["complete" if row.state == "complete" else "failed"] += 1
+        return counts
 
 
 def _run_one(

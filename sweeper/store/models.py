@@ -40,6 +40,9 @@ class StudyRow(Base):
     dataset_stats: Mapped[dict[str, Any] | None] = mapped_column(
         JsonType, doc="token-length distribution of the dataset, from the prepare step"
     )
+    preflight: Mapped[dict[str, Any] | None] = mapped_column(
+        JsonType, doc="what the preflight probes dropped, and why"
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

@@ -31,6 +31,10 @@ def main(argv: list[str]) -> int:
             from sweeper.trial.corpus import prepare
 
             payload = prepare(request.workload, Path(request.cache_dir)).model_dump()
+        elif request.kind == "probe":
+            from sweeper.trial.probe import run_probe
+
+            payload = run_probe(request)
         else:
             from sweeper.trial.measure import run_trial
 

@@ -6,7 +6,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.space import TrialConfig, TrialSettings, Workload
+from sweeper.space import (
+    AttnImplementation,
+    CompileMode,
+    Precision,
+    TrialConfig,
+    TrialSettings,
+    Workload,
+)
 
 
 class PreparedData(BaseModel):
@@ -23,16 +30,29 @@ class PreparedData(BaseModel):
     pretokenized_path: str | None = None  # a datasets.save_to_disk dir of untruncated ids
 
 
+class ProbeSpec(BaseModel):
+    """A preflight probe: can this attention / compile mode / precision train here, how fast?"""
+
+    model_config = ConfigDict(frozen=True)
+
+    attn_implementation: AttnImplementation
+    compile_mode: CompileMode
+    precision: Precision
+    compare_fp32: bool = False  # also time fp32, to catch a pathologically slow precision
+    steps: int = 4
+
+
 class ChildRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["prepare", "trial"]
+    kind: Literal["prepare", "probe", "trial"]
     workload: Workload
     device: Literal["auto", "cpu", "cuda"]
     cache_dir: str
     prepared: PreparedData | None = None
     config: TrialConfig | None = None
     settings: TrialSettings | None = None
+    probe: ProbeSpec | None = None
     spawned_at: float = 0.0  # time.time() in the parent just before the spawn
 
 

@@ -159,6 +159,25 @@ def model_config(workload: Workload, tokenizer: Any, max_seq_length: int) -> Any
     return AutoConfig.for_model(spec.arch, **overrides)
 
 
+def probe_model(
+    workload: Workload, tokenizer: Any, attn_implementation: str, device: torch.device
+) -> torch.nn.Module:
+    """The workload's architecture cut to one layer: enough to learn whether it can run."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if workload.model.id is not None:
+        config = AutoConfig.from_pretrained(workload.model.id)
+    else:
+        config = model_config(workload, tokenizer, 128)
+    config.num_hidden_layers = 1
+    config.use_cache = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation, dtype=torch.float32
+    )
+    return model.to(device)
+
+
 def config_hash(config: Any) -> str:
     text = json.dumps(config.to_diff_dict(), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

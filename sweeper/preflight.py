@@ -1,0 +1,164 @@
+"""Preflight: before any trial spends budget, learn what can run on this device.
+
+Each attention implementation, each compile mode and the workload's precision is probed in its
+own child (a one-layer model of the workload, a few steps). What fails is dropped from the
+sweep with its reason; a precision that trains pathologically slowly (bf16 autocast on a CPU
+without AMX: ~10x slower than fp32) stops the sweep with the fix, since precision is part of the
+workload, not a knob to search around.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import SweeperError
+from sweeper.launcher import run_child
+from sweeper.space import Space, TrialConfig
+from sweeper.trial.protocol import ChildRequest, PreparedData, ProbeSpec
+
+# Knobs preflight can restrict, as TrialConfig field names.
+PROBED_KNOBS = ("attn_implementation", "compile_mode")
+
+
+class PreflightError(SweeperError):
+    """Nothing of a knob can run here, or the precision is pathologically slow."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeOutcome:
+    knob: str
+    value: str
+    ok: bool
+    reason: str  # the failure kind and message, or the timing
+    step_s: float | None = None
+    fp32_step_s: float | None = None  # set on the probe that judged the precision
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightReport:
+    outcomes: tuple[ProbeOutcome, ...] = ()
+    dropped: dict[str, dict[str, str]] = field(default_factory=dict)  # knob → value → reason
+
+    def allows(self, config: TrialConfig) -> str | None:
+        """None if every knob value of ``config`` passed; otherwise why it cannot run."""
+        for knob, values in self.dropped.items():
+            value = str(getattr(config, knob))
+            if value in values:
+                return f"{knob}={value} failed preflight: {values[value]}"
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dropped": self.dropped,
+            "probes": [outcome.__dict__ for outcome in self.outcomes],
+        }
+
+
+def run_preflight(
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    note: Callable[[str], None] = lambda _message: None,
+) -> PreflightReport:
+    """Probe the space on this device; raise PreflightError if nothing (or no precision) fits."""
+    workload = space.workload
+    search = space.search
+
+    def probe(knob: str, value: str, spec: ProbeSpec) -> tuple[ProbeOutcome, dict[str, Any]]:
+        run = run_child(
+            ChildRequest(
+                kind="probe",
+                workload=workload,
+                device=space.hardware.device,
+                cache_dir=str(cache_dir),
+                prepared=prepared,
+                probe=spec,
+            ),
+            timeout_s=space.trial.timeout_s,
+        )
+        result = run.result
+        if result.status == "ok" and result.payload is not None:
+            step_s = result.payload["step_s"]
+            outcome = ProbeOutcome(
+                knob=knob,
+                value=value,
+                ok=True,
+                reason=f"{step_s * 1000:.0f} ms/step",
+                step_s=step_s,
+                fp32_step_s=result.payload.get("fp32_step_s"),
+                wall_s=run.wall_s,
+            )
+            return outcome, result.payload
+        reason = f"{result.failure_kind}: {result.failure_message}"
+        return ProbeOutcome(knob=knob, value=value, ok=False, reason=reason, wall_s=run.wall_s), {}
+
+    outcomes: list[ProbeOutcome] = []
+    dropped: dict[str, dict[str, str]] = {}
+    working_attn: str | None = None
+    for index, attn in enumerate(search.attn_implementation):
+        # the first probe also times fp32, to judge the workload's precision once
+        compare = index == 0 or working_attn is None
+        outcome, payload = probe(
+            "attn_implementation",
+            attn,
+            ProbeSpec(
+                attn_implementation=attn,
+                compile_mode="none",
+                precision=workload.precision,
+                compare_fp32=compare and workload.precision != "fp32",
+                steps=10 if compare else 4,  # a ratio of two timings needs more steps
+            ),
+        )
+        outcomes.append(outcome)
+        if not outcome.ok:
+            dropped.setdefault("attn_implementation", {})[attn] = outcome.reason
+            note(f"preflight drops attn_implementation={attn}: {outcome.reason}")
+            continue
+        if working_attn is None:
+            working_attn = attn
+            check_precision(space, payload)
+    if working_attn is None:
+        raise PreflightError(
+            "no attention implementation in search.attn_implementation can train here: "
+            + "; ".join(f"{o.value}: {o.reason}" for o in outcomes)
+        )
+    for mode in search.compile_mode:
+        if mode == "none":
+            continue
+        outcome, _ = probe(
+            "compile_mode",
+            mode,
+            ProbeSpec(
+                attn_implementation=working_attn, compile_mode=mode, precision=workload.precision
+            ),
+        )
+        outcomes.append(outcome)
+        if not outcome.ok:
+            dropped.setdefault("compile_mode", {})[mode] = outcome.reason
+            note(f"preflight drops compile_mode={mode}: {outcome.reason}")
+    if len(dropped.get("compile_mode", {})) == len(search.compile_mode):
+        raise PreflightError(
+            "no compile mode in search.compile_mode works here; add 'none' to the list: "
+            + "; ".join(f"{m}: {r}" for m, r in dropped["compile_mode"].items())
+        )
+    return PreflightReport(outcomes=tuple(outcomes), dropped=dropped)
+
+
+def check_precision(space: Space, payload: dict[str, Any]) -> None:
+    """Refuse the workload's precision if the probe found it pathologically slower than fp32."""
+    fp32_step_s = payload.get("fp32_step_s")
+    if not fp32_step_s:
+        return
+    factor = payload["step_s"] / fp32_step_s
+    if factor > space.trial.slow_precision_factor:
+        device = "this CPU" if payload.get("device_type") == "cpu" else "this device"
+        raise PreflightError(
+            f"workload.precision: {space.workload.precision} trains {factor:.1f}x slower than "
+            f"fp32 on {device} (limit trial.slow_precision_factor = "
+            f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file, "
+            "or run on hardware with native support"
+        )

@@ -1,0 +1,72 @@
+"""Preflight probe (child side): a few training steps of a one-layer model of the workload."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from sweeper.trial.protocol import ChildRequest
+from sweeper.trial.workload import load_tokenizer, probe_model, resolve_device
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_BATCH, _SEQ = 4, 128
+
+
+def run_probe(request: ChildRequest) -> dict[str, Any]:
+    """Train ``probe.steps`` steps; return the median step time after the first (compile) step.
+
+    With ``compare_fp32`` the same model is also timed in fp32, so the parent can refuse a
+    precision that is pathologically slow on this device.
+    """
+    assert request.probe is not None and request.prepared is not None
+    probe = request.probe
+    device = resolve_device(request.device)
+    tokenizer = load_tokenizer(request.prepared)
+    result: dict[str, Any] = {"device_type": device.type}
+    started = time.perf_counter()
+    result["step_s"] = _time_steps(request, tokenizer, device, probe.precision)
+    result["first_step_s"] = time.perf_counter() - started
+    if probe.compare_fp32 and probe.precision != "fp32":
+        result["fp32_step_s"] = _time_steps(
+            request.model_copy(update={"probe": probe.model_copy(update={"compile_mode": "none"})}),
+            tokenizer,
+            device,
+            "fp32",
+        )
+    return result
+
+
+def _time_steps(
+    request: ChildRequest, tokenizer: Any, device: torch.device, precision: str
+) -> float:
+    assert request.probe is not None
+    probe = request.probe
+    model = probe_model(request.workload, tokenizer, probe.attn_implementation, device)
+    model.train()
+    if probe.compile_mode != "none":
+        model = torch.compile(model, mode=probe.compile_mode)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(tokenizer), (_BATCH, _SEQ), generator=generator).to(device)
+    dtype = _DTYPES.get(precision)
+    autocast = (
+        (lambda: torch.autocast(device_type=device.type, dtype=dtype))
+        if dtype is not None
+        else contextlib.nullcontext
+    )
+    times = []
+    for _ in range(max(2, probe.steps)):
+        started = time.perf_counter()
+        with autocast():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[1:])

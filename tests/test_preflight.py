@@ -1,0 +1,160 @@
+"""Preflight: what cannot run here is dropped before any trial spends budget."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweeper.preflight import (
+    PreflightError,
+    PreflightReport,
+    check_precision,
+    run_preflight,
+)
+from sweeper.space import Space
+from sweeper.store import Store
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import REPO, TINY_SPACE, tiny_config
+
+
+def _space(space: Space, *, attn: list[str] | None = None, precision: str | None = None) -> Space:
+    updates: dict[str, object] = {}
+    if attn is not None:
+        updates["search"] = space.search.model_copy(update={"attn_implementation": attn})
+    if precision is not None:
+        updates["workload"] = space.workload.model_copy(update={"precision": precision})
+    return space.model_copy(update=updates)
+
+
+def test_report_allows_only_what_passed() -> None:
+    report = PreflightReport(dropped={"attn_implementation": {"flex_attention": "unsupported: no"}})
+    assert report.allows(tiny_config(attn_implementation="sdpa")) is None
+    reason = report.allows(tiny_config(attn_implementation="flex_attention"))
+    assert reason == "attn_implementation=flex_attention failed preflight: unsupported: no"
+
+
+def test_unimportable_attention_is_dropped(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    notes: list[str] = []
+    space = _space(tiny_space, attn=["sdpa", "flash_attention_2"])
+    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    assert set(report.dropped) == {"attn_implementation"}
+    assert "flash_attention_2" in report.dropped["attn_implementation"]
+    assert report.dropped["attn_implementation"]["flash_attention_2"].startswith("unsupported:")
+    assert any("drops attn_implementation=flash_attention_2" in n for n in notes)
+    (sdpa,) = [o for o in report.outcomes if o.value == "sdpa"]
+    assert sdpa.ok and sdpa.step_s and sdpa.step_s > 0
+
+
+def test_nothing_runnable_is_an_error(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    with pytest.raises(PreflightError, match="no attention implementation"):
+        run_preflight(_space(tiny_space, attn=["flash_attention_2"]), tiny_prepared, cache_dir)
+
+
+def test_precision_probe_times_both_precisions(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    space = _space(tiny_space, attn=["sdpa"], precision="bf16")
+    space = space.model_copy(
+        update={"trial": space.trial.model_copy(update={"slow_precision_factor": 1000.0})}
+    )
+    (probe,) = run_preflight(space, tiny_prepared, cache_dir).outcomes
+    assert probe.ok and probe.step_s and probe.fp32_step_s and probe.fp32_step_s > 0
+
+
+@pytest.mark.parametrize(
+    ("step_s", "fp32_step_s", "refused"), [(1.0, 0.1, True), (0.2, 0.1, False), (0.05, 0.1, False)]
+)
+def test_precision_slower_than_the_limit_is_refused(
+    tiny_space: Space, step_s: float, fp32_step_s: float, refused: bool
+) -> None:
+    space = _space(tiny_space, precision="bf16")  # slow_precision_factor defaults to 3
+    payload = {"step_s": step_s, "fp32_step_s": fp32_step_s, "device_type": "cpu"}
+    if refused:
+        with pytest.raises(PreflightError, match=r"bf16 trains 10.0x slower than fp32 on this CPU"):
+            check_precision(space, payload)
+    else:
+        check_precision(space, payload)
+
+
+def test_sweep_never_runs_what_preflight_dropped(
+    tmp_path: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE.read_text().replace("[sdpa, eager]", "[sdpa, flash_attention_2]"))
+    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
+    env.pop("SWEEPER_STORAGE", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeper.cli",
+            "launch",
+            "--space",
+            str(space),
+            "--storage",
+            sqlite_url,
+            "--n-trials",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "preflight drops attn_implementation=flash_attention_2" in result.stdout
+    store = Store(sqlite_url)
+    trials = store.list_trials("tiny")
+    study_row = store.get_study("tiny")
+    store.dispose()
+    assert len(trials) == 3
+    assert {t.config["attn_implementation"] for t in trials} == {"sdpa"}
+    assert "flash_attention_2" in study_row.preflight["dropped"]["attn_implementation"]
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    skipped = [
+        t
+        for t in optuna.load_study(study_name="tiny", storage=storage).trials
+        if t.state == optuna.trial.TrialState.PRUNED
+    ]
+    storage.engine.dispose()
+    assert all("skipped" in t.user_attrs for t in skipped)
+
+
+def test_nothing_runnable_exits_2_before_any_trial(
+    tmp_path: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE.read_text().replace("[sdpa, eager]", "[flash_attention_2]"))
+    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeper.cli",
+            "launch",
+            "--space",
+            str(space),
+            "--storage",
+            sqlite_url,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "preflight: no attention implementation" in result.stderr
+    store = Store(sqlite_url)
+    assert store.list_trials("tiny") == []
+    store.dispose()
