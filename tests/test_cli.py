@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from sweeper.errors import StudyNotFoundError
 from sweeper.store import Store
 from tests.helpers import REPO, TINY_SPACE
 
@@ -157,26 +158,37 @@ def test_best_for_unknown_study_exits_1(sqlite_url: str, env: dict[str, str]) ->
     assert "no study named 'nope'" in result.stderr
 
 
+def _trial_processes(parent: int) -> list[psutil.Process]:
+    """Live trial children (``python -m sweeper.trial``) of ``parent``; zombies are gone."""
+    found = []
+    for child in psutil.Process(parent).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "sweeper.trial" in " ".join(
+                child.cmdline()
+            ):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
+    """The tiny space with a window that would run for 10 minutes."""
+    slow = tmp_path / "slow.yaml"
+    slow.write_text(
+        TINY_SPACE.read_text()
+        .replace("  num_workers: [0]", f"  num_workers: [{workers}]")
+        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600")
+    )
+    return slow
+
+
 def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
-    slow = tmp_path / "slow.yaml"
-    slow.write_text(
-        TINY_SPACE.read_text().replace(
-            "    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600"
-        )
-    )
+    launch = [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(_slow_space(tmp_path))]
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sweeper.cli",
-            "launch",
-            "--space",
-            str(slow),
-            "--storage",
-            sqlite_url,
-        ],
+        [*launch, "--storage", sqlite_url],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -184,32 +196,78 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
         text=True,
     )
     store = Store(sqlite_url)
-    deadline = time.monotonic() + 120
-    while True:  # wait until the first trial's child is training
-        children = psutil.Process(process.pid).children(recursive=True)
-        trial_children = [c for c in children if "sweeper.trial" in " ".join(c.cmdline())]
-        running = []
-        if trial_children:
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # wait until a trial (not the prepare step) is training
+            trials = _trial_processes(process.pid)
             try:
-                running = store.list_trials("tiny", states=["running"])
-            except Exception:  # the study row may not exist yet
+                running = store.list_trials("tiny", states=["running"]) if trials else []
+            except StudyNotFoundError:
                 running = []
-        if running:
-            break
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.3)
-    time.sleep(2)
-    process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 130, stderr
-    assert "interrupted" in stderr
-    (trial,) = store.list_trials("tiny")
-    assert (trial.state, trial.failure_kind) == ("failed", "interrupted")
-    assert store.get_study("tiny").state == "interrupted"
-    store.dispose()
-    for child in trial_children:
-        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+            if running:
+                break
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no trial started in 120 s"
+            time.sleep(0.3)
+        time.sleep(2)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode == 130, stderr
+        assert "interrupted" in stderr
+        (trial,) = store.list_trials("tiny")
+        assert (trial.state, trial.failure_kind) == ("failed", "interrupted")
+        assert store.get_study("tiny").state == "interrupted"
+        _, alive = psutil.wait_procs(trials, timeout=10)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        store.dispose()
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def test_killing_the_sweeper_leaves_no_orphan(
+    tmp_path: Path, sqlite_url: str, env: dict[str, str]
+) -> None:
+    """SIGKILL gives the parent no chance to clean up: the kernel's parent-death signal must."""
+    launch = [
+        sys.executable,
+        "-m",
+        "sweeper.cli",
+        "launch",
+        "--space",
+        str(_slow_space(tmp_path, 2)),
+    ]
+    sweeper = subprocess.Popen(
+        [*launch, "--storage", sqlite_url],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        family: list[psutil.Process] = []
+        while not family:  # wait for a trial child with its DataLoader workers
+            for trial in _trial_processes(sweeper.pid):
+                try:
+                    workers = trial.children()
+                except psutil.NoSuchProcess:
+                    continue
+                if workers:
+                    family = [trial, *workers]
+            assert sweeper.poll() is None
+            assert time.monotonic() < deadline, "no trial with workers appeared in 120 s"
+            time.sleep(0.2)
+        sweeper.kill()
+        sweeper.wait()
+        _, alive = psutil.wait_procs(family, timeout=10)
+        alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+        assert alive == [], [p.pid for p in alive]
+    finally:
+        if sweeper.poll() is None:
+            sweeper.kill()
+            sweeper.wait()
 
 
 def test_recommendation_warns_when_it_truncates(sqlite_url: str) -> None:
@@ -240,51 +298,3 @@ def test_recommendation_warns_when_it_truncates(sqlite_url: str) -> None:
     assert recommendation.truncated_samples_share == pytest.approx(88 / 101)
     (warning,) = recommendation.warnings
     assert "max_seq_length 128 truncates about 87% of samples" in warning
-
-
-def test_killing_the_sweeper_leaves_no_orphan(
-    tmp_path: Path, sqlite_url: str, env: dict[str, str]
-) -> None:
-    """SIGKILL gives the parent no chance to clean up: the kernel's parent-death signal must."""
-    slow = tmp_path / "slow.yaml"
-    slow.write_text(
-        TINY_SPACE.read_text()
-        .replace("  num_workers: [0]", "  num_workers: [2]")
-        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600")
-    )
-    sweeper = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sweeper.cli",
-            "launch",
-            "--space",
-            str(slow),
-            "--storage",
-            sqlite_url,
-        ],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    family: list[psutil.Process] = []
-    while time.monotonic() < deadline:  # wait for a trial child with its DataLoader workers
-        trials = [
-            c
-            for c in psutil.Process(sweeper.pid).children()
-            if "sweeper.trial" in " ".join(c.cmdline())
-        ]
-        workers = [w for t in trials for w in t.children()]
-        if trials and workers:
-            family = trials + workers
-            break
-        assert sweeper.poll() is None
-        time.sleep(0.2)
-    assert family, "no trial with workers appeared"
-    sweeper.kill()
-    sweeper.wait()
-    gone, alive = psutil.wait_procs(family, timeout=10)
-    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
-    assert alive == [], [p.cmdline() for p in alive]

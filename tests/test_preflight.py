@@ -134,7 +134,11 @@ def test_nothing_runnable_exits_2_before_any_trial(
     tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE.read_text().replace("[sdpa, eager]", "[flash_attention_2]"))
+    space.write_text(
+        TINY_SPACE.read_text()
+        .replace("[sdpa, eager]", "[flash_attention_2]")
+        .replace("preflight: false", "preflight: true")
+    )
     env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir)}
     result = subprocess.run(
         [

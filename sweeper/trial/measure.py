@@ -121,10 +121,13 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     _configure_backends(device, workload)
 
     tokenizer = load_tokenizer(request.prepared)
+    tokenizer_at = time.time()
     loader = build_loader(
         workload, request.prepared, config, tokenizer, device, Path(request.cache_dir)
     )
+    loader_at = time.time()
     model, model_hash = build_model(workload, config, tokenizer, device)
+    model_at = time.time()
     matmul_params = _matmul_params(model)
     n_params = sum(p.numel() for p in model.parameters())
     model_config = model.config
@@ -197,7 +200,10 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             if request.spawned_at
             else None,
             "imports": imports_done_at - process_started_at,
-            "build": built_at - imports_done_at,
+            "tokenizer": tokenizer_at - imports_done_at,
+            "data": loader_at - tokenizer_at,
+            "model": model_at - loader_at,
+            "optimizer": built_at - model_at,
             "warmup": warmup_done_at - built_at,
             "window": window_s,
         },
