@@ -1,13 +1,18 @@
-"""Run one child (prepare or trial) in its own process group and wait, with a hard timeout.
+"""Run one child (prepare, probe or trial) in its own process group, with a hard timeout.
 
-The wait blocks in the kernel (``Popen.wait``), no polling loop. On timeout or interrupt the
-whole group — the child and its DataLoader workers — gets SIGTERM, then SIGKILL.
+Two ways to start it, one way to wait: a plain ``python -m sweeper.trial`` process, or a fork of
+the sweep's ``ForkServer`` (torch and the data already loaded, so a trial starts in
+milliseconds instead of seconds). Waiting blocks in the kernel (``Popen.wait`` or ``select`` on
+the fork server's pipe), never a polling loop. On timeout or interrupt the whole group — the
+child and its DataLoader workers — gets SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -15,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -32,62 +38,229 @@ class ChildRun:
     pid: int  # also the process group id of the child and its DataLoader workers
 
 
-def run_child(request: ChildRequest, *, timeout_s: float, workdir: Path | None = None) -> ChildRun:
-    """Start ``python -m sweeper.trial``; return its result, or a classified failure."""
+class _Handle(Protocol):
+    pid: int
+
+    def wait(self, timeout: float | None) -> int | None:
+        """The exit code (minus the signal number if killed), or None on timeout."""
+        ...
+
+
+def child_env(cache_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SWEEPER_PARENT_PID=str(os.getpid()),
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_DATASETS_CACHE=str(Path(cache_dir) / "hf-datasets"),
+    )
+    return env
+
+
+def run_child(
+    request: ChildRequest,
+    *,
+    timeout_s: float,
+    workdir: Path | None = None,
+    server: ForkServer | None = None,
+) -> ChildRun:
+    """Run ``request`` in a child; return its result, or a classified failure."""
     with tempfile.TemporaryDirectory(prefix="sweeper-trial-", dir=workdir) as tmp:
         tmp_path = Path(tmp)
         request_path, result_path = tmp_path / "request.json", tmp_path / "result.json"
         log_path = tmp_path / "child.log"
-        env = dict(os.environ)
-        env.update(
-            SWEEPER_PARENT_PID=str(os.getpid()),
-            PYTHONUNBUFFERED="1",
-            TOKENIZERS_PARALLELISM="false",
-            # per-trial Inductor cache: otherwise compile times become warm-cache numbers
-            TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-            TRITON_CACHE_DIR=str(tmp_path / "triton"),
-            HF_DATASETS_CACHE=str(Path(request.cache_dir) / "hf-datasets"),
-        )
+        # per-trial Inductor/Triton caches: otherwise compile times become warm-cache numbers
+        per_child_env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+            "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        }
         request = request.model_copy(update={"spawned_at": time.time()})
         request_path.write_text(request.model_dump_json())
         started = time.perf_counter()
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "sweeper.trial", str(request_path), str(result_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,  # own process group: one killpg reaches the workers
+        handle: _Handle | None = None
+        if server is not None and server.alive:
+            with contextlib.suppress(RuntimeError, OSError):  # a dead zygote: spawn instead
+                handle = server.start(request_path, result_path, log_path, per_child_env)
+        if handle is None:
+            handle = _Spawned(
+                request_path,
+                result_path,
+                log_path,
+                {**child_env(request.cache_dir), **per_child_env},
             )
-            try:
-                returncode = process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                kill_group(process)
-                return ChildRun(
-                    result=ChildResult(
-                        status="failed",
-                        failure_kind="timeout",
-                        failure_message=f"no result after {timeout_s:g} s; the trial's process "
-                        "group was killed (raise trial.timeout_s if this config is just slow)",
-                    ),
-                    wall_s=time.perf_counter() - started,
-                    log_tail=_tail(log_path),
-                    pid=process.pid,
-                )
-            except BaseException:
-                kill_group(process)
-                raise
+        try:
+            returncode = handle.wait(timeout_s)
+        except BaseException:
+            _kill_group(handle)
+            raise
+        if returncode is None:
+            _kill_group(handle)
+            return ChildRun(
+                result=ChildResult(
+                    status="failed",
+                    failure_kind="timeout",
+                    failure_message=f"no result after {timeout_s:g} s; the trial's process "
+                    "group was killed (raise trial.timeout_s if this config is just slow)",
+                ),
+                wall_s=time.perf_counter() - started,
+                log_tail=_tail(log_path),
+                pid=handle.pid,
+            )
         wall_s = time.perf_counter() - started
-        log_tail = _tail(log_path)
         # the child is gone; sweep up any DataLoader worker it left behind
-        _signal_group(process.pid, signal.SIGKILL)
+        _signal_group(handle.pid, signal.SIGKILL)
+        log_tail = _tail(log_path)
         return ChildRun(
             result=_read_result(result_path, returncode, log_tail),
             wall_s=wall_s,
             log_tail=log_tail,
-            pid=process.pid,
+            pid=handle.pid,
         )
+
+
+class _Spawned:
+    """A fresh interpreter: ``python -m sweeper.trial REQUEST RESULT``."""
+
+    def __init__(self, request: Path, result: Path, log: Path, env: dict[str, str]) -> None:
+        with log.open("wb") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "sweeper.trial", str(request), str(result)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own process group: one killpg reaches the workers
+            )
+        self.pid = self.process.pid
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class ForkServer:
+    """A zygote process that forks trial children; use as a context manager for one sweep.
+
+    If the zygote dies or fails to start, ``alive`` turns False and trials fall back to plain
+    spawns: slower to start, same results.
+    """
+
+    def __init__(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
+        self.alive = False
+        self._buffer = b""
+        self._exits: dict[int, int] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ForkServer:
+        reply_r, reply_w = os.pipe()
+        self._reply_fd = reply_r
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "sweeper.trial.zygote", str(reply_w)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=child_env(self.cache_dir),
+            pass_fds=(reply_w,),
+            start_new_session=True,
+        )
+        os.close(reply_w)
+        ready = self._next(timeout=120)
+        self.alive = ready is not None and ready.get("op") == "ready"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.alive = False
+        if self._process is not None:
+            if self._process.stdin:
+                with contextlib.suppress(OSError):
+                    self._process.stdin.close()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        os.close(self._reply_fd)
+
+    def preload(self, request: ChildRequest, workdir: Path | None = None) -> float | None:
+        """Load the sweep's tokenizer, data and model code in the zygote; seconds, or None."""
+        with tempfile.NamedTemporaryFile("w", suffix=".json", dir=workdir, delete=False) as f:
+            f.write(request.model_dump_json())
+        try:
+            self._send({"op": "preload", "request": f.name})
+            reply = self._next(timeout=600)
+        finally:
+            os.unlink(f.name)
+        return reply["s"] if reply and reply["op"] == "preloaded" else None
+
+    def start(self, request: Path, result: Path, log: Path, env: dict[str, str]) -> _Forked:
+        self._send(
+            {
+                "op": "run",
+                "request": str(request),
+                "result": str(result),
+                "log": str(log),
+                "env": env,
+            }
+        )
+        reply = self._next(timeout=60)
+        if reply is None or reply.get("op") != "started":
+            self.alive = False
+            raise RuntimeError(f"the fork server did not start a trial (reply: {reply})")
+        return _Forked(self, reply["pid"])
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pid not in self._exits:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if remaining == 0.0:
+                return None
+            if self._next(timeout=remaining, exits=True) is None and not self.alive:
+                return -signal.SIGKILL  # the zygote died, and its children with it
+        return self._exits.pop(pid)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._process is not None and self._process.stdin is not None
+        try:
+            self._process.stdin.write((json.dumps(message) + "\n").encode())
+            self._process.stdin.flush()
+        except OSError:
+            self.alive = False
+            raise
+
+    def _next(self, timeout: float | None, exits: bool = False) -> dict[str, Any] | None:
+        """The next reply, or None on timeout. Exit notices are filed for ``wait_exit`` and
+        returned only when ``exits`` is set."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if message["op"] == "exited":
+                    self._exits[message["pid"]] = message["code"]
+                    if not exits:
+                        continue
+                return message
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([self._reply_fd], [], [], remaining)
+            if not readable:
+                return None
+            chunk = os.read(self._reply_fd, 65536)
+            if not chunk:
+                self.alive = False
+                return None
+            self._buffer += chunk
+
+
+@dataclass
+class _Forked:
+    server: ForkServer
+    pid: int
+
+    def wait(self, timeout: float | None) -> int | None:
+        return self.server.wait_exit(self.pid, timeout)
 
 
 def _read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
@@ -96,9 +269,7 @@ def _read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
             return ChildResult.model_validate_json(path.read_text())
         except ValidationError as e:
             return ChildResult(
-                status="failed",
-                failure_kind="error",
-                failure_message=f"unreadable trial result: {e}",
+                status="failed", failure_kind="error", failure_message=f"unreadable result: {e}"
             )
     if returncode < 0:
         sig = signal.Signals(-returncode).name
@@ -118,13 +289,12 @@ def _read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
     )
 
 
-def kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the child's process group, wait a grace period, then SIGKILL it."""
-    _signal_group(process.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=_TERM_GRACE_S)
-    _signal_group(process.pid, signal.SIGKILL)
-    process.wait()
+def _kill_group(handle: _Handle) -> None:
+    """SIGTERM the child's process group, wait a grace period, then SIGKILL it and reap it."""
+    _signal_group(handle.pid, signal.SIGTERM)
+    if handle.wait(_TERM_GRACE_S) is None:
+        _signal_group(handle.pid, signal.SIGKILL)
+        handle.wait(30)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import SweeperError
-from sweeper.launcher import run_child
+from sweeper.launcher import ForkServer, run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, PreparedData, ProbeSpec
 
@@ -63,6 +63,7 @@ def run_preflight(
     prepared: PreparedData,
     cache_dir: Path,
     note: Callable[[str], None] = lambda _message: None,
+    server: ForkServer | None = None,
 ) -> PreflightReport:
     """Probe the space on this device; raise PreflightError if nothing (or no precision) fits."""
     workload = space.workload
@@ -79,6 +80,7 @@ def run_preflight(
                 probe=spec,
             ),
             timeout_s=space.trial.timeout_s,
+            server=server,
         )
         result = run.result
         if result.status == "ok" and result.payload is not None:

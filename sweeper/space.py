@@ -217,6 +217,9 @@ class MeasureSettings(_Frozen):
 
     min_steps: int = Field(default=5, ge=2)
     max_steps: int = Field(default=500, ge=2)
+    min_seconds: float = Field(
+        default=5, ge=0, description="time at least this long, even if the interval is met"
+    )
     max_seconds: float = Field(default=60, gt=0)
     target_ci: float = Field(default=0.02, gt=0, lt=1)
 
@@ -224,6 +227,8 @@ class MeasureSettings(_Frozen):
     def _bounds(self) -> MeasureSettings:
         if self.min_steps > self.max_steps:
             raise ValueError("min_steps must not exceed max_steps")
+        if self.min_seconds > self.max_seconds:
+            raise ValueError("min_seconds must not exceed max_seconds")
         return self
 
 

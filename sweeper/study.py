@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sweeper.cost import project_run
 from sweeper.errors import StorageError, SweeperError
-from sweeper.launcher import run_child
+from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, run_preflight
 from sweeper.recommend import Recommendation, best
 from sweeper.space import Space, TrialConfig, suggest
@@ -112,12 +112,22 @@ def run_sweep(
     try:
         prepared = _prepare(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)
-        preflight = PreflightReport()
-        if space.trial.preflight:
-            preflight = _preflight(space, prepared, cache_dir, observer)
-            store.upsert_study(space.study, preflight=preflight.to_json())
-        loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer)
-        counts = loop.run(n_trials)
+        with ForkServer(str(cache_dir)) as server:
+            server.preload(
+                ChildRequest(
+                    kind="probe",
+                    workload=space.workload,
+                    device=space.hardware.device,
+                    cache_dir=str(cache_dir),
+                    prepared=prepared,
+                )
+            )
+            preflight = PreflightReport()
+            if space.trial.preflight:
+                preflight = _preflight(space, prepared, cache_dir, observer, server)
+                store.upsert_study(space.study, preflight=preflight.to_json())
+            loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
+            counts = loop.run(n_trials)
     except KeyboardInterrupt:
         store.set_study_state(space.study, "interrupted")
         raise
@@ -183,10 +193,14 @@ def _prepare(space: Space, cache_dir: Path, observer: SweepObserver) -> Prepared
 
 
 def _preflight(
-    space: Space, prepared: PreparedData, cache_dir: Path, observer: SweepObserver
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    observer: SweepObserver,
+    server: ForkServer,
 ) -> PreflightReport:
     started = time.perf_counter()
-    report = run_preflight(space, prepared, cache_dir, note=observer.note)
+    report = run_preflight(space, prepared, cache_dir, note=observer.note, server=server)
     kept = {
         knob: [v for v in getattr(space.search, knob) if v not in report.dropped.get(knob, {})]
         for knob in PROBED_KNOBS
@@ -211,10 +225,11 @@ class _TrialLoop:
         preflight: PreflightReport,
         cache_dir: Path,
         observer: SweepObserver,
+        server: ForkServer | None = None,
     ) -> None:
         self.space, self.study, self.store = space, study, store
         self.prepared, self.preflight = prepared, preflight
-        self.cache_dir, self.observer = cache_dir, observer
+        self.cache_dir, self.observer, self.server = cache_dir, observer, server
 
     def run(self, n_trials: int) -> dict[str, int]:
         counts = {"run": 0, "complete": 0, "failed": 0}
@@ -247,87 +262,69 @@ class _TrialLoop:
                 continue
             skipped_in_a_row = 0
             measured.add(config)
-            row = _run_one(
-                self.space,
-                self.study,
-                self.store,
-                self.prepared,
-                self.cache_dir,
-                trial,
-                config,
-                self.observer,
-            )
+            row = self._run_one(trial, config)
             counts["run"] += 1
             counts["complete" if row.state == "complete" else "failed"] += 1
         return counts
 
-
-def _run_one(
-    space: Space,
-    study: optuna.Study,
-    store: Store,
-    prepared: PreparedData,
-    cache_dir: Path,
-    trial: optuna.Trial,
-    config: TrialConfig,
-    observer: SweepObserver,
-) -> TrialRow:
-    store.start_trial(space.study, trial.number, config.model_dump())
-    observer.trial_started(trial.number, config)
-    request = ChildRequest(
-        kind="trial",
-        workload=space.workload,
-        device=space.hardware.device,
-        cache_dir=str(cache_dir),
-        prepared=prepared,
-        config=config,
-        settings=space.trial,
-    )
-    try:
-        run = run_child(request, timeout_s=space.trial.timeout_s)
-    except KeyboardInterrupt:
-        _record_failure(
-            store, study, trial, space.study, "interrupted", "the sweep was stopped by the user"
+    def _run_one(self, trial: optuna.Trial, config: TrialConfig) -> TrialRow:
+        space, study, store, observer = self.space, self.study, self.store, self.observer
+        store.start_trial(space.study, trial.number, config.model_dump())
+        observer.trial_started(trial.number, config)
+        request = ChildRequest(
+            kind="trial",
+            workload=space.workload,
+            device=space.hardware.device,
+            cache_dir=str(self.cache_dir),
+            prepared=self.prepared,
+            config=config,
+            settings=space.trial,
         )
-        raise
-    result = run.result
-    if result.status == "ok" and result.payload is not None:
-        measurement = result.payload
-        projection = project_run(
-            samples_per_s=measurement["samples_per_s"],
-            samples=space.workload.samples,
-            epochs=space.workload.epochs,
-            usd_per_hour=space.hardware.usd_per_hour,
-            compile_s=measurement.get("compile_s", 0.0),
-        )
-        for key in _OPTUNA_ATTRS:
-            trial.set_user_attr(key, measurement.get(key))
-        trial.set_user_attr("hours_per_run", projection.hours_per_run)
-        trial.set_user_attr("effective_batch", config.effective_batch)
-        study.tell(trial, projection.cost_per_run_usd)
-        row = store.finish_trial(
-            space.study,
-            trial.number,
-            "complete",
-            wall_s=run.wall_s,
-            hours_per_run=projection.hours_per_run,
-            cost_per_run_usd=projection.cost_per_run_usd,
-            measurement=measurement,
-            **_metric_columns(measurement),
-        )
-    else:
-        row = _record_failure(
-            store,
-            study,
-            trial,
-            space.study,
-            result.failure_kind or "error",
-            result.failure_message or "no message",
-            wall_s=run.wall_s,
-            details={"traceback": result.traceback, "log_tail": run.log_tail},
-        )
-    observer.trial_done(row)
-    return row
+        try:
+            run = run_child(request, timeout_s=space.trial.timeout_s, server=self.server)
+        except KeyboardInterrupt:
+            _record_failure(
+                store, study, trial, space.study, "interrupted", "the sweep was stopped by the user"
+            )
+            raise
+        result = run.result
+        if result.status == "ok" and result.payload is not None:
+            measurement = result.payload
+            projection = project_run(
+                samples_per_s=measurement["samples_per_s"],
+                samples=space.workload.samples,
+                epochs=space.workload.epochs,
+                usd_per_hour=space.hardware.usd_per_hour,
+                compile_s=measurement.get("compile_s", 0.0),
+            )
+            for key in _OPTUNA_ATTRS:
+                trial.set_user_attr(key, measurement.get(key))
+            trial.set_user_attr("hours_per_run", projection.hours_per_run)
+            trial.set_user_attr("effective_batch", config.effective_batch)
+            study.tell(trial, projection.cost_per_run_usd)
+            row = store.finish_trial(
+                space.study,
+                trial.number,
+                "complete",
+                wall_s=run.wall_s,
+                hours_per_run=projection.hours_per_run,
+                cost_per_run_usd=projection.cost_per_run_usd,
+                measurement=measurement,
+                **_metric_columns(measurement),
+            )
+        else:
+            row = _record_failure(
+                store,
+                study,
+                trial,
+                space.study,
+                result.failure_kind or "error",
+                result.failure_message or "no message",
+                wall_s=run.wall_s,
+                details={"traceback": result.traceback, "log_tail": run.log_tail},
+            )
+        observer.trial_done(row)
+        return row
 
 
 def _record_failure(

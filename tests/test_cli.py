@@ -159,7 +159,8 @@ def test_best_for_unknown_study_exits_1(sqlite_url: str, env: dict[str, str]) ->
 
 
 def _trial_processes(parent: int) -> list[psutil.Process]:
-    """Live trial children (``python -m sweeper.trial``) of ``parent``; zombies are gone."""
+    """Live children of ``parent`` running ``sweeper.trial`` (the fork server, or a spawned
+    prepare/trial child); zombies are gone."""
     found = []
     for child in psutil.Process(parent).children():
         try:
@@ -179,6 +180,7 @@ def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
         TINY_SPACE.read_text()
         .replace("  num_workers: [0]", f"  num_workers: [{workers}]")
         .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600")
+        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
     )
     return slow
 
@@ -248,14 +250,14 @@ def test_killing_the_sweeper_leaves_no_orphan(
     try:
         deadline = time.monotonic() + 120
         family: list[psutil.Process] = []
-        while not family:  # wait for a trial child with its DataLoader workers
-            for trial in _trial_processes(sweeper.pid):
+        while not family:  # wait for the fork server, a trial and its two DataLoader workers
+            for server in _trial_processes(sweeper.pid):
                 try:
-                    workers = trial.children()
+                    descendants = server.children(recursive=True)
                 except psutil.NoSuchProcess:
                     continue
-                if workers:
-                    family = [trial, *workers]
+                if len(descendants) >= 3:
+                    family = [server, *descendants]
             assert sweeper.poll() is None
             assert time.monotonic() < deadline, "no trial with workers appeared in 120 s"
             time.sleep(0.2)

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from sweeper.errors import TrialError
-from sweeper.launcher import _read_result, run_child
+from sweeper.launcher import ForkServer, _read_result, run_child
 from sweeper.space import Space
 from sweeper.trial.failures import classify
 from sweeper.trial.protocol import PreparedData
@@ -95,3 +95,52 @@ def test_classify_walks_the_cause_chain() -> None:
         == "dataloader"
     )
     assert classify(ValueError("something else"))[0] == "error"
+
+
+def test_fork_server_starts_trials_without_imports_and_kills_on_timeout(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    config = tiny_config(num_workers=2, prefetch_factor=2)
+    with ForkServer(str(cache_dir)) as server:
+        assert server.alive
+        assert (
+            server.preload(trial_request(tiny_space, tiny_prepared, cache_dir, config)) is not None
+        )
+        run = run_child(
+            trial_request(tiny_space, tiny_prepared, cache_dir, config),
+            timeout_s=120,
+            server=server,
+        )
+        assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+        phases = run.result.payload["phases_s"]
+        # torch, transformers, the tokenizer and the Arrow data were loaded before the fork
+        assert phases["imports"] < 0.2 and phases["tokenizer"] < 0.1 and phases["data"] < 0.2
+        assert run.result.payload["samples_per_s"] > 0
+
+        forever = trial_request(
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            config,
+            measure={"max_steps": 100_000, "max_seconds": 600, "target_ci": 1e-9},
+        )
+        run = run_child(forever, timeout_s=6, server=server)
+        assert run.result.failure_kind == "timeout"
+        assert _live_group_members(run.pid) == []
+
+
+def test_dead_fork_server_falls_back_to_spawning(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    with ForkServer(str(cache_dir)) as server:
+        assert server._process is not None
+        server._process.kill()
+        server._process.wait()
+        run = run_child(
+            trial_request(tiny_space, tiny_prepared, cache_dir, tiny_config()),
+            timeout_s=120,
+            server=server,
+        )
+        assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+        assert not server.alive
+        assert run.result.payload["phases_s"]["imports"] > 0.2  # a fresh interpreter imported

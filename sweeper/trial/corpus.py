@@ -9,6 +9,7 @@ as a user's own tokenizer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -99,8 +100,10 @@ def file_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
 def load_hf_dataset(path: str, fmt: str, cache_dir: Path) -> Any:
-    """``datasets.load_dataset`` on a local file (the real loading path), cached under cache_dir."""
+    """``datasets.load_dataset`` on a local file (the real loading path); Arrow-cached under
+    cache_dir and kept per process, so a fork server maps it once for every trial."""
     from datasets import load_dataset
 
     return load_dataset(

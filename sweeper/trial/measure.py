@@ -257,10 +257,13 @@ def _timed_window(
             previous = now
             done = len(phase.steps)
         known = [s.time_s for s in phase.steps[:done]]
-        enough = done >= rule.min_steps and ci95_rel(known) <= rule.target_ci
-        capped = (
-            len(phase.steps) >= rule.max_steps or time.perf_counter() - started >= rule.max_seconds
+        elapsed = time.perf_counter() - started
+        enough = (
+            done >= rule.min_steps
+            and elapsed >= rule.min_seconds
+            and ci95_rel(known) <= rule.target_ci
         )
+        capped = len(phase.steps) >= rule.max_steps or elapsed >= rule.max_seconds
         if (enough or capped) and len(phase.steps) >= rule.min_steps:
             break
     _sync(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -90,13 +91,44 @@ class Collator:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def load_tokenizer(prepared: PreparedData) -> Any:
+@functools.cache
+def _cached_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(prepared.tokenizer_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def load_tokenizer(prepared: PreparedData) -> Any:
+    """The sweep's tokenizer; cached per process, so a fork server loads it once for all."""
+    return _cached_tokenizer(prepared.tokenizer_path)
+
+
+@functools.cache
+def load_pretokenized(path: str) -> Any:
+    from datasets import load_from_disk
+
+    return load_from_disk(path)
+
+
+def preload(workload: Workload, prepared: PreparedData, cache_dir: Path) -> None:
+    """Load what every trial of the sweep shares, before the fork server forks.
+
+    Only files, Arrow maps and Python modules: no tensor op (so no OpenMP pool) and no CUDA
+    call, which must never happen before a fork.
+    """
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(prepared)
+    if prepared.pretokenized_path is not None:
+        load_pretokenized(prepared.pretokenized_path)
+    else:
+        load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
+    if workload.model.arch is not None:
+        config = model_config(workload, tokenizer, 128)
+        AutoModelForCausalLM._model_mapping[type(config)]  # imports the modeling module
 
 
 def build_loader(
@@ -109,10 +141,8 @@ def build_loader(
 ) -> DataLoader:
     dataset: Dataset
     if prepared.pretokenized_path is not None:
-        from datasets import load_from_disk
-
         dataset = PretokenizedDataset(
-            load_from_disk(prepared.pretokenized_path), tokenizer, config.max_seq_length
+            load_pretokenized(prepared.pretokenized_path), tokenizer, config.max_seq_length
         )
     else:
         hf_dataset = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)

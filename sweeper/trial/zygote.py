@@ -1,0 +1,136 @@
+"""Fork server: import torch & co. once, preload the sweep's data, fork one child per trial.
+
+``python -m sweeper.trial.zygote REPLY_FD`` reads JSON lines on stdin and answers on REPLY_FD:
+
+    {"op": "preload", "request": PATH}              → {"op": "preloaded", "s": 1.2}
+                                                      or {"op": "preload_failed", "error": "..."}
+    {"op": "run", "request": P, "result": P, "log": P, "env": {...}}
+                                                    → {"op": "started", "pid": 123}
+    (later)                                         → {"op": "exited", "pid": 123, "code": 0}
+
+``code`` is the exit status, or minus the signal that killed the child. Each child gets its own
+session (so one ``killpg`` reaches its DataLoader workers), dies with the zygote, and the zygote
+dies with the sweeper. The zygote stays single-threaded and never runs a tensor op or touches
+CUDA: forking after either is unsafe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _reply(fd: int, message: dict[str, Any]) -> None:
+    os.write(fd, (json.dumps(message) + "\n").encode())
+
+
+def _child(message: dict[str, Any], zygote_pid: int, inherited_fds: tuple[int, ...]) -> None:
+    """In the forked child: detach, redirect output, run the request, never return."""
+    started_at = time.time()
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in inherited_fds:  # the zygote's pipes are not the trial's business
+            os.close(fd)
+        from sweeper.trial.lifeline import die_with_parent
+
+        die_with_parent(zygote_pid)
+        log = os.open(message["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.environ.update(message.get("env", {}))
+        from sweeper.trial.runner import execute
+
+        execute(Path(message["request"]), Path(message["result"]), started_at)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        os._exit(70)
+
+
+def _preload(request_path: str) -> None:
+    from sweeper.trial.protocol import ChildRequest
+    from sweeper.trial.workload import preload
+
+    request = ChildRequest.model_validate_json(Path(request_path).read_text())
+    assert request.prepared is not None
+    preload(request.workload, request.prepared, Path(request.cache_dir))
+
+
+def main(reply_fd: int) -> None:
+    parent = os.environ.get("SWEEPER_PARENT_PID")
+    from sweeper.trial.lifeline import die_with_parent
+
+    die_with_parent(int(parent) if parent else None)
+    # The imports every trial needs; a forked child finds them done.
+    import datasets  # noqa: F401
+    import tokenizers  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import sweeper.trial.measure  # noqa: F401
+    import sweeper.trial.probe  # noqa: F401
+
+    # SIGCHLD wakes the select loop through a self-pipe; no thread is ever started.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    _reply(reply_fd, {"op": "ready"})
+    buffer = b""
+    while True:
+        try:
+            readable, _, _ = select.select([0, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                _reply(
+                    reply_fd,
+                    {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)},
+                )
+        if 0 in readable:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return  # the sweeper closed our stdin: done
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                message = json.loads(line)
+                if message["op"] == "preload":
+                    started = time.perf_counter()
+                    try:
+                        _preload(message["request"])
+                    except Exception as exc:  # the trials will fail and say why
+                        _reply(reply_fd, {"op": "preload_failed", "error": repr(exc)})
+                        continue
+                    _reply(reply_fd, {"op": "preloaded", "s": time.perf_counter() - started})
+                elif message["op"] == "run":
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(message, os.getppid(), (wake_r, wake_w, reply_fd))
+                    _reply(reply_fd, {"op": "started", "pid": pid})
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
