@@ -220,6 +220,12 @@ class MeasureSettings(_Frozen):
     min_seconds: float = Field(
         default=5, ge=0, description="time at least this long, even if the interval is met"
     )
+    warmup_multiple: float = Field(
+        default=4.0,
+        ge=0,
+        description="time at least this many times as many steps as the burn-in took, so "
+        "burn-in stays a small share of a trial (4 → at most 20% of its steps)",
+    )
     max_seconds: float = Field(default=60, gt=0)
     target_ci: float = Field(default=0.02, gt=0, lt=1)
 

@@ -143,7 +143,15 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     burn_in, steady = _burn_in(stepper, settings.warmup, device)
     _check_finite(burn_in.steps, offset=0)
     warmup_done_at = time.time()
-    window, window_s = _timed_window(stepper, settings.measure, device)
+    window, window_s = _timed_window(
+        stepper,
+        settings.measure,
+        device,
+        min_steps=max(
+            settings.measure.min_steps,
+            math.ceil(settings.measure.warmup_multiple * len(burn_in.steps)),
+        ),
+    )
     _check_finite(window.steps, offset=len(burn_in.steps))
 
     times = window.times
@@ -228,9 +236,11 @@ def _burn_in(stepper: _Stepper, rule: WarmupSettings, device: torch.device) -> t
 
 
 def _timed_window(
-    stepper: _Stepper, rule: MeasureSettings, device: torch.device
+    stepper: _Stepper, rule: MeasureSettings, device: torch.device, min_steps: int
 ) -> tuple[_Phase, float]:
-    """Steps until the interval target, the step cap or the time cap; synced at the edges."""
+    """Steps until the interval target (after ``min_steps`` and ``min_seconds``), the step cap
+    or the time cap; synchronized at the edges only. ``min_steps`` here includes the burn-in
+    multiple, which the caps may cut short."""
     phase = _Phase()
     cuda = device.type == "cuda"
     _sync(device)
@@ -259,11 +269,10 @@ def _timed_window(
         known = [s.time_s for s in phase.steps[:done]]
         elapsed = time.perf_counter() - started
         enough = (
-            done >= rule.min_steps
-            and elapsed >= rule.min_seconds
-            and ci95_rel(known) <= rule.target_ci
+            done >= min_steps and elapsed >= rule.min_seconds and ci95_rel(known) <= rule.target_ci
         )
         capped = len(phase.steps) >= rule.max_steps or elapsed >= rule.max_seconds
+        # the caps may cut the burn-in multiple short, never the space's own min_steps
         if (enough or capped) and len(phase.steps) >= rule.min_steps:
             break
     _sync(device)

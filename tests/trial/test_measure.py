@@ -35,11 +35,38 @@ def test_window_stops_at_the_interval_target(
         tiny_prepared,
         cache_dir,
         tiny_config(),
-        measure={"min_steps": 4, "max_steps": 500, "max_seconds": 60, "target_ci": 0.9},
+        measure={
+            "min_steps": 4,
+            "max_steps": 500,
+            "max_seconds": 60,
+            "target_ci": 0.9,
+            "warmup_multiple": 0,
+        },
     )
     m = _ok(run_child(loose, timeout_s=120))
     assert m["ci_met"] and m["throughput_ci95_rel"] <= 0.9
     assert m["measured_steps"] == 4  # a ±90% target is met as soon as min_steps allow
+
+
+def test_window_is_a_multiple_of_the_burn_in(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    request = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(),
+        measure={
+            "min_steps": 2,
+            "max_steps": 500,
+            "max_seconds": 60,
+            "target_ci": 0.9,
+            "warmup_multiple": 4,
+        },
+    )
+    m = _ok(run_child(request, timeout_s=120))
+    # burn-in is at most a fifth of the trial's steps
+    assert m["measured_steps"] == 4 * m["warmup_steps"]
 
 
 def test_window_stops_at_the_time_cap_and_says_so(

@@ -1,0 +1,190 @@
+"""Can one short trial be trusted? Fidelity, overhead and repeatability, measured in one run.
+
+    .venv/bin/python bench/trial_quality.py [--space spaces/cpu-demo.yaml] > /tmp/quality.md
+
+- fidelity: for 3 configs, the trial's samples/s against a run of the same config whose timed
+  window is 10x as many steps (goal: within 3%). Trials and long runs alternate, so a drift of
+  the machine hits both.
+- overhead: the share of each trial's wall time outside its timed window (fork, build, burn-in,
+  exit); goal <= 20% for configs without torch.compile.
+- repeatability: one config measured 5 times; the CV of samples/s, next to the trials' own
+  95% interval.
+
+Trials run exactly as a sweep runs them: prepared once, forked from a preloaded fork server.
+Prints markdown for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sweeper.launcher import ChildRun, ForkServer, run_child
+from sweeper.settings import Settings
+from sweeper.space import Space, TrialConfig, load_space
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
+
+def _request(
+    space: Space, prepared: PreparedData, cache_dir: Path, config: TrialConfig, **measure: float
+) -> ChildRequest:
+    settings = space.trial.model_copy(
+        update={"measure": space.trial.measure.model_copy(update=measure)}
+    )
+    return ChildRequest(
+        kind="trial",
+        workload=space.workload,
+        device=space.hardware.device,
+        cache_dir=str(cache_dir),
+        prepared=prepared,
+        config=config,
+        settings=settings,
+    )
+
+
+def _ok(run: ChildRun) -> dict:
+    if run.result.status != "ok" or run.result.payload is None:
+        sys.exit(f"trial failed: {run.result.failure_kind}: {run.result.failure_message}")
+    return run.result.payload
+
+
+def _describe(c: TrialConfig) -> str:
+    loader = f"w{c.num_workers}" + (f"/pf{c.prefetch_factor}" if c.prefetch_factor else "")
+    return (
+        f"bs{c.per_device_batch_size}×ga{c.gradient_accumulation_steps} "
+        f"seq{c.max_seq_length} {loader} {c.attn_implementation} {c.compile_mode}"
+    )
+
+
+def _pick_configs(space: Space) -> list[TrialConfig]:
+    """Three configs spread over the grid: small, middle and large batch, compile off."""
+    grid = [
+        c
+        for c in space.search.grid()
+        if c.compile_mode == "none" and c.attn_implementation in ("sdpa", "eager")
+    ]
+    grid.sort(key=lambda c: (c.per_device_batch_size * c.max_seq_length, c.num_workers))
+    return [grid[0], grid[len(grid) // 2], grid[-1]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--space", default="spaces/cpu-demo.yaml")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--long-factor", type=int, default=10)
+    args = parser.parse_args()
+    space = load_space(args.space)
+    cache_dir = Settings().cache_dir
+    started = time.perf_counter()
+    run = run_child(
+        ChildRequest(
+            kind="prepare",
+            workload=space.workload,
+            device=space.hardware.device,
+            cache_dir=str(cache_dir),
+        ),
+        timeout_s=900,
+    )
+    prepared = PreparedData.model_validate(_ok(run))
+    configs = _pick_configs(space)
+    trials: list[tuple[TrialConfig, dict, float]] = []  # config, measurement, wall_s
+    fidelity_rows = []
+    repeat_rows = []
+    with ForkServer(str(cache_dir)) as server:
+        server.preload(_request(space, prepared, cache_dir, configs[0]))
+        for config in configs:
+            trial_run = run_child(
+                _request(space, prepared, cache_dir, config),
+                timeout_s=space.trial.timeout_s,
+                server=server,
+            )
+            trial = _ok(trial_run)
+            trials.append((config, trial, trial_run.wall_s))
+            steps = trial["measured_steps"] * args.long_factor
+            long = _ok(
+                run_child(
+                    _request(
+                        space,
+                        prepared,
+                        cache_dir,
+                        config,
+                        min_steps=steps,
+                        max_steps=steps,
+                        min_seconds=0,
+                        max_seconds=10 * 3600,
+                        target_ci=1e-9,
+                    ),
+                    timeout_s=space.trial.timeout_s * args.long_factor * 2,
+                    server=server,
+                )
+            )
+            fidelity_rows.append((config, trial, long))
+        for _ in range(args.repeats):
+            repeat_run = run_child(
+                _request(space, prepared, cache_dir, configs[0]),
+                timeout_s=space.trial.timeout_s,
+                server=server,
+            )
+            measurement = _ok(repeat_run)
+            repeat_rows.append(measurement)
+            trials.append((configs[0], measurement, repeat_run.wall_s))
+
+    device = trials[0][1]["env"]["device_name"]
+    print(f"## Trial quality on {device} ({space.hardware.name}), {datetime.now(UTC):%Y-%m-%d}\n")
+    print(
+        f"Command: `.venv/bin/python bench/trial_quality.py --space {args.space}` "
+        f"(torch {trials[0][1]['env']['torch']}, Python {platform.python_version()}, "
+        f"{trials[0][1]['env']['cpu_threads']} torch threads); whole run "
+        f"{time.perf_counter() - started:.0f} s.\n"
+    )
+    print(f"### Fidelity: trial vs a run {args.long_factor}x longer (goal: within 3%)\n")
+    print(
+        "| config | trial samples/s (±95%) | trial steps | long samples/s | long steps "
+        "| trial / long |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for config, trial, long in fidelity_rows:
+        ratio = trial["samples_per_s"] / long["samples_per_s"]
+        print(
+            f"| {_describe(config)} | {trial['samples_per_s']:.1f} "
+            f"(±{trial['throughput_ci95_rel']:.1%}) | {trial['measured_steps']} "
+            f"| {long['samples_per_s']:.1f} | {long['measured_steps']} | {ratio:.3f} |"
+        )
+    print(
+        "\n### Overhead: share of a trial's wall time outside the timed window "
+        "(goal: <= 20%, no compile)\n"
+    )
+    print("| config | wall s | window s | burn-in s | build s | overhead |")
+    print("|---|---:|---:|---:|---:|---:|")
+    shares = []
+    for config, m, wall_s in trials:
+        share = 1 - m["window_s"] / wall_s
+        shares.append(share)
+        phases = m["phases_s"]
+        build = sum(phases[k] for k in ("imports", "tokenizer", "data", "model", "optimizer"))
+        print(
+            f"| {_describe(config)} | {wall_s:.2f} | {m['window_s']:.2f} "
+            f"| {phases['warmup']:.2f} | {build:.2f} | {share:.0%} |"
+        )
+    print(
+        f"\nOverhead over {len(shares)} trials: mean {statistics.fmean(shares):.0%}, "
+        f"max {max(shares):.0%}.\n"
+    )
+    print(f"### Repeatability: {_describe(configs[0])}, {args.repeats} trials\n")
+    values = [m["samples_per_s"] for m in repeat_rows]
+    cis = [m["throughput_ci95_rel"] for m in repeat_rows]
+    print("samples/s: " + ", ".join(f"{v:.1f}" for v in values))
+    mean = statistics.fmean(values)
+    print(
+        f"\nmean {mean:.1f}, CV {statistics.stdev(values) / mean:.1%}"
+        f" (the trials' own 95% intervals: ±{min(cis):.1%} to ±{max(cis):.1%})"
+    )
+
+
+if __name__ == "__main__":
+    main()
