@@ -89,7 +89,11 @@ def test_sweep_never_runs_what_preflight_dropped(
     tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text(TINY_SPACE.read_text().replace("[sdpa, eager]", "[sdpa, flash_attention_2]"))
+    space.write_text(
+        TINY_SPACE.read_text()
+        .replace("[sdpa, eager]", "[sdpa, flash_attention_2]")
+        .replace("preflight: false", "preflight: true")
+    )
     env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
     env.pop("SWEEPER_STORAGE", None)
     result = subprocess.run(
