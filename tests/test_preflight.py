@@ -31,6 +31,31 @@ def _space(space: Space, *, attn: list[str] | None = None, precision: str | None
     return space.model_copy(update=updates)
 
 
+def _launch(
+    space: Path, sqlite_url: str, cache_dir: Path, *args: str
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
+    env.pop("SWEEPER_STORAGE", None)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sweeper.cli",
+            "launch",
+            "--space",
+            str(space),
+            "--storage",
+            sqlite_url,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
 def test_report_allows_only_what_passed() -> None:
     report = PreflightReport(dropped={"attn_implementation": {"flex_attention": "unsupported: no"}})
     assert report.allows(tiny_config(attn_implementation="sdpa")) is None
@@ -94,27 +119,7 @@ def test_sweep_never_runs_what_preflight_dropped(
         .replace("[sdpa, eager]", "[sdpa, flash_attention_2]")
         .replace("preflight: false", "preflight: true")
     )
-    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
-    env.pop("SWEEPER_STORAGE", None)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweeper.cli",
-            "launch",
-            "--space",
-            str(space),
-            "--storage",
-            sqlite_url,
-            "--n-trials",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = _launch(space, sqlite_url, cache_dir, "--n-trials", "3")
     assert result.returncode == 0, result.stderr + result.stdout
     assert "preflight drops attn_implementation=flash_attention_2" in result.stdout
     store = Store(sqlite_url)
@@ -143,24 +148,7 @@ def test_nothing_runnable_exits_2_before_any_trial(
         .replace("[sdpa, eager]", "[flash_attention_2]")
         .replace("preflight: false", "preflight: true")
     )
-    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir)}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sweeper.cli",
-            "launch",
-            "--space",
-            str(space),
-            "--storage",
-            sqlite_url,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = _launch(space, sqlite_url, cache_dir)
     assert result.returncode == 2, result.stderr
     assert "preflight: no attention implementation" in result.stderr
     store = Store(sqlite_url)
