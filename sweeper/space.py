@@ -10,7 +10,6 @@ the field and the value, e.g.::
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -178,20 +177,6 @@ class SearchSpace(_Frozen):
                     compile_mode=compile_mode,
                     attn_implementation=attn,
                 )
-
-    def grid_size(self) -> int:
-        with_workers = sum(1 for w in self.num_workers if w > 0)
-        loaders = with_workers * len(self.prefetch_factor) + (len(self.num_workers) - with_workers)
-        return loaders * math.prod(
-            len(x)
-            for x in (
-                self.per_device_batch_size,
-                self.gradient_accumulation_steps,
-                self.max_seq_length,
-                self.compile_mode,
-                self.attn_implementation,
-            )
-        )
 
 
 class WarmupSettings(_Frozen):
