@@ -133,16 +133,29 @@ def best_command(
     study: Annotated[str, typer.Option("--study", help="study name")],
     storage: StorageOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    usd_per_hour: Annotated[
+        float | None, typer.Option("--usd-per-hour", min=0.0, help="re-price at this $/h")
+    ] = None,
+    max_hours: Annotated[
+        float | None, typer.Option("--max-hours", min=0.0, help="the run must finish within")
+    ] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", min=0.0, help="the run must cost at most ($)")
+    ] = None,
 ) -> None:
-    """Print the recommended (cheapest per run) config of a study."""
-    from sweeper.recommend import best
+    """Print the recommended (cheapest per run) config of a study, within the constraints."""
+    from sweeper.recommend import Constraints, best
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
 
     store = Store(resolve_storage(storage))
     try:
         store.migrate()
-        recommendation = best(store, study)
+        recommendation = best(
+            store,
+            study,
+            Constraints(usd_per_hour=usd_per_hour, max_hours=max_hours, max_cost_usd=max_cost),
+        )
     except SweeperError as e:
         raise _fail(str(e)) from None
     finally:
@@ -292,6 +305,16 @@ def _print_recommendation(rec: Recommendation) -> None:
         f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
         highlight=False,
     )
+    if rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
+        console.print(
+            f"  vs baseline (trial #{rec.baseline_trial_number}): "
+            f"{_num(rec.baseline_hours_per_run, ',.1f')} h, "
+            f"${_num(rec.baseline_cost_per_run_usd, ',.2f')}/run → "
+            f"{rec.speedup_vs_baseline:.2f}× faster, ${rec.usd_saved_per_run:,.2f} saved per run",
+            highlight=False,
+        )
+    if rec.constraints != "no constraint":
+        console.print(f"  constraints: {rec.constraints}", highlight=False)
     for warning in rec.warnings:
         console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
 

@@ -245,6 +245,25 @@ class Budget(_Frozen):
     seed: int = 0
 
 
+class Baseline(_Frozen):
+    """The config the user runs today; it is the sweep's first trial and every result is
+    compared with it. Each value must be one of the search space's choices."""
+
+    per_device_batch_size: int
+    gradient_accumulation_steps: int
+    num_workers: int
+    prefetch_factor: int | None = None
+    max_seq_length: int
+    compile_mode: CompileMode = "none"
+    attn_implementation: AttnImplementation = "sdpa"
+
+    def as_config(self) -> TrialConfig:
+        values = self.model_dump()
+        if self.num_workers == 0:
+            values["prefetch_factor"] = None  # meaningless without workers, as in the search
+        return TrialConfig.model_validate(values)
+
+
 class Space(_Frozen):
     """A whole space file."""
 
@@ -252,9 +271,26 @@ class Space(_Frozen):
     storage: str | None = None
     hardware: Hardware
     workload: Workload
+    baseline: Baseline | None = None
     search: SearchSpace
     trial: TrialSettings = TrialSettings()
     budget: Budget
+
+    @model_validator(mode="after")
+    def _baseline_in_space(self) -> Space:
+        if self.baseline is None:
+            return self
+        config = self.baseline.as_config()
+        for knob, value in config.model_dump().items():
+            if knob == "prefetch_factor" and value is None:
+                continue
+            choices = getattr(self.search, knob)
+            if value not in choices:
+                raise ValueError(
+                    f"baseline.{knob} = {value!r} is not among search.{knob} {choices}; add it "
+                    "there so the baseline can run as a trial"
+                )
+        return self
 
 
 class TrialConfig(_Frozen):
@@ -271,6 +307,14 @@ class TrialConfig(_Frozen):
     @property
     def effective_batch(self) -> int:
         return self.per_device_batch_size * self.gradient_accumulation_steps
+
+
+def optuna_params(config: TrialConfig) -> dict[str, Any]:
+    """The parameters ``suggest`` would record for ``config`` (for ``study.enqueue_trial``)."""
+    params = config.model_dump()
+    if params["prefetch_factor"] is None:
+        del params["prefetch_factor"]
+    return params
 
 
 def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:

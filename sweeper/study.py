@@ -20,7 +20,7 @@ from sweeper.errors import StorageError, SweeperError
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, run_preflight
 from sweeper.recommend import Recommendation, best
-from sweeper.space import Space, TrialConfig, suggest
+from sweeper.space import Space, TrialConfig, optuna_params, suggest
 from sweeper.store import Store, TrialRow, redact
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
@@ -108,7 +108,11 @@ def run_sweep(
         n_trials_planned=n_trials,
         space_yaml=space_text,
         space_path=space_path,
+        baseline=None if space.baseline is None else space.baseline.as_config().model_dump(),
     )
+    if space.baseline is not None:
+        # the user's current config runs first; every result is compared with it
+        study.enqueue_trial(optuna_params(space.baseline.as_config()), skip_if_exists=True)
     try:
         prepared = _prepare(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)

@@ -90,6 +90,9 @@ def test_sweep_stores_trials_and_api_reads_them(
     trials = store.list_trials("tiny")
     store.dispose()
     assert len(trials) == 3 and all(t.state == "complete" for t in trials)
+    # the space's baseline ran first, and the recommendation is compared with it
+    baseline = trials[0].config
+    assert (baseline["per_device_batch_size"], baseline["attn_implementation"]) == (2, "eager")
     for t in trials:
         assert t.samples_per_s and t.samples_per_s > 0
         expected_hours = 10_000 * 1 / t.samples_per_s / 3600
@@ -116,6 +119,14 @@ def test_sweep_stores_trials_and_api_reads_them(
         api_best = client.get("/api/studies/tiny/best").json()
         assert api_best["trial_number"] == cheapest.number
         assert api_best["cost_per_run_usd"] == pytest.approx(cheapest.cost_per_run_usd)
+        assert api_best["baseline_trial_number"] == 0
+        assert api_best["usd_saved_per_run"] == pytest.approx(
+            trials[0].cost_per_run_usd - cheapest.cost_per_run_usd
+        )
+        repriced = client.get("/api/studies/tiny/best", params={"usd_per_hour": 0.2}).json()
+        assert repriced["cost_per_run_usd"] == pytest.approx(2 * cheapest.cost_per_run_usd)
+        impossible = client.get("/api/studies/tiny/best", params={"max_hours": 1e-9})
+        assert impossible.status_code == 409 and "fastest takes" in impossible.json()["detail"]
 
     # `sweeper best --json` prints the same recommendation
     best = _sweeper("best", "--study", "tiny", "--json", *args, env=env)

@@ -96,8 +96,20 @@ def get_trial(name: str, number: int, store: StoreDep) -> TrialDetail:
 @router.get(
     "/{name}/best",
     response_model=BestConfig,
-    responses={409: {"description": "the study has no completed trial yet"}},
+    responses={409: {"description": "no completed trial yet, or none meets the constraints"}},
 )
-def get_best(name: str, store: StoreDep) -> BestConfig:
-    """The recommended config: the cheapest completed trial ($/run), ties to the earlier one."""
-    return BestConfig.model_validate(recommend.best(store, name))
+def get_best(
+    name: str,
+    store: StoreDep,
+    usd_per_hour: Annotated[
+        float | None, Query(gt=0, description="re-price at this $/h (no new measurement)")
+    ] = None,
+    max_hours: Annotated[float | None, Query(gt=0, description="deadline for the run")] = None,
+    max_cost_usd: Annotated[float | None, Query(gt=0, description="budget for the run")] = None,
+) -> BestConfig:
+    """The recommended config: the cheapest completed trial ($/run) within the constraints,
+    ties to the earlier one, compared with the space's baseline."""
+    constraints = recommend.Constraints(
+        usd_per_hour=usd_per_hour, max_hours=max_hours, max_cost_usd=max_cost_usd
+    )
+    return BestConfig.model_validate(recommend.best(store, name, constraints))

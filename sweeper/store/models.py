@@ -43,6 +43,9 @@ class StudyRow(Base):
     preflight: Mapped[dict[str, Any] | None] = mapped_column(
         JsonType, doc="what the preflight probes dropped, and why"
     )
+    baseline: Mapped[dict[str, Any] | None] = mapped_column(
+        JsonType, doc="the user's current config (a TrialConfig dump), run as the first trial"
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
