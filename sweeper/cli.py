@@ -166,6 +166,34 @@ def best_command(
         _print_recommendation(recommendation)
 
 
+@app.command()
+def export(
+    study: Annotated[str, typer.Option("--study", help="study name")],
+    fmt: Annotated[
+        str, typer.Option("--format", help="trainer | dataloader | yaml | json")
+    ] = "trainer",
+    storage: StorageOption = None,
+) -> None:
+    """Print the recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
+    from sweeper.export import FORMATS, render
+    from sweeper.recommend import best
+    from sweeper.settings import resolve_storage
+    from sweeper.store import Store
+
+    if fmt not in FORMATS:
+        raise _fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
+    store = Store(resolve_storage(storage))
+    try:
+        store.migrate()
+        recommendation = best(store, study)
+        space_yaml = store.get_study(study).space_yaml
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.dispose()
+    sys.stdout.write(render(recommendation, fmt, space_yaml))  # type: ignore[arg-type]
+
+
 def main() -> None:
     app()
 

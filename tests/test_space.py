@@ -103,3 +103,10 @@ def test_suggest_only_asks_prefetch_with_workers() -> None:
         study.tell(trial, 1.0)
     assert {c.num_workers for c in seen} == {0, 1}
     assert all(c.prefetch_factor is None for c in seen if c.num_workers == 0)
+
+
+def test_readme_example_space_is_valid() -> None:
+    readme = (REPO / "README.md").read_text()
+    example = readme[readme.index("study: my-finetune") :]
+    space = parse_space(example[: example.index("```")], source="README.md")
+    assert space.baseline is not None and space.workload.tokenize == "on_the_fly"

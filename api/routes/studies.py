@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import PlainTextResponse
 
 from api.deps import StoreDep
 from api.schemas import BestConfig, StudyDetail, StudySummary, TrialDetail, TrialState, TrialSummary
 from sweeper import recommend
+from sweeper.export import MEDIA_TYPES, ExportFormat, render
 from sweeper.store import Store, StudyRow
 from sweeper.store.models import TRIAL_STATES
 
@@ -113,3 +115,19 @@ def get_best(
         usd_per_hour=usd_per_hour, max_hours=max_hours, max_cost_usd=max_cost_usd
     )
     return BestConfig.model_validate(recommend.best(store, name, constraints))
+
+
+@router.get(
+    "/{name}/export",
+    response_class=PlainTextResponse,
+    responses={409: {"description": "the study has no completed trial yet"}},
+)
+def export_best(
+    name: str,
+    store: StoreDep,
+    fmt: Annotated[ExportFormat, Query(alias="format")] = "trainer",
+) -> PlainTextResponse:
+    """The recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
+    recommendation = recommend.best(store, name)
+    text = render(recommendation, fmt, store.get_study(name).space_yaml)
+    return PlainTextResponse(text, media_type=MEDIA_TYPES[fmt])
