@@ -11,6 +11,12 @@ SPACES = Path(__file__).parent / "spaces"
 REPO = Path(__file__).parent.parent
 TINY_SPACE = SPACES / "tiny.yaml"
 
+
+def tiny_space_without_baseline() -> str:
+    """The tiny space's text minus its baseline, for tests that rewrite the search lists."""
+    return TINY_SPACE.read_text().split("\nbaseline:")[0] + "\n"
+
+
 # A study row as a sweep of seed 000's job on an H100 would write it.
 STUDY_FIELDS: dict[str, object] = {
     "state": "running",

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from sweeper.errors import StudyNotFoundError
 from sweeper.store import Store
-from tests.helpers import REPO, TINY_SPACE
+from tests.helpers import REPO, TINY_SPACE, tiny_space_without_baseline
 
 
 def _sweeper(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -188,7 +188,7 @@ def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
     """The tiny space with a window that would run for 10 minutes."""
     slow = tmp_path / "slow.yaml"
     slow.write_text(
-        TINY_SPACE.read_text()
+        tiny_space_without_baseline()
         .replace("  num_workers: [0]", f"  num_workers: [{workers}]")
         .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600")
         .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
@@ -304,7 +304,14 @@ def test_recommendation_warns_when_it_truncates(sqlite_url: str) -> None:
     )
     for number, seq, cost in ((0, 128, 1.0), (1, 2048, 2.0)):
         store.start_trial("t", number, {"max_seq_length": seq})
-        store.finish_trial("t", number, "complete", samples_per_s=10.0, cost_per_run_usd=cost)
+        store.finish_trial(
+            "t",
+            number,
+            "complete",
+            samples_per_s=10.0,
+            hours_per_run=cost * 10,
+            cost_per_run_usd=cost,
+        )
     recommendation = best(store, "t")
     store.dispose()
     assert recommendation.config["max_seq_length"] == 128

@@ -19,7 +19,7 @@ from sweeper.preflight import (
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import REPO, TINY_SPACE, tiny_config
+from tests.helpers import REPO, tiny_config, tiny_space_without_baseline
 
 
 def _space(space: Space, *, attn: list[str] | None = None, precision: str | None = None) -> Space:
@@ -115,7 +115,7 @@ def test_sweep_never_runs_what_preflight_dropped(
 ) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(
-        TINY_SPACE.read_text()
+        tiny_space_without_baseline()
         .replace("[sdpa, eager]", "[sdpa, flash_attention_2]")
         .replace("preflight: false", "preflight: true")
     )
@@ -144,7 +144,7 @@ def test_nothing_runnable_exits_2_before_any_trial(
 ) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(
-        TINY_SPACE.read_text()
+        tiny_space_without_baseline()
         .replace("[sdpa, eager]", "[flash_attention_2]")
         .replace("preflight: false", "preflight: true")
     )
