@@ -35,9 +35,13 @@ from sweeper.errors import TrialError
 from sweeper.hardware import math_mode, peak_flops
 from sweeper.space import MeasureSettings, TrialConfig, WarmupSettings, Workload
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from sweeper.trial.workload import build_loader, build_model, load_tokenizer, resolve_device
-
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from sweeper.trial.workload import (
+    build_loader,
+    build_model,
+    load_tokenizer,
+    mixed_precision,
+    resolve_device,
+)
 
 # Two-sided 95% Student t quantiles by degrees of freedom; beyond the table, the normal value.
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -300,12 +304,7 @@ class _Stepper:
         self.device = device
         self.batches: Iterator[dict[str, torch.Tensor]] = iter(loader)
         self.loader_epochs = 1
-        dtype = _DTYPES.get(workload.precision)
-        self.autocast = (
-            (lambda: torch.autocast(device_type=device.type, dtype=dtype))
-            if dtype is not None
-            else contextlib.nullcontext
-        )
+        self.autocast = mixed_precision(device, workload.precision)
         self.scaler = (
             torch.amp.GradScaler(device.type)
             if workload.precision == "fp16" and device.type == "cuda"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from typing import Any
@@ -10,9 +9,8 @@ from typing import Any
 import torch
 
 from sweeper.trial.protocol import ChildRequest
-from sweeper.trial.workload import load_tokenizer, probe_model, resolve_device
+from sweeper.trial.workload import load_tokenizer, mixed_precision, probe_model, resolve_device
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _BATCH, _SEQ = 4, 128
 
 
@@ -52,12 +50,7 @@ def _time_steps(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tokenizer), (_BATCH, _SEQ), generator=generator).to(device)
-    dtype = _DTYPES.get(precision)
-    autocast = (
-        (lambda: torch.autocast(device_type=device.type, dtype=dtype))
-        if dtype is not None
-        else contextlib.nullcontext
-    )
+    autocast = mixed_precision(device, precision)
     times = []
     for _ in range(max(2, probe.steps)):
         started = time.perf_counter()

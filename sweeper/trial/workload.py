@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,17 @@ from sweeper.space import TrialConfig, Workload
 from sweeper.trial.corpus import load_hf_dataset
 from sweeper.trial.lifeline import dataloader_worker_init
 from sweeper.trial.protocol import PreparedData
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def mixed_precision(device: torch.device, precision: str) -> Callable[[], AbstractContextManager]:
+    """A factory of the context each forward pass runs in: autocast for bf16/fp16 (weights
+    stay fp32, as with Trainer's bf16=True), nothing for fp32."""
+    dtype = _AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def resolve_device(requested: str) -> torch.device:
