@@ -1,40 +1,116 @@
-"""Hours and dollars per run of the real job, from one trial's measured throughput.
+"""Hours and dollars per run of the real job, from one trial's measurements.
 
-    hours_per_run    = samples × epochs ÷ samples_per_s ÷ 3600  +  compile_s ÷ 3600
+    train_s          = samples × epochs ÷ samples_per_s
+                       (packing: samples × epochs × tokens_per_sample ÷ tokens_per_s)
+    one_time_s       = startup_s + compile_s + saves × checkpoint_save_s
+    saves            = ⌊optimizer steps of the run ÷ save_steps⌋,  steps = train_s × it_per_s
+    hours_per_run    = (train_s + one_time_s) ÷ 3600
     cost_per_run_usd = hours_per_run × usd_per_hour
 
 Ranking is by these, never by it/s: an optimizer step holds batch × accumulation samples, so
-it/s is not comparable across gradient accumulation (seed 001's trap). Compile time is paid once
-per real run, so it is added once, not folded into the throughput.
+it/s is not comparable across gradient accumulation (seed 001's trap). Start-up and compile are
+paid once per run; checkpoint saves once per ``save_steps`` optimizer steps, so a config with a
+larger effective batch also saves fewer checkpoints.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPlan:
+    """The real job: how much it trains, how often it saves, what an hour costs."""
+
+    samples: int
+    epochs: float
+    usd_per_hour: float
+    save_steps: int | None = None
+    tokens_per_sample: float | None = None  # mean, with EOS; counts the work when packing
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunProjection:
     hours_per_run: float
     cost_per_run_usd: float
+    train_hours: float = math.inf
+    optimizer_steps: float = math.inf
+    startup_s: float = 0.0
+    compile_s: float = 0.0
+    checkpoint_saves: int = 0
+    checkpoint_s: float = 0.0
+
+    @property
+    def one_time_s(self) -> float:
+        return self.startup_s + self.compile_s + self.checkpoint_s
+
+    def breakdown(self) -> dict[str, float | int]:
+        """JSON-ready parts of the projection, for storage and the API."""
+        return {
+            "train_hours": self.train_hours,
+            "optimizer_steps": self.optimizer_steps,
+            "startup_s": self.startup_s,
+            "compile_s": self.compile_s,
+            "checkpoint_saves": self.checkpoint_saves,
+            "checkpoint_s": self.checkpoint_s,
+            "one_time_s": self.one_time_s,
+        }
+
+
+_NEVER = RunProjection(hours_per_run=math.inf, cost_per_run_usd=math.inf)
+
+
+def _seconds(value: float | None) -> float:
+    return value if value is not None and math.isfinite(value) and value > 0 else 0.0
 
 
 def project_run(
+    plan: RunPlan,
     *,
     samples_per_s: float,
-    samples: int,
-    epochs: float,
-    usd_per_hour: float,
-    compile_s: float = 0.0,
+    it_per_s: float | None = None,
+    tokens_per_s: float | None = None,
+    packing: bool = False,
+    startup_s: float | None = None,
+    compile_s: float | None = None,
+    checkpoint_save_s: float | None = None,
 ) -> RunProjection:
     """Project the full run; a non-positive or non-finite throughput projects to infinity.
 
-    >>> project_run(samples_per_s=100.0, samples=600_000, epochs=3, usd_per_hour=2.5)
-    RunProjection(hours_per_run=5.0, cost_per_run_usd=12.5)
+    >>> plan = RunPlan(samples=600_000, epochs=3, usd_per_hour=2.5)
+    >>> project_run(plan, samples_per_s=100.0).cost_per_run_usd
+    12.5
+    >>> with_saves = RunPlan(samples=600_000, epochs=3, usd_per_hour=2.5, save_steps=1000)
+    >>> p = project_run(with_saves, samples_per_s=100.0, it_per_s=12.5, checkpoint_save_s=90)
+    >>> p.optimizer_steps, p.checkpoint_saves, round(p.hours_per_run, 3)  # 225 saves × 90 s
+    (225000.0, 225, 10.625)
     """
-    if not math.isfinite(samples_per_s) or samples_per_s <= 0:
-        return RunProjection(hours_per_run=math.inf, cost_per_run_usd=math.inf)
-    one_time_s = compile_s if math.isfinite(compile_s) and compile_s > 0 else 0.0
-    hours = (samples * epochs / samples_per_s + one_time_s) / 3600.0
-    return RunProjection(hours_per_run=hours, cost_per_run_usd=hours * usd_per_hour)
+    if packing:
+        if plan.tokens_per_sample is None or tokens_per_s is None:
+            return _NEVER
+        rate, work = tokens_per_s, plan.samples * plan.epochs * plan.tokens_per_sample
+    else:
+        rate, work = samples_per_s, plan.samples * plan.epochs
+    if not math.isfinite(rate) or rate <= 0:
+        return _NEVER
+    train_s = work / rate
+    steps = train_s * it_per_s if it_per_s and math.isfinite(it_per_s) else math.nan
+    save_s = _seconds(checkpoint_save_s)
+    saves = (
+        math.floor(steps / plan.save_steps)
+        if plan.save_steps and save_s > 0 and math.isfinite(steps)
+        else 0
+    )
+    projection = RunProjection(
+        hours_per_run=0.0,
+        cost_per_run_usd=0.0,
+        train_hours=train_s / 3600,
+        optimizer_steps=steps,
+        startup_s=_seconds(startup_s),
+        compile_s=_seconds(compile_s),
+        checkpoint_saves=saves,
+        checkpoint_s=saves * save_s,
+    )
+    hours = (train_s + projection.one_time_s) / 3600
+    return replace(projection, hours_per_run=hours, cost_per_run_usd=hours * plan.usd_per_hour)

@@ -36,6 +36,9 @@ class ChildRun:
     wall_s: float
     log_tail: str
     pid: int  # also the process group id of the child and its DataLoader workers
+    # start-up a forked child inherited from the zygote (imports, preloaded data): a real
+    # run pays it, so it is added to the child's own start-up
+    inherited_startup_s: float = 0.0
 
 
 class _Handle(Protocol):
@@ -78,9 +81,11 @@ def run_child(
         request_path.write_text(request.model_dump_json())
         started = time.perf_counter()
         handle: _Handle | None = None
+        inherited_startup_s = 0.0
         if server is not None and server.alive:
             with contextlib.suppress(RuntimeError, OSError):  # a dead zygote: spawn instead
                 handle = server.start(request_path, result_path, log_path, per_child_env)
+                inherited_startup_s = server.startup_s
         if handle is None:
             handle = _Spawned(
                 request_path,
@@ -105,6 +110,7 @@ def run_child(
                 wall_s=time.perf_counter() - started,
                 log_tail=_tail(log_path),
                 pid=handle.pid,
+                inherited_startup_s=inherited_startup_s,
             )
         wall_s = time.perf_counter() - started
         # the child is gone; sweep up any DataLoader worker it left behind
@@ -115,6 +121,7 @@ def run_child(
             wall_s=wall_s,
             log_tail=log_tail,
             pid=handle.pid,
+            inherited_startup_s=inherited_startup_s,
         )
 
 
@@ -152,6 +159,7 @@ class ForkServer:
         self.alive = False
         self._buffer = b""
         self._exits: dict[int, int] = {}
+        self.startup_s = 0.0  # the zygote's imports + preload: what a forked child skips
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> ForkServer:
@@ -169,6 +177,8 @@ class ForkServer:
         os.close(reply_w)
         ready = self._next(timeout=120)
         self.alive = ready is not None and ready.get("op") == "ready"
+        if ready is not None:
+            self.startup_s = float(ready.get("imports_s", 0.0))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -193,7 +203,10 @@ class ForkServer:
             reply = self._next(timeout=600)
         finally:
             os.unlink(f.name)
-        return reply["s"] if reply and reply["op"] == "preloaded" else None
+        if reply and reply["op"] == "preloaded":
+            self.startup_s += reply["s"]
+            return reply["s"]
+        return None
 
     def start(self, request: Path, result: Path, log: Path, env: dict[str, str]) -> _Forked:
         self._send(

@@ -9,7 +9,9 @@ the field and the value, e.g.::
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -115,6 +117,25 @@ class DatasetSpec(_Frozen):
         return self
 
 
+class CheckpointSpec(_Frozen):
+    """How often the real run saves a checkpoint; each trial times one real save."""
+
+    save_steps: int | None = Field(
+        default=500,
+        gt=0,
+        description="optimizer steps between saves (TrainingArguments' default is 500); "
+        "null: the run saves no checkpoint",
+    )
+    save_optimizer: bool = Field(
+        default=True, description="save the optimizer state too, as Trainer does (≈3× weights)"
+    )
+    dir: str | None = Field(
+        default=None,
+        description="where the trial times its save; put it on the disk the run saves to "
+        "(default: the sweep's cache directory)",
+    )
+
+
 class Workload(_Frozen):
     """The real training job the sweep is pricing."""
 
@@ -132,51 +153,164 @@ class Workload(_Frozen):
     learning_rate: float = Field(default=1e-4, gt=0)
     samples: int = Field(gt=0, description="training samples per epoch of the real job")
     epochs: float = Field(gt=0, description="epochs of the real job")
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    coverage_percentile: float = Field(
+        default=100,
+        gt=0,
+        le=100,
+        description="a max_seq_length shorter than this percentile of the samples' token "
+        "lengths truncates, and is never recommended silently (100: the longest sample)",
+    )
 
 
 def _choices(kind: Any) -> Any:
     return Annotated[list[kind], Field(min_length=1)]
 
 
+class EffectiveBatch(_Frozen):
+    """Samples per optimizer step (batch × accumulation × devices; one device here).
+
+    ``fixed``: the sweep keeps it, and gradient accumulation is derived from the batch size;
+    ``min``/``max``: configs outside are skipped without a trial. Left out: free, and the
+    recommendation says how to scale the learning rate if it differs from the baseline's.
+    """
+
+    fixed: int | None = Field(default=None, gt=0)
+    min: int | None = Field(default=None, gt=0)
+    max: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> EffectiveBatch:
+        if self.fixed is not None and (self.min is not None or self.max is not None):
+            raise ValueError("set either 'fixed' or 'min'/'max', not both")
+        if self.fixed is None and self.min is None and self.max is None:
+            raise ValueError("set 'fixed', or 'min' and/or 'max'")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} exceeds max {self.max}")
+        return self
+
+    def admits(self, effective_batch: int) -> bool:
+        if self.fixed is not None:
+            return effective_batch == self.fixed
+        low, high = self.min or 1, self.max or effective_batch
+        return low <= effective_batch <= high
+
+    def describe(self) -> str:
+        if self.fixed is not None:
+            return f"fixed at {self.fixed}"
+        return f"within [{self.min or 1}, {self.max if self.max is not None else '∞'}]"
+
+
 class SearchSpace(_Frozen):
-    """The seven knobs; each is a non-empty list of choices (one item fixes the knob)."""
+    """The knobs; each is a non-empty list of choices (one item fixes the knob).
+
+    With ``effective_batch.fixed``, gradient accumulation is derived and must be left out.
+    """
 
     per_device_batch_size: _choices(Annotated[int, Field(gt=0)])
-    gradient_accumulation_steps: _choices(Annotated[int, Field(gt=0)])
+    gradient_accumulation_steps: _choices(Annotated[int, Field(gt=0)]) | None = None
     num_workers: _choices(Annotated[int, Field(ge=0)])
     prefetch_factor: _choices(Annotated[int, Field(gt=0)])
     max_seq_length: _choices(Annotated[int, Field(ge=8)])
     compile_mode: _choices(CompileMode)
     attn_implementation: _choices(AttnImplementation)
+    packing: _choices(bool) = Field(
+        default=[False],
+        description="true: concatenate samples into max_seq_length blocks (no padding, no "
+        "truncation); the run's work is then counted in tokens",
+    )
+    effective_batch: EffectiveBatch | None = None
 
-    @field_validator("*")
+    @field_validator(
+        "per_device_batch_size",
+        "gradient_accumulation_steps",
+        "num_workers",
+        "prefetch_factor",
+        "max_seq_length",
+        "compile_mode",
+        "attn_implementation",
+        "packing",
+    )
     @classmethod
-    def _no_repeats(cls, values: list[Any]) -> list[Any]:
-        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    def _no_repeats(cls, values: list[Any] | None) -> list[Any] | None:
+        choices = values or []
+        repeated = sorted({str(v) for v in choices if choices.count(v) > 1})
         if repeated:
             raise ValueError(f"choices repeat {', '.join(repeated)}; list each choice once")
         return values
 
+    @model_validator(mode="after")
+    def _batch_rules(self) -> SearchSpace:
+        fixed = None if self.effective_batch is None else self.effective_batch.fixed
+        if fixed is not None:
+            if self.gradient_accumulation_steps is not None:
+                raise ValueError(
+                    "gradient_accumulation_steps is derived from effective_batch.fixed "
+                    f"({fixed} ÷ batch size); remove the list"
+                )
+            misfits = [b for b in self.per_device_batch_size if fixed % b]
+            if misfits:
+                raise ValueError(
+                    f"effective_batch.fixed {fixed} is not a multiple of per_device_batch_size "
+                    f"{misfits}; drop those sizes or pick a fixed batch they divide"
+                )
+            return self
+        if self.gradient_accumulation_steps is None:
+            raise ValueError(
+                "gradient_accumulation_steps: required key is missing (or fix the "
+                "effective batch with effective_batch.fixed)"
+            )
+        if self.effective_batch is not None and not any(
+            self.effective_batch.admits(b * a)
+            for b in self.per_device_batch_size
+            for a in self.gradient_accumulation_steps
+        ):
+            raise ValueError(
+                f"no batch × accumulation of the space is {self.effective_batch.describe()}"
+            )
+        return self
+
+    def accumulation_choices(self, batch: int) -> list[int]:
+        """The accumulation steps a config with ``batch`` may use."""
+        if self.effective_batch is not None and self.effective_batch.fixed is not None:
+            return [self.effective_batch.fixed // batch]
+        assert self.gradient_accumulation_steps is not None
+        return list(self.gradient_accumulation_steps)
+
+    def admits(self, config: TrialConfig) -> str | None:
+        """Why ``config`` is outside the space's rules (None: it is inside)."""
+        if self.effective_batch is not None and not self.effective_batch.admits(
+            config.effective_batch
+        ):
+            return (
+                f"effective batch {config.effective_batch} is not {self.effective_batch.describe()}"
+            )
+        return None
+
     def grid(self) -> Iterator[TrialConfig]:
-        """Every distinct config of the space (prefetch_factor only matters with workers)."""
-        for batch, accum, workers, seq, compile_mode, attn in itertools.product(
+        """Every distinct config the space admits (prefetch_factor only matters with workers)."""
+        for batch, workers, seq, compile_mode, attn, packing in itertools.product(
             self.per_device_batch_size,
-            self.gradient_accumulation_steps,
             self.num_workers,
             self.max_seq_length,
             self.compile_mode,
             self.attn_implementation,
+            self.packing,
         ):
-            for prefetch in self.prefetch_factor if workers > 0 else [None]:
-                yield TrialConfig(
-                    per_device_batch_size=batch,
-                    gradient_accumulation_steps=accum,
-                    num_workers=workers,
-                    prefetch_factor=prefetch,
-                    max_seq_length=seq,
-                    compile_mode=compile_mode,
-                    attn_implementation=attn,
-                )
+            for accum in self.accumulation_choices(batch):
+                for prefetch in self.prefetch_factor if workers > 0 else [None]:
+                    config = TrialConfig(
+                        per_device_batch_size=batch,
+                        gradient_accumulation_steps=accum,
+                        num_workers=workers,
+                        prefetch_factor=prefetch,
+                        max_seq_length=seq,
+                        compile_mode=compile_mode,
+                        attn_implementation=attn,
+                        packing=packing,
+                    )
+                    if self.admits(config) is None:
+                        yield config
 
 
 class WarmupSettings(_Frozen):
@@ -256,6 +390,7 @@ class Baseline(_Frozen):
     max_seq_length: int
     compile_mode: CompileMode = "none"
     attn_implementation: AttnImplementation = "sdpa"
+    packing: bool = False
 
     def as_config(self) -> TrialConfig:
         values = self.model_dump()
@@ -272,25 +407,49 @@ class Space(_Frozen):
     hardware: Hardware
     workload: Workload
     baseline: Baseline | None = None
+    also_try: list[Baseline] = Field(
+        default_factory=list,
+        description="configs to run right after the baseline (e.g. a blog post's advice)",
+    )
     search: SearchSpace
     trial: TrialSettings = TrialSettings()
     budget: Budget
 
     @model_validator(mode="after")
-    def _baseline_in_space(self) -> Space:
-        if self.baseline is None:
-            return self
-        config = self.baseline.as_config()
-        for knob, value in config.model_dump().items():
-            if knob == "prefetch_factor" and value is None:
+    def _known_configs_in_space(self) -> Space:
+        named = [("baseline", self.baseline)] + [
+            (f"also_try[{i}]", c) for i, c in enumerate(self.also_try)
+        ]
+        for where, known in named:
+            if known is None:
                 continue
-            choices = getattr(self.search, knob)
-            if value not in choices:
-                raise ValueError(
-                    f"baseline.{knob} = {value!r} is not among search.{knob} {choices}; add it "
-                    "there so the baseline can run as a trial"
-                )
+            config = known.as_config()
+            for knob, value in config.model_dump().items():
+                if knob == "prefetch_factor" and value is None:
+                    continue
+                if knob == "gradient_accumulation_steps":
+                    choices = self.search.accumulation_choices(config.per_device_batch_size)
+                else:
+                    choices = getattr(self.search, knob)
+                if value not in choices:
+                    raise ValueError(
+                        f"{where}.{knob} = {value!r} is not among search.{knob} {choices}; "
+                        "add it there so it can run as a trial"
+                    )
+            reason = self.search.admits(config)
+            if reason is not None:
+                raise ValueError(f"{where}: {reason}; it could not run as a trial")
         return self
+
+    def workload_hash(self) -> str:
+        """Equal for studies that price the same job (on any hardware, at any price)."""
+        job = self.workload.model_dump(mode="json", exclude={"checkpoint": {"dir"}})
+        return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+
+    def known_configs(self) -> list[TrialConfig]:
+        """The baseline, then ``also_try``: run first, in this order."""
+        configs = [] if self.baseline is None else [self.baseline.as_config()]
+        return configs + [c.as_config() for c in self.also_try]
 
 
 class TrialConfig(_Frozen):
@@ -303,17 +462,20 @@ class TrialConfig(_Frozen):
     max_seq_length: int
     compile_mode: CompileMode
     attn_implementation: AttnImplementation
+    packing: bool = False  # absent from configs stored before the knob existed
 
     @property
     def effective_batch(self) -> int:
         return self.per_device_batch_size * self.gradient_accumulation_steps
 
 
-def optuna_params(config: TrialConfig) -> dict[str, Any]:
+def optuna_params(config: TrialConfig, search: SearchSpace) -> dict[str, Any]:
     """The parameters ``suggest`` would record for ``config`` (for ``study.enqueue_trial``)."""
     params = config.model_dump()
     if params["prefetch_factor"] is None:
         del params["prefetch_factor"]
+    if search.gradient_accumulation_steps is None:
+        del params["gradient_accumulation_steps"]
     return params
 
 
@@ -325,13 +487,16 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
         if workers > 0
         else None
     )
-    return TrialConfig(
-        per_device_batch_size=trial.suggest_categorical(
-            "per_device_batch_size", search.per_device_batch_size
-        ),
-        gradient_accumulation_steps=trial.suggest_categorical(
+    batch = trial.suggest_categorical("per_device_batch_size", search.per_device_batch_size)
+    if search.gradient_accumulation_steps is None:  # derived from a fixed effective batch
+        accumulation = search.accumulation_choices(batch)[0]
+    else:
+        accumulation = trial.suggest_categorical(
             "gradient_accumulation_steps", search.gradient_accumulation_steps
-        ),
+        )
+    return TrialConfig(
+        per_device_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
         num_workers=workers,
         prefetch_factor=prefetch,
         max_seq_length=trial.suggest_categorical("max_seq_length", search.max_seq_length),
@@ -339,6 +504,7 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
         attn_implementation=trial.suggest_categorical(
             "attn_implementation", search.attn_implementation
         ),
+        packing=trial.suggest_categorical("packing", search.packing),
     )
 
 

@@ -15,14 +15,14 @@ from typing import Any, Protocol
 import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
-from sweeper.cost import project_run
+from sweeper.cost import RunPlan, project_run
 from sweeper.errors import StorageError, SweeperError
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, run_preflight
 from sweeper.recommend import Recommendation, best
 from sweeper.space import Space, TrialConfig, optuna_params, suggest
 from sweeper.store import Store, TrialRow, redact
-from sweeper.trial.protocol import ChildRequest, PreparedData
+from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
 
 # Stop asking after this many consecutive configs that were measured or ruled out already.
 _MAX_SKIPS_IN_A_ROW = 50
@@ -34,6 +34,9 @@ _OPTUNA_ATTRS = (
     "data_wait_share",
     "peak_memory_bytes",
     "compile_s",
+    "startup_s",
+    "checkpoint_save_s",
+    "padding_share",
 )
 
 
@@ -109,10 +112,12 @@ def run_sweep(
         space_yaml=space_text,
         space_path=space_path,
         baseline=None if space.baseline is None else space.baseline.as_config().model_dump(),
+        workload_hash=space.workload_hash(),
     )
-    if space.baseline is not None:
-        # the user's current config runs first; every result is compared with it
-        study.enqueue_trial(optuna_params(space.baseline.as_config()), skip_if_exists=True)
+    # the user's current config runs first (every result is compared with it), then also_try
+    for known in space.known_configs():
+        study.enqueue_trial(optuna_params(known, space.search), skip_if_exists=True)
+    clock = _SweepClock(store, space.study)
     try:
         prepared = _prepare(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)
@@ -131,7 +136,7 @@ def run_sweep(
                 preflight = _preflight(space, prepared, cache_dir, observer, server)
                 store.upsert_study(space.study, preflight=preflight.to_json())
             loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
-            counts = loop.run(n_trials)
+            counts = loop.run(n_trials, clock)
     except KeyboardInterrupt:
         store.set_study_state(space.study, "interrupted")
         raise
@@ -139,6 +144,7 @@ def run_sweep(
         store.set_study_state(space.study, "failed")
         raise
     finally:
+        clock.charge()
         optuna_storage.engine.dispose()
     store.set_study_state(space.study, "finished")
     try:
@@ -217,6 +223,23 @@ def _preflight(
     return report
 
 
+class _SweepClock:
+    """Charges the machine time a sweep uses (preparation, probes, trials) to its study, as it
+    goes, so an interrupted sweep is accounted for too."""
+
+    def __init__(self, store: Store, study: str) -> None:
+        self.store, self.study = store, study
+        self.since = time.perf_counter()
+
+    def charge(self) -> None:
+        now = time.perf_counter()
+        try:
+            self.store.add_sweep_seconds(self.study, now - self.since)
+        except SweeperError:
+            return  # accounting never stops a sweep; the next charge carries the time
+        self.since = now
+
+
 class _TrialLoop:
     """Ask, skip what cannot teach anything new, run, tell — until the budget is spent."""
 
@@ -235,7 +258,7 @@ class _TrialLoop:
         self.prepared, self.preflight = prepared, preflight
         self.cache_dir, self.observer, self.server = cache_dir, observer, server
 
-    def run(self, n_trials: int) -> dict[str, int]:
+    def run(self, n_trials: int, clock: _SweepClock | None = None) -> dict[str, int]:
         counts = {"run": 0, "complete": 0, "failed": 0}
         runnable = {c for c in self.space.search.grid() if self.preflight.allows(c) is None}
         measured = {
@@ -253,7 +276,7 @@ class _TrialLoop:
             config = suggest(trial, self.space.search)
             # Optuna forbids changing a categorical's choices within a study, so configs that
             # preflight ruled out (or that were measured already) are pruned without a trial.
-            reason = self.preflight.allows(config)
+            reason = self.space.search.admits(config) or self.preflight.allows(config)
             if reason is None and config in measured:
                 reason = "already measured"
             if reason is not None:
@@ -267,6 +290,8 @@ class _TrialLoop:
             skipped_in_a_row = 0
             measured.add(config)
             row = self._run_one(trial, config)
+            if clock is not None:
+                clock.charge()
             counts["run"] += 1
             counts["complete" if row.state == "complete" else "failed"] += 1
         return counts
@@ -294,12 +319,18 @@ class _TrialLoop:
         result = run.result
         if result.status == "ok" and result.payload is not None:
             measurement = result.payload
+            measurement["startup_own_s"] = measurement.get("startup_s") or 0.0
+            measurement["startup_inherited_s"] = run.inherited_startup_s
+            measurement["startup_s"] = measurement["startup_own_s"] + run.inherited_startup_s
             projection = project_run(
+                run_plan(space, self.prepared.stats),
                 samples_per_s=measurement["samples_per_s"],
-                samples=space.workload.samples,
-                epochs=space.workload.epochs,
-                usd_per_hour=space.hardware.usd_per_hour,
-                compile_s=measurement.get("compile_s", 0.0),
+                it_per_s=measurement.get("it_per_s"),
+                tokens_per_s=measurement.get("tokens_per_s"),
+                packing=config.packing,
+                startup_s=measurement["startup_s"],
+                compile_s=measurement.get("compile_s"),
+                checkpoint_save_s=measurement.get("checkpoint_save_s"),
             )
             for key in _OPTUNA_ATTRS:
                 trial.set_user_attr(key, measurement.get(key))
@@ -313,6 +344,7 @@ class _TrialLoop:
                 wall_s=run.wall_s,
                 hours_per_run=projection.hours_per_run,
                 cost_per_run_usd=projection.cost_per_run_usd,
+                projection=projection.breakdown(),
                 measurement=measurement,
                 **_metric_columns(measurement),
             )
@@ -369,4 +401,17 @@ def _metric_columns(measurement: dict[str, Any]) -> dict[str, Any]:
     )
     values: dict[str, Any] = {key: measurement.get(key) for key in columns}
     values["peak_memory_bytes"] = measurement.get("peak_memory_bytes")
+    values["device_memory_bytes"] = measurement.get("device_memory_bytes")
+    values["device_name"] = (measurement.get("env") or {}).get("device_name")
     return values
+
+
+def run_plan(space: Space, dataset_stats: dict[str, Any] | None) -> RunPlan:
+    """The real job of ``space``, as the cost model needs it."""
+    return RunPlan(
+        samples=space.workload.samples,
+        epochs=space.workload.epochs,
+        usd_per_hour=space.hardware.usd_per_hour,
+        save_steps=space.workload.checkpoint.save_steps,
+        tokens_per_sample=tokens_per_sample(dataset_stats),
+    )

@@ -94,10 +94,19 @@ def test_sweep_stores_trials_and_api_reads_them(
     baseline = trials[0].config
     assert (baseline["per_device_batch_size"], baseline["attn_implementation"]) == (2, "eager")
     for t in trials:
-        assert t.samples_per_s and t.samples_per_s > 0
-        expected_hours = 10_000 * 1 / t.samples_per_s / 3600
-        assert t.hours_per_run == pytest.approx(expected_hours)
-        assert t.cost_per_run_usd == pytest.approx(expected_hours * 0.10)
+        assert t.samples_per_s and t.samples_per_s > 0 and t.it_per_s and t.projection
+        # the planned work at the measured rate, plus start-up and checkpoint saves once each
+        part = t.projection
+        train_hours = 10_000 * 1 / t.samples_per_s / 3600
+        assert part["train_hours"] == pytest.approx(train_hours)
+        assert part["startup_s"] > 0
+        steps = 10_000 / t.samples_per_s * t.it_per_s
+        assert part["optimizer_steps"] == pytest.approx(steps)
+        assert part["checkpoint_saves"] == int(steps // 500) and part["checkpoint_saves"] >= 2
+        assert part["checkpoint_s"] > 0
+        hours = train_hours + (part["startup_s"] + part["checkpoint_s"]) / 3600
+        assert t.hours_per_run == pytest.approx(hours)
+        assert t.cost_per_run_usd == pytest.approx(hours * 0.10)
     cheapest = min(trials, key=lambda t: (t.cost_per_run_usd, t.number))
 
     # Optuna's tables, same database: ordinary trials with values and user attributes

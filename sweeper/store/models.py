@@ -46,6 +46,12 @@ class StudyRow(Base):
     baseline: Mapped[dict[str, Any] | None] = mapped_column(
         JsonType, doc="the user's current config (a TrialConfig dump), run as the first trial"
     )
+    workload_hash: Mapped[str | None] = mapped_column(
+        String(64), index=True, doc="studies with the same hash price the same job"
+    )
+    sweep_seconds: Mapped[float] = mapped_column(
+        Float, default=0.0, server_default="0", doc="wall time the sweep itself used the machine"
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
@@ -79,6 +85,11 @@ class TrialRow(Base):
     compile_s: Mapped[float | None] = mapped_column(Float)
     hours_per_run: Mapped[float | None] = mapped_column(Float)
     cost_per_run_usd: Mapped[float | None] = mapped_column(Float)
+    projection: Mapped[dict[str, Any] | None] = mapped_column(
+        JsonType, doc="train hours, start-up, compile and checkpoint seconds of the run"
+    )
+    device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    device_name: Mapped[str | None] = mapped_column(String(255), doc="what it was measured on")
     loss_first: Mapped[float | None] = mapped_column(Float)
     loss_last: Mapped[float | None] = mapped_column(Float)
     failure_kind: Mapped[str | None] = mapped_column(String(32))

@@ -131,6 +131,22 @@ class Store:
             row.state = state
             row.updated_at = utcnow()
 
+    def add_sweep_seconds(self, name: str, seconds: float) -> None:
+        """Count machine time the sweep spent (trials, preparation, probes) against the study."""
+        with self.session() as s:
+            row = self._study(s, name)
+            row.sweep_seconds = (row.sweep_seconds or 0.0) + max(0.0, seconds)
+
+    def studies_of_workload(self, workload_hash: str) -> list[StudyRow]:
+        """Studies pricing the same job, e.g. on other hardware, oldest first."""
+        with self.session() as s:
+            query = (
+                select(StudyRow)
+                .where(StudyRow.workload_hash == workload_hash)
+                .order_by(StudyRow.created_at, StudyRow.id)
+            )
+            return list(s.scalars(query).all())
+
     def get_study(self, name: str) -> StudyRow:
         with self.session() as s:
             return self._study(s, name)

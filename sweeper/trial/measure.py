@@ -21,8 +21,10 @@ import os
 import platform
 import re
 import resource
+import shutil
 import socket
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -136,6 +138,7 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     n_params = sum(p.numel() for p in model.parameters())
     model_config = model.config
     model.train()
+    raw_model = model
     if config.compile_mode != "none":
         model = torch.compile(model, mode=config.compile_mode)
     optimizer = torch.optim.AdamW(
@@ -157,22 +160,31 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         ),
     )
     _check_finite(window.steps, offset=len(burn_in.steps))
+    checkpoint = _time_checkpoint(raw_model, optimizer, workload, Path(request.cache_dir), device)
 
     times = window.times
     p50 = percentile(times, 50)
     mean_step = statistics.fmean(times)
     warmup_excess_s = max(0.0, sum(burn_in.times) - len(burn_in.steps) * p50)
-    samples = sum(s.samples for s in window.steps)
+    rows = sum(s.samples for s in window.steps)
     padded_tokens = sum(s.padded_tokens for s in window.steps)
+    real_tokens = sum(s.real_tokens for s in window.steps)
     padded_tokens_per_s = padded_tokens / window_s
+    tokens_per_s = real_tokens / window_s
     ci = ci95_rel(times)
     all_steps = burn_in.steps + window.steps
     losses = [float(s.loss) for s in all_steps]
+    startup_s = built_at - process_started_at
     return {
         "it_per_s": len(times) / window_s,
-        "samples_per_s": samples / window_s,
-        "tokens_per_s": sum(s.real_tokens for s in window.steps) / window_s,
+        # packed rows hold several samples (and parts of them): count samples by their tokens
+        "samples_per_s": tokens_per_s / (request.prepared.tokens_per_sample or math.nan)
+        if config.packing
+        else rows / window_s,
+        "rows_per_s": rows / window_s,
+        "tokens_per_s": tokens_per_s,
         "padded_tokens_per_s": padded_tokens_per_s,
+        "padding_share": 1 - real_tokens / padded_tokens if padded_tokens else 0.0,
         "data_wait_share": min(1.0, sum(s.data_wait_s for s in window.steps) / window_s),
         "step_time_p50_s": p50,
         "step_time_p90_s": percentile(times, 90),
@@ -198,13 +210,16 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         "loader_epochs": stepper.loader_epochs,
         "n_params": n_params,
         "effective_batch": config.effective_batch,
+        "packing": config.packing,
+        "startup_s": startup_s,
+        **checkpoint,
         **_mfu(
             device,
             workload,
             model_config,
             matmul_params,
             padded_tokens_per_s,
-            padded_tokens / samples,
+            padded_tokens / rows,
         ),
         **_peak_memory(device),
         "phases_s": {
@@ -221,6 +236,49 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         },
         "env": environment(device, model_hash, request.prepared),
     }
+
+
+def _time_checkpoint(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workload: Workload,
+    cache_dir: Path,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Save one checkpoint as Trainer does (safetensors weights, optimizer state), fsync it,
+    time it, delete it. The real run pays this every ``checkpoint.save_steps`` steps."""
+    spec = workload.checkpoint
+    if spec.save_steps is None:
+        return {"checkpoint_save_s": None, "checkpoint_bytes": None}
+    target = Path(spec.dir).expanduser() if spec.dir else cache_dir / "checkpoints"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="sweeper-checkpoint-", dir=target))
+    except OSError as e:
+        raise TrialError(
+            "error",
+            f"workload.checkpoint.dir: cannot write a checkpoint under {target}: {e.strerror}; "
+            "point it at a writable directory on the disk the run saves to",
+        ) from e
+    try:
+        _sync(device)
+        started = time.perf_counter()
+        model.save_pretrained(str(folder), safe_serialization=True)
+        if spec.save_optimizer:
+            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        written = [f for f in folder.iterdir() if f.is_file()]
+        for path in written:  # on the disk, not just in the page cache
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+        save_s = time.perf_counter() - started
+        size = sum(f.stat().st_size for f in written)
+    except OSError as e:
+        raise TrialError(
+            "error", f"saving a checkpoint under {target} failed: {e.strerror or e}"
+        ) from e
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"checkpoint_save_s": save_s, "checkpoint_bytes": size}
 
 
 def _burn_in(stepper: _Stepper, rule: WarmupSettings, device: torch.device) -> tuple[_Phase, bool]:
@@ -423,8 +481,19 @@ def _peak_memory(device: torch.device) -> dict[str, Any]:
     # ru_maxrss is KiB on Linux; it covers this process, not DataLoader workers
     return {
         "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "device_memory_bytes": _host_memory_bytes(),
         "memory_kind": "cpu_peak_rss",
     }
+
+
+def _host_memory_bytes() -> int:
+    """Physical memory, or the cgroup's limit when it is lower (a container)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            return min(physical, int(limit))
+    return physical
 
 
 def environment(device: torch.device, model_hash: str, prepared: PreparedData) -> dict[str, Any]:

@@ -29,6 +29,17 @@ class PreparedData(BaseModel):
     stats: dict[str, Any]
     pretokenized_path: str | None = None  # a datasets.save_to_disk dir of untruncated ids
 
+    @property
+    def tokens_per_sample(self) -> float | None:
+        """Mean tokens per sample with the EOS each is closed by (None if not measured)."""
+        return tokens_per_sample(self.stats)
+
+
+def tokens_per_sample(stats: dict[str, Any] | None) -> float | None:
+    """Mean tokens per sample of measured dataset ``stats``, plus the sample's EOS."""
+    mean = (stats or {}).get("tokens_mean")
+    return None if mean is None else float(mean) + 1.0
+
 
 class ProbeSpec(BaseModel):
     """A preflight probe: can this attention / compile mode / precision train here, how fast?"""

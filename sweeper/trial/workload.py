@@ -6,14 +6,14 @@ import contextlib
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from sweeper.errors import TrialError
 from sweeper.presets import MODEL_SIZES
@@ -49,10 +49,10 @@ def resolve_device(requested: str) -> torch.device:
 class PretokenizedDataset(Dataset):
     """Reads token ids saved by the prepare step: the loader only slices and pads."""
 
-    def __init__(self, tokenized: Any, tokenizer: Any, max_length: int) -> None:
+    def __init__(self, tokenized: Any, tokenizer: Any, max_length: int | None) -> None:
         self.rows = tokenized
         self.suffix = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-        self.keep = max_length - len(self.suffix)
+        self.keep = None if max_length is None else max_length - len(self.suffix)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -64,7 +64,9 @@ class PretokenizedDataset(Dataset):
 class TokenizingDataset(Dataset):
     """Tokenizes each text when it is fetched, so DataLoader workers do real work in parallel."""
 
-    def __init__(self, hf_dataset: Any, text_field: str, tokenizer: Any, max_length: int) -> None:
+    def __init__(
+        self, hf_dataset: Any, text_field: str, tokenizer: Any, max_length: int | None
+    ) -> None:
         self.rows = hf_dataset
         self.text_field = text_field
         self.tokenizer = tokenizer
@@ -77,13 +79,48 @@ class TokenizingDataset(Dataset):
 
     def __getitem__(self, index: int) -> list[int]:
         text = self.rows[index][self.text_field]
-        ids = self.tokenizer(
-            text,
-            add_special_tokens=False,
-            truncation=True,
-            max_length=self.max_length - len(self.suffix),
-        )["input_ids"]
+        if self.max_length is None:  # packing: the whole sample
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = self.tokenizer(
+                text,
+                add_special_tokens=False,
+                truncation=True,
+                max_length=self.max_length - len(self.suffix),
+            )["input_ids"]
         return ids + self.suffix
+
+
+class PackedStream(IterableDataset):
+    """Samples (each closed by EOS) concatenated and cut into ``block`` tokens: no padding, and
+    a long sample continues in the next block instead of being truncated.
+
+    Each DataLoader worker reads its own share of one shuffled order, so workers still do the
+    tokenizing in parallel. Blocks attend across sample boundaries, as ``group_texts`` in the
+    transformers examples and TRL's ConstantLengthDataset do.
+    """
+
+    def __init__(self, samples: Dataset, block: int, seed: int = 0) -> None:
+        self.samples = samples  # a map-style dataset of token id lists, untruncated
+        self.block = block
+        self.seed = seed
+
+    def __iter__(self) -> Iterator[list[int]]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch = 0
+        while True:  # the trial decides when to stop; the real run counts epochs itself
+            order = torch.randperm(
+                len(self.samples),  # type: ignore[arg-type]
+                generator=torch.Generator().manual_seed(self.seed + epoch),
+            ).tolist()
+            buffer: list[int] = []
+            for index in order[worker::workers]:
+                buffer.extend(self.samples[index])
+                while len(buffer) >= self.block:
+                    yield buffer[: self.block]
+                    del buffer[: self.block]
+            epoch += 1
 
 
 @dataclass(frozen=True)
@@ -154,20 +191,22 @@ def build_loader(
     cache_dir: Path,
 ) -> DataLoader:
     dataset: Dataset
+    # packing reads whole samples; otherwise each is cut to max_seq_length as it is read
+    keep = None if config.packing else config.max_seq_length
     if prepared.pretokenized_path is not None:
         dataset = PretokenizedDataset(
-            load_pretokenized(prepared.pretokenized_path), tokenizer, config.max_seq_length
+            load_pretokenized(prepared.pretokenized_path), tokenizer, keep
         )
     else:
         hf_dataset = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
-        dataset = TokenizingDataset(
-            hf_dataset, prepared.text_field, tokenizer, config.max_seq_length
-        )
+        dataset = TokenizingDataset(hf_dataset, prepared.text_field, tokenizer, keep)
+    if config.packing:
+        dataset = PackedStream(dataset, config.max_seq_length)
     workers = config.num_workers
     return DataLoader(
         dataset,
         batch_size=config.per_device_batch_size,
-        shuffle=True,
+        shuffle=not config.packing,  # the packed stream shuffles its own samples
         drop_last=True,
         num_workers=workers,
         prefetch_factor=config.prefetch_factor if workers > 0 else None,
@@ -177,7 +216,7 @@ def build_loader(
             max_length=config.max_seq_length,
             pad_to_max=workload.padding == "max_length",
         ),
-        generator=torch.Generator().manual_seed(0),
+        generator=None if config.packing else torch.Generator().manual_seed(0),
         worker_init_fn=dataloader_worker_init if workers > 0 else None,
     )
 

@@ -71,6 +71,7 @@ def _preload(request_path: str) -> None:
 
 
 def main(reply_fd: int) -> None:
+    started = time.perf_counter()
     parent = os.environ.get("SWEEPER_PARENT_PID")
     from sweeper.trial.lifeline import die_with_parent
 
@@ -89,7 +90,8 @@ def main(reply_fd: int) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    _reply(reply_fd, {"op": "ready"})
+    # a real run pays these imports at start-up; forked trials inherit them
+    _reply(reply_fd, {"op": "ready", "imports_s": time.perf_counter() - started})
     buffer = b""
     while True:
         try:
