@@ -17,7 +17,7 @@ from rich.table import Table
 from sweeper.errors import SpaceError, SweeperError
 
 if TYPE_CHECKING:
-    from sweeper.recommend import Recommendation
+    from sweeper.recommend import Comparison, Recommendation
     from sweeper.space import TrialConfig
     from sweeper.store import TrialRow
     from sweeper.trial.protocol import PreparedData
@@ -128,42 +128,83 @@ def serve(
     uvicorn.run(application, host=bind_host, port=bind_port, log_level="warning")
 
 
+UsdPerHourOption = Annotated[
+    float | None, typer.Option("--usd-per-hour", min=0.0, help="re-price at this $/h")
+]
+MaxHoursOption = Annotated[
+    float | None, typer.Option("--max-hours", min=0.0, help="the run must finish within")
+]
+MaxCostOption = Annotated[
+    float | None, typer.Option("--max-cost", min=0.0, help="the run must cost at most ($)")
+]
+MinHeadroomOption = Annotated[
+    float | None,
+    typer.Option(
+        "--min-headroom",
+        min=0.0,
+        max=0.99,
+        help="share of device memory that must stay free at peak, e.g. 0.1",
+    ),
+]
+AllowTruncationOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-truncation", help="consider configs whose max_seq_length truncates the data"
+    ),
+]
+
+
 @app.command("best")
 def best_command(
     study: Annotated[str, typer.Option("--study", help="study name")],
     storage: StorageOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
-    usd_per_hour: Annotated[
-        float | None, typer.Option("--usd-per-hour", min=0.0, help="re-price at this $/h")
-    ] = None,
-    max_hours: Annotated[
-        float | None, typer.Option("--max-hours", min=0.0, help="the run must finish within")
-    ] = None,
-    max_cost: Annotated[
-        float | None, typer.Option("--max-cost", min=0.0, help="the run must cost at most ($)")
-    ] = None,
+    usd_per_hour: UsdPerHourOption = None,
+    max_hours: MaxHoursOption = None,
+    max_cost: MaxCostOption = None,
+    min_headroom: MinHeadroomOption = None,
+    allow_truncation: AllowTruncationOption = False,
+    across_hardware: Annotated[
+        bool,
+        typer.Option(
+            "--across-hardware",
+            help="compare every study of the same workload (other machines at their own "
+            "prices): the cheapest option and the Pareto front of $ vs hours",
+        ),
+    ] = False,
 ) -> None:
     """Print the recommended (cheapest per run) config of a study, within the constraints."""
-    from sweeper.recommend import Constraints, best
+    from sweeper.recommend import Constraints, best, compare
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
 
+    if across_hardware and usd_per_hour is not None:
+        raise _fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)
+    constraints = Constraints(
+        usd_per_hour=usd_per_hour,
+        max_hours=max_hours,
+        max_cost_usd=max_cost,
+        min_memory_headroom=min_headroom,
+        allow_truncation=allow_truncation,
+    )
     store = Store(resolve_storage(storage))
     try:
         store.migrate()
-        recommendation = best(
-            store,
-            study,
-            Constraints(usd_per_hour=usd_per_hour, max_hours=max_hours, max_cost_usd=max_cost),
+        result = (
+            compare(store, study, constraints)
+            if across_hardware
+            else best(store, study, constraints)
         )
     except SweeperError as e:
         raise _fail(str(e)) from None
     finally:
         store.dispose()
     if as_json:
-        sys.stdout.write(recommendation.model_dump_json(indent=2) + "\n")
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    elif across_hardware:
+        _print_comparison(result)  # type: ignore[arg-type]
     else:
-        _print_recommendation(recommendation)
+        _print_recommendation(result)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -173,19 +214,29 @@ def export(
         str, typer.Option("--format", help="trainer | dataloader | yaml | json")
     ] = "trainer",
     storage: StorageOption = None,
+    max_hours: MaxHoursOption = None,
+    max_cost: MaxCostOption = None,
+    min_headroom: MinHeadroomOption = None,
+    allow_truncation: AllowTruncationOption = False,
 ) -> None:
     """Print the recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
     from sweeper.export import FORMATS, render
-    from sweeper.recommend import best
+    from sweeper.recommend import Constraints, best
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
 
     if fmt not in FORMATS:
         raise _fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
+    constraints = Constraints(
+        max_hours=max_hours,
+        max_cost_usd=max_cost,
+        min_memory_headroom=min_headroom,
+        allow_truncation=allow_truncation,
+    )
     store = Store(resolve_storage(storage))
     try:
         store.migrate()
-        recommendation = best(store, study)
+        recommendation = best(store, study, constraints)
         space_yaml = store.get_study(study).space_yaml
     except SweeperError as e:
         raise _fail(str(e)) from None
@@ -279,7 +330,7 @@ def _describe_dict(config: dict[str, Any]) -> str:
     return (
         f"bs{config['per_device_batch_size']}×ga{config['gradient_accumulation_steps']} "
         f"seq{config['max_seq_length']} {loader} {config['attn_implementation']} "
-        f"compile={config['compile_mode']}"
+        f"compile={config['compile_mode']}" + (" packed" if config.get("packing") else "")
     )
 
 
@@ -333,6 +384,25 @@ def _print_recommendation(rec: Recommendation) -> None:
         f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
         highlight=False,
     )
+    part = rec.projection
+    if part:
+        console.print(
+            f"    training {part['train_hours']:,.2f} h + start-up {part['startup_s']:,.0f} s + "
+            f"compile {part['compile_s']:,.0f} s + {part['checkpoint_saves']} checkpoint saves "
+            f"{part['checkpoint_s']:,.0f} s",
+            highlight=False,
+        )
+    details = []
+    if rec.padding_share is not None:
+        details.append(f"padding {rec.padding_share:.0%} of computed tokens")
+    if rec.truncated_tokens_share is not None:
+        details.append(f"truncates {rec.truncated_tokens_share:.1%} of tokens")
+    if rec.memory_headroom is not None:
+        details.append(f"memory headroom {rec.memory_headroom:.0%}")
+    if rec.measured_on:
+        details.append(f"measured on {rec.measured_on}")
+    if details:
+        console.print("    " + "; ".join(details), highlight=False)
     if rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
         console.print(
             f"  vs baseline (trial #{rec.baseline_trial_number}): "
@@ -341,10 +411,51 @@ def _print_recommendation(rec: Recommendation) -> None:
             f"{rec.speedup_vs_baseline:.2f}× faster, ${rec.usd_saved_per_run:,.2f} saved per run",
             highlight=False,
         )
+    if rec.sweep_cost_usd is not None:
+        payback = (
+            f"; it pays for itself after {rec.payback_runs} run"
+            f"{'s' if rec.payback_runs != 1 else ''}"
+            if rec.payback_runs is not None
+            else ""
+        )
+        console.print(
+            f"  the sweep used {_num(rec.sweep_hours, ',.2f')} h of this machine "
+            f"(${rec.sweep_cost_usd:,.2f}){payback}",
+            highlight=False,
+        )
     if rec.constraints != "no constraint":
         console.print(f"  constraints: {rec.constraints}", highlight=False)
     for warning in rec.warnings:
         console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
+    for note in rec.excluded:
+        console.print(f"  [yellow]left out:[/] {note}", highlight=False)
+
+
+def _print_comparison(comparison: Comparison) -> None:
+    cheapest = comparison.cheapest
+    console.print(
+        f"\n[bold]cheapest[/] across {len(comparison.per_study)} machine(s): "
+        f"{cheapest.hardware_name} (${cheapest.usd_per_hour:.2f}/h, study {cheapest.study}), "
+        f"trial #{cheapest.trial_number}: {_num(cheapest.hours_per_run, ',.1f')} h, "
+        f"[bold]${cheapest.cost_per_run_usd:,.2f}/run[/]",
+        highlight=False,
+    )
+    table = Table(title="Pareto front: no other config is both faster and cheaper")
+    for column in ("machine", "$/h", "study", "trial", "config", "h/run", "$/run"):
+        table.add_column(column)
+    for point in comparison.pareto:
+        table.add_row(
+            point.hardware_name,
+            f"{point.usd_per_hour:.2f}",
+            point.study,
+            str(point.trial_number),
+            _describe_dict(point.config),
+            f"{point.hours_per_run:,.1f}",
+            f"{point.cost_per_run_usd:,.2f}",
+        )
+    console.print(table)
+    for name, why in comparison.unavailable.items():
+        console.print(f"  [yellow]{name}:[/] {why}", highlight=False)
 
 
 if __name__ == "__main__":

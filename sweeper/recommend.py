@@ -1,19 +1,38 @@
-"""The recommendation: the cheapest completed trial of a study, for the CLI and the REST API."""
+"""The decision: which measured config to run, at what price — for the CLI and the REST API.
+
+``choose`` is a pure function of a study's facts and its trial rows:
+
+1. only completed trials with a finite, positive projection count (failed, pruned, running and
+   NaN/inf rows never do); hours per run do not depend on the price, so a new $/h re-prices
+   without a new measurement;
+2. constraints filter: max hours, max $, minimum memory headroom;
+3. the training-semantics guard: a config whose max_seq_length is below the dataset's coverage
+   length (the longest sample, or the space's coverage percentile) truncates, and is left out
+   unless truncation is allowed — the answer then says what it left out and why;
+4. the cheapest per run wins; ties go to the lower trial number;
+5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
+   with what the sweep itself cost (payback in runs).
+
+``compare`` does the same across studies of the same workload on different hardware and
+returns the cheapest option and the Pareto front of $ against hours.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.errors import NoResultError
+from sweeper.errors import NoResultError, SpaceError
+from sweeper.hardware import peak_flops
 from sweeper.store import Store, StudyRow, TrialRow
 
 
 class Recommendation(BaseModel):
-    """The cheapest completed trial of a study; also the REST API's response schema."""
+    """The cheapest eligible trial of a study; also the REST API's response schema."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -29,14 +48,84 @@ class Recommendation(BaseModel):
     cost_per_run_usd: float
     peak_memory_bytes: int | None
     completed_trials: int
+    projection: dict[str, float | int] | None = None  # train hours, one-time seconds
+    measured_on: str | None = None
     truncated_samples_share: float | None = None
+    truncated_tokens_share: float | None = None
+    coverage_length: int | None = None  # tokens a max_seq_length needs to not truncate
+    padding_share: float | None = None  # of the tokens computed, the share that is padding
+    memory_headroom: float | None = None  # 1 - peak ÷ device memory
+    effective_batch: int | None = None
     warnings: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()  # cheaper configs left out, and why
     baseline_trial_number: int | None = None
     baseline_hours_per_run: float | None = None
     baseline_cost_per_run_usd: float | None = None
+    baseline_effective_batch: int | None = None
     speedup_vs_baseline: float | None = None  # baseline hours ÷ recommended hours
     usd_saved_per_run: float | None = None
+    learning_rate: float | None = None  # the space's (the baseline's) learning rate
+    suggested_learning_rate: float | None = None  # scaled to the new effective batch
+    sweep_hours: float | None = None  # machine time the sweep itself used
+    sweep_cost_usd: float | None = None
+    payback_runs: int | None = None  # runs of the job until the sweep has paid for itself
     constraints: str = "no constraint"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Constraints:
+    """What the user can live with; ``usd_per_hour`` re-prices without re-running."""
+
+    usd_per_hour: float | None = None
+    max_hours: float | None = None
+    max_cost_usd: float | None = None
+    min_memory_headroom: float | None = None  # e.g. 0.1: at least 10% of device memory free
+    allow_truncation: bool = False
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_hours is not None:
+            parts.append(f"within {self.max_hours:g} h")
+        if self.max_cost_usd is not None:
+            parts.append(f"at most ${self.max_cost_usd:,.2f}")
+        if self.min_memory_headroom is not None:
+            parts.append(f"at least {self.min_memory_headroom:.0%} memory headroom")
+        return " and ".join(parts) or "no constraint"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyFacts:
+    """What the decision needs to know about a study besides its trials."""
+
+    name: str
+    hardware_name: str
+    usd_per_hour: float
+    baseline: dict[str, Any] | None = None
+    dataset_stats: dict[str, Any] | None = None
+    coverage_percentile: float = 100.0
+    learning_rate: float | None = None
+    sweep_seconds: float = 0.0
+
+    @classmethod
+    def of(cls, row: StudyRow) -> StudyFacts:
+        coverage, learning_rate = 100.0, None
+        try:
+            from sweeper.space import parse_space
+
+            workload = parse_space(row.space_yaml).workload
+            coverage, learning_rate = workload.coverage_percentile, workload.learning_rate
+        except SpaceError:
+            pass  # a study written by another version, or by hand: use the defaults
+        return cls(
+            name=row.name,
+            hardware_name=row.hardware_name,
+            usd_per_hour=row.usd_per_hour,
+            baseline=row.baseline,
+            dataset_stats=row.dataset_stats,
+            coverage_percentile=coverage,
+            learning_rate=learning_rate,
+            sweep_seconds=row.sweep_seconds or 0.0,
+        )
 
 
 def truncation(stats: dict[str, Any] | None, max_seq_length: int) -> tuple[float, float] | None:
@@ -59,112 +148,393 @@ def truncation(stats: dict[str, Any] | None, max_seq_length: int) -> tuple[float
     return samples_share, tokens_share
 
 
-@dataclass(frozen=True, kw_only=True)
-class Constraints:
-    """What the user can live with; ``usd_per_hour`` re-prices without re-running."""
+def coverage_length(stats: dict[str, Any] | None, percentile: float) -> int | None:
+    """Tokens (with EOS) a sequence needs to hold ``percentile`` % of the samples whole.
 
-    usd_per_hour: float | None = None
-    max_hours: float | None = None
-    max_cost_usd: float | None = None
+    >>> coverage_length({"token_percentiles": list(range(101)), "tokens_max": 100}, 99)
+    100
+    >>> coverage_length({"token_percentiles": list(range(101)), "tokens_max": 100}, 100)
+    101
+    """
+    stats = stats or {}
+    points = stats.get("token_percentiles")
+    if not points:
+        return None
+    if percentile >= 100:
+        return int(stats.get("tokens_max", points[-1])) + 1
+    return int(points[min(100, math.ceil(percentile))]) + 1
 
-    def describe(self) -> str:
-        parts = []
-        if self.max_hours is not None:
-            parts.append(f"within {self.max_hours:g} h")
-        if self.max_cost_usd is not None:
-            parts.append(f"at most ${self.max_cost_usd:,.2f}")
-        return " and ".join(parts) or "no constraint"
+
+def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -> tuple[float, str]:
+    """The learning rate for ``new_batch`` and a sentence saying why.
+
+    AdamW's rule of thumb is square-root scaling (Malladi et al., 2022); SGD's is linear
+    (Goyal et al., 2017). Either way it is a starting point to check on the loss curve.
+
+    >>> lr, _ = learning_rate_advice(1e-4, 16, 8)
+    >>> round(lr, 8)
+    7.071e-05
+    """
+    ratio = new_batch / old_batch
+    sqrt_lr, linear_lr = learning_rate * math.sqrt(ratio), learning_rate * ratio
+    return sqrt_lr, (
+        f"effective batch changes from {old_batch} to {new_batch} samples per optimizer step "
+        f"(×{ratio:g}): scale the learning rate from {learning_rate:.3g} to {sqrt_lr:.3g} "
+        f"(square-root rule, AdamW; the linear rule gives {linear_lr:.3g}) and watch the "
+        "loss curve, or fix effective_batch in the space to keep it"
+    )
 
 
 @dataclass(frozen=True)
-class _Priced:
+class _Candidate:
     trial: TrialRow
     hours: float
     cost: float
+    truncated: tuple[float, float] | None  # (samples, tokens) cut, when it truncates at all
+    headroom: float | None
+
+    @property
+    def key(self) -> tuple[float, int]:
+        return (self.cost, self.trial.number)
 
 
-def _priced(trials: list[TrialRow], usd_per_hour: float) -> list[_Priced]:
-    """Completed trials with a finite projection, re-priced at ``usd_per_hour``.
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
-    Hours per run do not depend on the price, so a new price needs no new measurement.
-    """
-    priced = []
+
+def _candidates(facts: StudyFacts, trials: Iterable[TrialRow], price: float) -> list[_Candidate]:
+    """Completed trials with a usable projection, re-priced at ``price``."""
+    cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
+    out = []
     for t in trials:
         hours = t.hours_per_run
-        if t.state != "complete" or t.samples_per_s is None or hours is None:
+        if t.state != "complete" or not _finite(t.samples_per_s) or not _finite(hours):
             continue
-        if not math.isfinite(hours) or hours <= 0:
+        assert hours is not None and t.samples_per_s is not None
+        if hours <= 0 or t.samples_per_s <= 0:
             continue
-        priced.append(_Priced(t, hours, hours * usd_per_hour))
-    return priced
+        seq = t.config.get("max_seq_length")
+        truncated = None
+        if not t.config.get("packing") and isinstance(seq, int):
+            cut = truncation(facts.dataset_stats, seq)
+            if cover is not None and seq < cover:
+                truncated = cut or (math.nan, math.nan)
+        headroom = None
+        if (
+            _finite(t.peak_memory_bytes)
+            and t.device_memory_bytes
+            and t.device_memory_bytes > 0
+            and t.peak_memory_bytes is not None
+        ):
+            headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
+        out.append(_Candidate(t, hours, hours * price, truncated, headroom))
+    return out
 
 
-def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
-    """The cheapest completed trial that meets ``constraints``, compared with the baseline.
+def _meets(c: _Candidate, constraints: Constraints) -> bool:
+    if constraints.max_hours is not None and c.hours > constraints.max_hours:
+        return False
+    if constraints.max_cost_usd is not None and c.cost > constraints.max_cost_usd:
+        return False
+    floor = constraints.min_memory_headroom
+    return floor is None or (c.headroom is not None and c.headroom >= floor)
 
-    Raises NoResultError when no completed trial (or none within the constraints) exists.
-    """
-    constraints = constraints or Constraints()
-    study_row: StudyRow = store.get_study(study)
-    price = constraints.usd_per_hour or study_row.usd_per_hour
-    priced = _priced(store.list_trials(study, states=["complete"]), price)
-    if not priced:
-        raise NoResultError(f"study {study!r} has no completed trial yet")
-    allowed = [
-        p
-        for p in priced
-        if (constraints.max_hours is None or p.hours <= constraints.max_hours)
-        and (constraints.max_cost_usd is None or p.cost <= constraints.max_cost_usd)
-    ]
-    if not allowed:
-        fastest = min(priced, key=lambda p: p.hours)
-        cheapest = min(priced, key=lambda p: p.cost)
+
+def _describe(config: dict[str, Any]) -> str:
+    return (
+        f"bs{config.get('per_device_batch_size')}×ga{config.get('gradient_accumulation_steps')} "
+        f"seq{config.get('max_seq_length')}"
+    )
+
+
+def _eligible(
+    facts: StudyFacts, candidates: list[_Candidate], constraints: Constraints, price: float
+) -> tuple[list[_Candidate], list[str]]:
+    """Candidates the answer may pick, and sentences about cheaper ones it had to leave out."""
+    meets = [c for c in candidates if _meets(c, constraints)]
+    if not meets:
+        fastest = min(candidates, key=lambda c: (c.hours, c.trial.number))
+        cheapest = min(candidates, key=lambda c: c.key)
         raise NoResultError(
-            f"no completed trial of {study!r} meets {constraints.describe()} at "
+            f"no completed trial of {facts.name!r} meets {constraints.describe()} at "
             f"${price:.2f}/h: the fastest takes {fastest.hours:,.1f} h, the cheapest costs "
             f"${cheapest.cost:,.2f}"
         )
-    # cheapest first; ties go to the earlier trial, so the order is deterministic
-    winner = min(allowed, key=lambda p: (p.cost, p.trial.number))
-    baseline = _baseline(study_row, priced)
-    warnings: list[str] = []
-    max_seq_length = winner.trial.config.get("max_seq_length")
-    cut = None if max_seq_length is None else truncation(study_row.dataset_stats, max_seq_length)
-    if cut is not None and cut[0] > 0:
-        # the full guard (never recommend silently, coverage percentile) is issue 4's
-        warnings.append(
-            f"max_seq_length {max_seq_length} truncates about "
-            f"{cut[0]:.0%} of samples ({cut[1]:.0%} of tokens) of this dataset: it is cheaper "
-            "partly because it trains on less text"
+    if constraints.allow_truncation:
+        return meets, []
+    whole = [c for c in meets if c.truncated is None]
+    cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
+    if not whole:
+        cheapest = min(meets, key=lambda c: c.key)
+        raise NoResultError(
+            f"every completed trial of {facts.name!r} that meets {constraints.describe()} "
+            f"truncates the data (the cheapest, trial #{cheapest.trial.number} with "
+            f"max_seq_length {cheapest.trial.config.get('max_seq_length')}, needs {cover} "
+            f"tokens to cover {facts.coverage_percentile:g}% of samples): add a longer "
+            "max_seq_length or packing: [false, true] to the space, lower "
+            "workload.coverage_percentile, or allow truncation (--allow-truncation)"
         )
+    best_whole = min(whole, key=lambda c: c.key)
+    notes = []
+    for c in sorted(meets, key=lambda c: c.key):
+        if c.key >= best_whole.key:
+            break
+        if c.truncated is None:
+            continue
+        share = c.truncated[1]
+        notes.append(
+            f"trial #{c.trial.number} ({_describe(c.trial.config)}) costs ${c.cost:,.2f} but "
+            f"truncates {'some' if math.isnan(share) else f'{share:.1%} of the'} tokens (it "
+            f"needs {cover} tokens for {facts.coverage_percentile:g}% of samples): left out; "
+            "allow truncation to consider it"
+        )
+    return whole, notes
+
+
+def choose(
+    facts: StudyFacts, trials: Sequence[TrialRow], constraints: Constraints | None = None
+) -> Recommendation:
+    """The cheapest eligible trial, compared with the baseline; see the module docstring.
+
+    Raises NoResultError when nothing is eligible, saying what the closest trials would take.
+    """
+    constraints = constraints or Constraints()
+    price = constraints.usd_per_hour or facts.usd_per_hour
+    candidates = _candidates(facts, trials, price)
+    if not candidates:
+        raise NoResultError(f"study {facts.name!r} has no completed trial yet")
+    eligible, excluded = _eligible(facts, candidates, constraints, price)
+    winner = min(eligible, key=lambda c: c.key)
     t = winner.trial
+    config = dict(t.config)
+    effective_batch = _effective_batch(config)
+    warnings: list[str] = []
+    if winner.truncated is not None:
+        share = winner.truncated[1]
+        warnings.append(
+            f"max_seq_length {config.get('max_seq_length')} truncates "
+            f"{'some' if math.isnan(share) else f'{share:.1%} of the'} tokens of this dataset "
+            "(allowed by request): it is cheaper partly because it trains on less text"
+        )
+    mismatch = _device_mismatch(facts.hardware_name, t.device_name)
+    if mismatch:
+        warnings.append(mismatch)
+
+    baseline = _baseline(facts, candidates)
+    baseline_batch = suggested_lr = None
+    if baseline is not None:
+        baseline_batch = _effective_batch(baseline.trial.config)
+        if (
+            baseline_batch is not None
+            and effective_batch is not None
+            and baseline_batch != effective_batch
+            and facts.learning_rate is not None
+        ):
+            suggested_lr, advice = learning_rate_advice(
+                facts.learning_rate, baseline_batch, effective_batch
+            )
+            warnings.append(advice)
+    saved = None if baseline is None else baseline.cost - winner.cost
+    sweep_hours = facts.sweep_seconds / 3600 if facts.sweep_seconds > 0 else None
+    sweep_cost = None if sweep_hours is None else sweep_hours * price
+    payback = None
+    if sweep_cost is not None and saved is not None and saved > 0:
+        payback = max(1, math.ceil(sweep_cost / saved))
+    padding = None
+    if _finite(t.tokens_per_s) and t.padded_tokens_per_s:
+        padding = max(0.0, 1 - (t.tokens_per_s or 0.0) / t.padded_tokens_per_s)
     assert t.samples_per_s is not None
     return Recommendation(
-        study=study,
-        hardware_name=study_row.hardware_name,
+        study=facts.name,
+        hardware_name=facts.hardware_name,
         usd_per_hour=price,
         trial_number=t.number,
-        config=dict(t.config),
+        config=config,
         it_per_s=t.it_per_s,
         samples_per_s=t.samples_per_s,
         tokens_per_s=t.tokens_per_s,
         hours_per_run=winner.hours,
         cost_per_run_usd=winner.cost,
         peak_memory_bytes=t.peak_memory_bytes,
-        completed_trials=len(priced),
-        truncated_samples_share=None if cut is None else cut[0],
+        completed_trials=len(candidates),
+        projection=t.projection,
+        measured_on=t.device_name,
+        truncated_samples_share=_share(facts, config, 0),
+        truncated_tokens_share=_share(facts, config, 1),
+        coverage_length=coverage_length(facts.dataset_stats, facts.coverage_percentile),
+        padding_share=padding,
+        memory_headroom=winner.headroom,
+        effective_batch=effective_batch,
         warnings=tuple(warnings),
+        excluded=tuple(excluded),
         baseline_trial_number=None if baseline is None else baseline.trial.number,
         baseline_hours_per_run=None if baseline is None else baseline.hours,
         baseline_cost_per_run_usd=None if baseline is None else baseline.cost,
+        baseline_effective_batch=baseline_batch,
         speedup_vs_baseline=None if baseline is None else baseline.hours / winner.hours,
-        usd_saved_per_run=None if baseline is None else baseline.cost - winner.cost,
-        constraints=constraints.describe(),
+        usd_saved_per_run=saved,
+        learning_rate=facts.learning_rate,
+        suggested_learning_rate=suggested_lr,
+        sweep_hours=sweep_hours,
+        sweep_cost_usd=sweep_cost,
+        payback_runs=payback,
+        constraints=constraints.describe()
+        + (" (truncation allowed)" if constraints.allow_truncation else ""),
     )
 
 
-def _baseline(study_row: StudyRow, priced: list[_Priced]) -> _Priced | None:
-    if not study_row.baseline:
+def _effective_batch(config: dict[str, Any]) -> int | None:
+    batch, accumulation = (
+        config.get("per_device_batch_size"),
+        config.get("gradient_accumulation_steps"),
+    )
+    if isinstance(batch, int) and isinstance(accumulation, int):
+        return batch * accumulation
+    return None
+
+
+def _share(facts: StudyFacts, config: dict[str, Any], index: int) -> float | None:
+    if config.get("packing"):
+        return 0.0  # packed blocks continue a long sample instead of cutting it
+    seq = config.get("max_seq_length")
+    cut = None if not isinstance(seq, int) else truncation(facts.dataset_stats, seq)
+    return None if cut is None else cut[index]
+
+
+def _device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
+    """A warning when the study is priced as one accelerator but was measured on another."""
+    if not device_name:
         return None
-    matches = [p for p in priced if p.trial.config == study_row.baseline]
-    return min(matches, key=lambda p: p.trial.number) if matches else None
+    priced, measured = peak_flops(hardware_name), peak_flops(device_name)
+    if priced is not None and (measured is None or measured.name != priced.name):
+        return (
+            f"priced as {hardware_name} but measured on {device_name}: the hours are that "
+            f"machine's, not a {priced.name}'s"
+        )
+    return None
+
+
+def _baseline(facts: StudyFacts, candidates: list[_Candidate]) -> _Candidate | None:
+    if not facts.baseline:
+        return None
+    # configs stored before a knob existed lack it; compare on the baseline's own keys
+    matches = [
+        c
+        for c in candidates
+        if all(c.trial.config.get(k, False) == v for k, v in facts.baseline.items())
+    ]
+    return min(matches, key=lambda c: c.trial.number) if matches else None
+
+
+def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
+    """The recommendation for ``study`` from the store (see ``choose``)."""
+    facts = StudyFacts.of(store.get_study(study))
+    return choose(facts, store.list_trials(study, states=["complete"]), constraints)
+
+
+# ------------------------------------------------------------------ across hardware
+
+
+class ParetoPoint(BaseModel):
+    """A config no other beats on both hours and $ per run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    study: str
+    hardware_name: str
+    usd_per_hour: float
+    trial_number: int
+    config: dict[str, Any]
+    hours_per_run: float
+    cost_per_run_usd: float
+
+
+class Comparison(BaseModel):
+    """The same job on several machines: the cheapest option, each study's best, the front."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workload_hash: str | None
+    cheapest: Recommendation
+    fastest: ParetoPoint
+    per_study: list[Recommendation]
+    unavailable: dict[str, str]  # study → why it has no recommendation
+    pareto: list[ParetoPoint]  # by hours, ascending (so by $, descending)
+    constraints: str
+
+
+def pareto_front(points: Iterable[ParetoPoint]) -> list[ParetoPoint]:
+    """Points not dominated on (hours, $); equal points keep the first study/trial.
+
+    >>> p = lambda n, h, c: ParetoPoint(study="s", hardware_name="h", usd_per_hour=1,
+    ...     trial_number=n, config={}, hours_per_run=h, cost_per_run_usd=c)
+    >>> [q.trial_number for q in pareto_front([p(0, 10, 5), p(1, 8, 6), p(2, 9, 7), p(3, 12, 4)])]
+    [1, 0, 3]
+    """
+    ordered = sorted(
+        points, key=lambda q: (q.hours_per_run, q.cost_per_run_usd, q.study, q.trial_number)
+    )
+    front: list[ParetoPoint] = []
+    for point in ordered:
+        if not front or point.cost_per_run_usd < front[-1].cost_per_run_usd:
+            front.append(point)
+    return front
+
+
+def compare(store: Store, study: str, constraints: Constraints | None = None) -> Comparison:
+    """Every study pricing the same workload as ``study`` (e.g. H100, A100, RTX 4090 at their
+    own prices): the cheapest option under the constraints and the Pareto front of $ vs hours.
+
+    ``constraints.usd_per_hour`` is ignored here: each machine keeps its own price.
+    """
+    constraints = constraints or Constraints()
+    per_study_constraints = Constraints(
+        max_hours=constraints.max_hours,
+        max_cost_usd=constraints.max_cost_usd,
+        min_memory_headroom=constraints.min_memory_headroom,
+        allow_truncation=constraints.allow_truncation,
+    )
+    anchor = store.get_study(study)
+    rows = [anchor]
+    if anchor.workload_hash:
+        rows = store.studies_of_workload(anchor.workload_hash)
+    recommendations: list[Recommendation] = []
+    unavailable: dict[str, str] = {}
+    points: list[ParetoPoint] = []
+    for row in rows:
+        facts = StudyFacts.of(row)
+        trials = store.list_trials(row.name, states=["complete"])
+        try:
+            recommendations.append(choose(facts, trials, per_study_constraints))
+        except NoResultError as e:
+            unavailable[row.name] = str(e)
+            continue
+        candidates = _candidates(facts, trials, facts.usd_per_hour)
+        eligible, _ = _eligible(facts, candidates, per_study_constraints, facts.usd_per_hour)
+        points += [
+            ParetoPoint(
+                study=row.name,
+                hardware_name=row.hardware_name,
+                usd_per_hour=row.usd_per_hour,
+                trial_number=c.trial.number,
+                config=dict(c.trial.config),
+                hours_per_run=c.hours,
+                cost_per_run_usd=c.cost,
+            )
+            for c in eligible
+        ]
+    if not recommendations:
+        raise NoResultError(
+            "no study of this workload has an eligible trial: "
+            + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+        )
+    front = pareto_front(points)
+    return Comparison(
+        workload_hash=anchor.workload_hash,
+        cheapest=min(recommendations, key=lambda r: (r.cost_per_run_usd, r.study)),
+        fastest=front[0],
+        per_study=recommendations,
+        unavailable=unavailable,
+        pareto=front,
+        constraints=per_study_constraints.describe(),
+    )

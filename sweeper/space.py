@@ -100,6 +100,9 @@ class GeneratedCorpus(_Frozen):
     samples: int = Field(ge=16)
     median_chars: int = Field(default=1200, ge=16)
     sigma: float = Field(default=0.8, ge=0, le=3, description="log-normal spread of lengths")
+    max_chars: int | None = Field(
+        default=None, ge=16, description="clip samples to this length (a dataset's own cap)"
+    )
     seed: int = 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import PlainTextResponse
 
 from api.deps import StoreDep
@@ -95,26 +95,55 @@ def get_trial(name: str, number: int, store: StoreDep) -> TrialDetail:
     return TrialDetail.model_validate(trial)
 
 
-@router.get(
-    "/{name}/best",
-    response_model=BestConfig,
-    responses={409: {"description": "no completed trial yet, or none meets the constraints"}},
-)
-def get_best(
-    name: str,
-    store: StoreDep,
+def _constraints(
     usd_per_hour: Annotated[
         float | None, Query(gt=0, description="re-price at this $/h (no new measurement)")
     ] = None,
     max_hours: Annotated[float | None, Query(gt=0, description="deadline for the run")] = None,
     max_cost_usd: Annotated[float | None, Query(gt=0, description="budget for the run")] = None,
-) -> BestConfig:
-    """The recommended config: the cheapest completed trial ($/run) within the constraints,
-    ties to the earlier one, compared with the space's baseline."""
-    constraints = recommend.Constraints(
-        usd_per_hour=usd_per_hour, max_hours=max_hours, max_cost_usd=max_cost_usd
+    min_memory_headroom: Annotated[
+        float | None,
+        Query(ge=0, lt=1, description="share of device memory that must stay free at peak"),
+    ] = None,
+    allow_truncation: Annotated[
+        bool, Query(description="consider configs whose max_seq_length truncates the data")
+    ] = False,
+) -> recommend.Constraints:
+    return recommend.Constraints(
+        usd_per_hour=usd_per_hour,
+        max_hours=max_hours,
+        max_cost_usd=max_cost_usd,
+        min_memory_headroom=min_memory_headroom,
+        allow_truncation=allow_truncation,
     )
+
+
+ConstraintsDep = Annotated[recommend.Constraints, Depends(_constraints)]
+
+
+@router.get(
+    "/{name}/best",
+    response_model=BestConfig,
+    responses={409: {"description": "no completed trial yet, or none meets the constraints"}},
+)
+def get_best(name: str, store: StoreDep, constraints: ConstraintsDep) -> BestConfig:
+    """The recommended config: the cheapest completed trial ($/run) within the constraints
+    that does not truncate the data (unless allowed), ties to the earlier one, compared with
+    the space's baseline and with what the sweep cost."""
     return BestConfig.model_validate(recommend.best(store, name, constraints))
+
+
+@router.get(
+    "/{name}/compare",
+    response_model=recommend.Comparison,
+    responses={409: {"description": "no study of this workload has an eligible trial"}},
+)
+def compare_hardware(
+    name: str, store: StoreDep, constraints: ConstraintsDep
+) -> recommend.Comparison:
+    """Every study of the same workload (other hardware at its own price): the cheapest
+    option and the Pareto front of $ against hours. ``usd_per_hour`` is ignored here."""
+    return recommend.compare(store, name, constraints)
 
 
 @router.get(

@@ -136,7 +136,8 @@ def generate_corpus(spec: GeneratedCorpus, text_field: str, out_dir: Path) -> Pa
     partial = path.with_suffix(f".{os.getpid()}.partial")
     with partial.open("w", encoding="utf-8") as f:
         for _ in range(spec.samples):
-            length = int(min(max(rng.lognormvariate(mu, spec.sigma), 16), 64 * spec.median_chars))
+            cap = spec.max_chars or 64 * spec.median_chars
+            length = int(min(max(rng.lognormvariate(mu, spec.sigma), 16), cap))
             start = source.find("\n", rng.randrange(0, max(1, len(source) - length))) + 1
             f.write(json.dumps({text_field: source[start : start + length]}) + "\n")
     partial.replace(path)  # atomic: a concurrent prepare never sees half a file
