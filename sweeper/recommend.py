@@ -285,8 +285,8 @@ def _eligible(
         notes.append(
             f"trial #{c.trial.number} ({_describe(c.trial.config)}) costs ${c.cost:,.2f} but "
             f"truncates {'some' if math.isnan(share) else f'{share:.1%} of the'} tokens (it "
-            f"needs {cover} tokens for {facts.coverage_percentile:g}% of samples): left out; "
-            "allow truncation to consider it"
+            f"needs {cover} tokens for {facts.coverage_percentile:g}% of samples); allow "
+            "truncation to consider it"
         )
     return whole, notes
 
@@ -531,7 +531,9 @@ def compare(store: Store, study: str, constraints: Constraints | None = None) ->
     front = pareto_front(points)
     return Comparison(
         workload_hash=anchor.workload_hash,
-        cheapest=min(recommendations, key=lambda r: (r.cost_per_run_usd, r.study)),
+        cheapest=min(
+            recommendations, key=lambda r: (r.cost_per_run_usd, r.hours_per_run or 0.0, r.study)
+        ),
         fastest=front[0],
         per_study=recommendations,
         unavailable=unavailable,

@@ -93,3 +93,182 @@ def test_baseline_must_be_in_the_search_space() -> None:
     )
     with pytest.raises(SpaceError, match=r"baseline.per_device_batch_size = 3 is not among"):
         parse_space(text, source="tiny.yaml")
+
+
+# ------------------------------------------------------------------ training-semantics guards
+
+# token lengths of a dataset whose longest sample is 1480 tokens (+ EOS: 1481), p99 999
+STATS = {"token_percentiles": [10 * q for q in range(100)] + [1480], "tokens_max": 1480}
+
+
+def _space_yaml(**workload: object) -> str:
+    """The tiny space's text with extra workload keys (coverage, learning rate)."""
+    lines = "".join(f"  {key}: {value}\n" for key, value in workload.items())
+    return TINY_SPACE.read_text().replace("  samples: 10000\n", f"  samples: 10000\n{lines}")
+
+
+def _finish(store: Store, study: str, number: int, config: dict, hours: float, **extra) -> None:
+    store.start_trial(study, number, config)
+    store.finish_trial(
+        study,
+        number,
+        "complete",
+        samples_per_s=SAMPLES / hours / 3600,
+        hours_per_run=hours,
+        cost_per_run_usd=hours * 2.5,
+        **extra,
+    )
+
+
+def _seq(batch: int, accumulation: int, seq: int, packing: bool = False) -> dict:
+    return tiny_config(
+        per_device_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
+        max_seq_length=seq,
+        packing=packing,
+    ).model_dump()
+
+
+@pytest.fixture
+def guarded(sqlite_url: str) -> Store:
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study(
+        "guard",
+        **(
+            STUDY_FIELDS
+            | {
+                "baseline": _seq(2, 8, 2048),
+                "dataset_stats": STATS,
+                "space_yaml": _space_yaml(learning_rate=0.0002),
+            }
+        ),
+    )
+    _finish(store, "guard", 0, _seq(2, 8, 2048), 38.0)  # the baseline: pads to 2048
+    _finish(store, "guard", 1, _seq(4, 2, 1024), 12.0)  # the cheapest, but cuts long samples
+    _finish(store, "guard", 2, _seq(4, 2, 1536), 16.0)  # holds every sample
+    _finish(store, "guard", 3, _seq(4, 2, 512, packing=True), 14.0)  # packed: cuts nothing
+    yield store
+    store.dispose()
+
+
+def test_a_truncating_config_is_never_recommended_silently(guarded: Store) -> None:
+    r = best(guarded, "guard")
+    assert r.trial_number == 3 and r.truncated_tokens_share == 0.0  # packed
+    assert r.coverage_length == 1481
+    assert len(r.excluded) == 1 and r.excluded[0].startswith("trial #1 (bs4×ga2 seq1024)")
+    assert "truncates" in r.excluded[0] and "needs 1481 tokens" in r.excluded[0]
+    allowed = best(guarded, "guard", Constraints(allow_truncation=True))
+    assert allowed.trial_number == 1 and allowed.excluded == ()
+    assert allowed.truncated_tokens_share and allowed.truncated_tokens_share > 0
+    assert any("truncates" in w and "allowed by request" in w for w in allowed.warnings)
+
+
+def test_coverage_percentile_from_the_space(guarded: Store) -> None:
+    # 99%: 1024 holds p99 (990 + EOS), so it is no longer truncating in the guard's sense
+    guarded.upsert_study("guard", space_yaml=_space_yaml(coverage_percentile=99))
+    r = best(guarded, "guard")
+    assert r.trial_number == 1 and r.coverage_length == 991 and r.excluded == ()
+    assert r.truncated_tokens_share and r.truncated_tokens_share > 0  # still reported
+
+
+def test_only_truncating_configs_is_an_error_that_says_what_to_do(guarded: Store) -> None:
+    trials = guarded.list_trials("guard")
+    for t in trials:
+        if t.number != 1:
+            guarded.finish_trial("guard", t.number, "failed", failure_kind="oom")
+    with pytest.raises(NoResultError, match=r"truncates the data .* add a longer max_seq_length"):
+        best(guarded, "guard")
+
+
+def test_effective_batch_change_comes_with_learning_rate_advice(guarded: Store) -> None:
+    r = best(guarded, "guard")
+    assert (r.baseline_effective_batch, r.effective_batch) == (16, 8)
+    assert r.learning_rate == 0.0002
+    assert r.suggested_learning_rate == pytest.approx(0.0002 * (8 / 16) ** 0.5)
+    advice = [w for w in r.warnings if "effective batch changes from 16 to 8" in w]
+    assert len(advice) == 1 and "0.000141" in advice[0] and "linear rule gives 0.0001" in advice[0]
+
+
+def test_same_effective_batch_needs_no_advice(store: Store) -> None:
+    # the seed fixture: baseline 2×8 = 16; the winner 8×1 = 8 … so restrict to 16s
+    _finish(store, "seed", 9, _config(4, 4), 1.0)
+    r = best(store, "seed")
+    assert r.trial_number == 9 and r.effective_batch == 16 and r.suggested_learning_rate is None
+    assert not any("effective batch" in w for w in r.warnings)
+
+
+def test_memory_headroom_constraint(guarded: Store) -> None:
+    gib = 1 << 30
+    guarded.finish_trial("guard", 3, "complete", peak_memory_bytes=78 * gib)
+    guarded.finish_trial("guard", 2, "complete", peak_memory_bytes=60 * gib)
+    for number in (0, 1, 2, 3):
+        guarded.finish_trial("guard", number, "complete", device_memory_bytes=80 * gib)
+    assert best(guarded, "guard").memory_headroom == pytest.approx(2 / 80)
+    roomy = best(guarded, "guard", Constraints(min_memory_headroom=0.1))
+    assert roomy.trial_number == 2 and roomy.memory_headroom == pytest.approx(0.25)
+    assert roomy.constraints == "at least 10% memory headroom"
+
+
+def test_sweep_cost_and_payback(guarded: Store) -> None:
+    guarded.add_sweep_seconds("guard", 3 * 3600)  # three hours of the H100: $7.50
+    r = best(guarded, "guard")
+    assert r.sweep_hours == pytest.approx(3) and r.sweep_cost_usd == pytest.approx(7.5)
+    assert r.usd_saved_per_run == pytest.approx((38 - 14) * 2.5)  # $60 a run
+    assert r.payback_runs == 1
+    guarded.add_sweep_seconds("guard", 30 * 3600)  # 33 h: $82.50, more than one run saves
+    assert best(guarded, "guard").payback_runs == 2
+
+
+def test_priced_as_one_machine_measured_on_another(guarded: Store) -> None:
+    guarded.finish_trial("guard", 3, "complete", device_name="AMD EPYC 9B14")
+    r = best(guarded, "guard")
+    assert r.measured_on == "AMD EPYC 9B14"
+    assert any("priced as H100 SXM 80GB but measured on AMD EPYC" in w for w in r.warnings)
+    guarded.finish_trial("guard", 3, "complete", device_name="NVIDIA H100 80GB HBM3")
+    assert not any("priced as" in w for w in best(guarded, "guard").warnings)
+
+
+# ------------------------------------------------------------------ across hardware
+
+
+def _machine(store: Store, study: str, name: str, price: float, hours: list[float]) -> None:
+    store.upsert_study(
+        study,
+        **(
+            STUDY_FIELDS
+            | {"hardware_name": name, "usd_per_hour": price, "workload_hash": "job-000"}
+        ),
+    )
+    for number, h in enumerate(hours):
+        store.start_trial(study, number, _config(2 ** (number % 4), 1))
+        store.finish_trial(
+            study,
+            number,
+            "complete",
+            samples_per_s=SAMPLES / h / 3600,
+            hours_per_run=h,
+            cost_per_run_usd=h * price,
+        )
+
+
+def test_cheapest_and_pareto_front_across_hardware(sqlite_url: str) -> None:
+    from sweeper.recommend import compare
+
+    store = Store(sqlite_url)
+    store.migrate()
+    _machine(store, "h100", "H100 SXM 80GB", 2.50, [20.0, 16.0])  # $50, $40
+    _machine(store, "a100", "A100 80GB", 1.20, [40.0, 30.0])  # $48, $36
+    _machine(store, "4090", "RTX 4090", 0.40, [95.0, 150.0])  # $38, $60
+    _machine(store, "other", "H100 SXM 80GB", 1.0, [1.0])  # another job: never compared
+    store.upsert_study("other", workload_hash="job-001")
+    result = compare(store, "h100")
+    assert [r.study for r in result.per_study] == ["h100", "a100", "4090"]
+    assert result.cheapest.study == "a100"
+    assert result.cheapest.cost_per_run_usd == pytest.approx(36)
+    front = [(p.study, p.hours_per_run, p.cost_per_run_usd) for p in result.pareto]
+    assert front == [("h100", 16.0, 40.0), ("a100", 30.0, 36.0)]
+    assert result.fastest.study == "h100"
+    within = compare(store, "4090", Constraints(max_hours=20))
+    assert within.cheapest.study == "h100" and set(within.unavailable) == {"a100", "4090"}
+    store.dispose()

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
 import optuna
 import pytest
 
 from sweeper.errors import SpaceError
-from sweeper.space import TrialConfig, load_space, parse_space, suggest
-from tests.helpers import REPO, TINY_SPACE
+from sweeper.space import TrialConfig, load_space, optuna_params, parse_space, suggest
+from tests.helpers import REPO, TINY_SPACE, tiny_config, tiny_space_without_baseline
 
 
-@pytest.mark.parametrize("name", ["cpu-demo.yaml", "h100.yaml"])
+@pytest.mark.parametrize("name", ["cpu-demo.yaml", "h100.yaml", "seed-000.yaml", "seed-001.yaml"])
 def test_shipped_spaces_load(name: str) -> None:
     space = load_space(REPO / "spaces" / name)
     assert space.budget.n_trials > 0
@@ -110,3 +112,80 @@ def test_readme_example_space_is_valid() -> None:
     example = readme[readme.index("study: my-finetune") :]
     space = parse_space(example[: example.index("```")], source="README.md")
     assert space.baseline is not None and space.workload.tokenize == "on_the_fly"
+
+
+GA = "  gradient_accumulation_steps: [1, 2]\n"
+
+
+def _search(extra: str, accumulation: str = GA) -> str:
+    """The tiny space with ``extra`` search keys and ``accumulation`` as its GA line."""
+    text = tiny_space_without_baseline().replace(GA, accumulation)
+    return text.replace("search:\n", "search:\n" + extra)
+
+
+def test_fixed_effective_batch_derives_accumulation() -> None:
+    space = parse_space(_search("  effective_batch: {fixed: 8}\n", accumulation=""))
+    grid = list(space.search.grid())
+    assert {(c.per_device_batch_size, c.gradient_accumulation_steps) for c in grid} == {
+        (2, 4),
+        (4, 2),
+    }
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(10):
+        trial = study.ask()
+        config = suggest(trial, space.search)
+        assert config.effective_batch == 8 and "gradient_accumulation_steps" not in trial.params
+        assert optuna_params(config, space.search) == trial.params
+        study.tell(trial, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("extra", "accumulation", "expected"),
+    [
+        (
+            "  effective_batch: {fixed: 8}\n",
+            GA,
+            "gradient_accumulation_steps is derived from effective_batch.fixed",
+        ),
+        (
+            "  effective_batch: {fixed: 6}\n",
+            "",
+            "fixed 6 is not a multiple of per_device_batch_size [4]",
+        ),
+        ("", "", "gradient_accumulation_steps: required key is missing"),
+        ("  effective_batch: {min: 64}\n", GA, "no batch × accumulation of the space"),
+        ("  effective_batch: {min: 8, max: 4}\n", GA, "min 8 exceeds max 4"),
+        ("  effective_batch: {fixed: 8, max: 8}\n", "", "set either 'fixed' or 'min'/'max'"),
+    ],
+)
+def test_effective_batch_mistakes(extra: str, accumulation: str, expected: str) -> None:
+    with pytest.raises(SpaceError, match=re.escape(expected)):
+        parse_space(_search(extra, accumulation=accumulation), source="s.yaml")
+
+
+def test_bounded_effective_batch_keeps_configs_inside() -> None:
+    space = parse_space(_search("  effective_batch: {min: 4, max: 4}\n"))
+    assert {c.effective_batch for c in space.search.grid()} == {4}
+    outside = tiny_config(per_device_batch_size=4, gradient_accumulation_steps=2)
+    assert space.search.admits(outside) == "effective batch 8 is not within [4, 4]"
+
+
+def test_also_try_must_be_in_the_space() -> None:
+    text = TINY_SPACE.read_text() + (
+        "also_try:\n  - per_device_batch_size: 4\n    gradient_accumulation_steps: 1\n"
+        "    num_workers: 0\n    max_seq_length: 128\n"
+    )
+    with pytest.raises(SpaceError, match=r"also_try\[0\]\.max_seq_length = 128 is not among"):
+        parse_space(text, source="s.yaml")
+    space = parse_space(text.replace("max_seq_length: 128", "max_seq_length: 64"))
+    assert [c.per_device_batch_size for c in space.known_configs()] == [2, 4]
+
+
+def test_workload_hash_ignores_hardware_and_price() -> None:
+    text = TINY_SPACE.read_text()
+    a = parse_space(text)
+    b = parse_space(
+        text.replace("usd_per_hour: 0.10", "usd_per_hour: 3.0").replace("name: CPU", "name: H100")
+    )
+    c = parse_space(text.replace("epochs: 1", "epochs: 2"))
+    assert a.workload_hash() == b.workload_hash() != c.workload_hash()

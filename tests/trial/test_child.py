@@ -63,6 +63,39 @@ def test_child_trains_and_measures(
     assert env["dataset_hash"] == tiny_prepared.dataset_hash
     assert len(env["model_config_hash"]) == 16
     assert m["n_params"] > 100_000
+    # one real checkpoint (safetensors weights + AdamW's two moments), timed, then deleted
+    assert m["checkpoint_save_s"] > 0
+    assert m["checkpoint_bytes"] > 3 * 4 * m["n_params"] * 0.95
+    assert not any((cache_dir / "checkpoints").iterdir())
+    assert m["startup_s"] > 0 and m["device_memory_bytes"] > m["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_packed_trial_has_no_padding_and_counts_samples_by_tokens(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, workers: int
+) -> None:
+    config = tiny_config(packing=True, num_workers=workers, prefetch_factor=2 if workers else None)
+    run = _run(tiny_space, tiny_prepared, cache_dir, config)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    m = run.result.payload
+    assert m is not None and m["packing"] is True
+    assert m["padding_share"] == 0.0
+    assert m["tokens_per_s"] == pytest.approx(m["padded_tokens_per_s"])
+    assert m["padded_tokens_per_s"] == pytest.approx(m["rows_per_s"] * config.max_seq_length)
+    assert m["samples_per_s"] == pytest.approx(m["tokens_per_s"] / tiny_prepared.tokens_per_sample)
+
+
+def test_unwritable_checkpoint_dir_is_a_clear_failure(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    checkpoint = tiny_space.workload.checkpoint.model_copy(update={"dir": str(blocker)})
+    workload = tiny_space.workload.model_copy(update={"checkpoint": checkpoint})
+    space = tiny_space.model_copy(update={"workload": workload})
+    run = _run(space, tiny_prepared, cache_dir, tiny_config())
+    assert run.result.status == "failed" and run.result.failure_kind == "error"
+    assert "workload.checkpoint.dir: cannot write a checkpoint under" in run.result.failure_message
 
 
 def test_unimportable_attention_is_classified_unsupported(
