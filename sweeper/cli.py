@@ -100,6 +100,8 @@ def launch(
     )
     if report.best is not None:
         _print_recommendation(report.best)
+    elif report.no_best_reason:
+        console.print(f"\n[yellow]no recommendation:[/] {report.no_best_reason}", highlight=False)
 
 
 @app.command()
@@ -324,13 +326,15 @@ def _describe(config: TrialConfig) -> str:
 
 
 def _describe_dict(config: dict[str, Any]) -> str:
-    loader = f"w{config['num_workers']}"
+    loader = f"w{config.get('num_workers', '?')}"
     if config.get("prefetch_factor"):
         loader += f"/pf{config['prefetch_factor']}"
     return (
-        f"bs{config['per_device_batch_size']}×ga{config['gradient_accumulation_steps']} "
-        f"seq{config['max_seq_length']} {loader} {config['attn_implementation']} "
-        f"compile={config['compile_mode']}" + (" packed" if config.get("packing") else "")
+        f"bs{config.get('per_device_batch_size', '?')}×"
+        f"ga{config.get('gradient_accumulation_steps', '?')} "
+        f"seq{config.get('max_seq_length', '?')} {loader} "
+        f"{config.get('attn_implementation', '?')} compile={config.get('compile_mode', '?')}"
+        + (" packed" if config.get("packing") else "")
     )
 
 

@@ -76,6 +76,7 @@ class SweepReport:
     failed: int
     wall_s: float
     best: Recommendation | None
+    no_best_reason: str | None = None  # why there is no recommendation, when there is none
 
 
 class PrepareError(SweeperError):
@@ -147,10 +148,11 @@ def run_sweep(
         clock.charge()
         optuna_storage.engine.dispose()
     store.set_study_state(space.study, "finished")
+    no_best_reason = None
     try:
         recommendation: Recommendation | None = best(store, space.study)
-    except SweeperError:
-        recommendation = None
+    except SweeperError as e:
+        recommendation, no_best_reason = None, str(e)
     store.dispose()
     return SweepReport(
         study=space.study,
@@ -160,6 +162,7 @@ def run_sweep(
         failed=counts["failed"],
         wall_s=time.perf_counter() - started,
         best=recommendation,
+        no_best_reason=no_best_reason,
     )
 
 

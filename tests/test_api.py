@@ -179,8 +179,23 @@ def test_best_is_the_cheapest_completed_trial_not_the_fastest_steps(client: Test
     assert best["usd_per_hour"] == 2.5
 
 
+def test_best_memory_headroom_and_compare(client: TestClient) -> None:
+    # every trial peaks at 40 GiB; with no device memory recorded, no headroom can be shown
+    roomy = client.get(f"/api/studies/{STUDY_PATH}/best", params={"min_memory_headroom": 0.1})
+    assert roomy.status_code == 409
+    assert "at least 10% memory headroom" in roomy.json()["detail"]
+    bad = client.get(f"/api/studies/{STUDY_PATH}/best", params={"min_memory_headroom": 1.5})
+    assert bad.status_code == 422
+    # one study of its workload: the comparison is that study alone, and its front
+    compared = client.get(f"/api/studies/{STUDY_PATH}/compare").json()
+    assert compared["cheapest"]["trial_number"] == 1
+    # at one price, hours and dollars rank alike: the front is the cheapest trial alone
+    assert [p["trial_number"] for p in compared["pareto"]] == [1]
+    assert compared["unavailable"] == {}
+
+
 def test_unknown_study_is_404_and_no_result_is_409(client: TestClient) -> None:
-    for suffix in ("", "/trials", "/trials/0", "/best"):
+    for suffix in ("", "/trials", "/trials/0", "/best", "/compare"):
         response = client.get(f"/api/studies/no-such-study{suffix}")
         assert response.status_code == 404, suffix
         assert response.headers["content-type"] == "application/json"

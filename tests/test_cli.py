@@ -47,7 +47,7 @@ def test_invalid_space_exits_2_and_writes_nothing(tmp_path: Path, env: dict[str,
     result = _sweeper("launch", "--space", str(bad), "--storage", f"sqlite:///{db}", env=env)
     assert result.returncode == 2
     assert (
-        f"{bad}:26: search.attn_implementation: List should have at least 1 item" in result.stderr
+        f"{bad}:27: search.attn_implementation: List should have at least 1 item" in result.stderr
     )
     assert not db.exists()
 
@@ -292,38 +292,66 @@ def test_killing_the_sweeper_leaves_no_orphan(
             sweeper.wait()
 
 
-def test_recommendation_warns_when_it_truncates(sqlite_url: str) -> None:
-    """The demo's cheapest config may cut samples short; the user must be told (seed 001)."""
-    from sweeper.recommend import best
-
-    store = Store(sqlite_url)
-    store.migrate()
+def _priced_study(store: Store, name: str, hardware: str, price: float, runs: list) -> None:
     store.upsert_study(
-        "t",
+        name,
         state="finished",
-        hardware_name="CPU",
-        usd_per_hour=0.1,
+        hardware_name=hardware,
+        usd_per_hour=price,
         device="cpu",
         samples=100,
         epochs=1.0,
         n_trials_planned=2,
         space_yaml="",
         space_path=None,
-        dataset_stats={"token_percentiles": list(range(0, 1010, 10))},  # 0..1000 tokens
+        workload_hash="same-job",
+        dataset_stats={"token_percentiles": list(range(0, 1010, 10)), "tokens_max": 1000},
     )
-    for number, seq, cost in ((0, 128, 1.0), (1, 2048, 2.0)):
-        store.start_trial("t", number, {"max_seq_length": seq})
+    for number, (seq, hours) in enumerate(runs):
+        store.start_trial(name, number, {"max_seq_length": seq})
         store.finish_trial(
-            "t",
+            name,
             number,
             "complete",
             samples_per_s=10.0,
-            hours_per_run=cost * 10,
-            cost_per_run_usd=cost,
+            hours_per_run=hours,
+            cost_per_run_usd=hours * price,
         )
-    recommendation = best(store, "t")
+
+
+def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict[str, str]) -> None:
+    """`sweeper best` leaves a truncating config out and says so; --allow-truncation takes it
+    with a warning; --across-hardware prices the same job on every machine it was swept on."""
+    store = Store(sqlite_url)
+    store.migrate()
+    _priced_study(store, "h100", "H100 SXM 80GB", 2.5, [(128, 4.0), (2048, 8.0)])
+    _priced_study(store, "a100", "A100 80GB", 1.2, [(2048, 15.0)])  # $18 vs the H100's $20
     store.dispose()
-    assert recommendation.config["max_seq_length"] == 128
-    assert recommendation.truncated_samples_share == pytest.approx(88 / 101)
-    (warning,) = recommendation.warnings
-    assert "max_seq_length 128 truncates about 87% of samples" in warning
+    args = ("--storage", sqlite_url)
+
+    guarded = _sweeper("best", "--study", "h100", *args, env=env)
+    assert guarded.returncode == 0, guarded.stderr
+    assert "max_seq_length: 2048" in guarded.stdout
+    assert "left out: trial #0 (bs" in guarded.stdout and "truncates" in guarded.stdout
+
+    allowed = _sweeper("best", "--study", "h100", "--allow-truncation", "--json", *args, env=env)
+    chosen = json.loads(allowed.stdout)
+    assert chosen["config"]["max_seq_length"] == 128
+    assert chosen["truncated_samples_share"] == pytest.approx(88 / 101)
+    assert any("allowed by request" in w for w in chosen["warnings"])
+
+    across = _sweeper("best", "--study", "h100", "--across-hardware", "--json", *args, env=env)
+    assert across.returncode == 0, across.stderr
+    result = json.loads(across.stdout)
+    assert result["cheapest"]["study"] == "a100"
+    assert result["cheapest"]["cost_per_run_usd"] == pytest.approx(18.0)
+    front = [(p["study"], p["hours_per_run"]) for p in result["pareto"]]
+    assert front == [("h100", 8.0), ("a100", 15.0)]
+    table = _sweeper("best", "--study", "a100", "--across-hardware", *args, env=env)
+    assert "cheapest across 2 machine(s): A100 80GB" in table.stdout
+    assert "Pareto front" in table.stdout
+
+    mixed = _sweeper(
+        "best", "--study", "h100", "--across-hardware", "--usd-per-hour", "2", *args, env=env
+    )
+    assert mixed.returncode == 2 and "--usd-per-hour re-prices one study" in mixed.stderr

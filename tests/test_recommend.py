@@ -3,6 +3,8 @@ and every answer is compared with the user's baseline."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sweeper.errors import NoResultError, SpaceError
@@ -104,7 +106,8 @@ STATS = {"token_percentiles": [10 * q for q in range(100)] + [1480], "tokens_max
 def _space_yaml(**workload: object) -> str:
     """The tiny space's text with extra workload keys (coverage, learning rate)."""
     lines = "".join(f"  {key}: {value}\n" for key, value in workload.items())
-    return TINY_SPACE.read_text().replace("  samples: 10000\n", f"  samples: 10000\n{lines}")
+    text = re.sub(r"  coverage_percentile: .*\n", "", TINY_SPACE.read_text())
+    return text.replace("  samples: 10000\n", f"  samples: 10000\n{lines}")
 
 
 def _finish(store: Store, study: str, number: int, config: dict, hours: float, **extra) -> None:
