@@ -29,11 +29,12 @@ def workload_settings(space_yaml: str) -> dict[str, Any]:
     try:
         space = parse_space(space_yaml)
     except SpaceError:
-        return {"precision": "fp32", "tf32": False, "device": "cpu"}
+        return {"precision": "fp32", "tf32": False, "device": "cpu", "save_steps": None}
     return {
         "precision": space.workload.precision,
         "tf32": space.workload.tf32,
         "device": space.hardware.device,
+        "save_steps": space.workload.checkpoint.save_steps,
     }
 
 
@@ -57,6 +58,12 @@ def trainer_kwargs(rec: Recommendation, settings: dict[str, Any]) -> dict[str, A
     if config["compile_mode"] != "none":
         kwargs["torch_compile"] = True
         kwargs["torch_compile_mode"] = config["compile_mode"]
+    # scaled when the effective batch differs from the baseline's (see the header's warning)
+    learning_rate = rec.suggested_learning_rate or rec.learning_rate
+    if learning_rate is not None:
+        kwargs["learning_rate"] = learning_rate
+    if settings.get("save_steps"):
+        kwargs["save_steps"] = settings["save_steps"]  # what the $/run counted
     return kwargs
 
 
@@ -108,8 +115,13 @@ def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
             '    output_dir="output",\n'
             f"{arguments}\n"
             ")\n"
-            f"# truncate (or pack) samples to max_seq_length={config['max_seq_length']} tokens, "
-            f"e.g. SFTConfig(max_length={config['max_seq_length']})\n"
+            + (
+                f"# pack samples into blocks of {config['max_seq_length']} tokens, e.g. "
+                f"SFTConfig(packing=True, max_length={config['max_seq_length']})\n"
+                if config.get("packing")
+                else f"# cut samples at max_seq_length={config['max_seq_length']} tokens, e.g. "
+                f"SFTConfig(max_length={config['max_seq_length']})\n"
+            )
         )
     if fmt == "dataloader":
         workers = config["num_workers"]

@@ -76,8 +76,11 @@ def test_trainer_snippet_builds_real_training_arguments(url: str) -> None:
     assert kwargs["dataloader_num_workers"] == 2 and kwargs["dataloader_prefetch_factor"] == 4
     assert kwargs["torch_compile_mode"] == "max-autotune"
     assert "tf32" not in kwargs  # a CPU study: TrainingArguments would refuse it
+    # the space's learning rate and save interval (the one the $/run counted) come along
+    assert kwargs["learning_rate"] == 1e-4 and kwargs["save_steps"] == 500
     args = TrainingArguments(**kwargs | {"output_dir": str(kwargs["output_dir"])})
     assert args.gradient_accumulation_steps == 4 and args.torch_compile
+    assert args.save_steps == 500
     assert 'attn_implementation="sdpa"' in text and "max_length=1024" in text
 
 
@@ -114,3 +117,13 @@ def test_rest_export(url: str) -> None:
         assert "TrainingArguments(" in trainer
         assert client.get("/api/studies/cpu/export", params={"format": "xml"}).status_code == 422
         assert client.get("/api/studies/nope/export").status_code == 404
+
+
+def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:
+    rec, space_yaml = _recommendation(url, "cpu")
+    packed = rec.model_copy(
+        update={"suggested_learning_rate": 7.07e-05, "config": rec.config | {"packing": True}}
+    )
+    kwargs = trainer_kwargs(packed, workload_settings(space_yaml))
+    assert kwargs["learning_rate"] == 7.07e-05
+    assert "SFTConfig(packing=True, max_length=1024)" in render(packed, "trainer", space_yaml)
