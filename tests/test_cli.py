@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -355,3 +356,11 @@ def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict
         "best", "--study", "h100", "--across-hardware", "--usd-per-hour", "2", *args, env=env
     )
     assert mixed.returncode == 2 and "--usd-per-hour re-prices one study" in mixed.stderr
+
+    # the study page's recommendation card names what it left out, too
+    with TestClient(create_app(sqlite_url)) as client:
+        page = client.get("/studies/h100").text
+    assert re.search(
+        r"Left out: trial #0 \(bs\S+ seq128\) costs \$10\.00 but truncates [\d.]+% of the tokens",
+        page,
+    )
