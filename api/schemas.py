@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
-from sweeper.recommend import Recommendation
+from sweeper.recommend import Recommendation, padding_share
 
 TrialState = Literal["running", "complete", "failed", "pruned"]
 
@@ -68,10 +68,18 @@ class TrialSummary(_Response):
     compile_s: float | None
     hours_per_run: float | None
     cost_per_run_usd: float | None
+    projection: dict[str, float | int] | None = Field(
+        default=None, description="training hours and one-time seconds of the projected run"
+    )
     loss_first: float | None
     loss_last: float | None
     failure_kind: str | None
     failure_message: str | None
+
+    @computed_field(description="share of the computed tokens that is padding")  # type: ignore[prop-decorator]
+    @property
+    def padding_share(self) -> float | None:
+        return padding_share(self.tokens_per_s, self.padded_tokens_per_s)
 
 
 class TrialDetail(TrialSummary):

@@ -339,6 +339,7 @@ def _describe_dict(config: dict[str, Any]) -> str:
 
 
 def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
+    from sweeper.recommend import padding_share
     from sweeper.store import Store
 
     store = Store(url)
@@ -349,9 +350,11 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
         key=lambda t: (t.cost_per_run_usd, t.number),
     )
     table = Table(title=f"{study}: cheapest per run", title_justify="left")
-    for header in ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "h/run", "$/run"):
+    headers = ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run")
+    for header in (*headers, "$/run"):
         table.add_column(header, justify="left" if header == "config" else "right")
     for t in completed[:top]:
+        padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
         table.add_row(
             str(t.number),
             _describe_dict(t.config),
@@ -359,6 +362,7 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
             _num(t.tokens_per_s, ",.0f"),
             _num(t.it_per_s, ".2f"),
             _num(None if t.data_wait_share is None else t.data_wait_share * 100, ".0f") + "%",
+            _num(None if padding is None else padding * 100, ".0f") + "%",
             _num(t.hours_per_run, ",.1f"),
             _num(t.cost_per_run_usd, ",.2f"),
         )

@@ -165,6 +165,17 @@ def coverage_length(stats: dict[str, Any] | None, percentile: float) -> int | No
     return int(points[min(100, math.ceil(percentile))]) + 1
 
 
+def padding_share(tokens_per_s: float | None, padded_tokens_per_s: float | None) -> float | None:
+    """Of the tokens a config computes, the share that is padding (None if unknown).
+
+    >>> padding_share(300.0, 1200.0)
+    0.75
+    """
+    if not _finite(tokens_per_s) or not _finite(padded_tokens_per_s) or not padded_tokens_per_s:
+        return None
+    return max(0.0, 1 - (tokens_per_s or 0.0) / padded_tokens_per_s)
+
+
 def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -> tuple[float, str]:
     """The learning rate for ``new_batch`` and a sentence saying why.
 
@@ -340,9 +351,7 @@ def choose(
     payback = None
     if sweep_cost is not None and saved is not None and saved > 0:
         payback = max(1, math.ceil(sweep_cost / saved))
-    padding = None
-    if _finite(t.tokens_per_s) and t.padded_tokens_per_s:
-        padding = max(0.0, 1 - (t.tokens_per_s or 0.0) / t.padded_tokens_per_s)
+    padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
     assert t.samples_per_s is not None
     return Recommendation(
         study=facts.name,

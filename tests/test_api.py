@@ -179,6 +179,13 @@ def test_best_is_the_cheapest_completed_trial_not_the_fastest_steps(client: Test
     assert best["usd_per_hour"] == 2.5
 
 
+def test_trials_report_padding_per_config(client: TestClient) -> None:
+    trials = client.get(f"/api/studies/{STUDY_PATH}/trials", params={"state": "complete"}).json()
+    assert [t["padding_share"] for t in trials] == [pytest.approx(1 - 400 / 512)] * 3
+    failed = client.get(f"/api/studies/{STUDY_PATH}/trials", params={"state": "failed"}).json()
+    assert failed[0]["padding_share"] is None
+
+
 def test_best_memory_headroom_and_compare(client: TestClient) -> None:
     # every trial peaks at 40 GiB; with no device memory recorded, no headroom can be shown
     roomy = client.get(f"/api/studies/{STUDY_PATH}/best", params={"min_memory_headroom": 0.1})
