@@ -145,8 +145,10 @@ def run_sweep(
         store.set_study_state(space.study, "failed")
         raise
     finally:
-        clock.charge()
+        # Optuna's connections go first: on SQLite an open one could keep the accounting
+        # write waiting for the busy timeout
         optuna_storage.engine.dispose()
+        clock.charge()
     store.set_study_state(space.study, "finished")
     no_best_reason = None
     try:
