@@ -145,10 +145,8 @@ def run_sweep(
         store.set_study_state(space.study, "failed")
         raise
     finally:
-        # Optuna's connections go first: on SQLite an open one could keep the accounting
-        # write waiting for the busy timeout
-        optuna_storage.engine.dispose()
         clock.charge()
+        optuna_storage.engine.dispose()
     store.set_study_state(space.study, "finished")
     no_best_reason = None
     try:
