@@ -17,7 +17,7 @@ from rich.table import Table
 from sweeper.errors import SpaceError, SweeperError
 
 if TYPE_CHECKING:
-    from sweeper.recommend import Comparison, Recommendation
+    from sweeper.recommend import Comparison, Constraints, Recommendation
     from sweeper.space import TrialConfig
     from sweeper.store import TrialRow
     from sweeper.trial.protocol import PreparedData
@@ -156,6 +156,25 @@ AllowTruncationOption = Annotated[
 ]
 
 
+def _constraints(
+    max_hours: float | None,
+    max_cost: float | None,
+    min_headroom: float | None,
+    allow_truncation: bool,
+    usd_per_hour: float | None = None,
+) -> Constraints:
+    """The options `best` and `export` share, as the recommendation's constraints."""
+    from sweeper.recommend import Constraints
+
+    return Constraints(
+        usd_per_hour=usd_per_hour,
+        max_hours=max_hours,
+        max_cost_usd=max_cost,
+        min_memory_headroom=min_headroom,
+        allow_truncation=allow_truncation,
+    )
+
+
 @app.command("best")
 def best_command(
     study: Annotated[str, typer.Option("--study", help="study name")],
@@ -176,19 +195,13 @@ def best_command(
     ] = False,
 ) -> None:
     """Print the recommended (cheapest per run) config of a study, within the constraints."""
-    from sweeper.recommend import Constraints, best, compare
+    from sweeper.recommend import best, compare
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
 
     if across_hardware and usd_per_hour is not None:
         raise _fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)
-    constraints = Constraints(
-        usd_per_hour=usd_per_hour,
-        max_hours=max_hours,
-        max_cost_usd=max_cost,
-        min_memory_headroom=min_headroom,
-        allow_truncation=allow_truncation,
-    )
+    constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation, usd_per_hour)
     store = Store(resolve_storage(storage))
     try:
         store.migrate()
@@ -223,18 +236,13 @@ def export(
 ) -> None:
     """Print the recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
     from sweeper.export import FORMATS, render
-    from sweeper.recommend import Constraints, best
+    from sweeper.recommend import best
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
 
     if fmt not in FORMATS:
         raise _fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
-    constraints = Constraints(
-        max_hours=max_hours,
-        max_cost_usd=max_cost,
-        min_memory_headroom=min_headroom,
-        allow_truncation=allow_truncation,
-    )
+    constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation)
     store = Store(resolve_storage(storage))
     try:
         store.migrate()

@@ -231,12 +231,7 @@ def _candidates(facts: StudyFacts, trials: Iterable[TrialRow], price: float) -> 
             if cover is not None and seq < cover:
                 truncated = cut or (math.nan, math.nan)
         headroom = None
-        if (
-            _finite(t.peak_memory_bytes)
-            and t.device_memory_bytes
-            and t.device_memory_bytes > 0
-            and t.peak_memory_bytes is not None
-        ):
+        if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
         out.append(_Candidate(t, hours, hours * price, truncated, headroom))
     return out
@@ -309,7 +304,13 @@ def choose(
 
     Raises NoResultError when nothing is eligible, saying what the closest trials would take.
     """
-    constraints = constraints or Constraints()
+    return _decide(facts, trials, constraints or Constraints())[0]
+
+
+def _decide(
+    facts: StudyFacts, trials: Sequence[TrialRow], constraints: Constraints
+) -> tuple[Recommendation, list[_Candidate]]:
+    """The recommendation and the eligible candidates it was chosen from."""
     price = constraints.usd_per_hour or facts.usd_per_hour
     candidates = _candidates(facts, trials, price)
     if not candidates:
@@ -352,8 +353,9 @@ def choose(
     if sweep_cost is not None and saved is not None and saved > 0:
         payback = max(1, math.ceil(sweep_cost / saved))
     padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
+    cut = _cut(facts, config)
     assert t.samples_per_s is not None
-    return Recommendation(
+    recommendation = Recommendation(
         study=facts.name,
         hardware_name=facts.hardware_name,
         usd_per_hour=price,
@@ -368,8 +370,8 @@ def choose(
         completed_trials=len(candidates),
         projection=t.projection,
         measured_on=t.device_name,
-        truncated_samples_share=_share(facts, config, 0),
-        truncated_tokens_share=_share(facts, config, 1),
+        truncated_samples_share=None if cut is None else cut[0],
+        truncated_tokens_share=None if cut is None else cut[1],
         coverage_length=coverage_length(facts.dataset_stats, facts.coverage_percentile),
         padding_share=padding,
         memory_headroom=winner.headroom,
@@ -390,6 +392,7 @@ def choose(
         constraints=constraints.describe()
         + (" (truncation allowed)" if constraints.allow_truncation else ""),
     )
+    return recommendation, eligible
 
 
 def _effective_batch(config: dict[str, Any]) -> int | None:
@@ -402,12 +405,12 @@ def _effective_batch(config: dict[str, Any]) -> int | None:
     return None
 
 
-def _share(facts: StudyFacts, config: dict[str, Any], index: int) -> float | None:
+def _cut(facts: StudyFacts, config: dict[str, Any]) -> tuple[float, float] | None:
+    """(samples, tokens) shares ``config`` cuts off the dataset, or None if unknown."""
     if config.get("packing"):
-        return 0.0  # packed blocks continue a long sample instead of cutting it
+        return 0.0, 0.0  # packed blocks continue a long sample instead of cutting it
     seq = config.get("max_seq_length")
-    cut = None if not isinstance(seq, int) else truncation(facts.dataset_stats, seq)
-    return None if cut is None else cut[index]
+    return None if not isinstance(seq, int) else truncation(facts.dataset_stats, seq)
 
 
 def _device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
@@ -514,12 +517,11 @@ def compare(store: Store, study: str, constraints: Constraints | None = None) ->
         facts = StudyFacts.of(row)
         trials = store.list_trials(row.name, states=["complete"])
         try:
-            recommendations.append(choose(facts, trials, per_study_constraints))
+            recommendation, eligible = _decide(facts, trials, per_study_constraints)
         except NoResultError as e:
             unavailable[row.name] = str(e)
             continue
-        candidates = _candidates(facts, trials, facts.usd_per_hour)
-        eligible, _ = _eligible(facts, candidates, per_study_constraints, facts.usd_per_hour)
+        recommendations.append(recommendation)
         points += [
             ParetoPoint(
                 study=row.name,
