@@ -38,7 +38,13 @@ def _sweeper(*args: str, env: dict[str, str], timeout: float = 300) -> subproces
 @pytest.fixture
 def env(cache_dir: Path) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
-    return {**clean, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
+    # PYTHONFAULTHANDLER: a hung sweeper killed with SIGABRT prints where it hung
+    return {
+        **clean,
+        "SWEEPER_CACHE_DIR": str(cache_dir),
+        "COLUMNS": "200",
+        "PYTHONFAULTHANDLER": "1",
+    }
 
 
 def test_invalid_space_exits_2_and_writes_nothing(tmp_path: Path, env: dict[str, str]) -> None:
@@ -206,6 +212,17 @@ def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
     return slow
 
 
+def _communicate_or_dump_stacks(process: subprocess.Popen[str], timeout: float) -> str:
+    """The process's stderr once it exits; if it hangs, fail with the Python stack it hangs in
+    (PYTHONFAULTHANDLER makes SIGABRT print every thread's stack)."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        _, stderr = process.communicate(timeout=30)
+        pytest.fail(f"no exit {timeout:g} s after SIGINT; stacks at SIGABRT:\n{stderr[-6000:]}")
+
+
 def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
@@ -234,7 +251,7 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
             time.sleep(0.3)
         time.sleep(2)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        stderr = _communicate_or_dump_stacks(process, timeout=30)
         assert process.returncode == 130, stderr
         assert "interrupted" in stderr
         (trial,) = store.list_trials("tiny")
