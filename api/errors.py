@@ -2,6 +2,8 @@
 
     StudyNotFoundError  → 404
     NoResultError       → 409  (the study exists but nothing completed yet)
+    ConflictError       → 409  (e.g. deleting a running study)
+    SpaceError          → 422  (a config that the study's space cannot run)
     StorageError        → 503  (the database is unreachable or broken; retry later)
 
 Under /api (and /static) the body is JSON ``{"detail": "<message>"}``; dashboard pages get the
@@ -19,13 +21,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from api.routes.pages import render_page
-from sweeper.errors import NoResultError, StorageError, StudyNotFoundError, SweeperError
+from sweeper.errors import (
+    ConflictError,
+    NoResultError,
+    SpaceError,
+    StorageError,
+    StudyNotFoundError,
+    SweeperError,
+)
 
 logger = logging.getLogger(__name__)
 
 STATUS_BY_ERROR: dict[type[SweeperError], int] = {
     StudyNotFoundError: 404,
     NoResultError: 409,
+    ConflictError: 409,
+    SpaceError: 422,
     StorageError: 503,
 }
 _MACHINE_PREFIXES = ("/api/", "/static/")

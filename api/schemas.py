@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
 
 from sweeper.recommend import Recommendation, padding_share
+from sweeper.space import TrialConfig
 
 TrialState = Literal["running", "complete", "failed", "pruned"]
 
@@ -64,6 +65,9 @@ class TrialSummary(_Response):
     tokens_per_s: float | None = Field(description="real (non-pad) tokens per second")
     padded_tokens_per_s: float | None
     data_wait_share: float | None = Field(description="share of step time waiting for data")
+    mfu: float | None = Field(
+        default=None, description="model FLOPs utilization; null on CPUs and unknown devices"
+    )
     peak_memory_bytes: int | None
     compile_s: float | None
     hours_per_run: float | None
@@ -90,3 +94,49 @@ class TrialDetail(TrialSummary):
 
 # The recommendation has one definition, shared with the CLI.
 BestConfig = Recommendation
+
+
+class EnqueueRequest(BaseModel):
+    """A config to run as a trial of the study (every knob of the space)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: TrialConfig
+
+
+class EnqueueResponse(_Response):
+    study: str
+    queued: dict[str, Any] = Field(description="the Optuna params queued (a WAITING trial)")
+    note: str
+
+
+class StopResponse(_Response):
+    study: str
+    state: str
+    note: str
+
+
+class Accelerator(_Response):
+    """An accelerator sweeper knows the dense peak TFLOPS of (for MFU)."""
+
+    name: str
+    bf16_tflops: float
+    tf32_tflops: float
+    fp32_tflops: float
+
+
+class PricedHardware(_Response):
+    """Hardware at a price, as studies in this storage used it."""
+
+    hardware_name: str
+    device: str
+    usd_per_hour: float
+    studies: list[str]
+
+
+class Catalog(_Response):
+    accelerators: list[Accelerator]
+    hardware_in_use: list[PricedHardware] = Field(
+        description="each (hardware, $/h) pair of the stored studies; re-price any study with "
+        "/best?usd_per_hour=..."
+    )

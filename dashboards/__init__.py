@@ -28,6 +28,7 @@ ASSET_URLS = {
     "plotly_js": f"/static/plotly.min.js?v={plotly.__version__}",
     "style_css": f"/static/style.css?v={sweeper.__version__}",
     "study_js": f"/static/study.js?v={sweeper.__version__}",
+    "docs_js": f"/static/docs.js?v={sweeper.__version__}",
 }
 
 

@@ -112,20 +112,31 @@ def serve(
 ) -> None:
     """Serve the REST API and the dashboard."""
     import uvicorn
+    from pydantic import ValidationError
 
     from api.app import create_app
     from sweeper.settings import Settings, resolve_storage
     from sweeper.store import redact
 
-    settings = Settings()
-    url = resolve_storage(storage)
     try:
-        application = create_app(url)
+        settings = Settings()
+    except ValidationError as e:
+        raise _fail(f"invalid SWEEPER_* environment: {e}", 2) from None
+    url = resolve_storage(storage)
+    token = None if settings.api_token is None else settings.api_token.get_secret_value()
+    try:
+        application = create_app(url, api_token=token, cors_origins=settings.cors_origins)
     except SweeperError as e:
         raise _fail(str(e)) from None
     bind_host, bind_port = host or settings.host, port or settings.port
     console.print(
         f"dashboard on http://{bind_host}:{bind_port}/  (storage {redact(url)})", highlight=False
+    )
+    console.print(
+        "writes (enqueue, stop, delete) need the bearer token in SWEEPER_API_TOKEN"
+        if token
+        else "read-only: set SWEEPER_API_TOKEN to enable enqueue, stop and delete",
+        highlight=False,
     )
     uvicorn.run(application, host=bind_host, port=bind_port, log_level="warning")
 

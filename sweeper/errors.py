@@ -5,6 +5,7 @@
     ├── StorageError          the database cannot be reached or its schema is wrong
     ├── StudyNotFoundError    no study of that name in the storage
     ├── NoResultError         a study has no completed trial to recommend
+    ├── ConflictError         a request does not fit the study's state (stop a finished study)
     └── TrialError            a trial failed; ``kind`` says how (one of FAILURE_KINDS)
 
 A failed trial is data: the launcher returns a ``TrialFailure`` record rather than raising, and
@@ -45,6 +46,10 @@ class StudyNotFoundError(SweeperError):
 
 class NoResultError(SweeperError):
     """The study has no completed trial yet, so nothing can be recommended."""
+
+
+class ConflictError(SweeperError):
+    """The request does not fit the study's current state, e.g. deleting a running study."""
 
 
 class TrialError(SweeperError):

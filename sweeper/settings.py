@@ -7,8 +7,10 @@ the space file's ``storage:``, then an embedded SQLite file in the working direc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_STORAGE = "sqlite:///sweeper.db"
 
@@ -19,9 +21,43 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SWEEPER_", frozen=True, extra="ignore")
 
     storage: str | None = None
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="bind address; loopback unless told")
     port: int = 8000
     cache_dir: Path = Path.home() / ".cache" / "sweeper"
+    api_token: SecretStr | None = Field(
+        default=None,
+        description="bearer token for the write endpoints (enqueue, stop, delete); unset = "
+        "the server is read-only",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="origins allowed to call the API from a browser, comma-separated; none "
+        "by default (the dashboard is same-origin)",
+    )
+
+    @field_validator("api_token")
+    @classmethod
+    def _token_long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and len(token.get_secret_value()) < 16:
+            raise ValueError(
+                "SWEEPER_API_TOKEN is shorter than 16 characters; use e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        return token
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _explicit_origins(cls, value: object) -> object:
+        origins = (
+            [o.strip() for o in value.split(",") if o.strip()] if isinstance(value, str) else value
+        )
+        for origin in origins if isinstance(origins, list) else []:
+            if origin == "*" or not origin.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"SWEEPER_CORS_ORIGINS: {origin!r} is not an explicit origin; list each one "
+                    "as scheme://host[:port], e.g. http://localhost:3000 ('*' is not allowed)"
+                )
+        return origins
 
 
 def normalize_storage_url(url: str) -> str:

@@ -290,6 +290,33 @@ class SearchSpace(_Frozen):
             )
         return None
 
+    def runnable(self, config: TrialConfig) -> str | None:
+        """Why ``config`` cannot run as a trial of this space: a value outside a knob's
+        choices, or outside the space's rules (None: it can run).
+
+        E.g. ``"max_seq_length = 4096 is not among search.max_seq_length [512, 1024]; add it
+        there so it can run as a trial"``.
+        """
+        for knob, value in config.model_dump().items():
+            if knob == "prefetch_factor":
+                if config.num_workers == 0:
+                    if value is not None:
+                        return "prefetch_factor must be null with num_workers 0 (no workers)"
+                    continue
+                if value is None:
+                    return "prefetch_factor is missing (it is a knob when num_workers > 0)"
+            if knob == "gradient_accumulation_steps":
+                choices: list[Any] = self.accumulation_choices(config.per_device_batch_size)
+            else:
+                choices = getattr(self, knob)
+            if value not in choices:
+                return (
+                    f"{knob} = {value!r} is not among search.{knob} {choices}; add it there "
+                    "so it can run as a trial"
+                )
+        reason = self.admits(config)
+        return None if reason is None else f"{reason}; it cannot run as a trial of this space"
+
     def grid(self) -> Iterator[TrialConfig]:
         """Every distinct config the space admits (prefetch_factor only matters with workers)."""
         for batch, workers, seq, compile_mode, attn, packing in itertools.product(
@@ -426,22 +453,9 @@ class Space(_Frozen):
         for where, known in named:
             if known is None:
                 continue
-            config = known.as_config()
-            for knob, value in config.model_dump().items():
-                if knob == "prefetch_factor" and value is None:
-                    continue
-                if knob == "gradient_accumulation_steps":
-                    choices = self.search.accumulation_choices(config.per_device_batch_size)
-                else:
-                    choices = getattr(self.search, knob)
-                if value not in choices:
-                    raise ValueError(
-                        f"{where}.{knob} = {value!r} is not among search.{knob} {choices}; "
-                        "add it there so it can run as a trial"
-                    )
-            reason = self.search.admits(config)
+            reason = self.search.runnable(known.as_config())
             if reason is not None:
-                raise ValueError(f"{where}: {reason}; it could not run as a trial")
+                raise ValueError(f"{where}: {reason}")
         return self
 
     def workload_hash(self) -> str:

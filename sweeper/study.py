@@ -16,11 +16,11 @@ import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
 from sweeper.cost import RunPlan, project_run
-from sweeper.errors import StorageError, SweeperError
+from sweeper.errors import ConflictError, SpaceError, StorageError, SweeperError
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, run_preflight
 from sweeper.recommend import Recommendation, best
-from sweeper.space import Space, TrialConfig, optuna_params, suggest
+from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
 from sweeper.store import Store, TrialRow, redact
 from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
 
@@ -147,7 +147,7 @@ def run_sweep(
     finally:
         clock.charge()
         optuna_storage.engine.dispose()
-    store.set_study_state(space.study, "finished")
+    store.set_study_state(space.study, "stopped" if loop.stopped else "finished")
     no_best_reason = None
     try:
         recommendation: Recommendation | None = best(store, space.study)
@@ -164,6 +164,62 @@ def run_sweep(
         best=recommendation,
         no_best_reason=no_best_reason,
     )
+
+
+# ------------------------------------------------------------------ control (REST writes)
+
+
+def enqueue_config(store: Store, name: str, config: TrialConfig) -> dict[str, Any]:
+    """Queue ``config`` as a trial of study ``name``: the running sweep (or the next
+    ``sweeper launch`` of it) runs it before asking the sampler. Returns Optuna's params.
+
+    Raises SpaceError if the study's space cannot run it, ConflictError if it was measured.
+    """
+    row = store.get_study(name)
+    try:
+        space = parse_space(row.space_yaml, f"the stored space of study {name!r}")
+    except SpaceError as e:
+        raise ConflictError(f"cannot check the config against the study's space: {e}") from e
+    reason = space.search.runnable(config)
+    if reason is not None:
+        raise SpaceError(f"config: {reason}")
+    dumped = config.model_dump()
+    for trial in store.list_trials(name, states=["complete", "failed", "running"]):
+        if TrialConfig.model_validate(trial.config).model_dump() == dumped:
+            raise ConflictError(
+                f"trial {trial.number} of study {name!r} already ran this config "
+                f"({trial.state}); a repeat would measure nothing new"
+            )
+    params = optuna_params(config, space.search)
+    storage = _optuna_storage(store.url)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+        study.enqueue_trial(params, skip_if_exists=True)
+    except (KeyError, SQLAlchemyError) as e:
+        raise StorageError(f"cannot queue a trial in Optuna's study {name!r}: {e}") from e
+    finally:
+        storage.engine.dispose()
+    return params
+
+
+def delete_study(store: Store, name: str) -> None:
+    """Delete a study that is not running: our rows and Optuna's."""
+    row = store.get_study(name)
+    if row.state in ("running", "stopping"):
+        raise ConflictError(
+            f"study {name!r} is {row.state}; stop it first (POST .../stop) and delete it "
+            "once its running trial has ended"
+        )
+    storage = _optuna_storage(store.url)
+    try:
+        optuna.delete_study(study_name=name, storage=storage)
+    except KeyError:
+        pass  # never reached Optuna (e.g. failed while preparing): only our rows exist
+    except SQLAlchemyError as e:
+        raise StorageError(f"cannot delete Optuna's study {name!r}: {e}") from e
+    finally:
+        storage.engine.dispose()
+    store.delete_study(name)
 
 
 def _optuna_storage(storage_url: str) -> optuna.storages.RDBStorage:
@@ -260,6 +316,7 @@ class _TrialLoop:
         self.space, self.study, self.store = space, study, store
         self.prepared, self.preflight = prepared, preflight
         self.cache_dir, self.observer, self.server = cache_dir, observer, server
+        self.stopped = False  # a stop was requested through the API
 
     def run(self, n_trials: int, clock: _SweepClock | None = None) -> dict[str, int]:
         counts = {"run": 0, "complete": 0, "failed": 0}
@@ -270,6 +327,10 @@ class _TrialLoop:
         } & runnable
         skipped_in_a_row = 0
         while counts["run"] < n_trials:
+            if self.store.stop_requested(self.space.study):
+                self.observer.note("stop requested (REST); the sweep ends here")
+                self.stopped = True
+                break
             if measured >= runnable:
                 self.observer.note(
                     f"all {len(runnable)} runnable configs of the space are measured; stopping"
@@ -398,6 +459,7 @@ def _metric_columns(measurement: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s",
         "padded_tokens_per_s",
         "data_wait_share",
+        "mfu",
         "compile_s",
         "loss_first",
         "loss_last",

@@ -139,3 +139,63 @@ def test_unreachable_database_is_a_clear_error() -> None:
 def test_invalid_url_is_a_clear_error() -> None:
     with pytest.raises(StorageError, match="invalid storage URL"):
         Store("notadb://x")
+
+
+def _config(batch: int, attn: str, packing: bool, prefetch: int | None) -> dict[str, object]:
+    return {
+        "per_device_batch_size": batch,
+        "attn_implementation": attn,
+        "packing": packing,
+        "prefetch_factor": prefetch,
+    }
+
+
+def test_trials_filter_by_knob_and_kind_sort_and_count(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    costs = {0: 3.0, 1: None, 2: 1.0, 3: 2.0, 4: None}
+    configs = {
+        0: _config(8, "sdpa", False, None),
+        1: _config(8, "eager", True, 2),
+        2: _config(16, "sdpa", True, 2),
+        3: _config(8, "sdpa", True, None),
+        4: _config(16, "eager", False, 4),
+    }
+    for number, cost in costs.items():
+        store.start_trial("s", number, configs[number])
+        if cost is None:
+            kind = "oom" if number == 1 else "timeout"
+            store.finish_trial("s", number, "failed", failure_kind=kind)
+        else:
+            store.finish_trial("s", number, "complete", cost_per_run_usd=cost, mfu=cost / 10)
+
+    def numbers(**filters: object) -> list[int]:
+        return [t.number for t in store.list_trials("s", **filters)]  # type: ignore[arg-type]
+
+    assert numbers(config={"per_device_batch_size": 8}) == [0, 1, 3]
+    assert numbers(config={"per_device_batch_size": 8, "attn_implementation": "sdpa"}) == [0, 3]
+    assert numbers(config={"packing": True}) == [1, 2, 3]
+    assert numbers(config={"prefetch_factor": None}) == [0, 3]
+    assert numbers(config={"prefetch_factor": 2}) == [1, 2]
+    assert numbers(failure_kinds=["oom"]) == [1]
+    # by $/run, cheapest first, trials without a price last (in number order)
+    assert numbers(sort="cost_per_run_usd") == [2, 3, 0, 1, 4]
+    assert numbers(sort="cost_per_run_usd", descending=True) == [0, 3, 2, 1, 4]
+    assert numbers(sort="mfu", limit=2, offset=1) == [3, 0]
+    assert store.count_trials("s", states=["failed"]) == 2
+    assert store.count_trials("s", config={"packing": False}) == 2
+    assert store.list_trials("s", sort="mfu")[0].mfu == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="cannot sort trials by 'config'"):
+        store.list_trials("s", sort="config")
+
+
+def test_stop_is_requested_only_for_a_running_study(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)  # state "running"
+    assert not store.stop_requested("s")
+    assert store.request_stop("s") is True
+    assert store.stop_requested("s")
+    assert store.get_study("s").state == "stopping"
+    assert store.request_stop("s") is False  # already stopping
+    store.set_study_state("s", "finished")
+    assert store.request_stop("s") is False
+    with pytest.raises(StudyNotFoundError):
+        store.request_stop("nope")

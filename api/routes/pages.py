@@ -22,12 +22,6 @@ from sweeper.errors import NoResultError
 router = APIRouter(include_in_schema=False)
 
 COLOR_BY = "attn_implementation"
-# Pages run only our own scripts; data reaches them as JSON, never as inline code. plotly.js
-# sets inline styles, hence 'unsafe-inline' for styles only.
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
-)
 
 
 def render_page(
@@ -40,7 +34,6 @@ def render_page(
         name,
         context,
         status_code=status_code,
-        headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY},
     )
 
 

@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.responses import PlainTextResponse
+from pydantic import TypeAdapter, ValidationError
 
 from api.deps import StoreDep
-from api.schemas import BestConfig, StudyDetail, StudySummary, TrialDetail, TrialState, TrialSummary
-from sweeper import recommend
+from api.schemas import (
+    BestConfig,
+    EnqueueRequest,
+    EnqueueResponse,
+    StopResponse,
+    StudyDetail,
+    StudySummary,
+    TrialDetail,
+    TrialState,
+    TrialSummary,
+)
+from api.security import WriteAccess
+from sweeper import importance, recommend, study
+from sweeper.errors import ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
+from sweeper.space import TrialConfig
 from sweeper.store import Store, StudyRow
 from sweeper.store.models import TRIAL_STATES
+from sweeper.store.store import TRIAL_SORT_KEYS
+
+SortKey = Literal[TRIAL_SORT_KEYS]  # type: ignore[valid-type]
+# Lax validation turns the query's text into the knob's type ("8" → 8, "true" → True).
+_KNOB_TYPES = {name: TypeAdapter(f.annotation) for name, f in TrialConfig.model_fields.items()}
 
 router = APIRouter(prefix="/api/studies", tags=["studies"])
 
@@ -72,18 +91,63 @@ def get_study(name: str, store: StoreDep) -> StudyDetail:
 def list_trials(
     name: str,
     store: StoreDep,
+    response: Response,
     after: Annotated[
         int | None, Query(description="only trials numbered above this (for polling)")
     ] = None,
     state: Annotated[
         list[TrialState] | None, Query(description="keep these states; repeat to give several")
     ] = None,
-    limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
+    failure_kind: Annotated[
+        list[str] | None, Query(description="keep failures of these kinds (oom, timeout, ...)")
+    ] = None,
+    config: Annotated[
+        list[str] | None,
+        Query(
+            description="keep trials whose knob has this value, as KNOB:VALUE, e.g. "
+            "per_device_batch_size:8 or packing:true; repeat to combine"
+        ),
+    ] = None,
+    sort: Annotated[
+        SortKey, Query(description="order by this column; missing values last")
+    ] = "number",
+    descending: bool = False,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[TrialSummary]:
-    """Trials in number order, without the raw measurement (see /trials/{number})."""
-    trials = store.list_trials(name, after=after, states=state, limit=limit, offset=offset)
+    """Trials (default: in number order, 500 per page), without the raw measurement (see
+    /trials/{number}). ``X-Total-Count`` says how many match the filters in all."""
+    filters: dict[str, Any] = {
+        "after": after,
+        "states": state,
+        "failure_kinds": failure_kind,
+        "config": _config_filter(config or []),
+    }
+    trials = store.list_trials(
+        name, **filters, sort=sort, descending=descending, limit=limit, offset=offset
+    )
+    response.headers["X-Total-Count"] = str(store.count_trials(name, **filters))
     return [TrialSummary.model_validate(trial) for trial in trials]
+
+
+def _config_filter(items: list[str]) -> dict[str, Any]:
+    """``["packing:true", "per_device_batch_size:8"]`` → typed knob values (422 if invalid)."""
+    parsed: dict[str, Any] = {}
+    for item in items:
+        knob, sep, raw = item.partition(":")
+        if not sep or knob not in _KNOB_TYPES:
+            raise HTTPException(
+                status_code=422,
+                detail=f"config filter {item!r}: write KNOB:VALUE with KNOB one of "
+                f"{', '.join(_KNOB_TYPES)}",
+            )
+        try:
+            parsed[knob] = None if raw == "null" else _KNOB_TYPES[knob].validate_python(raw)
+        except ValidationError:
+            raise HTTPException(
+                status_code=422, detail=f"config filter {item!r}: {raw!r} is not a valid {knob}"
+            ) from None
+    return parsed
 
 
 @router.get("/{name}/trials/{number}", response_model=TrialDetail)
@@ -160,3 +224,92 @@ def export_best(
     recommendation = recommend.best(store, name)
     text = render(recommendation, fmt, store.get_study(name).space_yaml)
     return PlainTextResponse(text, media_type=MEDIA_TYPES[fmt])
+
+
+@router.get(
+    "/{name}/pareto",
+    response_model=list[recommend.ParetoPoint],
+    responses={409: {"description": "no study of this workload has an eligible trial"}},
+)
+def pareto_front(
+    name: str, store: StoreDep, constraints: ConstraintsDep
+) -> list[recommend.ParetoPoint]:
+    """The Pareto front of $/run against hours/run over every study of this workload (each
+    hardware at its own price): no point on it is both cheaper and faster than another."""
+    return recommend.compare(store, name, constraints).pareto
+
+
+@router.get(
+    "/{name}/importance",
+    response_model=list[importance.KnobImportance],
+    responses={409: {"description": "fewer than two completed trials that differ"}},
+)
+def knob_importance(
+    name: str,
+    store: StoreDep,
+    target: importance.Target = "cost_per_run_usd",
+    evaluator: importance.Evaluator = "fanova",
+) -> list[importance.KnobImportance]:
+    """How much each knob explains of the target (Optuna's fANOVA or PED-ANOVA evaluator over
+    the completed trials), most important first; shares sum to 1."""
+    return importance.importances(store, name, target=target, evaluator=evaluator)
+
+
+# ------------------------------------------------------------------ writes (bearer token)
+
+_WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing or wrong bearer token"},
+    403: {"description": "the server is read-only (no SWEEPER_API_TOKEN)"},
+}
+
+
+@router.post(
+    "/{name}/trials",
+    response_model=EnqueueResponse,
+    status_code=202,
+    dependencies=[WriteAccess],
+    responses=_WRITE_RESPONSES
+    | {409: {"description": "already measured"}, 422: {"description": "not in the space"}},
+)
+def enqueue_trial(name: str, body: EnqueueRequest, store: StoreDep) -> EnqueueResponse:
+    """Queue a config to measure: the running sweep runs it next (or the next ``sweeper
+    launch`` of this study does). It must be a config of the study's space."""
+    params = study.enqueue_config(store, name, body.config)
+    running = store.get_study(name).state == "running"
+    return EnqueueResponse(
+        study=name,
+        queued=params,
+        note="the running sweep picks it up after its current trial"
+        if running
+        else "queued; it runs when this study's sweep is launched again",
+    )
+
+
+@router.post(
+    "/{name}/stop",
+    response_model=StopResponse,
+    status_code=202,
+    dependencies=[WriteAccess],
+    responses=_WRITE_RESPONSES | {409: {"description": "the study is not running"}},
+)
+def stop_study(name: str, store: StoreDep) -> StopResponse:
+    """Ask the running sweep to stop: its running trial finishes and is recorded, then the
+    sweep ends with state ``stopped``. Finished trials and the recommendation stay."""
+    if not store.request_stop(name):
+        state = store.get_study(name).state
+        raise ConflictError(f"study {name!r} is {state}, not running: nothing to stop")
+    return StopResponse(
+        study=name, state="stopping", note="the sweep stops after its running trial"
+    )
+
+
+@router.delete(
+    "/{name}",
+    status_code=204,
+    dependencies=[WriteAccess],
+    responses=_WRITE_RESPONSES | {409: {"description": "the study is running"}},
+)
+def delete_study(name: str, store: StoreDep) -> Response:
+    """Delete a study that is not running, with its trials (ours and Optuna's)."""
+    study.delete_study(store, name)
+    return Response(status_code=204)

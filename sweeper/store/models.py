@@ -16,7 +16,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
 TRIAL_STATES = ("running", "complete", "failed", "pruned")
-STUDY_STATES = ("running", "finished", "interrupted", "failed")
+# "stopping": a stop was requested (REST); the sweep ends after its running trial → "stopped"
+STUDY_STATES = ("running", "stopping", "stopped", "finished", "interrupted", "failed")
 
 
 class Base(DeclarativeBase):
@@ -81,6 +82,7 @@ class TrialRow(Base):
     tokens_per_s: Mapped[float | None] = mapped_column(Float, doc="real (non-pad) tokens/s")
     padded_tokens_per_s: Mapped[float | None] = mapped_column(Float)
     data_wait_share: Mapped[float | None] = mapped_column(Float)
+    mfu: Mapped[float | None] = mapped_column(Float, doc="model FLOPs utilization (GPU only)")
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     compile_s: Mapped[float | None] = mapped_column(Float)
     hours_per_run: Mapped[float | None] = mapped_column(Float)

@@ -6,7 +6,7 @@ Foreign database errors become ``StorageError`` here, with the URL's password hi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -14,7 +14,18 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, func, make_url, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Engine,
+    Select,
+    create_engine,
+    event,
+    func,
+    make_url,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -24,6 +35,20 @@ from sweeper.store.models import StudyRow, TrialRow
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any 64-bit constant: serialises concurrent schema upgrades of one Postgres database.
 _MIGRATION_LOCK_ID = 0x5EE9E4
+# Columns trials can be sorted by (REST ?sort=, the dashboard's table headers).
+TRIAL_SORT_KEYS = (
+    "number",
+    "cost_per_run_usd",
+    "hours_per_run",
+    "samples_per_s",
+    "tokens_per_s",
+    "it_per_s",
+    "data_wait_share",
+    "mfu",
+    "peak_memory_bytes",
+    "compile_s",
+    "wall_s",
+)
 
 
 def utcnow() -> datetime:
@@ -131,6 +156,24 @@ class Store:
             row.state = state
             row.updated_at = utcnow()
 
+    def request_stop(self, name: str) -> bool:
+        """Ask a running sweep to stop after its running trial; False if it is not running.
+
+        One conditional UPDATE, so two requests (or a sweep finishing meanwhile) cannot race.
+        """
+        with self.session() as s:
+            study_id = self._study(s, name).id
+            result = s.execute(
+                update(StudyRow)
+                .where(StudyRow.id == study_id, StudyRow.state == "running")
+                .values(state="stopping", updated_at=utcnow())
+            )
+            return bool(result.rowcount)
+
+    def stop_requested(self, name: str) -> bool:
+        with self.session() as s:
+            return self._study(s, name).state == "stopping"
+
     def add_sweep_seconds(self, name: str, seconds: float) -> None:
         """Count machine time the sweep spent (trials, preparation, probes) against the study."""
         with self.session() as s:
@@ -227,28 +270,53 @@ class Store:
         *,
         after: int | None = None,
         states: Sequence[str] | None = None,
+        failure_kinds: Sequence[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+        sort: str = "number",
+        descending: bool = False,
         limit: int | None = None,
         offset: int = 0,
         include_measurement: bool = False,
     ) -> list[TrialRow]:
-        """Trials in number order; ``after`` returns only numbers greater than it (polling).
+        """Trials in number order (or by ``sort``, a column of TRIAL_SORT_KEYS; missing values
+        last); ``after`` returns only numbers greater than it (polling); ``config`` keeps trials
+        whose knobs have these values, e.g. ``{"per_device_batch_size": 8}``.
 
         The bulky raw ``measurement`` JSON is only loaded with ``include_measurement=True``;
         touching it otherwise raises, rather than silently querying per row.
         """
+        if sort not in TRIAL_SORT_KEYS:
+            raise ValueError(f"cannot sort trials by {sort!r}; use one of {TRIAL_SORT_KEYS}")
         with self.session() as s:
             study_row = self._study(s, study)
-            query = select(TrialRow).where(TrialRow.study_id == study_row.id)
+            query = _filter_trials(
+                select(TrialRow), study_row.id, after, states, failure_kinds, config
+            )
             if not include_measurement:
                 query = query.options(defer(TrialRow.measurement, raiseload=True))
-            if after is not None:
-                query = query.where(TrialRow.number > after)
-            if states:
-                query = query.where(TrialRow.state.in_(list(states)))
-            query = query.order_by(TrialRow.number).offset(offset)
+            column = getattr(TrialRow, sort)
+            order = (column.desc() if descending else column.asc()).nulls_last()
+            query = query.order_by(order, TrialRow.number).offset(offset)
             if limit is not None:
                 query = query.limit(limit)
             return list(s.scalars(query).all())
+
+    def count_trials(
+        self,
+        study: str,
+        *,
+        after: int | None = None,
+        states: Sequence[str] | None = None,
+        failure_kinds: Sequence[str] | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> int:
+        """How many trials ``list_trials`` with the same filters returns without a limit."""
+        with self.session() as s:
+            study_row = self._study(s, study)
+            query = _filter_trials(
+                select(func.count(TrialRow.id)), study_row.id, after, states, failure_kinds, config
+            )
+            return int(s.scalar(query) or 0)
 
     def get_trial(self, study: str, number: int) -> TrialRow | None:
         """One trial with its raw measurement, or None if the study has no such number."""
@@ -257,6 +325,40 @@ class Store:
             return s.scalar(
                 select(TrialRow).where(TrialRow.study_id == study_row.id, TrialRow.number == number)
             )
+
+
+def _filter_trials(
+    query: Select[Any],
+    study_id: int,
+    after: int | None,
+    states: Sequence[str] | None,
+    failure_kinds: Sequence[str] | None,
+    config: Mapping[str, Any] | None,
+) -> Select[Any]:
+    query = query.where(TrialRow.study_id == study_id)
+    if after is not None:
+        query = query.where(TrialRow.number > after)
+    if states:
+        query = query.where(TrialRow.state.in_(list(states)))
+    if failure_kinds:
+        query = query.where(TrialRow.failure_kind.in_(list(failure_kinds)))
+    for knob, value in (config or {}).items():
+        query = query.where(_config_equals(knob, value))
+    return query
+
+
+def _config_equals(knob: str, value: Any) -> ColumnElement[bool]:
+    """``config[knob] == value`` in SQL, typed by the value (JSON on SQLite, JSONB on PG)."""
+    element = TrialRow.config[knob]
+    if value is None:
+        return element.as_string().is_(None)
+    if isinstance(value, bool):
+        return element.as_boolean() == value
+    if isinstance(value, int):
+        return element.as_integer() == value
+    if isinstance(value, float):
+        return element.as_float() == value
+    return element.as_string() == str(value)
 
 
 def _make_engine(url: str) -> Engine:

@@ -1,0 +1,118 @@
+"""Which knobs matter: Optuna's parameter-importance evaluators over a study's completed trials.
+
+The trials are read from our table (not Optuna's), so the target can be any measured column —
+$/run (the objective) by default, or samples/s — and the search space comes from the study's
+stored space file. Knobs with a single choice, or that never varied, have no importance and
+are left out. Results are cached per study until a trial finishes or the space changes::
+
+    importances(store, "cpu-demo")            # [KnobImportance(knob="max_seq_length", ...), ...]
+    importances(store, "cpu-demo", target="samples_per_s", evaluator="ped_anova")
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Literal
+
+import optuna
+from pydantic import BaseModel, Field
+
+from sweeper.errors import ConflictError, NoResultError, SpaceError
+from sweeper.space import TrialConfig, optuna_params, parse_space
+from sweeper.store import Store
+
+Target = Literal["cost_per_run_usd", "hours_per_run", "samples_per_s", "tokens_per_s"]
+Evaluator = Literal["fanova", "ped_anova"]
+_CACHE_SIZE = 64
+_cache: OrderedDict[tuple[object, ...], list[KnobImportance]] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+class KnobImportance(BaseModel):
+    """One knob's share of the target's variation explained (shares sum to 1)."""
+
+    knob: str
+    importance: float = Field(ge=0, le=1)
+
+
+def importances(
+    store: Store,
+    study: str,
+    *,
+    target: Target = "cost_per_run_usd",
+    evaluator: Evaluator = "fanova",
+) -> list[KnobImportance]:
+    """Knobs by importance for ``target``, most important first.
+
+    Raises NoResultError when fewer than two completed trials differ in some knob.
+    """
+    row = store.get_study(study)
+    trials = [
+        t
+        for t in store.list_trials(study, states=["complete"])
+        if isinstance(getattr(t, target), float) and math.isfinite(getattr(t, target))
+    ]
+    key = (store.url, row.id, row.space_yaml, target, evaluator, tuple(t.id for t in trials))
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    try:
+        search = parse_space(row.space_yaml, f"the stored space of study {study!r}").search
+    except SpaceError as e:
+        raise ConflictError(f"cannot compute importance without the study's space: {e}") from e
+    distributions = {
+        "per_device_batch_size": search.per_device_batch_size,
+        "gradient_accumulation_steps": search.gradient_accumulation_steps,
+        "num_workers": search.num_workers,
+        "prefetch_factor": search.prefetch_factor,
+        "max_seq_length": search.max_seq_length,
+        "compile_mode": search.compile_mode,
+        "attn_implementation": search.attn_implementation,
+        "packing": search.packing,
+    }
+    frozen = []
+    for trial in trials:
+        params = optuna_params(TrialConfig.model_validate(trial.config), search)
+        known = {k: v for k, v in params.items() if v in (distributions.get(k) or [])}
+        frozen.append(
+            optuna.trial.create_trial(
+                params=known,
+                distributions={
+                    k: optuna.distributions.CategoricalDistribution(distributions[k] or [])
+                    for k in known
+                },
+                value=float(getattr(trial, target)),
+            )
+        )
+    varied = [
+        knob
+        for knob in distributions
+        if len({repr(t.params.get(knob)) for t in frozen if knob in t.params}) > 1
+        and all(knob in t.params for t in frozen)
+    ]
+    if len(frozen) < 2 or not varied:
+        raise NoResultError(
+            f"study {study!r} has {len(frozen)} completed trial(s) with a {target}; importance "
+            "needs at least two that differ in some knob"
+        )
+    direction = "minimize" if target in ("cost_per_run_usd", "hours_per_run") else "maximize"
+    memory = optuna.create_study(direction=direction)
+    memory.add_trials(frozen)
+    chosen = (
+        optuna.importance.FanovaImportanceEvaluator(seed=0)
+        if evaluator == "fanova"
+        else optuna.importance.PedAnovaImportanceEvaluator()
+    )
+    shares = optuna.importance.get_param_importances(memory, evaluator=chosen, params=varied)
+    result = [
+        KnobImportance(knob=knob, importance=min(1.0, max(0.0, share)))
+        for knob, share in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    with _cache_lock:
+        _cache[key] = result
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return result
