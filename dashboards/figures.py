@@ -273,3 +273,279 @@ def _add_empty_note(figure: go.Figure, text: str) -> None:
         showarrow=False,
         font={"color": MUTED, "size": 14},
     )
+
+
+# ------------------------------------------------------------------ knobs: parallel coordinates
+
+
+def _varying_knobs(rows: list[dict[str, Any]]) -> list[str]:
+    """Knobs that take more than one value among ``rows`` (first-seen order)."""
+    values: dict[str, set[str]] = {}
+    for row in rows:
+        for knob, value in row["config"].items():
+            values.setdefault(knob, set()).add(repr(value))
+    return [knob for knob, seen in values.items() if len(seen) > 1]
+
+
+def _priced(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
+    return [
+        {"number": t.number, "config": dict(t.config), "cost_per_run_usd": t.cost_per_run_usd}
+        for t in _by_number(trials)
+        if t.state == "complete" and _finite(t.cost_per_run_usd)
+    ]
+
+
+def parallel_rows(trials: Iterable[TrialLike]) -> dict[str, Any]:
+    """Completed trials as one line each across the knobs that vary, ending at $/run.
+
+    >>> parallel_rows([])
+    {'knobs': [], 'rows': []}
+    """
+    rows = _priced(trials)
+    return {"knobs": _varying_knobs(rows), "rows": rows}
+
+
+def _axis_values(values: list[Any]) -> tuple[list[float], list[float], list[str]]:
+    """Positions, tick positions and tick labels for one knob's values: numbers keep their
+    order, anything else (and None) is spaced evenly in sorted order."""
+    distinct = sorted({repr(v): v for v in values}.values(), key=lambda v: (str(type(v)), str(v)))
+    numeric = all(_is_plain_number(v) for v in distinct)
+    if numeric:
+        ordered = sorted(distinct)
+        index = {repr(v): float(v) for v in ordered}
+        return (
+            [index[repr(v)] for v in values],
+            [float(v) for v in ordered],
+            [plain_text(v) for v in ordered],
+        )
+    index = {repr(v): float(i) for i, v in enumerate(distinct)}
+    return (
+        [index[repr(v)] for v in values],
+        list(index.values()),
+        [plain_text("null" if v is None else v) for v in distinct],
+    )
+
+
+def _is_plain_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
+    """Parallel coordinates: one axis per varying knob, then $/run (colour = $/run)."""
+    rows, knobs = data["rows"], data["knobs"]
+    dimensions = []
+    for knob in knobs:
+        values, tickvals, ticktext = _axis_values([row["config"].get(knob) for row in rows])
+        dimensions.append(
+            {
+                "label": plain_text(knob),
+                "values": values,
+                "tickvals": tickvals,
+                "ticktext": ticktext,
+            }
+        )
+    costs = [row["cost_per_run_usd"] for row in rows]
+    dimensions.append({"label": "$ per run", "values": costs, "tickformat": "$,.2f"})
+    trace = go.Parcoords(
+        dimensions=dimensions,
+        line={
+            "color": costs,
+            "colorscale": "Viridis",
+            "reversescale": True,  # cheap = bright
+            "showscale": True,
+            "colorbar": {"title": {"text": "$/run"}, "tickprefix": "$"},
+        },
+    )
+    figure = go.Figure(data=[trace] if rows else [], layout=_layout())
+    figure.update_layout(margin={"l": 64, "r": 64, "t": 48, "b": 32})
+    if not rows:
+        _add_empty_note(figure, "no completed trial yet")
+    return figure.to_plotly_json()
+
+
+# ------------------------------------------------------------------ knobs: one slice per knob
+
+
+def slice_rows(trials: Iterable[TrialLike]) -> dict[str, Any]:
+    """For each knob that varies, the (value, $/run) of every completed trial."""
+    rows = _priced(trials)
+    return {
+        "knobs": [
+            {
+                "knob": knob,
+                "points": [
+                    {
+                        "value": row["config"].get(knob),
+                        "cost_per_run_usd": row["cost_per_run_usd"],
+                        "number": row["number"],
+                    }
+                    for row in rows
+                ],
+            }
+            for knob in _varying_knobs(rows)
+        ]
+    }
+
+
+def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
+    """$/run against each knob's value, one panel per knob (categorical x axes)."""
+    from plotly.subplots import make_subplots
+
+    knobs = data["knobs"]
+    columns = max(1, len(knobs))
+    figure = make_subplots(
+        rows=1,
+        cols=columns,
+        shared_yaxes=True,
+        horizontal_spacing=0.03,
+        subplot_titles=[plain_text(k["knob"]) for k in knobs] or None,
+    )
+    for index, knob in enumerate(knobs, start=1):
+        points = knob["points"]
+        figure.add_trace(
+            go.Scatter(
+                name=plain_text(knob["knob"]),
+                x=[plain_text("null" if p["value"] is None else p["value"]) for p in points],
+                y=[p["cost_per_run_usd"] for p in points],
+                customdata=[p["number"] for p in points],
+                mode="markers",
+                marker={"color": PALETTE[0], "size": 8, "opacity": 0.6},
+                hovertemplate="trial %{customdata}: %{x}<br>$%{y:,.2f} per run<extra></extra>",
+                showlegend=False,
+            ),
+            row=1,
+            col=index,
+        )
+        figure.update_xaxes(type="category", row=1, col=index)
+    figure.update_layout(_layout())
+    figure.update_layout(height=300, margin={"l": 64, "r": 16, "t": 40, "b": 40})
+    figure.update_yaxes(title_text="$ per run", tickprefix="$", row=1, col=1)
+    if not knobs:
+        _add_empty_note(figure, "no knob varies among the completed trials yet")
+    return figure.to_plotly_json()
+
+
+# ------------------------------------------------------------------ importance
+
+
+def importance_figure(ranked: list[Mapping[str, Any]] | None, note: str = "") -> dict[str, Any]:
+    """Horizontal bars: each knob's share of the $/run variation, largest on top."""
+    ordered = list(reversed(ranked or []))
+    figure = go.Figure(
+        data=[
+            go.Bar(
+                x=[r["importance"] for r in ordered],
+                y=[plain_text(r["knob"]) for r in ordered],
+                orientation="h",
+                marker={"color": PALETTE[0]},
+                hovertemplate="%{y}: %{x:.0%} of the $/run variation<extra></extra>",
+            )
+        ]
+        if ordered
+        else [],
+        layout=_layout(),
+    )
+    figure.update_layout(height=max(200, 60 + 36 * len(ordered)), margin={"l": 160})
+    figure.update_xaxes(title_text="share of $/run variation explained", tickformat=".0%")
+    if not ordered:
+        _add_empty_note(figure, note or "not enough completed trials yet")
+    return figure.to_plotly_json()
+
+
+# ------------------------------------------------------------------ failures by kind
+
+
+def failure_rows(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
+    """How many trials failed of each kind, most frequent first.
+
+    >>> failure_rows([])
+    []
+    """
+    counts: dict[str, int] = {}
+    for trial in trials:
+        if trial.state == "failed":
+            kind = trial.failure_kind or "error"
+            counts[kind] = counts.get(kind, 0) + 1
+    return [
+        {"kind": k, "trials": n} for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+
+
+def failure_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    figure = go.Figure(
+        data=[
+            go.Bar(
+                x=[plain_text(r["kind"]) for r in rows],
+                y=[r["trials"] for r in rows],
+                marker={"color": PALETTE[5]},
+                hovertemplate="%{x}: %{y} trial(s)<extra></extra>",
+            )
+        ]
+        if rows
+        else [],
+        layout=_layout(),
+    )
+    figure.update_layout(height=260)
+    figure.update_yaxes(title_text="failed trials", rangemode="tozero", dtick=1)
+    if not rows:
+        _add_empty_note(figure, "no failed trial")
+    return figure.to_plotly_json()
+
+
+# ------------------------------------------------------------------ Pareto across hardware
+
+
+def pareto_rows(
+    points_by_study: Mapping[str, list[Mapping[str, Any]]], front: list[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Every eligible (hours, $) per study (one colour per hardware) and the Pareto front."""
+    return {
+        "studies": [
+            {"study": study, "points": list(points)} for study, points in points_by_study.items()
+        ],
+        "front": [dict(p) for p in front],
+    }
+
+
+def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
+    """$/run against hours/run: each study's trials, and the front (no point is both cheaper
+    and faster than a point on it)."""
+    traces = []
+    for index, entry in enumerate(data["studies"]):
+        points = entry["points"]
+        if not points:
+            continue
+        label = plain_text(f"{points[0]['hardware_name']} ({entry['study']})")
+        traces.append(
+            go.Scatter(
+                name=label,
+                x=[p["hours_per_run"] for p in points],
+                y=[p["cost_per_run_usd"] for p in points],
+                customdata=[[p["trial_number"], config_text(p["config"])] for p in points],
+                mode="markers",
+                marker={"color": PALETTE[index % len(PALETTE)], "size": 8, "opacity": 0.55},
+                hovertemplate=(
+                    "trial %{customdata[0]}: %{x:,.1f} h, $%{y:,.2f}<br><br>%{customdata[1]}"
+                    "<extra>" + label + "</extra>"
+                ),
+            )
+        )
+    front = data["front"]
+    if front:
+        traces.append(
+            go.Scatter(
+                name="Pareto front",
+                x=[p["hours_per_run"] for p in front],
+                y=[p["cost_per_run_usd"] for p in front],
+                mode="lines+markers",
+                line={"color": INK, "width": 2, "shape": "hv"},
+                marker={"color": INK, "size": 10, "symbol": "diamond-open"},
+                hovertemplate="front: %{x:,.1f} h, $%{y:,.2f}<extra></extra>",
+            )
+        )
+    figure = go.Figure(data=traces, layout=_layout())
+    figure.update_xaxes(title_text="hours per run", rangemode="tozero")
+    figure.update_yaxes(title_text="$ per run", tickprefix="$", rangemode="tozero")
+    if not traces:
+        _add_empty_note(figure, "no eligible trial yet")
+    return figure.to_plotly_json()

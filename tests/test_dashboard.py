@@ -203,5 +203,82 @@ def test_hostile_names_render_escaped(hostile_client: TestClient) -> None:
     assert embedded is not None
     live = json.loads(embedded.group(1))
     assert live["trials_url"] == f"/api/studies/{quote(HOSTILE_STUDY, safe='')}/trials"
-    assert live["trials"] == [{"number": 0, "state": "complete"}, {"number": 1, "state": "failed"}]
-    assert live["figures"]["history"]["data"][0]["x"] == [0]
+    assert (live["highest"], live["running"]) == (1, [])
+    figures_url = f"/studies/{quote(HOSTILE_STUDY, safe='')}/figures.json"
+    assert live["figures_url"] == figures_url
+    charts = hostile_client.get(figures_url).json()
+    assert charts["history"]["data"][0]["x"] == [0]
+    # hover text and labels carry the hostile config value as escaped text only
+    dumped = json.dumps(charts)
+    assert "<script>" not in dumped
+    assert "&lt;script&gt;alert(3)&lt;/script&gt;" in dumped
+    assert charts["failures"]["data"][0]["x"] == ["error"]
+
+
+def test_knob_figures_use_completed_trials_and_only_varying_knobs() -> None:
+    parallel = figures.parallel_rows(TRIALS)
+    # batch size is 8 everywhere: not an axis; attention varies
+    assert parallel["knobs"] == ["attn_implementation"]
+    assert [row["number"] for row in parallel["rows"]] == [0, 1, 3, 4]
+    figure = figures.parallel_figure(parallel)
+    (trace,) = figure["data"]
+    attn_axis, cost_axis = trace["dimensions"]
+    assert attn_axis["ticktext"] == ["eager", "sdpa"]
+    assert attn_axis["values"] == [0.0, 1.0, 0.0, 1.0]
+    assert cost_axis["values"] == [6.0, 3.0, 4.0, 2.5]
+
+    panels = figures.slice_rows(TRIALS)["knobs"]
+    assert [p["knob"] for p in panels] == ["attn_implementation"]
+    assert [(pt["value"], pt["cost_per_run_usd"]) for pt in panels[0]["points"]] == [
+        ("eager", 6.0),
+        ("sdpa", 3.0),
+        ("eager", 4.0),
+        ("sdpa", 2.5),
+    ]
+    assert len(figures.slice_figure(figures.slice_rows(TRIALS))["data"]) == 1
+
+
+def test_failures_by_kind_and_importance_bars() -> None:
+    failed = [
+        Trial(number=n, state="failed", failure_kind=kind)
+        for n, kind in enumerate(["oom", "unsupported", "oom", None])
+    ]
+    rows = figures.failure_rows([*failed, *TRIALS])
+    assert rows == [
+        {"kind": "oom", "trials": 2},
+        {"kind": "unsupported", "trials": 2},
+        {"kind": "error", "trials": 1},
+    ]
+    assert figures.failure_figure(rows)["data"][0]["y"] == [2, 2, 1]
+    bars = figures.importance_figure(
+        [{"knob": "max_seq_length", "importance": 0.7}, {"knob": "packing", "importance": 0.3}]
+    )
+    assert bars["data"][0]["y"] == ["packing", "max_seq_length"]  # largest on top
+    empty = figures.importance_figure(None, note="needs two trials")
+    assert empty["data"] == [] and empty["layout"]["annotations"][0]["text"] == "needs two trials"
+
+
+def test_pareto_figure_has_a_trace_per_study_and_the_front() -> None:
+    def point(study: str, number: int, hours: float, cost: float) -> dict[str, Any]:
+        return {
+            "hardware_name": f"{study}-gpu",
+            "trial_number": number,
+            "config": {},
+            "hours_per_run": hours,
+            "cost_per_run_usd": cost,
+        }
+
+    data = figures.pareto_rows(
+        {
+            "h100": [point("h100", 0, 10, 25), point("h100", 1, 12, 30)],
+            "a100": [point("a100", 0, 20, 20)],
+        },
+        front=[point("h100", 0, 10, 25), point("a100", 0, 20, 20)],
+    )
+    figure = figures.pareto_figure(data)
+    assert [trace["name"] for trace in figure["data"]] == [
+        "h100-gpu (h100)",
+        "a100-gpu (a100)",
+        "Pareto front",
+    ]
+    assert figure["data"][-1]["x"] == [10, 20]

@@ -6,9 +6,9 @@ bundled plotly.js and keeps the page live by polling the trials API.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from starlette.templating import Jinja2Templates
 
@@ -16,8 +16,10 @@ from api.deps import StoreDep
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
 from dashboards import figures, path_segment, plotly_js_path
-from sweeper import recommend
-from sweeper.errors import NoResultError
+from sweeper import importance, recommend
+from sweeper.errors import ConflictError, NoResultError, SweeperError
+from sweeper.export import render
+from sweeper.store import Store
 
 router = APIRouter(include_in_schema=False)
 
@@ -55,34 +57,127 @@ def overview(request: Request, store: StoreDep) -> HTMLResponse:
     return render_page(request, "index.html", {"studies": study_summaries(store)})
 
 
+# Columns of the trials table that sort, and the direction a first click sorts them in.
+SORTABLE = {
+    "number": False,
+    "samples_per_s": True,
+    "tokens_per_s": True,
+    "it_per_s": True,
+    "data_wait_share": False,
+    "mfu": True,
+    "peak_memory_bytes": False,
+    "cost_per_run_usd": False,
+    "hours_per_run": False,
+}
+PAGE_SIZE = 100
+
+
 @router.get("/studies/{name}", response_class=HTMLResponse)
-def study_page(name: str, request: Request, store: StoreDep) -> HTMLResponse:
+def study_page(
+    name: str,
+    request: Request,
+    store: StoreDep,
+    sort: str = "number",
+    descending: bool = False,
+    page: Annotated[int, Query(ge=1)] = 1,
+) -> HTMLResponse:
     study = study_detail(store, name)
-    trials = [TrialSummary.model_validate(trial) for trial in store.list_trials(name)]
+    if sort not in SORTABLE:
+        sort = "number"
+    total = store.count_trials(name)
+    pages = max(1, -(-total // PAGE_SIZE))
+    page = min(page, pages)
+    trials = [
+        TrialSummary.model_validate(trial)
+        for trial in store.list_trials(
+            name, sort=sort, descending=descending, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE
+        )
+    ]
     try:
         best: BestConfig | None = BestConfig.model_validate(recommend.best(store, name))
     except NoResultError:
         best = None
+    exports: dict[str, str] = {}
+    if best is not None:
+        for fmt in ("trainer", "yaml"):
+            try:
+                exports[fmt] = render(best, fmt, study.space_yaml)
+            except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
+                exports[fmt] = f"# cannot export this config: {e!r}"
+    running = [t.number for t in store.list_trials(name, states=["running"])]
+    highest = store.list_trials(name, sort="number", descending=True, limit=1)
     context: dict[str, Any] = {
         "study": study,
         "trials": trials,
         "best": best,
+        "exports": exports,
         "config_keys": _config_keys(trials),
         "color_by": COLOR_BY,
-        # Read by study.js: the figures to draw and what the page already shows.
+        "table": {
+            "sort": sort,
+            "descending": descending,
+            "page": page,
+            "pages": pages,
+            "total": total,
+            "sortable": SORTABLE,
+        },
+        # Read by study.js: where to poll, what the page already shows, where the figures are.
         "live": {
             "trials_url": f"/api/studies/{path_segment(name)}/trials",
+            "figures_url": f"/studies/{path_segment(name)}/figures.json",
             "study_state": study.state,
-            "trials": [{"number": t.number, "state": t.state} for t in trials],
-            "figures": {
-                "history": figures.history_figure(figures.history_rows(trials)),
-                "throughput": figures.throughput_figure(
-                    figures.throughput_rows(trials, color_by=COLOR_BY), color_by=COLOR_BY
-                ),
-            },
+            "highest": highest[0].number if highest else -1,
+            "running": running,
         },
     }
     return render_page(request, "study.html", context)
+
+
+@router.get("/studies/{name}/figures.json")
+def study_figures(name: str, store: StoreDep) -> dict[str, Any]:
+    """Every chart of the study page as Plotly JSON (fetched after the page has painted)."""
+    trials = store.list_trials(name)
+    figures_out: dict[str, Any] = {
+        "history": figures.history_figure(figures.history_rows(trials)),
+        "throughput": figures.throughput_figure(
+            figures.throughput_rows(trials, color_by=COLOR_BY), color_by=COLOR_BY
+        ),
+        "parallel": figures.parallel_figure(figures.parallel_rows(trials)),
+        "slice": figures.slice_figure(figures.slice_rows(trials)),
+        "failures": figures.failure_figure(figures.failure_rows(trials)),
+    }
+    try:
+        ranked = [k.model_dump() for k in importance.importances(store, name)]
+        figures_out["importance"] = figures.importance_figure(ranked)
+    except (NoResultError, ConflictError) as e:
+        figures_out["importance"] = figures.importance_figure(None, note=str(e))
+    figures_out["pareto"] = _pareto(store, name)
+    return figures_out
+
+
+def _pareto(store: Store, name: str) -> dict[str, Any]:
+    """Each study of this workload (its hardware at its price) and the front across them."""
+    try:
+        front = [p.model_dump() for p in recommend.compare(store, name).pareto]
+    except NoResultError:
+        front = []
+    anchor = store.get_study(name)
+    studies = store.studies_of_workload(anchor.workload_hash) if anchor.workload_hash else [anchor]
+    points = {
+        row.name: [
+            {
+                "hardware_name": row.hardware_name,
+                "trial_number": t.number,
+                "config": dict(t.config),
+                "hours_per_run": t.hours_per_run,
+                "cost_per_run_usd": t.cost_per_run_usd,
+            }
+            for t in store.list_trials(row.name, states=["complete"])
+            if t.hours_per_run is not None and t.cost_per_run_usd is not None
+        ]
+        for row in studies
+    }
+    return figures.pareto_figure(figures.pareto_rows(points, front))
 
 
 def _config_keys(trials: list[TrialSummary]) -> list[str]:

@@ -1,10 +1,11 @@
-// Study page: draw the embedded figures, then keep the page live.
+// Study page: draw the charts, keep the page live, copy the recommended config.
 //
-// Every 3 s it asks the trials API for trials numbered above a watermark: the highest number
-// shown, or just below the lowest trial still running (so a running trial is re-read until it
-// finishes). When a trial is new or changed state, it fetches this page again and swaps in the
-// server-rendered sections marked data-live, and redraws the charts with Plotly.react. The
-// tables and figures are therefore defined once, on the server.
+// The HTML arrives without chart data so it paints at once; the figures come from
+// figures_url as Plotly JSON. Every 3 s the page asks the trials API for trials numbered above
+// a watermark: the highest number shown, or just below the lowest trial still running (so a
+// running trial is re-read until it finishes). When a trial is new or changed state, it fetches
+// this page again, swaps in the server-rendered sections marked data-live, and redraws the
+// charts with Plotly.react. Tables and figures are therefore defined once, on the server.
 (() => {
   "use strict";
 
@@ -13,45 +14,47 @@
   // While the study runs, refresh now and then even when no trial changed (the study state).
   const FULL_REFRESH_EVERY = 10;
   const PLOT_CONFIG = { responsive: true, displaylogo: false };
-  const CHARTS = { history: "chart-history", throughput: "chart-throughput" };
+  const CHARTS = {
+    history: "chart-history",
+    throughput: "chart-throughput",
+    importance: "chart-importance",
+    failures: "chart-failures",
+    parallel: "chart-parallel",
+    slice: "chart-slice",
+    pareto: "chart-pareto",
+  };
 
   let live = readLive(document);
-  let known = trialStates(live.trials);
   let quietPolls = 0;
   let failures = 0;
   let timer = null;
+  let drawn = false;
   const status = document.getElementById("live-status");
 
   function readLive(doc) {
     return JSON.parse(doc.getElementById("study-data").textContent);
   }
 
-  function trialStates(trials) {
-    return new Map(trials.map((trial) => [trial.number, trial.state]));
-  }
-
-  function draw(figures, first) {
+  async function drawFigures() {
     if (!window.Plotly) {
       setStatus("Charts unavailable: plotly.js did not load.");
       return;
     }
+    const figures = await (await fetchOk(live.figures_url, "application/json")).json();
     for (const [key, id] of Object.entries(CHARTS)) {
       const element = document.getElementById(id);
       const figure = figures[key];
       if (!element || !figure) continue;
-      const plot = first ? window.Plotly.newPlot : window.Plotly.react;
-      plot(element, figure.data, figure.layout, PLOT_CONFIG);
+      const plot = drawn ? window.Plotly.react : window.Plotly.newPlot;
+      await plot(element, figure.data, figure.layout, PLOT_CONFIG);
     }
+    drawn = true;
+    document.body.dataset.chartsDrawn = String(Date.now());
   }
 
   function watermark() {
-    let highest = -1;
-    let lowestRunning = Infinity;
-    for (const [number, state] of known) {
-      highest = Math.max(highest, number);
-      if (state === "running") lowestRunning = Math.min(lowestRunning, number);
-    }
-    return lowestRunning === Infinity ? highest : lowestRunning - 1;
+    const lowestRunning = Math.min(...live.running);
+    return Number.isFinite(lowestRunning) ? lowestRunning - 1 : live.highest;
   }
 
   async function fetchOk(url, accept) {
@@ -63,14 +66,18 @@
   async function poll() {
     const url = `${live.trials_url}?after=${encodeURIComponent(watermark())}`;
     const trials = await (await fetchOk(url, "application/json")).json();
-    const changed = trials.some((trial) => known.get(trial.number) !== trial.state);
+    const running = new Set(live.running);
+    const changed = trials.some(
+      (trial) =>
+        trial.number > live.highest || (running.has(trial.number) && trial.state !== "running"),
+    );
     quietPolls = changed ? 0 : quietPolls + 1;
     if (changed || (live.study_state === "running" && quietPolls % FULL_REFRESH_EVERY === 0)) {
-      await refresh();
+      await refresh(changed);
     }
   }
 
-  async function refresh() {
+  async function refresh(redraw) {
     const response = await fetchOk(window.location.href, "text/html");
     const next = new DOMParser().parseFromString(await response.text(), "text/html");
     // Same-origin HTML rendered by our autoescaping templates; scripts in it never run.
@@ -79,8 +86,7 @@
       if (replacement) section.replaceChildren(...replacement.childNodes);
     }
     live = readLive(next);
-    known = trialStates(live.trials);
-    draw(live.figures, false);
+    if (redraw) await drawFigures();
   }
 
   function setStatus(text) {
@@ -107,10 +113,47 @@
     }
   }
 
+  // Copy buttons (delegated: the card is replaced on live updates).
+  async function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      await navigator.clipboard.writeText(text);
+      return;
+    }
+    // Plain http on a non-loopback address has no clipboard API: select and copy instead.
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.style.position = "fixed";
+    area.style.opacity = "0";
+    document.body.append(area);
+    area.select();
+    const copied = document.execCommand("copy");
+    area.remove();
+    if (!copied) throw new Error("the browser refused to copy");
+  }
+
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-copy]");
+    if (!button) return;
+    const source = document.getElementById(button.dataset.copy);
+    if (!source) return;
+    const label = button.textContent;
+    try {
+      await copyText(source.textContent);
+      button.textContent = "Copied ✓";
+    } catch (error) {
+      button.textContent = `Copy failed: ${error.message}`;
+    }
+    setTimeout(() => {
+      button.textContent = label;
+    }, 2000);
+  });
+
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) schedule(0);
   });
 
-  draw(live.figures, true);
-  schedule(POLL_MS);
+  drawFigures()
+    .catch((error) => setStatus(`Charts failed to load (${error.message}).`))
+    .finally(() => schedule(POLL_MS));
 })();
