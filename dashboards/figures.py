@@ -330,34 +330,102 @@ def _is_plain_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# Viridis, reversed: the cheapest bin is the brightest.
+_COST_BINS = ("#fde725", "#7ad151", "#22a884", "#2a788e", "#414487", "#440154")
+
+
 def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
-    """Parallel coordinates: one axis per varying knob, then $/run (colour = $/run)."""
+    """Parallel coordinates drawn in SVG (plotly's parcoords needs WebGL, which many remote
+    and GPU-less browsers refuse): one vertical axis per varying knob, then $/run; one line per
+    completed trial, coloured by its $/run sextile, the cheapest drawn thick."""
     rows, knobs = data["rows"], data["knobs"]
-    dimensions = []
-    for knob in knobs:
-        values, tickvals, ticktext = _axis_values([row["config"].get(knob) for row in rows])
-        dimensions.append(
-            {
-                "label": plain_text(knob),
-                "values": values,
-                "tickvals": tickvals,
-                "ticktext": ticktext,
-            }
+    axes = [*knobs, "$ per run"]
+    positions: list[list[float]] = [[] for _ in rows]
+    annotations: list[dict[str, Any]] = []
+    for x, axis in enumerate(axes):
+        if axis == "$ per run":
+            costs = [row["cost_per_run_usd"] for row in rows]
+            low, high = (min(costs), max(costs)) if costs else (0.0, 1.0)
+            span = (high - low) or 1.0
+            values = [(c - low) / span for c in costs]
+            ticks = [(0.0, f"${low:,.2f}"), (1.0, f"${high:,.2f}")] if costs else []
+        else:
+            raw, tickvals, ticktext = _axis_values([row["config"].get(axis) for row in rows])
+            low, high = (min(tickvals), max(tickvals)) if tickvals else (0.0, 1.0)
+            span = (high - low) or 1.0
+            values = [(v - low) / span for v in raw]
+            ticks = [((t - low) / span, text) for t, text in zip(tickvals, ticktext, strict=True)]
+        for trial_positions, value in zip(positions, values, strict=True):
+            trial_positions.append(value)
+        annotations.append(
+            {"x": x, "y": 1.08, "text": plain_text(axis), "showarrow": False, "yanchor": "bottom"}
         )
-    costs = [row["cost_per_run_usd"] for row in rows]
-    dimensions.append({"label": "$ per run", "values": costs, "tickformat": "$,.2f"})
-    trace = go.Parcoords(
-        dimensions=dimensions,
-        line={
-            "color": costs,
-            "colorscale": "Viridis",
-            "reversescale": True,  # cheap = bright
-            "showscale": True,
-            "colorbar": {"title": {"text": "$/run"}, "tickprefix": "$"},
-        },
+        annotations += [
+            {
+                "x": x,
+                "y": y,
+                "text": text,
+                "showarrow": False,
+                "xanchor": "right",
+                "xshift": -4,
+                "font": {"size": 11, "color": MUTED},
+            }
+            for y, text in ticks
+        ]
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["cost_per_run_usd"])
+    traces = []
+    for b, color in enumerate(_COST_BINS):
+        members = order[b * len(order) // len(_COST_BINS) : (b + 1) * len(order) // len(_COST_BINS)]
+        if not members:
+            continue
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for i in members:
+            xs += [*range(len(axes)), None]
+            ys += [*positions[i], None]
+        last = rows[members[-1]]
+        traces.append(
+            go.Scatter(
+                # one "$" per label: plotly reads text with two as LaTeX
+                name=f"up to ${last['cost_per_run_usd']:,.2f}",
+                x=xs,
+                y=ys,
+                mode="lines",
+                line={"color": color, "width": 1.5},
+                opacity=0.7,
+                hoverinfo="skip",
+            )
+        )
+    if rows:
+        cheapest = order[0]
+        traces.append(
+            go.Scatter(
+                name=f"cheapest (trial {rows[cheapest]['number']})",
+                x=list(range(len(axes))),
+                y=positions[cheapest],
+                mode="lines+markers",
+                line={"color": PALETTE[5], "width": 4},
+                customdata=[config_text(rows[cheapest]["config"])] * len(axes),
+                hovertemplate="%{customdata}<extra></extra>",
+            )
+        )
+    figure = go.Figure(data=traces, layout=_layout())
+    figure.update_layout(
+        annotations=annotations,
+        height=380,
+        margin={"l": 72, "r": 16, "t": 64, "b": 24},
+        legend={"title": {"text": "$ per run"}, "y": -0.05, "yanchor": "top"},
+        hovermode="closest",
     )
-    figure = go.Figure(data=[trace] if rows else [], layout=_layout())
-    figure.update_layout(margin={"l": 64, "r": 64, "t": 48, "b": 32})
+    figure.update_xaxes(
+        range=[-0.6, len(axes) - 0.8],
+        showticklabels=False,
+        showgrid=True,
+        gridcolor=INK,
+        tickvals=list(range(len(axes))),
+        zeroline=False,
+    )
+    figure.update_yaxes(range=[-0.05, 1.12], showticklabels=False, showgrid=False)
     if not rows:
         _add_empty_note(figure, "no completed trial yet")
     return figure.to_plotly_json()
@@ -392,20 +460,25 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
     from plotly.subplots import make_subplots
 
     knobs = data["knobs"]
-    columns = max(1, len(knobs))
+    columns = min(4, max(1, len(knobs)))
+    rows = max(1, -(-len(knobs) // columns))
     figure = make_subplots(
-        rows=1,
+        rows=rows,
         cols=columns,
         shared_yaxes=True,
-        horizontal_spacing=0.03,
+        horizontal_spacing=0.04,
+        vertical_spacing=0.18 if rows > 1 else 0.0,
         subplot_titles=[plain_text(k["knob"]) for k in knobs] or None,
     )
-    for index, knob in enumerate(knobs, start=1):
+    for index, knob in enumerate(knobs):
+        row, col = index // columns + 1, index % columns + 1
         points = knob["points"]
+        labels = [plain_text("null" if p["value"] is None else p["value"]) for p in points]
+        _, _, order = _axis_values([p["value"] for p in points])
         figure.add_trace(
             go.Scatter(
                 name=plain_text(knob["knob"]),
-                x=[plain_text("null" if p["value"] is None else p["value"]) for p in points],
+                x=labels,
                 y=[p["cost_per_run_usd"] for p in points],
                 customdata=[p["number"] for p in points],
                 mode="markers",
@@ -413,13 +486,16 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
                 hovertemplate="trial %{customdata}: %{x}<br>$%{y:,.2f} per run<extra></extra>",
                 showlegend=False,
             ),
-            row=1,
-            col=index,
+            row=row,
+            col=col,
         )
-        figure.update_xaxes(type="category", row=1, col=index)
+        figure.update_xaxes(
+            type="category", categoryorder="array", categoryarray=order, row=row, col=col
+        )
+        if col == 1:
+            figure.update_yaxes(title_text="$ per run", tickprefix="$", row=row, col=col)
     figure.update_layout(_layout())
-    figure.update_layout(height=300, margin={"l": 64, "r": 16, "t": 40, "b": 40})
-    figure.update_yaxes(title_text="$ per run", tickprefix="$", row=1, col=1)
+    figure.update_layout(height=40 + 260 * rows, margin={"l": 64, "r": 16, "t": 40, "b": 40})
     if not knobs:
         _add_empty_note(figure, "no knob varies among the completed trials yet")
     return figure.to_plotly_json()

@@ -98,6 +98,7 @@ def importances(
             f"study {study!r} has {len(frozen)} completed trial(s) with a {target}; importance "
             "needs at least two that differ in some knob"
         )
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line per call
     direction = "minimize" if target in ("cost_per_run_usd", "hours_per_run") else "maximize"
     memory = optuna.create_study(direction=direction)
     memory.add_trials(frozen)

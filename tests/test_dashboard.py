@@ -221,11 +221,14 @@ def test_knob_figures_use_completed_trials_and_only_varying_knobs() -> None:
     assert parallel["knobs"] == ["attn_implementation"]
     assert [row["number"] for row in parallel["rows"]] == [0, 1, 3, 4]
     figure = figures.parallel_figure(parallel)
-    (trace,) = figure["data"]
-    attn_axis, cost_axis = trace["dimensions"]
-    assert attn_axis["ticktext"] == ["eager", "sdpa"]
-    assert attn_axis["values"] == [0.0, 1.0, 0.0, 1.0]
-    assert cost_axis["values"] == [6.0, 3.0, 4.0, 2.5]
+    *bins, cheapest = figure["data"]
+    # one polyline per completed trial (None separates them), over two axes: attn, then $/run
+    assert sum(trace["y"].count(None) for trace in bins) == 4
+    assert cheapest["name"] == "cheapest (trial 4)"
+    assert list(cheapest["y"]) == [1.0, 0.0]  # sdpa (2nd of eager, sdpa); the lowest $/run
+    labels = [a["text"] for a in figure["layout"]["annotations"]]
+    assert labels[:3] == ["attn_implementation", "eager", "sdpa"]
+    assert "$2.50" in labels and "$6.00" in labels
 
     panels = figures.slice_rows(TRIALS)["knobs"]
     assert [p["knob"] for p in panels] == ["attn_implementation"]
