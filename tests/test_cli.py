@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from sweeper.errors import StudyNotFoundError
+from sweeper.errors import StorageError, StudyNotFoundError
 from sweeper.store import Store
 from tests.helpers import REPO, TINY_SPACE, tiny_space_without_baseline
 
@@ -381,3 +381,42 @@ def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict
         r"Left out: trial #0 \(bs\S+ seq128\) costs \$10\.00 but truncates [\d.]+% of the tokens",
         page,
     )
+
+
+def test_a_stop_request_ends_the_sweep_after_its_running_trial(
+    tmp_path: Path, sqlite_url: str, env: dict[str, str]
+) -> None:
+    """What POST /api/studies/{name}/stop does (Store.request_stop), seen by a real sweep."""
+    launch = [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(TINY_SPACE)]
+    process = subprocess.Popen(
+        [*launch, "--storage", sqlite_url, "--n-trials", "3"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    store = Store(sqlite_url)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if store.list_trials("tiny", states=["running"]):
+                    break
+            except (StudyNotFoundError, StorageError):  # the sweep has not created it yet
+                pass
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no trial started in 120 s"
+            time.sleep(0.2)
+        assert store.request_stop("tiny")
+        stdout, stderr = process.communicate(timeout=120)
+        assert process.returncode == 0, stderr
+        assert "stop requested" in stdout + stderr
+        assert store.get_study("tiny").state == "stopped"
+        (trial,) = store.list_trials("tiny")
+        assert trial.state == "complete"  # the running trial finished and was recorded
+    finally:
+        store.dispose()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -149,8 +149,14 @@ def study_figures(name: str, store: StoreDep) -> dict[str, Any]:
     try:
         ranked = [k.model_dump() for k in importance.importances(store, name)]
         figures_out["importance"] = figures.importance_figure(ranked)
-    except (NoResultError, ConflictError) as e:
-        figures_out["importance"] = figures.importance_figure(None, note=str(e))
+    except NoResultError:
+        figures_out["importance"] = figures.importance_figure(
+            None, note="needs two completed trials that differ in a knob"
+        )
+    except ConflictError:
+        figures_out["importance"] = figures.importance_figure(
+            None, note="needs the study's space file, which is not valid"
+        )
     figures_out["pareto"] = _pareto(store, name)
     return figures_out
 

@@ -1,0 +1,195 @@
+"""The dashboard pages in a real headless chromium against a real server and SQLite store."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import Dialog, Page, expect
+
+from sweeper.store import Store
+from tests.browser.helpers import (
+    ALL_STUDIES,
+    HOSTILE_KNOB,
+    HOSTILE_STUDY,
+    LIVE_STUDY,
+    STUDY,
+    LiveServer,
+    chart_markers,
+    chart_traces,
+    study_path,
+    wait_for_chart,
+)
+from tests.test_api import add_complete, config
+
+# How long the live page may take to show a new trial: it polls every 3 s.
+LIVE_TIMEOUT_MS = 15_000
+
+
+def trial_numbers(page: Page) -> list[str]:
+    return page.locator("#trials tbody tr td:first-child").all_inner_texts()
+
+
+def test_overview_lists_every_study_by_name(page: Page, live_server: LiveServer) -> None:
+    page.goto(live_server.url("/"))
+    links = page.locator("main table a[href^='/studies/']")
+    assert set(links.all_inner_texts()) == ALL_STUDIES
+    assert page.locator("main img").count() == 0
+
+    # The URL-hostile name ("llama 1b@h100?#%") must survive the link's percent-encoding.
+    links.filter(has_text=STUDY).click()
+    page.wait_for_url(live_server.url(study_path(STUDY)))
+    assert page.locator("h1.study-name").inner_text() == STUDY
+
+
+def test_study_page_draws_one_trace_per_series(page: Page, live_server: LiveServer) -> None:
+    page.goto(live_server.url(study_path(STUDY)))
+
+    # History: the completed trials' $/run (markers) and the best-so-far line.
+    assert wait_for_chart(page, "chart-history") == 2
+    trials, best = chart_traces(page, "chart-history")
+    assert trials["x"] == [0, 1, 3] and trials["y"] == [5.0, 2.0, 3.0]
+    assert best["x"] == [0, 1, 3] and best["y"] == [5.0, 2.0, 2.0]
+    expect(chart_markers(page, "chart-history")).to_have_count(3)
+
+    # Throughput: eager and sdpa completed, flex_attention only failed; running trial 4 is left out.
+    assert wait_for_chart(page, "chart-throughput") == 3
+    traces = chart_traces(page, "chart-throughput")
+    assert sorted(x for trace in traces for x in trace["x"]) == [0, 1, 2, 3]
+    expect(chart_markers(page, "chart-throughput")).to_have_count(4)
+
+    assert trial_numbers(page) == ["0", "1", "2", "3", "4"]
+    expect(page.locator("#trials")).to_contain_text("FlexAttention does not support backward")
+    expect(page.locator("#recommendation")).to_contain_text("$2.00")
+
+
+def test_new_trial_appears_without_reload(page: Page, live_server: LiveServer) -> None:
+    page.goto(live_server.url(study_path(LIVE_STUDY)))
+    assert wait_for_chart(page, "chart-history") == 2
+    assert trial_numbers(page) == ["0"]
+    navigations: list[str] = []
+    page.on(
+        "framenavigated",
+        lambda frame: navigations.append(frame.url) if frame == page.main_frame else None,
+    )
+    page.evaluate("window.__marker = 'same document'")
+
+    store = Store(live_server.storage_url)
+    try:
+        add_complete(store, LIVE_STUDY, 1, config("sdpa", 16, 1), cost=1.5, it_per_s=2.0)
+    finally:
+        store.dispose()
+
+    expect(page.locator("#trials tbody tr")).to_have_count(2, timeout=LIVE_TIMEOUT_MS)
+    assert trial_numbers(page) == ["0", "1"]
+    expect(page.locator("#recommendation")).to_contain_text("$1.50")
+    # Plotly.react redraws after the tables are swapped in; it may finish a moment later.
+    page.wait_for_function(
+        "() => document.getElementById('chart-history').data[0].x.length === 2", timeout=5_000
+    )
+    assert page.evaluate("window.__marker") == "same document"
+    assert navigations == []
+
+
+def test_hostile_study_name_is_shown_as_text(page: Page, live_server: LiveServer) -> None:
+    dialogs: list[str] = []
+
+    def record(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", record)
+    page.goto(live_server.url(study_path(HOSTILE_STUDY)))
+    assert wait_for_chart(page, "chart-throughput") == 2
+
+    assert page.locator("h1.study-name").inner_text() == HOSTILE_STUDY
+    assert page.title() == f"{HOSTILE_STUDY} · sweeper"
+    # The CSP would block the inline handler anyway; escaping must keep the element out entirely.
+    assert page.locator("h1.study-name img, #trials img, #recommendation img").count() == 0
+    assert page.locator("#trials b, #recommendation b").count() == 0
+    expect(page.locator("#trials tbody td", has_text=HOSTILE_KNOB)).to_have_count(1)
+    legend = page.locator("#chart-throughput .legendtext").all_text_contents()
+    assert sorted(legend) == sorted([HOSTILE_KNOB, "sdpa"])
+    assert dialogs == []
+
+
+@pytest.fixture
+def priced_study(live_server: LiveServer) -> str:
+    """Study "tiny": its real space file and six trials with full configs (exportable)."""
+    from tests.test_api_control import STUDY as TINY
+    from tests.test_api_control import fill
+
+    store = Store(live_server.storage_url)
+    try:
+        if TINY not in {row.name for row, _ in store.list_studies()}:
+            fill(live_server.storage_url)
+    finally:
+        store.dispose()
+    return TINY
+
+
+def test_every_chart_draws_and_the_copy_button_yields_training_arguments(
+    page: Page, live_server: LiveServer, priced_study: str
+) -> None:
+    page.context.grant_permissions(
+        ["clipboard-read", "clipboard-write"], origin=live_server.url("/").rstrip("/")
+    )
+    page.goto(live_server.url(study_path(priced_study)))
+    page.wait_for_selector("body[data-charts-drawn]")
+    counts = {
+        chart: wait_for_chart(page, f"chart-{chart}")
+        for chart in (
+            "history",
+            "throughput",
+            "importance",
+            "failures",
+            "parallel",
+            "slice",
+            "pareto",
+        )
+    }
+    # 5 completed trials + best-so-far; eager/sdpa (+ eager failures); one importance bar trace;
+    # one failure kind; parallel: a trace per non-empty $/run bin + the cheapest; slice: one
+    # panel per varying knob (batch, accumulation, attention); pareto: the study + the front.
+    assert counts["history"] == 2
+    assert counts["throughput"] == 3
+    assert counts["importance"] == 1
+    assert counts["failures"] == 1
+    assert counts["slice"] == 3
+    assert counts["pareto"] == 2
+    assert counts["parallel"] == 1 + len(
+        {trace["name"] for trace in chart_traces(page, "chart-parallel")} - {"cheapest (trial 1)"}
+    )
+    bars = chart_traces(page, "chart-importance")[0]
+    assert bars["y"][-1] == "attn_implementation"  # the largest bar is on top
+
+    page.get_by_role("button", name="Copy TrainingArguments").click()
+    expect(page.get_by_role("button", name="Copied ✓")).to_be_visible()
+    copied = page.evaluate("() => navigator.clipboard.readText()")
+    exported = httpx.get(
+        live_server.url(f"/api/studies/{priced_study}/export"), params={"format": "trainer"}
+    ).text
+    assert copied == exported
+    assert "TrainingArguments(" in copied and "per_device_train_batch_size=2" in copied
+
+
+def test_trials_table_sorts_by_a_clicked_column(
+    page: Page, live_server: LiveServer, priced_study: str
+) -> None:
+    page.goto(live_server.url(study_path(priced_study)))
+    assert trial_numbers(page) == ["0", "1", "2", "3", "4", "5"]
+    page.locator("#trials-table th", has_text="$/run").get_by_role("link").click()
+    page.wait_for_url("**sort=cost_per_run_usd**")
+    # cheapest first; the failed trial (no price) last
+    assert trial_numbers(page) == ["1", "5", "3", "0", "2", "4"]
+    page.locator("#trials-table th", has_text="$/run").get_by_role("link").click()
+    page.wait_for_url("**descending=true**")
+    assert trial_numbers(page) == ["2", "0", "3", "5", "1", "4"]
+    diagnosis = page.locator("#trials-table tr[data-number='4'] td.failure")
+    expect(diagnosis).to_contain_text("oom")
+
+
+def test_api_docs_render_offline(page: Page, live_server: LiveServer) -> None:
+    page.goto(live_server.url("/docs"))
+    expect(page.locator(".opblock").first).to_be_visible()
+    paths = page.locator(".opblock-summary-path").all_inner_texts()
+    assert "/api/studies/{name}/best" in paths and "/api/catalog" in paths
