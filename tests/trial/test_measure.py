@@ -82,7 +82,7 @@ def test_window_stops_at_the_time_cap_and_says_so(
     m = _ok(run_child(strict, timeout_s=120))
     assert not m["ci_met"] and m["throughput_ci95_rel"] > 1e-6
     assert 3.0 <= m["window_s"] < 3.0 + 2 * m["step_time_p90_s"] + 0.5
-    assert m["measured_steps"] > 3
+    assert m["measured_steps"] >= 3  # a loaded CPU may fit only min_steps into the cap
     assert m["it_per_s"] == pytest.approx(m["measured_steps"] / m["window_s"])
 
 
