@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 import sweeper
+from api.cache import StudyCache
 from api.errors import install_error_handlers
 from api.routes import catalog, docs, pages, studies
 from api.security import SecurityHeaders
@@ -56,6 +57,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.store = store
+    app.state.cache = StudyCache()
     app.state.api_token = api_token
     app.state.templates = Jinja2Templates(env=template_environment())
     install_error_handlers(app)

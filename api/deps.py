@@ -1,4 +1,4 @@
-"""Request dependencies: the one Store the app was created with."""
+"""Request dependencies: the one Store the app was created with, and its result cache."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from api.cache import StudyCache
 from sweeper.store import Store
 
 
@@ -13,4 +14,9 @@ def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
+def get_cache(request: Request) -> StudyCache:
+    return request.app.state.cache
+
+
 StoreDep = Annotated[Store, Depends(get_store)]
+CacheDep = Annotated[StudyCache, Depends(get_cache)]

@@ -6,7 +6,11 @@ stored space file. Knobs with a single choice, or that never varied, have no imp
 are left out. Results are cached per study until a trial finishes or the space changes::
 
     importances(store, "cpu-demo")            # [KnobImportance(knob="max_seq_length", ...), ...]
-    importances(store, "cpu-demo", target="samples_per_s", evaluator="ped_anova")
+    importances(store, "cpu-demo", target="samples_per_s", evaluator="fanova")
+
+PED-ANOVA is the default: it is what optuna-dashboard uses, and on 8,500 completed trials of 7
+categorical knobs it took 0.27 s on this 2-core VM where fANOVA (a random forest, needs
+scikit-learn) took 18 s (46 s inside the loaded dashboard benchmark).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def importances(
     study: str,
     *,
     target: Target = "cost_per_run_usd",
-    evaluator: Evaluator = "fanova",
+    evaluator: Evaluator = "ped_anova",
 ) -> list[KnobImportance]:
     """Knobs by importance for ``target``, most important first.
 

@@ -199,3 +199,18 @@ def test_stop_is_requested_only_for_a_running_study(store: Store) -> None:
     assert store.request_stop("s") is False
     with pytest.raises(StudyNotFoundError):
         store.request_stop("nope")
+
+
+def test_version_changes_whenever_a_trial_or_the_study_changes(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    seen = [store.version("s")]
+    store.start_trial("s", 0, {"per_device_batch_size": 8})
+    seen.append(store.version("s"))
+    store.finish_trial("s", 0, "complete", cost_per_run_usd=1.0)
+    seen.append(store.version("s"))
+    store.add_sweep_seconds("s", 12.0)
+    seen.append(store.version("s"))
+    store.set_study_state("s", "finished")
+    seen.append(store.version("s"))
+    assert len(set(seen)) == len(seen)
+    assert store.version("s") == seen[-1]  # stable while nothing changes

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from starlette.templating import Jinja2Templates
 
-from api.deps import StoreDep
+from api.deps import CacheDep, StoreDep
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
 from dashboards import figures, path_segment, plotly_js_path
@@ -77,6 +77,7 @@ def study_page(
     name: str,
     request: Request,
     store: StoreDep,
+    cache: CacheDep,
     sort: str = "number",
     descending: bool = False,
     page: Annotated[int, Query(ge=1)] = 1,
@@ -94,7 +95,9 @@ def study_page(
         )
     ]
     try:
-        best: BestConfig | None = BestConfig.model_validate(recommend.best(store, name))
+        best: BestConfig | None = cache.get(
+            store, name, ("best", recommend.Constraints()), lambda: recommend.best(store, name)
+        )
     except NoResultError:
         best = None
     exports: dict[str, str] = {}
@@ -134,8 +137,13 @@ def study_page(
 
 
 @router.get("/studies/{name}/figures.json")
-def study_figures(name: str, store: StoreDep) -> dict[str, Any]:
+def study_figures_json(name: str, store: StoreDep, cache: CacheDep) -> dict[str, Any]:
     """Every chart of the study page as Plotly JSON (fetched after the page has painted)."""
+    return cache.get(store, name, "figures", lambda: study_figures(name, store))
+
+
+def study_figures(name: str, store: Store) -> dict[str, Any]:
+    """The study page's charts, computed from the store."""
     trials = store.list_trials(name)
     figures_out: dict[str, Any] = {
         "history": figures.history_figure(figures.history_rows(trials)),

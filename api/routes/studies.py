@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import TypeAdapter, ValidationError
 
-from api.deps import StoreDep
+from api.deps import CacheDep, StoreDep
 from api.schemas import (
     BestConfig,
     EnqueueRequest,
@@ -112,10 +112,10 @@ def list_trials(
         SortKey, Query(description="order by this column; missing values last")
     ] = "number",
     descending: bool = False,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[TrialSummary]:
-    """Trials (default: in number order, 500 per page), without the raw measurement (see
+    """Trials (default: in number order, 100 per page), without the raw measurement (see
     /trials/{number}). ``X-Total-Count`` says how many match the filters in all."""
     filters: dict[str, Any] = {
         "after": after,
@@ -190,11 +190,15 @@ ConstraintsDep = Annotated[recommend.Constraints, Depends(_constraints)]
     response_model=BestConfig,
     responses={409: {"description": "no completed trial yet, or none meets the constraints"}},
 )
-def get_best(name: str, store: StoreDep, constraints: ConstraintsDep) -> BestConfig:
+def get_best(
+    name: str, store: StoreDep, cache: CacheDep, constraints: ConstraintsDep
+) -> BestConfig:
     """The recommended config: the cheapest completed trial ($/run) within the constraints
     that does not truncate the data (unless allowed), ties to the earlier one, compared with
     the space's baseline and with what the sweep cost."""
-    return BestConfig.model_validate(recommend.best(store, name, constraints))
+    return cache.get(
+        store, name, ("best", constraints), lambda: recommend.best(store, name, constraints)
+    )
 
 
 @router.get(
@@ -248,10 +252,11 @@ def knob_importance(
     name: str,
     store: StoreDep,
     target: importance.Target = "cost_per_run_usd",
-    evaluator: importance.Evaluator = "fanova",
+    evaluator: importance.Evaluator = "ped_anova",
 ) -> list[importance.KnobImportance]:
-    """How much each knob explains of the target (Optuna's fANOVA or PED-ANOVA evaluator over
-    the completed trials), most important first; shares sum to 1."""
+    """How much each knob explains of the target (Optuna's PED-ANOVA or fANOVA evaluator over
+    the completed trials), most important first; shares sum to 1. fANOVA is slow on large
+    studies (a random forest: 18 s for 8,500 trials on 2 cores, PED-ANOVA 0.3 s)."""
     return importance.importances(store, name, target=target, evaluator=evaluator)
 
 

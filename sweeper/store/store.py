@@ -190,6 +190,22 @@ class Store:
             )
             return list(s.scalars(query).all())
 
+    def version(self, name: str) -> tuple[Any, ...]:
+        """A cheap fingerprint of a study and its trials: it changes whenever a trial starts or
+        finishes or the study row changes (state, sweep time), so derived results (the
+        recommendation, the charts) can be cached until it does. One aggregate query."""
+        with self.session() as s:
+            row = self._study(s, name)
+            counts = s.execute(
+                select(
+                    func.count(TrialRow.id),
+                    func.max(TrialRow.id),
+                    func.count(TrialRow.finished_at),
+                    func.max(TrialRow.finished_at),
+                ).where(TrialRow.study_id == row.id)
+            ).one()
+            return (row.id, row.updated_at, row.state, row.sweep_seconds, *counts)
+
     def get_study(self, name: str) -> StudyRow:
         with self.session() as s:
             return self._study(s, name)
