@@ -1,0 +1,1192 @@
+"""The API and the study page at 10,000 trials in Postgres, side by side with optuna-dashboard.
+
+    .venv/bin/python bench/dashboard_perf.py [--trials 10000] [--requests 200] [--profile]
+
+1. Fills a fresh Postgres database (``--db``, dropped and recreated) with one study of
+   spaces/h100.yaml: ``--trials`` distinct configs of its grid, ~85% complete with metrics
+   from a simple throughput model (priced by sweeper.cost, as a sweep prices them), ~10%
+   failed, ~5% pruned. The same trials go to Optuna's tables in the same database, with the
+   user attributes a sweep copies there, so optuna-dashboard shows the identical study.
+2. Starts ``sweeper serve`` and ``optuna-dashboard`` (its default server) on that database.
+3. Times sequential HTTP requests over one client per server, round-robin over all endpoints
+   so a drift of the machine hits every row alike: p50/p95/max, and optuna-dashboard ÷ ours
+   for the comparable pairs. optuna-dashboard caches a study's trials for 10 s; its rows mix
+   cache hits with the refetches that happen meanwhile, and ``--cold`` requests spaced 10.5 s
+   apart show a refetch alone.
+4. Opens each study page in headless chromium (a fresh context per run, alternating servers):
+   first contentful paint and the time until the optimization-history chart holds points.
+5. With ``--profile``, runs our slow routes in this process under cProfile.
+
+Prints markdown for bench/RESULTS.md. Targets (issue): p95 < 50 ms for /best and /trials,
+study page first paint < 1.5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import optuna
+import psycopg
+from sqlalchemy import insert
+
+from sweeper.cost import RunPlan, project_run
+from sweeper.space import Space, TrialConfig, load_space, optuna_params
+from sweeper.store import Store, TrialRow
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+SPACE = REPO / "spaces" / "h100.yaml"
+CHROMIUM = "/usr/bin/chromium"
+BROWSER_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TARGET_P95_MS = 50.0
+TARGET_FIRST_PAINT_S = 1.5
+# optuna_dashboard._storage.get_trials keeps a study's trials this long once it has >= 500.
+OPTUNA_DASHBOARD_TTL_S = 10.0
+
+# ------------------------------------------------------------------ a realistic study
+
+DEVICE_NAME = "NVIDIA H100 80GB HBM3"
+DEVICE_MEMORY_BYTES = 80 * 10**9
+# Measurement fields a sweep copies onto the Optuna trial (sweeper.study._OPTUNA_ATTRS).
+OPTUNA_ATTRS = (
+    "it_per_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "data_wait_share",
+    "peak_memory_bytes",
+    "compile_s",
+    "startup_s",
+    "checkpoint_save_s",
+    "padding_share",
+)
+# A 1.1B Llama in bf16 on one H100: ~52k tokens/s at a full step is ~35% MFU.
+PEAK_TOKENS_PER_S = 52_000.0
+MODEL_FLOPS_PER_TOKEN = 6 * 1.1e9
+H100_BF16_FLOPS = 989e12
+ATTN_SPEED = {"eager": 0.62, "sdpa": 0.9, "flash_attention_2": 1.0}
+COMPILE_SPEED = {"none": 1.0, "default": 1.12, "max-autotune": 1.17}
+COMPILE_SECONDS = {"none": 0.0, "default": 75.0, "max-autotune": 420.0}
+FAILURES = (  # kind, message, weight
+    (
+        "oom",
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "79.19 GiB of which 1.12 GiB is free. Of the allocated memory 74.61 GiB is allocated "
+        "by PyTorch, and 2.31 GiB is reserved by PyTorch but unallocated.",
+        0.5,
+    ),
+    ("timeout", "the trial did not finish within timeout_s=1800 s (still compiling)", 0.2),
+    (
+        "unsupported",
+        "FlashAttention2 has been toggled on, but it cannot be used due to the following "
+        "error: the package flash_attn seems to be not installed.",
+        0.15,
+    ),
+    (
+        "error",
+        'Traceback (most recent call last):\n  File "sweeper/trial/measure.py", line 212, '
+        "in timed_window\n    loss.backward()\nRuntimeError: NCCL error in: "
+        "ProcessGroupNCCL.cpp:1970, unhandled cuda error",
+        0.15,
+    ),
+)
+
+
+def dataset_stats() -> dict[str, Any]:
+    """Token lengths of a log-normal corpus (median 400, sigma 0.5): 2048 covers 99.9%."""
+    z = statistics.NormalDist()
+    percentiles = [
+        max(1, round(400 * math.exp(0.5 * z.inv_cdf(min(max(q / 100, 1e-4), 1 - 1e-4)))))
+        for q in range(101)
+    ]
+    percentiles[100] = 2020
+    return {
+        "samples_measured": 20_000,
+        "tokens_mean": 453.2,
+        "tokens_p50": percentiles[50],
+        "tokens_p90": percentiles[90],
+        "tokens_p99": percentiles[99],
+        "tokens_max": percentiles[100],
+        "token_percentiles": percentiles,
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class FakeTrial:
+    """One trial as both stores hold it."""
+
+    number: int
+    state: str  # ours: complete / failed / pruned
+    config: TrialConfig
+    started_at: datetime
+    finished_at: datetime
+    wall_s: float
+    columns: dict[str, Any] = field(default_factory=dict)  # our metric columns
+    user_attrs: dict[str, Any] = field(default_factory=dict)  # Optuna's
+
+
+def make_trials(space: Space, n_trials: int, seed: int) -> list[FakeTrial]:
+    """``n_trials`` distinct configs of the space (the baseline first), measured or failed."""
+    rng = random.Random(seed)
+    baseline = space.baseline.as_config() if space.baseline else None
+    grid = [c for c in space.search.grid() if c != baseline]
+    rng.shuffle(grid)
+    configs = ([baseline] if baseline else []) + grid
+    while len(configs) < n_trials:  # a grid smaller than asked: repeat configs
+        configs += grid
+    stats = dataset_stats()
+    plan = RunPlan(
+        samples=space.workload.samples,
+        epochs=space.workload.epochs,
+        usd_per_hour=space.hardware.usd_per_hour,
+        save_steps=space.workload.checkpoint.save_steps,
+        tokens_per_sample=stats["tokens_mean"] + 1,
+    )
+    clock = datetime(2026, 11, 1, tzinfo=UTC)
+    trials = []
+    for number, config in enumerate(configs[:n_trials]):
+        roll = rng.random()
+        state = "complete" if roll < 0.85 or number == 0 else "failed" if roll < 0.95 else "pruned"
+        if state == "complete":
+            trial = _complete(number, config, plan, stats, clock, rng)
+        elif state == "failed":
+            kind, message, _ = rng.choices(FAILURES, weights=[f[2] for f in FAILURES])[0]
+            wall_s = rng.uniform(20, 1800 if kind == "timeout" else 120)
+            trial = FakeTrial(
+                number=number,
+                state=state,
+                config=config,
+                started_at=clock,
+                finished_at=clock + timedelta(seconds=wall_s),
+                wall_s=wall_s,
+                columns={
+                    "failure_kind": kind,
+                    "failure_message": message,
+                    "measurement": {"traceback": message, "log_tail": message[-400:]},
+                },
+                user_attrs={"failure_kind": kind, "failure_message": message[:2000]},
+            )
+        else:
+            trial = FakeTrial(
+                number=number,
+                state=state,
+                config=config,
+                started_at=clock,
+                finished_at=clock,
+                wall_s=0.0,
+                user_attrs={"skipped": "already measured"},
+            )
+        trials.append(trial)
+        clock = trial.finished_at + timedelta(seconds=rng.uniform(1, 5))
+    return trials
+
+
+def _complete(
+    number: int,
+    config: TrialConfig,
+    plan: RunPlan,
+    stats: dict[str, Any],
+    clock: datetime,
+    rng: random.Random,
+) -> FakeTrial:
+    batch, seq = config.per_device_batch_size, config.max_seq_length
+    step_tokens = batch * seq
+    data_wait = (0.18 if config.num_workers == 0 else 0.04 / config.num_workers) * rng.uniform(
+        0.7, 1.3
+    )
+    padded_tokens_per_s = (
+        PEAK_TOKENS_PER_S
+        * ATTN_SPEED[config.attn_implementation]
+        * COMPILE_SPEED[config.compile_mode]
+        * step_tokens
+        / (step_tokens + 3000)  # small steps leave the GPU idle between kernels
+        * (1 - data_wait)
+        * rng.lognormvariate(0, 0.04)
+    )
+    if config.packing:
+        tokens_per_s = padded_tokens_per_s * 0.995
+        samples_per_s = tokens_per_s / (plan.tokens_per_sample or 1.0)
+    else:
+        samples_per_s = padded_tokens_per_s / seq
+        kept = statistics.fmean(min(p + 1, seq) for p in stats["token_percentiles"])
+        tokens_per_s = samples_per_s * kept
+    it_per_s = samples_per_s / config.effective_batch
+    compile_s = COMPILE_SECONDS[config.compile_mode] * rng.uniform(0.8, 1.2)
+    startup_s, checkpoint_save_s = rng.uniform(25, 40), rng.uniform(60, 90)
+    projection = project_run(
+        plan,
+        samples_per_s=samples_per_s,
+        it_per_s=it_per_s,
+        tokens_per_s=tokens_per_s,
+        packing=config.packing,
+        startup_s=startup_s,
+        compile_s=compile_s,
+        checkpoint_save_s=checkpoint_save_s,
+    )
+    activation = 2.4e5 + (1024 * seq if config.attn_implementation == "eager" else 0)
+    peak_memory = min(int(18e9 + step_tokens * activation), int(0.97 * DEVICE_MEMORY_BYTES))
+    step_s = config.effective_batch / samples_per_s
+    step_times = [round(step_s * rng.lognormvariate(0, 0.02), 5) for _ in range(40)]
+    ordered = sorted(step_times)
+    padding = max(0.0, 1 - tokens_per_s / padded_tokens_per_s)
+    wall_s = 30 + compile_s + sum(step_times) + rng.uniform(5, 20)
+    metrics = {
+        "it_per_s": it_per_s,
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": tokens_per_s,
+        "padded_tokens_per_s": padded_tokens_per_s,
+        "data_wait_share": data_wait,
+        "mfu": tokens_per_s * MODEL_FLOPS_PER_TOKEN / H100_BF16_FLOPS,
+        "peak_memory_bytes": peak_memory,
+        "compile_s": compile_s,
+        "loss_first": 10.45 + rng.uniform(-0.05, 0.05),
+        "loss_last": 9.6 + rng.uniform(-0.2, 0.2),
+    }
+    measurement = metrics | {
+        "step_times_s": step_times,
+        "p50_step_s": ordered[len(ordered) // 2],
+        "p90_step_s": ordered[int(len(ordered) * 0.9)],
+        "measured_steps": len(step_times),
+        "window_s": sum(step_times),
+        "startup_s": startup_s,
+        "checkpoint_save_s": checkpoint_save_s,
+        "padding_share": padding,
+        "env": {"device_name": DEVICE_NAME, "torch": "2.13.0+cu128", "cuda": "12.8"},
+    }
+    return FakeTrial(
+        number=number,
+        state="complete",
+        config=config,
+        started_at=clock,
+        finished_at=clock + timedelta(seconds=wall_s),
+        wall_s=wall_s,
+        columns=metrics
+        | {
+            "hours_per_run": projection.hours_per_run,
+            "cost_per_run_usd": projection.cost_per_run_usd,
+            "projection": projection.breakdown(),
+            "device_memory_bytes": DEVICE_MEMORY_BYTES,
+            "device_name": DEVICE_NAME,
+            "measurement": measurement,
+        },
+        user_attrs={key: measurement.get(key) for key in OPTUNA_ATTRS}
+        | {
+            "hours_per_run": projection.hours_per_run,
+            "effective_batch": config.effective_batch,
+        },
+    )
+
+
+# ------------------------------------------------------------------ filling both stores
+
+
+def recreate_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        connection.execute(f'CREATE DATABASE "{name}"')
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def analyze(database_url: str) -> None:
+    """Planner statistics, as autovacuum would have gathered while a sweep wrote its trials."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute("ANALYZE")
+
+
+def fill_ours(url: str, space: Space, trials: list[FakeTrial]) -> None:
+    """Our two tables, trials in bulk (the per-trial Store API would take minutes)."""
+    store = Store(url)
+    try:
+        store.migrate()
+        study = store.upsert_study(
+            space.study,
+            state="finished",
+            hardware_name=space.hardware.name,
+            usd_per_hour=space.hardware.usd_per_hour,
+            device=space.hardware.device,
+            samples=space.workload.samples,
+            epochs=space.workload.epochs,
+            n_trials_planned=len(trials),
+            space_yaml=SPACE.read_text(),
+            space_path="spaces/h100.yaml",
+            baseline=None if space.baseline is None else space.baseline.as_config().model_dump(),
+            workload_hash=space.workload_hash(),
+            dataset_stats=dataset_stats(),
+            sweep_seconds=sum(t.wall_s for t in trials),
+        )
+        rows = [
+            {
+                "study_id": study.id,
+                "number": t.number,
+                "state": t.state,
+                "config": t.config.model_dump(),
+                "started_at": t.started_at,
+                "finished_at": t.finished_at,
+                "wall_s": t.wall_s,
+            }
+            | {column: t.columns.get(column) for column in _TRIAL_COLUMNS}
+            for t in trials
+        ]
+        with store.session() as session:
+            for start in range(0, len(rows), 1000):
+                session.execute(insert(TrialRow), rows[start : start + 1000])
+    finally:
+        store.dispose()
+
+
+_TRIAL_COLUMNS = (
+    "it_per_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "padded_tokens_per_s",
+    "data_wait_share",
+    "mfu",
+    "peak_memory_bytes",
+    "compile_s",
+    "hours_per_run",
+    "cost_per_run_usd",
+    "projection",
+    "device_memory_bytes",
+    "device_name",
+    "loss_first",
+    "loss_last",
+    "failure_kind",
+    "failure_message",
+    "measurement",
+)
+_OPTUNA_STATES = {
+    "complete": optuna.trial.TrialState.COMPLETE,
+    "failed": optuna.trial.TrialState.FAIL,
+    "pruned": optuna.trial.TrialState.PRUNED,
+}
+
+
+def fill_optuna(url: str, space: Space, trials: list[FakeTrial], reference: int = 50) -> None:
+    """Optuna's tables: the same study and trials, as a sweep tells them (objective $/run).
+
+    ``study.add_trials`` makes ~50 queries per trial (about 0.1-0.2 s here, so half an hour for
+    10,000): it adds the first ``reference`` trials, the rest are inserted in bulk through
+    Optuna's own table models, row for row what add_trials writes, and every trial is then
+    read back through Optuna's storage API and compared.
+    """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
+        distributions = {
+            knob: optuna.distributions.CategoricalDistribution(getattr(space.search, knob))
+            for knob in TrialConfig.model_fields
+        }
+        frozen = []
+        for t in trials:
+            params = optuna_params(t.config, space.search)
+            frozen.append(
+                optuna.trial.FrozenTrial(
+                    number=t.number,
+                    state=_OPTUNA_STATES[t.state],
+                    value=t.columns["cost_per_run_usd"] if t.state == "complete" else None,
+                    datetime_start=t.started_at,
+                    datetime_complete=t.finished_at,
+                    params=params,
+                    distributions={knob: distributions[knob] for knob in params},
+                    user_attrs=t.user_attrs,
+                    system_attrs={},
+                    intermediate_values={},
+                    trial_id=0,  # assigned by the storage
+                )
+            )
+        study.add_trials(frozen[:reference])
+        study_id = storage.get_study_id_from_name(space.study)
+        _bulk_add_trials(storage, study_id, frozen[reference:])
+        _check_optuna_trials(storage, study_id, frozen)
+    finally:
+        storage.engine.dispose()
+
+
+def _bulk_add_trials(
+    storage: optuna.storages.RDBStorage, study_id: int, frozen: list[optuna.trial.FrozenTrial]
+) -> None:
+    """What RDBStorage._get_prepared_new_trial writes per trial, for many trials at once."""
+    from optuna.storages._rdb import models as rdb
+
+    trial_table = rdb.TrialModel.__table__
+    with storage.engine.begin() as connection:
+        for start in range(0, len(frozen), 1000):
+            chunk = frozen[start : start + 1000]
+            ids = connection.execute(
+                insert(trial_table).returning(trial_table.c.trial_id, sort_by_parameter_order=True),
+                [
+                    {
+                        "number": t.number,
+                        "study_id": study_id,
+                        "state": t.state,
+                        "datetime_start": _naive_utc(t.datetime_start),
+                        "datetime_complete": _naive_utc(t.datetime_complete),
+                    }
+                    for t in chunk
+                ],
+            ).scalars()
+            params, values, attrs = [], [], []
+            for trial_id, t in zip(ids, chunk, strict=True):
+                for name, value in t.params.items():
+                    distribution = t.distributions[name]
+                    params.append(
+                        {
+                            "trial_id": trial_id,
+                            "param_name": name,
+                            "param_value": distribution.to_internal_repr(value),
+                            "distribution_json": optuna.distributions.distribution_to_json(
+                                distribution
+                            ),
+                        }
+                    )
+                if t.value is not None:
+                    stored, value_type = rdb.TrialValueModel.value_to_stored_repr(t.value)
+                    values.append(
+                        {
+                            "trial_id": trial_id,
+                            "objective": 0,
+                            "value": stored,
+                            "value_type": value_type,
+                        }
+                    )
+                attrs += [
+                    {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                    for key, value in t.user_attrs.items()
+                ]
+            connection.execute(insert(rdb.TrialParamModel.__table__), params)
+            if values:
+                connection.execute(insert(rdb.TrialValueModel.__table__), values)
+            if attrs:
+                connection.execute(insert(rdb.TrialUserAttributeModel.__table__), attrs)
+
+
+def _naive_utc(moment: datetime | None) -> datetime | None:
+    """Optuna's RDB columns hold naive UTC (optuna.storages._rdb.models.TrialModel)."""
+    return None if moment is None else moment.astimezone(UTC).replace(tzinfo=None)
+
+
+def _check_optuna_trials(
+    storage: optuna.storages.RDBStorage, study_id: int, frozen: list[optuna.trial.FrozenTrial]
+) -> None:
+    stored = storage.get_all_trials(study_id, deepcopy=False)
+    if len(stored) != len(frozen):
+        raise RuntimeError(f"Optuna holds {len(stored)} trials, {len(frozen)} were written")
+    for got, want in zip(sorted(stored, key=lambda t: t.number), frozen, strict=True):
+        fields = ("number", "state", "value", "params", "distributions", "user_attrs")
+        for name in fields:
+            if getattr(got, name) != getattr(want, name):
+                raise RuntimeError(
+                    f"Optuna trial {want.number}: {name} is {getattr(got, name)!r}, "
+                    f"{getattr(want, name)!r} was written"
+                )
+        local = want.datetime_start.astimezone().replace(tzinfo=None)
+        if got.datetime_start != local:
+            raise RuntimeError(f"Optuna trial {want.number}: start {got.datetime_start}")
+
+
+# ------------------------------------------------------------------ servers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def server(command: list[str], ready_url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A server subprocess, yielded once ``ready_url`` answers 200; terminated afterwards."""
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command[0]} exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(ready_url, timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} did not answer within 90 s")
+            time.sleep(0.2)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# ------------------------------------------------------------------ HTTP timings
+
+
+@dataclass
+class Endpoint:
+    side: str  # "ours" or "optuna-dashboard"
+    label: str
+    path: str
+    heavy: bool = False  # whole-study responses: fewer requests
+    times_ms: list[float] = field(default_factory=list)
+    first_ms: float | None = None  # the first request after the server started
+    size_bytes: int = 0  # decoded body
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def time_get(client: httpx.Client, path: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    response = client.get(path)
+    elapsed = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        raise RuntimeError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
+    return elapsed, len(response.content)
+
+
+def measure_endpoints(
+    clients: dict[str, httpx.Client], endpoints: list[Endpoint], requests: int, heavy: int
+) -> None:
+    """First request of each (cold), 5 warm-ups, then round-robin rounds."""
+    for endpoint in endpoints:
+        endpoint.first_ms, endpoint.size_bytes = time_get(clients[endpoint.side], endpoint.path)
+    for _ in range(5):
+        for endpoint in endpoints:
+            time_get(clients[endpoint.side], endpoint.path)
+    for round_number in range(requests):
+        for endpoint in endpoints:
+            if endpoint.heavy and round_number >= heavy:
+                continue
+            elapsed, _ = time_get(clients[endpoint.side], endpoint.path)
+            endpoint.times_ms.append(elapsed)
+
+
+def measure_cold(client: httpx.Client, path: str, samples: int) -> list[float]:
+    """optuna-dashboard with its trials cache expired: one request per 10.5 s."""
+    times = []
+    for _ in range(samples):
+        time.sleep(OPTUNA_DASHBOARD_TTL_S + 0.5)
+        times.append(time_get(client, path)[0])
+    return times
+
+
+# ------------------------------------------------------------------ first paint
+
+# Records the first animation frame at which the chart holds points, in page time.
+CHART_READY = """(id) => {
+  const el = document.getElementById(id);
+  const ready = !!(el && el.querySelector('.main-svg') && el.data
+    && el.data.some((trace) => (trace.x || trace.y || []).length > 0));
+  if (ready && window.__chartAt === undefined) window.__chartAt = performance.now();
+  return ready;
+}"""
+PAGE_TIMINGS = """(dataPart) => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  const fcp = performance.getEntriesByName('first-contentful-paint')[0];
+  const data = performance.getEntriesByType('resource').find((e) => e.name.includes(dataPart));
+  return {fcp: fcp ? fcp.startTime : null, ttfb: nav.responseStart,
+          dcl: nav.domContentLoadedEventEnd, html_bytes: nav.decodedBodySize,
+          chart: window.__chartAt,
+          data_start: data ? data.startTime : null, data_end: data ? data.responseEnd : null,
+          data_bytes: data ? data.decodedBodySize : null};
+}"""
+
+
+@dataclass
+class PageRuns:
+    side: str
+    url: str
+    chart_id: str
+    data_part: str  # a part of the URL the page fetches its chart data from
+    runs: list[dict[str, float]] = field(default_factory=list)
+
+
+def measure_pages(pages: list[PageRuns], runs: int) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            for _ in range(runs):
+                for page_runs in pages:
+                    # a fresh context: empty cache, as a first visit
+                    context = browser.new_context(viewport={"width": 1280, "height": 900})
+                    try:
+                        page = context.new_page()
+                        page.goto(page_runs.url, wait_until="commit", timeout=120_000)
+                        page.wait_for_function(
+                            CHART_READY, arg=page_runs.chart_id, polling="raf", timeout=120_000
+                        )
+                        page.wait_for_function(
+                            "() => performance.getEntriesByName('first-contentful-paint')"
+                            ".length > 0",
+                            timeout=30_000,
+                        )
+                        page_runs.runs.append(page.evaluate(PAGE_TIMINGS, page_runs.data_part))
+                    finally:
+                        context.close()
+        finally:
+            browser.close()
+
+
+# ------------------------------------------------------------------ profiling our routes
+
+
+@dataclass
+class Timed:
+    label: str
+    median_ms: float = math.nan
+    profile: str | None = None  # cProfile's top functions, for the routes worth reading
+    error: str | None = None
+
+
+def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
+    """Our routes and their parts called in this process: median of 5 plain calls each, and
+    cProfile's top functions for the slow routes."""
+    from fastapi import Response
+    from starlette.requests import Request
+
+    from api.app import create_app
+    from api.routes import pages, studies
+    from sweeper import recommend
+
+    app = create_app(url)
+    store: Store = app.state.store
+
+    def page_request() -> Request:
+        path = f"/studies/{quote(study, safe='')}"
+        return Request(
+            {
+                "type": "http",
+                "app": app,
+                "method": "GET",
+                "path": path,
+                "raw_path": path.encode(),
+                "query_string": b"",
+                "headers": [],
+                "router": app.router,
+                "scheme": "http",
+                "server": ("127.0.0.1", 80),
+            }
+        )
+
+    def trials_route(**filters: Any) -> Callable[[], Any]:
+        def call() -> Any:
+            arguments = {
+                "after": None,
+                "state": None,
+                "failure_kind": None,
+                "config": None,
+                "sort": "number",
+                "descending": False,
+                "limit": 500,
+                "offset": 0,
+            }
+            return studies.list_trials(study, store, Response(), **(arguments | filters))
+
+        return call
+
+    def facts() -> recommend.StudyFacts:
+        return recommend.StudyFacts.of(store.get_study(study))
+
+    complete = store.list_trials(study, states=["complete"])
+    known_facts = facts()
+
+    def best_without_gc() -> Any:
+        gc.disable()
+        try:
+            return recommend.best(store, study)
+        finally:
+            gc.enable()
+
+    calls: list[tuple[str, Callable[[], Any], bool]] = [
+        (
+            "route GET /best (get_best)",
+            lambda: studies.get_best(study, store, recommend.Constraints()),
+            True,
+        ),
+        ("  part: StudyFacts.of(store.get_study()) (parses space_yaml)", facts, False),
+        (
+            f"  part: store.list_trials(states=[complete]) ({len(complete):,} ORM rows)",
+            lambda: store.list_trials(study, states=["complete"]),
+            False,
+        ),
+        (
+            "  part: recommend.choose() on those rows (pure Python)",
+            lambda: recommend.choose(known_facts, complete),
+            False,
+        ),
+        ("  recommend.best() with the garbage collector off", best_without_gc, False),
+        (
+            "  for scale: the cheapest complete row in SQL (one indexed query)",
+            lambda: cheapest_in_sql(store, study),
+            False,
+        ),
+        ("route GET /trials (default page of 500)", trials_route(), True),
+        (
+            "  part: store.list_trials(limit=500)",
+            lambda: store.list_trials(study, limit=500),
+            False,
+        ),
+        ("  part: store.count_trials() (X-Total-Count)", lambda: store.count_trials(study), False),
+        ("route GET /trials?limit=100", trials_route(limit=100), False),
+        (f"route GET /trials?after={n_trials - 5}", trials_route(after=n_trials - 5), False),
+        (
+            "route GET /studies/{name} (study_page)",
+            lambda: pages.study_page(study, page_request(), store),
+            True,
+        ),
+        (
+            "route GET /studies/{name}/figures.json (study_figures)",
+            lambda: pages.study_figures(study, store),  # type: ignore[attr-defined]
+            True,
+        ),
+        ("  part: store.list_trials() (every trial)", lambda: store.list_trials(study), False),
+    ]
+    results = []
+    for label, call, profile in calls:
+        timed = Timed(label)
+        results.append(timed)
+        try:
+            call()  # warm: connection pool, imports, caches
+            plain = []
+            for _ in range(5):
+                started = time.perf_counter()
+                call()
+                plain.append(time.perf_counter() - started)
+            timed.median_ms = statistics.median(plain) * 1000
+            if profile:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                call()
+                profiler.disable()
+                text = io.StringIO()
+                stats = pstats.Stats(profiler, stream=text)
+                stats.sort_stats("cumulative").print_stats(20)
+                stats.sort_stats("tottime").print_stats(6)
+                timed.profile = text.getvalue()
+        except Exception as e:  # the routes change under this benchmark: say so, go on
+            timed.error = repr(e)[:300]
+    store.dispose()
+    return results
+
+
+def cheapest_in_sql(store: Store, study: str) -> TrialRow | None:
+    """One row through the (study_id, state, cost_per_run_usd) index: what /best could read."""
+    from sqlalchemy import select
+
+    from sweeper.store import StudyRow
+
+    with store.session() as session:
+        study_id = session.scalar(select(StudyRow.id).where(StudyRow.name == study))
+        return session.scalar(
+            select(TrialRow)
+            .where(TrialRow.study_id == study_id, TrialRow.state == "complete")
+            .order_by(TrialRow.cost_per_run_usd, TrialRow.number)
+            .limit(1)
+        )
+
+
+# ------------------------------------------------------------------ report
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def print_http_table(pairs: list[tuple[str, Endpoint | None, Endpoint | None]]) -> None:
+    print(
+        "| what | ours: endpoint | ours p50 / p95 / max ms | optuna-dashboard: endpoint "
+        "| theirs p50 / p95 / max ms | theirs ÷ ours (p50, p95) |"
+    )
+    print("|---|---|---:|---|---:|---:|")
+    for label, ours, theirs in pairs:
+        cells = [label]
+        for endpoint in (ours, theirs):
+            if endpoint is None:
+                cells += ["—", "—"]
+                continue
+            t = endpoint.times_ms
+            cells.append(
+                f"`{endpoint.label}` ({len(t)} req, {endpoint.size_bytes / 1024:,.0f} KiB)"
+            )
+            cells.append(
+                f"{fmt_ms(percentile(t, 50))} / {fmt_ms(percentile(t, 95))} / {fmt_ms(max(t))}"
+            )
+        if ours is not None and theirs is not None:
+            ratio50 = percentile(theirs.times_ms, 50) / percentile(ours.times_ms, 50)
+            ratio95 = percentile(theirs.times_ms, 95) / percentile(ours.times_ms, 95)
+            cells.append(f"{ratio50:.2f}×, {ratio95:.2f}×")
+        else:
+            cells.append("—")
+        print("| " + " | ".join(cells) + " |")
+
+
+def summarize_pages(pages: list[PageRuns]) -> None:
+    print(
+        "| page | runs | first contentful paint median / max s | history chart drawn "
+        "median / max s | TTFB median s | chart data requested → arrived, median s "
+        "| HTML / chart data KiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for p in pages:
+
+        def seconds(key: str, runs: list[dict[str, float]] = p.runs) -> list[float]:
+            return [r[key] / 1000 for r in runs if r.get(key) is not None]
+
+        fcp, chart, ttfb = seconds("fcp"), seconds("chart"), seconds("ttfb")
+        start, end = seconds("data_start"), seconds("data_end")
+        data = f"{statistics.median(start):.2f} → {statistics.median(end):.2f}" if end else "—"
+        data_kib = (p.runs[0].get("data_bytes") or 0) / 1024
+        print(
+            f"| {p.side}: `{p.url.split('/', 3)[3]}` | {len(p.runs)} "
+            f"| {statistics.median(fcp):.2f} / {max(fcp):.2f} "
+            f"| {statistics.median(chart):.2f} / {max(chart):.2f} "
+            f"| {statistics.median(ttfb):.2f} | {data} "
+            f"| {p.runs[0]['html_bytes'] / 1024:,.0f} / {data_kib:,.0f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=200, help="per light endpoint")
+    parser.add_argument("--heavy-requests", type=int, default=20, help="per whole-study endpoint")
+    parser.add_argument("--paint-runs", type=int, default=5)
+    parser.add_argument("--cold", type=int, default=3, help="optuna-dashboard cache misses")
+    parser.add_argument("--db", default="sweeper_bench")
+    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="cProfile our slow routes")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    admin_url = args.postgres.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    url = f"{args.postgres}/{args.db}"
+    space = load_space(SPACE)
+    recreate_database(admin_url, args.db)
+    try:
+        fill_started = time.perf_counter()
+        trials = make_trials(space, args.trials, args.seed)
+        made_s = time.perf_counter() - fill_started
+        fill_started = time.perf_counter()
+        fill_ours(url, space, trials)
+        ours_fill_s = time.perf_counter() - fill_started
+        fill_started = time.perf_counter()
+        fill_optuna(url, space, trials)
+        optuna_fill_s = time.perf_counter() - fill_started
+        analyze(admin_url.rsplit("/", 1)[0] + f"/{args.db}")
+        counts = {s: sum(t.state == s for t in trials) for s in ("complete", "failed", "pruned")}
+        print(
+            f"filled {args.trials} trials {counts}: generated in {made_s:.1f} s, our tables "
+            f"{ours_fill_s:.1f} s, Optuna's {optuna_fill_s:.1f} s",
+            file=sys.stderr,
+        )
+        report = run_servers(args, url, space, len(trials))
+        profiles = profile_routes(url, space.study, len(trials)) if args.profile else []
+    finally:
+        if not args.keep:
+            drop_database(admin_url, args.db)
+    load_after = os.getloadavg()
+
+    endpoints, pairs, cold, cold_ours, pages = report
+    print(
+        f"### Dashboard and API at {args.trials:,} trials (Postgres), "
+        f"{datetime.now(UTC):%Y-%m-%d}\n"
+    )
+    command = "`.venv/bin/python bench/dashboard_perf.py" + (
+        f" --trials {args.trials} --requests {args.requests}"
+        + (" --profile" if args.profile else "")
+        + "`"
+    )
+    print(
+        f"Command: {command}; whole run {time.perf_counter() - started:.0f} s on "
+        f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores), Python "
+        f"{platform.python_version()}, PostgreSQL on 127.0.0.1, optuna {optuna.__version__}, "
+        f"optuna-dashboard {_version('optuna-dashboard')} (its default server: "
+        f"{'gunicorn' if _has('gunicorn') else 'wsgiref'}), ours `sweeper serve` (uvicorn, "
+        f"1 worker), code at {_revision()}. Load average (1/5/15 min) {_load(load_before)} before, "
+        f"{_load(load_after)} after.\n"
+    )
+    print(
+        f"Fill: {counts['complete']:,} complete, {counts['failed']:,} failed, "
+        f"{counts['pruned']:,} pruned; our tables in {ours_fill_s:.1f} s (bulk insert), "
+        f"Optuna's in {optuna_fill_s:.1f} s (`study.add_trials`).\n"
+    )
+    print(
+        f"#### HTTP, sequential, one keep-alive client per server ({args.requests} requests "
+        f"per endpoint, {args.heavy_requests} for whole-study ones, round-robin)\n"
+    )
+    print_http_table(pairs)
+    print(
+        "\nFirst request after start (ms): "
+        + ", ".join(f"{e.side} `{e.label}` {fmt_ms(e.first_ms or 0)}" for e in endpoints)
+        + "\n"
+    )
+    if cold:
+        print(
+            f"optuna-dashboard with its trials cache expired (requests "
+            f"{OPTUNA_DASHBOARD_TTL_S + 0.5:g} s apart), `{cold[0]}`: "
+            + ", ".join(fmt_ms(v) for v in cold[1])
+            + f" ms; ours `{cold_ours[0]}` at the same moments: "
+            + ", ".join(fmt_ms(v) for v in cold_ours[1])
+            + " ms.\n"
+        )
+    print(f"#### Study page in headless chromium ({args.paint_runs} runs each, fresh context)\n")
+    summarize_pages(pages)
+    ours_page, theirs_page = pages
+    print(
+        "\nRatios (optuna-dashboard ÷ ours, medians): first contentful paint "
+        f"{_median_ratio(theirs_page, ours_page, 'fcp'):.2f}×, history chart drawn "
+        f"{_median_ratio(theirs_page, ours_page, 'chart'):.2f}×.\n"
+    )
+    print("#### Targets\n")
+    by_label = {(e.side, e.label): e for e in endpoints}
+    for side_label in _TARGETED:
+        endpoint = by_label[("ours", side_label)]
+        p95 = percentile(endpoint.times_ms, 95)
+        verdict = "PASS" if p95 < TARGET_P95_MS else "FAIL"
+        print(f"- `{side_label}` p95 {fmt_ms(p95)} ms < {TARGET_P95_MS:g} ms: **{verdict}**")
+    fcp_max = max(r["fcp"] for r in ours_page.runs) / 1000
+    fcp_median = statistics.median(r["fcp"] for r in ours_page.runs) / 1000
+    verdict = "PASS" if fcp_max < TARGET_FIRST_PAINT_S else "FAIL"
+    print(
+        f"- study page first contentful paint median {fcp_median:.2f} s, max {fcp_max:.2f} s "
+        f"< {TARGET_FIRST_PAINT_S:g} s: **{verdict}**"
+    )
+    if profiles:
+        print(
+            "\n#### Where our time goes: routes and their parts called in-process "
+            "(median of 5 calls, no HTTP)\n"
+        )
+        print("| call | median ms |")
+        print("|---|---:|")
+        for timed in profiles:
+            value = f"failed: {timed.error}" if timed.error else fmt_ms(timed.median_ms)
+            print(f"| {timed.label.replace('  ', '↳ ')} | {value} |")
+    for timed in profiles:
+        if timed.profile:
+            print(f"\n#### cProfile: {timed.label}\n")
+            print("```\n" + _trim_profile(timed.profile) + "\n```")
+
+
+_TARGETED: list[str] = []  # our endpoint labels the p95 target applies to; set in run_servers
+
+
+def run_servers(
+    args: argparse.Namespace, url: str, space: Space, n_trials: int
+) -> tuple[
+    list[Endpoint],
+    list[tuple[str, Endpoint | None, Endpoint | None]],
+    tuple[str, list[float]] | None,
+    tuple[str, list[float]] | None,
+    list[PageRuns],
+]:
+    ours_port, theirs_port = free_port(), free_port()
+    ours_base, theirs_base = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{theirs_port}"
+    logs = Path(tempfile.mkdtemp(prefix="dashboard_perf_"))
+    ours_cmd = [str(VENV_BIN / "sweeper"), "serve", "--storage", url, "--port", str(ours_port)]
+    theirs_cmd = [
+        str(VENV_BIN / "optuna-dashboard"),
+        url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(theirs_port),
+        "--quiet",
+    ]
+    name = quote(space.study, safe="")
+    with (
+        server(ours_cmd, f"{ours_base}/api/studies", logs / "ours.log"),
+        server(theirs_cmd, f"{theirs_base}/api/meta", logs / "optuna-dashboard.log"),
+        httpx.Client(base_url=ours_base, timeout=120) as ours,
+        httpx.Client(base_url=theirs_base, timeout=120) as theirs,
+    ):
+        summaries = theirs.get("/api/studies").json()["study_summaries"]
+        study_id = next(s["study_id"] for s in summaries if s["study_name"] == space.study)
+        poll_after = n_trials - 5
+
+        def our(label: str, path: str, heavy: bool = False) -> Endpoint:
+            return Endpoint("ours", label, path, heavy)
+
+        def their(label: str, path: str, heavy: bool = False) -> Endpoint:
+            return Endpoint("optuna-dashboard", label, path, heavy)
+
+        best = our("/best", f"/api/studies/{name}/best")
+        page100 = our("/trials?limit=100", f"/api/studies/{name}/trials?limit=100")
+        page500 = our("/trials (default: 500)", f"/api/studies/{name}/trials")
+        poll = our(f"/trials?after={poll_after}", f"/api/studies/{name}/trials?after={poll_after}")
+        listing = our("/api/studies", "/api/studies")
+        detail = our("/api/studies/{name}", f"/api/studies/{name}")
+        everything = our("/trials?limit=10000", f"/api/studies/{name}/trials?limit=10000", True)
+        page_html = our("/studies/{name} (HTML)", f"/studies/{name}", True)
+        chart_data = our("/studies/{name}/figures.json", f"/studies/{name}/figures.json", True)
+        their_page = their(
+            f"/dashboard/studies/{study_id} (HTML)", f"/dashboard/studies/{study_id}"
+        )
+        their_listing = their("/api/studies", "/api/studies")
+        their_best = their(f"/api/studies/{study_id}?after={n_trials}", _detail(study_id, n_trials))
+        their_poll = their(
+            f"/api/studies/{study_id}?after={poll_after}", _detail(study_id, poll_after)
+        )
+        their_all = their(f"/api/studies/{study_id}?after=0", _detail(study_id, 0), True)
+        _TARGETED[:] = [best.label, page100.label, page500.label, poll.label]
+        endpoints = [
+            best,
+            page100,
+            page500,
+            poll,
+            listing,
+            detail,
+            everything,
+            page_html,
+            chart_data,
+            their_listing,
+            their_best,
+            their_poll,
+            their_all,
+            their_page,
+        ]
+        measure_endpoints(
+            {"ours": ours, "optuna-dashboard": theirs},
+            endpoints,
+            args.requests,
+            args.heavy_requests,
+        )
+        pairs = [
+            ("study list", listing, their_listing),
+            ("best trial (theirs: study detail with no trials)", best, their_best),
+            ("live poll: the last 5 trials", poll, their_poll),
+            ("whole study: every trial", everything, their_all),
+            ("study page HTML (theirs: a static shell)", page_html, their_page),
+            ("the data the study page draws its charts from", chart_data, their_all),
+            ("a page of 100 trials", page100, None),
+            ("a page of 500 trials (the default)", page500, None),
+            ("one study's summary and space", detail, None),
+        ]
+        cold = cold_ours = None
+        if args.cold:
+            cold_times, ours_times = [], []
+            for _ in range(args.cold):
+                cold_times += measure_cold(theirs, their_poll.path, 1)
+                ours_times.append(time_get(ours, poll.path)[0])
+            cold = (their_poll.label, cold_times)
+            cold_ours = (poll.label, ours_times)
+        pages = [
+            PageRuns("ours", f"{ours_base}/studies/{name}", "chart-history", "figures.json"),
+            PageRuns(
+                "optuna-dashboard",
+                f"{theirs_base}/dashboard/studies/{study_id}",
+                "plot-history",
+                f"/api/studies/{study_id}?after=0",
+            ),
+        ]
+        measure_pages(pages, args.paint_runs)
+    return endpoints, pairs, cold, cold_ours, pages
+
+
+def _detail(study_id: int, after: int) -> str:
+    return f"/api/studies/{study_id}?after={after}"
+
+
+def _median_ratio(theirs: PageRuns, ours: PageRuns, key: str) -> float:
+    return statistics.median(r[key] for r in theirs.runs) / statistics.median(
+        r[key] for r in ours.runs
+    )
+
+
+def _revision() -> str:
+    """The commit measured, and whether the served code differed from it (read-only git)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "api", "dashboards", "sweeper"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "an unknown commit"
+    return f"commit {head}" + (
+        " with local changes in api/, dashboards/ or sweeper/" if dirty else ""
+    )
+
+
+def _load(load: tuple[float, float, float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in load)
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import version
+
+    return version(distribution)
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _trim_profile(text: str) -> str:
+    """pstats output from its column header on, without blank lines."""
+    keep = []
+    for line in text.splitlines():
+        if "ncalls" in line or line.startswith("   Ordered by"):
+            keep.append(line.strip())
+        elif line.strip() and line[:1] == " " and "function calls" not in line:
+            keep.append(line.rstrip().replace(str(REPO) + "/", "").replace(_SITE, ""))
+    return "\n".join(keep)
+
+
+_SITE = str(Path(optuna.__file__).parent.parent) + "/"
+
+
+if __name__ == "__main__":
+    main()
