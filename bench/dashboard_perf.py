@@ -10,12 +10,17 @@
 2. Starts ``sweeper serve`` and ``optuna-dashboard`` (its default server) on that database.
 3. Times sequential HTTP requests over one client per server, round-robin over all endpoints
    so a drift of the machine hits every row alike: p50/p95/max, and optuna-dashboard ÷ ours
-   for the comparable pairs. optuna-dashboard caches a study's trials for 10 s; its rows mix
-   cache hits with the refetches that happen meanwhile, and ``--cold`` requests spaced 10.5 s
-   apart show a refetch alone.
-4. Opens each study page in headless chromium (a fresh context per run, alternating servers):
-   first contentful paint and the time until the optimization-history chart holds points.
-5. With ``--profile``, runs our slow routes in this process under cProfile.
+   for the comparable pairs, with the study unchanged. Both servers cache: optuna-dashboard
+   keeps a study's trials for 10 s (its rows mix hits with the refetches meanwhile), and ours
+   may cache results until the study changes. So it also times, for ``--changes`` samples,
+   each of our endpoints' first request after a trial has finished (written as a sweep writes
+   it, to both stores), and optuna-dashboard's poll with its cache expired (10.5 s apart).
+4. Opens each study page in headless chromium (a fresh context per run, alternating): ours
+   with the study unchanged, ours right after a trial finished, optuna-dashboard. First
+   contentful paint, when the chart data arrived, and when the optimization-history chart
+   holds points.
+5. With ``--profile``, calls our routes and their parts in this process: median times, and
+   cProfile's top functions for the slow ones.
 
 Prints markdown for bench/RESULTS.md. Targets (issue): p95 < 50 ms for /best and /trials,
 study page first paint < 1.5 s.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import inspect
 import io
 import json
 import math
@@ -41,7 +47,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -408,34 +414,68 @@ def fill_optuna(url: str, space: Space, trials: list[FakeTrial], reference: int 
     storage = optuna.storages.RDBStorage(url)
     try:
         study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
-        distributions = {
-            knob: optuna.distributions.CategoricalDistribution(getattr(space.search, knob))
-            for knob in TrialConfig.model_fields
-        }
-        frozen = []
-        for t in trials:
-            params = optuna_params(t.config, space.search)
-            frozen.append(
-                optuna.trial.FrozenTrial(
-                    number=t.number,
-                    state=_OPTUNA_STATES[t.state],
-                    value=t.columns["cost_per_run_usd"] if t.state == "complete" else None,
-                    datetime_start=t.started_at,
-                    datetime_complete=t.finished_at,
-                    params=params,
-                    distributions={knob: distributions[knob] for knob in params},
-                    user_attrs=t.user_attrs,
-                    system_attrs={},
-                    intermediate_values={},
-                    trial_id=0,  # assigned by the storage
-                )
-            )
+        frozen = [to_frozen(t, space) for t in trials]
         study.add_trials(frozen[:reference])
         study_id = storage.get_study_id_from_name(space.study)
         _bulk_add_trials(storage, study_id, frozen[reference:])
         _check_optuna_trials(storage, study_id, frozen)
     finally:
         storage.engine.dispose()
+
+
+def to_frozen(t: FakeTrial, space: Space) -> optuna.trial.FrozenTrial:
+    """The trial as the sweep tells it to Optuna: $/run as the value, the measurement as
+    user attributes, the config as categorical params."""
+    params = optuna_params(t.config, space.search)
+    return optuna.trial.FrozenTrial(
+        number=t.number,
+        state=_OPTUNA_STATES[t.state],
+        value=t.columns["cost_per_run_usd"] if t.state == "complete" else None,
+        datetime_start=t.started_at,
+        datetime_complete=t.finished_at,
+        params=params,
+        distributions={
+            knob: optuna.distributions.CategoricalDistribution(getattr(space.search, knob))
+            for knob in params
+        },
+        user_attrs=t.user_attrs,
+        system_attrs={},
+        intermediate_values={},
+        trial_id=0,  # assigned by the storage
+    )
+
+
+class LiveWriter:
+    """Finishes one more trial at a time, in both stores, as a running sweep does."""
+
+    def __init__(self, url: str, space: Space, trials: list[FakeTrial]) -> None:
+        self.space, self.pending = space, list(trials)
+        self.store = Store(url)
+        self.storage = optuna.storages.RDBStorage(url)
+        self.study = optuna.load_study(study_name=space.study, storage=self.storage)
+
+    def finish_one(self) -> None:
+        t = self.pending.pop(0)
+        self.store.start_trial(self.space.study, t.number, t.config.model_dump())
+        self.study.add_trial(to_frozen(t, self.space))
+        self.store.finish_trial(
+            self.space.study,
+            t.number,
+            t.state,
+            wall_s=t.wall_s,
+            **{key: value for key, value in t.columns.items() if value is not None},
+        )
+
+    def close(self) -> None:
+        self.store.dispose()
+        self.storage.engine.dispose()
+
+
+def live_trials(space: Space, n_trials: int, count: int, seed: int) -> list[FakeTrial]:
+    """``count`` completed trials numbered from ``n_trials`` on, with configs not yet used."""
+    extra = make_trials(space, n_trials + 4 * count + 10, seed)[n_trials:]
+    done = [t for t in extra if t.state == "complete"][:count]
+    return [replace(t, number=n_trials + i) for i, t in enumerate(done)]
 
 
 def _bulk_add_trials(
@@ -566,7 +606,8 @@ class Endpoint:
     label: str
     path: str
     heavy: bool = False  # whole-study responses: fewer requests
-    times_ms: list[float] = field(default_factory=list)
+    times_ms: list[float] = field(default_factory=list)  # the study unchanged
+    after_change_ms: list[float] = field(default_factory=list)  # first request after a trial
     first_ms: float | None = None  # the first request after the server started
     size_bytes: int = 0  # decoded body
 
@@ -589,7 +630,7 @@ def time_get(client: httpx.Client, path: str) -> tuple[float, int]:
 def measure_endpoints(
     clients: dict[str, httpx.Client], endpoints: list[Endpoint], requests: int, heavy: int
 ) -> None:
-    """First request of each (cold), 5 warm-ups, then round-robin rounds."""
+    """The study unchanged: first request of each, 5 warm-ups, then round-robin rounds."""
     for endpoint in endpoints:
         endpoint.first_ms, endpoint.size_bytes = time_get(clients[endpoint.side], endpoint.path)
     for _ in range(5):
@@ -601,6 +642,16 @@ def measure_endpoints(
                 continue
             elapsed, _ = time_get(clients[endpoint.side], endpoint.path)
             endpoint.times_ms.append(elapsed)
+
+
+def measure_after_change(
+    client: httpx.Client, endpoints: list[Endpoint], writer: LiveWriter, samples: int
+) -> None:
+    """Each of our endpoints' first request after a trial finished (a cache, if any, misses)."""
+    for _ in range(samples):
+        for endpoint in endpoints:
+            writer.finish_one()
+            endpoint.after_change_ms.append(time_get(client, endpoint.path)[0])
 
 
 def measure_cold(client: httpx.Client, path: str, samples: int) -> list[float]:
@@ -636,10 +687,11 @@ PAGE_TIMINGS = """(dataPart) => {
 
 @dataclass
 class PageRuns:
-    side: str
+    label: str
     url: str
     chart_id: str
     data_part: str  # a part of the URL the page fetches its chart data from
+    before: Callable[[], None] | None = None  # run before each load, e.g. finish a trial
     runs: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -651,13 +703,15 @@ def measure_pages(pages: list[PageRuns], runs: int) -> None:
         try:
             for _ in range(runs):
                 for page_runs in pages:
-                    # a fresh context: empty cache, as a first visit
+                    if page_runs.before is not None:
+                        page_runs.before()
+                    # a fresh context: empty browser cache, as a first visit
                     context = browser.new_context(viewport={"width": 1280, "height": 900})
                     try:
                         page = context.new_page()
                         page.goto(page_runs.url, wait_until="commit", timeout=120_000)
                         page.wait_for_function(
-                            CHART_READY, arg=page_runs.chart_id, polling="raf", timeout=120_000
+                            CHART_READY, arg=page_runs.chart_id, polling="raf", timeout=180_000
                         )
                         page.wait_for_function(
                             "() => performance.getEntriesByName('first-contentful-paint')"
@@ -671,7 +725,7 @@ def measure_pages(pages: list[PageRuns], runs: int) -> None:
             browser.close()
 
 
-# ------------------------------------------------------------------ profiling our routes
+# ------------------------------------------------------------------ our routes, in-process
 
 
 @dataclass
@@ -683,17 +737,24 @@ class Timed:
 
 
 def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
-    """Our routes and their parts called in this process: median of 5 plain calls each, and
-    cProfile's top functions for the slow routes."""
+    """Our routes and their parts called in this process: median of 5 calls each, and
+    cProfile's top functions for the slow routes.
+
+    Routes are found by path and called with their dependencies by parameter name, so this
+    keeps working while their signatures change. Where the app caches results, each route is
+    timed twice: with a warm cache (the study unchanged) and with an empty one (after a
+    change).
+    """
     from fastapi import Response
     from starlette.requests import Request
 
     from api.app import create_app
-    from api.routes import pages, studies
     from sweeper import recommend
 
     app = create_app(url)
     store: Store = app.state.store
+    endpoints = _route_endpoints(app.routes)
+    cache = getattr(app.state, "cache", None)
 
     def page_request() -> Request:
         path = f"/studies/{quote(study, safe='')}"
@@ -712,27 +773,32 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
             }
         )
 
-    def trials_route(**filters: Any) -> Callable[[], Any]:
+    def route(path: str, cold: bool = False, **query: Any) -> Callable[[], Any]:
+        endpoint = endpoints[path]
+
         def call() -> Any:
-            arguments = {
-                "after": None,
-                "state": None,
-                "failure_kind": None,
-                "config": None,
-                "sort": "number",
-                "descending": False,
-                "limit": 500,
-                "offset": 0,
+            available = {
+                "name": study,
+                "store": store,
+                "request": page_request(),
+                "response": Response(),
+                "constraints": recommend.Constraints(),
+                "cache": type(cache)() if cold and cache is not None else cache,
             }
-            return studies.list_trials(study, store, Response(), **(arguments | filters))
+            arguments: dict[str, Any] = {}
+            for parameter in inspect.signature(endpoint).parameters.values():
+                if parameter.name in query:
+                    arguments[parameter.name] = query[parameter.name]
+                elif parameter.name in available:
+                    arguments[parameter.name] = available[parameter.name]
+                elif parameter.default is inspect.Parameter.empty:
+                    raise TypeError(f"{endpoint.__name__} needs {parameter.name!r}")
+                else:
+                    default = parameter.default
+                    arguments[parameter.name] = getattr(default, "default", default)
+            return endpoint(**arguments)
 
         return call
-
-    def facts() -> recommend.StudyFacts:
-        return recommend.StudyFacts.of(store.get_study(study))
-
-    complete = store.list_trials(study, states=["complete"])
-    known_facts = facts()
 
     def best_without_gc() -> Any:
         gc.disable()
@@ -741,13 +807,19 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
         finally:
             gc.enable()
 
+    complete = store.list_trials(study, states=["complete"])
+    facts = recommend.StudyFacts.of(store.get_study(study))
+    best, trials = "/api/studies/{name}/best", "/api/studies/{name}/trials"
+    page, charts = "/studies/{name}", "/studies/{name}/figures.json"
+    hit = " (cache warm)" if cache is not None else ""
+    miss = " (cache empty)" if cache is not None else ""
     calls: list[tuple[str, Callable[[], Any], bool]] = [
+        (f"route GET /best{miss}", route(best, cold=True), True),
         (
-            "route GET /best (get_best)",
-            lambda: studies.get_best(study, store, recommend.Constraints()),
-            True,
+            "  part: StudyFacts.of(store.get_study()) (parses space_yaml)",
+            lambda: recommend.StudyFacts.of(store.get_study(study)),
+            False,
         ),
-        ("  part: StudyFacts.of(store.get_study()) (parses space_yaml)", facts, False),
         (
             f"  part: store.list_trials(states=[complete]) ({len(complete):,} ORM rows)",
             lambda: store.list_trials(study, states=["complete"]),
@@ -755,7 +827,7 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
         ),
         (
             "  part: recommend.choose() on those rows (pure Python)",
-            lambda: recommend.choose(known_facts, complete),
+            lambda: recommend.choose(facts, complete),
             False,
         ),
         ("  recommend.best() with the garbage collector off", best_without_gc, False),
@@ -764,27 +836,28 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
             lambda: cheapest_in_sql(store, study),
             False,
         ),
-        ("route GET /trials (default page of 500)", trials_route(), True),
+        ("route GET /trials (default page of 500)", route(trials, limit=500), True),
         (
             "  part: store.list_trials(limit=500)",
             lambda: store.list_trials(study, limit=500),
             False,
         ),
         ("  part: store.count_trials() (X-Total-Count)", lambda: store.count_trials(study), False),
-        ("route GET /trials?limit=100", trials_route(limit=100), False),
-        (f"route GET /trials?after={n_trials - 5}", trials_route(after=n_trials - 5), False),
-        (
-            "route GET /studies/{name} (study_page)",
-            lambda: pages.study_page(study, page_request(), store),
-            True,
-        ),
-        (
-            "route GET /studies/{name}/figures.json (study_figures)",
-            lambda: pages.study_figures(study, store),  # type: ignore[attr-defined]
-            True,
-        ),
+        ("route GET /trials?limit=100", route(trials, limit=100), False),
+        (f"route GET /trials?after={n_trials - 5}", route(trials, after=n_trials - 5), False),
+        (f"route GET /studies/{{name}}{miss}", route(page, cold=True), True),
+        (f"route GET /studies/{{name}}/figures.json{miss}", route(charts, cold=True), True),
         ("  part: store.list_trials() (every trial)", lambda: store.list_trials(study), False),
     ]
+    if cache is not None:
+        calls += [
+            (f"route GET /best{hit}", route(best), False),
+            (f"route GET /studies/{{name}}{hit}", route(page), False),
+            (f"route GET /studies/{{name}}/figures.json{hit}", route(charts), False),
+        ]
+        version = getattr(store, "version", None)
+        if version is not None:
+            calls.append(("  part: store.version() (the cache key)", lambda: version(study), False))
     results = []
     for label, call, profile in calls:
         timed = Timed(label)
@@ -813,6 +886,18 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
     return results
 
 
+def _route_endpoints(routes: list[Any]) -> dict[str, Callable[..., Any]]:
+    """Path → GET endpoint function, also inside included routers (FastAPI wraps them lazily)."""
+    found: dict[str, Callable[..., Any]] = {}
+    for route in routes:
+        if hasattr(route, "endpoint") and "GET" in (getattr(route, "methods", None) or ()):
+            found.setdefault(route.path, route.endpoint)
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            found.update(_route_endpoints(inner.routes))
+    return found
+
+
 def cheapest_in_sql(store: Store, study: str) -> TrialRow | None:
     """One row through the (study_id, state, cost_per_run_usd) index: what /best could read."""
     from sqlalchemy import select
@@ -829,11 +914,132 @@ def cheapest_in_sql(store: Store, study: str) -> TrialRow | None:
         )
 
 
+# ------------------------------------------------------------------ the run
+
+
+@dataclass
+class Report:
+    endpoints: list[Endpoint]
+    pairs: list[tuple[str, Endpoint | None, Endpoint | None]]
+    targeted: list[Endpoint]  # ours, held to the p95 target
+    cold_theirs: tuple[str, list[float]] | None
+    pages: list[PageRuns]
+
+
+def run_servers(
+    args: argparse.Namespace, url: str, space: Space, n_trials: int, writer: LiveWriter
+) -> Report:
+    ours_port, theirs_port = free_port(), free_port()
+    ours_base, theirs_base = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{theirs_port}"
+    logs = Path(tempfile.mkdtemp(prefix="dashboard_perf_"))
+    ours_cmd = [str(VENV_BIN / "sweeper"), "serve", "--storage", url, "--port", str(ours_port)]
+    theirs_cmd = [
+        str(VENV_BIN / "optuna-dashboard"),
+        url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(theirs_port),
+        "--quiet",
+    ]
+    name = quote(space.study, safe="")
+    with (
+        server(ours_cmd, f"{ours_base}/api/studies", logs / "ours.log"),
+        server(theirs_cmd, f"{theirs_base}/api/meta", logs / "optuna-dashboard.log"),
+        httpx.Client(base_url=ours_base, timeout=180) as ours,
+        httpx.Client(base_url=theirs_base, timeout=180) as theirs,
+    ):
+        summaries = theirs.get("/api/studies").json()["study_summaries"]
+        study_id = next(s["study_id"] for s in summaries if s["study_name"] == space.study)
+        poll_after = n_trials - 5
+
+        def our(label: str, path: str, heavy: bool = False) -> Endpoint:
+            return Endpoint("ours", label, f"/api/studies/{name}{path}", heavy)
+
+        def their(after: int, heavy: bool = False) -> Endpoint:
+            path = f"/api/studies/{study_id}?after={after}"
+            return Endpoint("optuna-dashboard", path, path, heavy)
+
+        best = our("/best", "/best")
+        page100 = our("/trials?limit=100", "/trials?limit=100")
+        page500 = our("/trials (default page)", "/trials")
+        poll = our(f"/trials?after={poll_after}", f"/trials?after={poll_after}")
+        detail = our("/api/studies/{name}", "")
+        everything = our("/trials?limit=10000", "/trials?limit=10000", True)
+        listing = Endpoint("ours", "/api/studies", "/api/studies")
+        page_html = Endpoint("ours", "/studies/{name} (HTML)", f"/studies/{name}", True)
+        charts = Endpoint(
+            "ours", "/studies/{name}/figures.json", f"/studies/{name}/figures.json", True
+        )
+        their_listing = Endpoint("optuna-dashboard", "/api/studies", "/api/studies")
+        their_best, their_poll, their_all = their(n_trials), their(poll_after), their(0, True)
+        their_page = Endpoint(
+            "optuna-dashboard",
+            f"/dashboard/studies/{study_id} (HTML)",
+            f"/dashboard/studies/{study_id}",
+        )
+        ours_endpoints = [best, page100, page500, poll, listing, detail, everything]
+        ours_endpoints += [page_html, charts]
+        theirs_endpoints = [their_listing, their_best, their_poll, their_all, their_page]
+        measure_endpoints(
+            {"ours": ours, "optuna-dashboard": theirs},
+            ours_endpoints + theirs_endpoints,
+            args.requests,
+            args.heavy_requests,
+        )
+        cold = None
+        if args.changes:
+            measure_after_change(ours, ours_endpoints, writer, args.changes)
+            cold = (their_poll.label, measure_cold(theirs, their_poll.path, args.changes))
+        pages = [
+            PageRuns(
+                "ours, study unchanged",
+                f"{ours_base}/studies/{name}",
+                "chart-history",
+                "figures.json",
+            ),
+            PageRuns(
+                "ours, a trial just finished",
+                f"{ours_base}/studies/{name}",
+                "chart-history",
+                "figures.json",
+                before=writer.finish_one if writer.pending else None,
+            ),
+            PageRuns(
+                "optuna-dashboard",
+                f"{theirs_base}/dashboard/studies/{study_id}",
+                "plot-history",
+                f"/api/studies/{study_id}?after=0",
+            ),
+        ]
+        measure_pages(pages, args.paint_runs)
+    pairs = [
+        ("study list", listing, their_listing),
+        ("best trial (theirs: study detail with no trials)", best, their_best),
+        ("live poll: the last 5 trials", poll, their_poll),
+        ("whole study: every trial", everything, their_all),
+        ("study page HTML (theirs: a static shell)", page_html, their_page),
+        ("the data the study page draws its charts from", charts, their_all),
+        ("a page of 100 trials", page100, None),
+        ("the default page (no parameters)", page500, None),
+        ("one study's summary and space", detail, None),
+    ]
+    return Report(
+        ours_endpoints + theirs_endpoints, pairs, [best, page100, page500, poll], cold, pages
+    )
+
+
 # ------------------------------------------------------------------ report
 
 
 def fmt_ms(value: float) -> str:
     return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _spread(times: list[float]) -> str:
+    return (
+        f"{fmt_ms(percentile(times, 50))} / {fmt_ms(percentile(times, 95))} / {fmt_ms(max(times))}"
+    )
 
 
 def print_http_table(pairs: list[tuple[str, Endpoint | None, Endpoint | None]]) -> None:
@@ -848,13 +1054,11 @@ def print_http_table(pairs: list[tuple[str, Endpoint | None, Endpoint | None]]) 
             if endpoint is None:
                 cells += ["—", "—"]
                 continue
-            t = endpoint.times_ms
             cells.append(
-                f"`{endpoint.label}` ({len(t)} req, {endpoint.size_bytes / 1024:,.0f} KiB)"
+                f"`{endpoint.label}` ({len(endpoint.times_ms)} req, "
+                f"{endpoint.size_bytes / 1024:,.0f} KiB)"
             )
-            cells.append(
-                f"{fmt_ms(percentile(t, 50))} / {fmt_ms(percentile(t, 95))} / {fmt_ms(max(t))}"
-            )
+            cells.append(_spread(endpoint.times_ms))
         if ours is not None and theirs is not None:
             ratio50 = percentile(theirs.times_ms, 50) / percentile(ours.times_ms, 50)
             ratio95 = percentile(theirs.times_ms, 95) / percentile(ours.times_ms, 95)
@@ -862,6 +1066,32 @@ def print_http_table(pairs: list[tuple[str, Endpoint | None, Endpoint | None]]) 
         else:
             cells.append("—")
         print("| " + " | ".join(cells) + " |")
+
+
+def print_after_change(endpoints: list[Endpoint], cold: tuple[str, list[float]] | None) -> None:
+    ours = [e for e in endpoints if e.after_change_ms]
+    if not ours:
+        return
+    print(
+        f"\n#### The first request after a trial finished ({len(ours[0].after_change_ms)} "
+        "samples each; a trial was written to both stores before each request)\n"
+    )
+    print("| ours: endpoint | median / max ms | study unchanged: median ms |")
+    print("|---|---:|---:|")
+    for e in ours:
+        times = e.after_change_ms
+        print(
+            f"| `{e.label}` | {fmt_ms(statistics.median(times))} / {fmt_ms(max(times))} "
+            f"| {fmt_ms(percentile(e.times_ms, 50))} |"
+        )
+    if cold:
+        print(
+            f"\noptuna-dashboard `{cold[0]}` with its trials cache expired (requests "
+            f"{OPTUNA_DASHBOARD_TTL_S + 0.5:g} s apart; it shows trials up to "
+            f"{OPTUNA_DASHBOARD_TTL_S:g} s old otherwise): "
+            + ", ".join(fmt_ms(v) for v in cold[1])
+            + " ms."
+        )
 
 
 def summarize_pages(pages: list[PageRuns]) -> None:
@@ -881,7 +1111,7 @@ def summarize_pages(pages: list[PageRuns]) -> None:
         data = f"{statistics.median(start):.2f} → {statistics.median(end):.2f}" if end else "—"
         data_kib = (p.runs[0].get("data_bytes") or 0) / 1024
         print(
-            f"| {p.side}: `{p.url.split('/', 3)[3]}` | {len(p.runs)} "
+            f"| {p.label}: `{p.url.split('/', 3)[3]}` | {len(p.runs)} "
             f"| {statistics.median(fcp):.2f} / {max(fcp):.2f} "
             f"| {statistics.median(chart):.2f} / {max(chart):.2f} "
             f"| {statistics.median(ttfb):.2f} | {data} "
@@ -889,115 +1119,88 @@ def summarize_pages(pages: list[PageRuns]) -> None:
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=10_000)
-    parser.add_argument("--requests", type=int, default=200, help="per light endpoint")
-    parser.add_argument("--heavy-requests", type=int, default=20, help="per whole-study endpoint")
-    parser.add_argument("--paint-runs", type=int, default=5)
-    parser.add_argument("--cold", type=int, default=3, help="optuna-dashboard cache misses")
-    parser.add_argument("--db", default="sweeper_bench")
-    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--profile", action="store_true", help="cProfile our slow routes")
-    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
-    args = parser.parse_args()
+def _median_ratio(theirs: PageRuns, ours: PageRuns, key: str) -> float:
+    return statistics.median(r[key] for r in theirs.runs) / statistics.median(
+        r[key] for r in ours.runs
+    )
 
-    started = time.perf_counter()
-    load_before = os.getloadavg()
-    admin_url = args.postgres.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
-    url = f"{args.postgres}/{args.db}"
-    space = load_space(SPACE)
-    recreate_database(admin_url, args.db)
-    try:
-        fill_started = time.perf_counter()
-        trials = make_trials(space, args.trials, args.seed)
-        made_s = time.perf_counter() - fill_started
-        fill_started = time.perf_counter()
-        fill_ours(url, space, trials)
-        ours_fill_s = time.perf_counter() - fill_started
-        fill_started = time.perf_counter()
-        fill_optuna(url, space, trials)
-        optuna_fill_s = time.perf_counter() - fill_started
-        analyze(admin_url.rsplit("/", 1)[0] + f"/{args.db}")
-        counts = {s: sum(t.state == s for t in trials) for s in ("complete", "failed", "pruned")}
-        print(
-            f"filled {args.trials} trials {counts}: generated in {made_s:.1f} s, our tables "
-            f"{ours_fill_s:.1f} s, Optuna's {optuna_fill_s:.1f} s",
-            file=sys.stderr,
-        )
-        report = run_servers(args, url, space, len(trials))
-        profiles = profile_routes(url, space.study, len(trials)) if args.profile else []
-    finally:
-        if not args.keep:
-            drop_database(admin_url, args.db)
-    load_after = os.getloadavg()
 
-    endpoints, pairs, cold, cold_ours, pages = report
+def print_report(
+    args: argparse.Namespace,
+    report: Report,
+    profiles: list[Timed],
+    fill: dict[str, Any],
+    whole_s: float,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> None:
     print(
         f"### Dashboard and API at {args.trials:,} trials (Postgres), "
         f"{datetime.now(UTC):%Y-%m-%d}\n"
     )
-    command = "`.venv/bin/python bench/dashboard_perf.py" + (
-        f" --trials {args.trials} --requests {args.requests}"
-        + (" --profile" if args.profile else "")
-        + "`"
-    )
+    flags = f" --trials {args.trials} --requests {args.requests}"
+    flags += " --profile" if args.profile else ""
     print(
-        f"Command: {command}; whole run {time.perf_counter() - started:.0f} s on "
-        f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores), Python "
-        f"{platform.python_version()}, PostgreSQL on 127.0.0.1, optuna {optuna.__version__}, "
-        f"optuna-dashboard {_version('optuna-dashboard')} (its default server: "
+        f"Command: `.venv/bin/python bench/dashboard_perf.py{flags}`; whole run {whole_s:.0f} s "
+        f"on {platform.machine()} ({os.cpu_count()} cores), Python {platform.python_version()}, "
+        f"PostgreSQL on 127.0.0.1, optuna {optuna.__version__}, optuna-dashboard "
+        f"{_version('optuna-dashboard')} (its default server: "
         f"{'gunicorn' if _has('gunicorn') else 'wsgiref'}), ours `sweeper serve` (uvicorn, "
-        f"1 worker), code at {_revision()}. Load average (1/5/15 min) {_load(load_before)} before, "
-        f"{_load(load_after)} after.\n"
+        f"1 worker), code at {_revision()}. Load average (1/5/15 min) {_load(load_before)} "
+        f"before, {_load(load_after)} after.\n"
     )
+    counts = fill["counts"]
     print(
         f"Fill: {counts['complete']:,} complete, {counts['failed']:,} failed, "
-        f"{counts['pruned']:,} pruned; our tables in {ours_fill_s:.1f} s (bulk insert), "
-        f"Optuna's in {optuna_fill_s:.1f} s (`study.add_trials`).\n"
+        f"{counts['pruned']:,} pruned; our tables in {fill['ours_s']:.1f} s (bulk insert), "
+        f"Optuna's in {fill['optuna_s']:.1f} s (add_trials, then bulk through Optuna's "
+        "models, read back and compared).\n"
     )
     print(
-        f"#### HTTP, sequential, one keep-alive client per server ({args.requests} requests "
-        f"per endpoint, {args.heavy_requests} for whole-study ones, round-robin)\n"
+        f"#### HTTP with the study unchanged: sequential, one keep-alive client per server "
+        f"({args.requests} requests per endpoint, {args.heavy_requests} for whole-study ones, "
+        "round-robin)\n"
     )
-    print_http_table(pairs)
+    print_http_table(report.pairs)
     print(
-        "\nFirst request after start (ms): "
-        + ", ".join(f"{e.side} `{e.label}` {fmt_ms(e.first_ms or 0)}" for e in endpoints)
-        + "\n"
+        "\nFirst request after the server started (ms): "
+        + ", ".join(f"{e.side} `{e.label}` {fmt_ms(e.first_ms or 0)}" for e in report.endpoints)
     )
-    if cold:
-        print(
-            f"optuna-dashboard with its trials cache expired (requests "
-            f"{OPTUNA_DASHBOARD_TTL_S + 0.5:g} s apart), `{cold[0]}`: "
-            + ", ".join(fmt_ms(v) for v in cold[1])
-            + f" ms; ours `{cold_ours[0]}` at the same moments: "
-            + ", ".join(fmt_ms(v) for v in cold_ours[1])
-            + " ms.\n"
+    print_after_change(report.endpoints, report.cold_theirs)
+    print(
+        f"\n#### Study page in headless chromium ({args.paint_runs} runs each, a fresh browser "
+        "context per run)\n"
+    )
+    summarize_pages(report.pages)
+    theirs_page = report.pages[-1]
+    print(
+        "\nRatios (optuna-dashboard ÷ ours, medians): "
+        + "; ".join(
+            f"{p.label}: first contentful paint {_median_ratio(theirs_page, p, 'fcp'):.2f}×, "
+            f"history chart drawn {_median_ratio(theirs_page, p, 'chart'):.2f}×"
+            for p in report.pages[:-1]
         )
-    print(f"#### Study page in headless chromium ({args.paint_runs} runs each, fresh context)\n")
-    summarize_pages(pages)
-    ours_page, theirs_page = pages
-    print(
-        "\nRatios (optuna-dashboard ÷ ours, medians): first contentful paint "
-        f"{_median_ratio(theirs_page, ours_page, 'fcp'):.2f}×, history chart drawn "
-        f"{_median_ratio(theirs_page, ours_page, 'chart'):.2f}×.\n"
+        + ".\n"
     )
     print("#### Targets\n")
-    by_label = {(e.side, e.label): e for e in endpoints}
-    for side_label in _TARGETED:
-        endpoint = by_label[("ours", side_label)]
+    for endpoint in report.targeted:
         p95 = percentile(endpoint.times_ms, 95)
         verdict = "PASS" if p95 < TARGET_P95_MS else "FAIL"
-        print(f"- `{side_label}` p95 {fmt_ms(p95)} ms < {TARGET_P95_MS:g} ms: **{verdict}**")
-    fcp_max = max(r["fcp"] for r in ours_page.runs) / 1000
-    fcp_median = statistics.median(r["fcp"] for r in ours_page.runs) / 1000
-    verdict = "PASS" if fcp_max < TARGET_FIRST_PAINT_S else "FAIL"
-    print(
-        f"- study page first contentful paint median {fcp_median:.2f} s, max {fcp_max:.2f} s "
-        f"< {TARGET_FIRST_PAINT_S:g} s: **{verdict}**"
-    )
+        line = f"- `{endpoint.label}` p95 {fmt_ms(p95)} ms < {TARGET_P95_MS:g} ms: **{verdict}**"
+        if endpoint.after_change_ms:
+            line += (
+                f" (first request after a trial finished: median "
+                f"{fmt_ms(statistics.median(endpoint.after_change_ms))} ms)"
+            )
+        print(line)
+    for p in report.pages[:-1]:
+        fcp = [r["fcp"] / 1000 for r in p.runs]
+        verdict = "PASS" if max(fcp) < TARGET_FIRST_PAINT_S else "FAIL"
+        print(
+            f"- study page first contentful paint, {p.label}: median "
+            f"{statistics.median(fcp):.2f} s, max {max(fcp):.2f} s < "
+            f"{TARGET_FIRST_PAINT_S:g} s: **{verdict}**"
+        )
     if profiles:
         print(
             "\n#### Where our time goes: routes and their parts called in-process "
@@ -1014,128 +1217,61 @@ def main() -> None:
             print("```\n" + _trim_profile(timed.profile) + "\n```")
 
 
-_TARGETED: list[str] = []  # our endpoint labels the p95 target applies to; set in run_servers
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--requests", type=int, default=200, help="per light endpoint")
+    parser.add_argument("--heavy-requests", type=int, default=20, help="per whole-study endpoint")
+    parser.add_argument("--paint-runs", type=int, default=5)
+    parser.add_argument(
+        "--changes", type=int, default=5, help="samples of the first request after a change"
+    )
+    parser.add_argument("--db", default="sweeper_bench")
+    parser.add_argument("--postgres", default="postgresql+psycopg://postgres@127.0.0.1:5432")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", action="store_true", help="time and profile our routes")
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    args = parser.parse_args()
 
-
-def run_servers(
-    args: argparse.Namespace, url: str, space: Space, n_trials: int
-) -> tuple[
-    list[Endpoint],
-    list[tuple[str, Endpoint | None, Endpoint | None]],
-    tuple[str, list[float]] | None,
-    tuple[str, list[float]] | None,
-    list[PageRuns],
-]:
-    ours_port, theirs_port = free_port(), free_port()
-    ours_base, theirs_base = f"http://127.0.0.1:{ours_port}", f"http://127.0.0.1:{theirs_port}"
-    logs = Path(tempfile.mkdtemp(prefix="dashboard_perf_"))
-    ours_cmd = [str(VENV_BIN / "sweeper"), "serve", "--storage", url, "--port", str(ours_port)]
-    theirs_cmd = [
-        str(VENV_BIN / "optuna-dashboard"),
-        url,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(theirs_port),
-        "--quiet",
-    ]
-    name = quote(space.study, safe="")
-    with (
-        server(ours_cmd, f"{ours_base}/api/studies", logs / "ours.log"),
-        server(theirs_cmd, f"{theirs_base}/api/meta", logs / "optuna-dashboard.log"),
-        httpx.Client(base_url=ours_base, timeout=120) as ours,
-        httpx.Client(base_url=theirs_base, timeout=120) as theirs,
-    ):
-        summaries = theirs.get("/api/studies").json()["study_summaries"]
-        study_id = next(s["study_id"] for s in summaries if s["study_name"] == space.study)
-        poll_after = n_trials - 5
-
-        def our(label: str, path: str, heavy: bool = False) -> Endpoint:
-            return Endpoint("ours", label, path, heavy)
-
-        def their(label: str, path: str, heavy: bool = False) -> Endpoint:
-            return Endpoint("optuna-dashboard", label, path, heavy)
-
-        best = our("/best", f"/api/studies/{name}/best")
-        page100 = our("/trials?limit=100", f"/api/studies/{name}/trials?limit=100")
-        page500 = our("/trials (default: 500)", f"/api/studies/{name}/trials")
-        poll = our(f"/trials?after={poll_after}", f"/api/studies/{name}/trials?after={poll_after}")
-        listing = our("/api/studies", "/api/studies")
-        detail = our("/api/studies/{name}", f"/api/studies/{name}")
-        everything = our("/trials?limit=10000", f"/api/studies/{name}/trials?limit=10000", True)
-        page_html = our("/studies/{name} (HTML)", f"/studies/{name}", True)
-        chart_data = our("/studies/{name}/figures.json", f"/studies/{name}/figures.json", True)
-        their_page = their(
-            f"/dashboard/studies/{study_id} (HTML)", f"/dashboard/studies/{study_id}"
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    server_url = args.postgres.replace("postgresql+psycopg://", "postgresql://")
+    url = f"{args.postgres}/{args.db}"
+    space = load_space(SPACE)
+    recreate_database(f"{server_url}/postgres", args.db)
+    try:
+        trials = make_trials(space, args.trials, args.seed)
+        later = live_trials(space, args.trials, 9 * args.changes + args.paint_runs, args.seed)
+        fill_started = time.perf_counter()
+        fill_ours(url, space, trials)
+        ours_s = time.perf_counter() - fill_started
+        fill_started = time.perf_counter()
+        fill_optuna(url, space, trials)
+        optuna_s = time.perf_counter() - fill_started
+        analyze(f"{server_url}/{args.db}")
+        counts = {s: sum(t.state == s for t in trials) for s in ("complete", "failed", "pruned")}
+        print(
+            f"filled {args.trials} trials {counts}: our tables {ours_s:.1f} s, Optuna's "
+            f"{optuna_s:.1f} s",
+            file=sys.stderr,
         )
-        their_listing = their("/api/studies", "/api/studies")
-        their_best = their(f"/api/studies/{study_id}?after={n_trials}", _detail(study_id, n_trials))
-        their_poll = their(
-            f"/api/studies/{study_id}?after={poll_after}", _detail(study_id, poll_after)
-        )
-        their_all = their(f"/api/studies/{study_id}?after=0", _detail(study_id, 0), True)
-        _TARGETED[:] = [best.label, page100.label, page500.label, poll.label]
-        endpoints = [
-            best,
-            page100,
-            page500,
-            poll,
-            listing,
-            detail,
-            everything,
-            page_html,
-            chart_data,
-            their_listing,
-            their_best,
-            their_poll,
-            their_all,
-            their_page,
-        ]
-        measure_endpoints(
-            {"ours": ours, "optuna-dashboard": theirs},
-            endpoints,
-            args.requests,
-            args.heavy_requests,
-        )
-        pairs = [
-            ("study list", listing, their_listing),
-            ("best trial (theirs: study detail with no trials)", best, their_best),
-            ("live poll: the last 5 trials", poll, their_poll),
-            ("whole study: every trial", everything, their_all),
-            ("study page HTML (theirs: a static shell)", page_html, their_page),
-            ("the data the study page draws its charts from", chart_data, their_all),
-            ("a page of 100 trials", page100, None),
-            ("a page of 500 trials (the default)", page500, None),
-            ("one study's summary and space", detail, None),
-        ]
-        cold = cold_ours = None
-        if args.cold:
-            cold_times, ours_times = [], []
-            for _ in range(args.cold):
-                cold_times += measure_cold(theirs, their_poll.path, 1)
-                ours_times.append(time_get(ours, poll.path)[0])
-            cold = (their_poll.label, cold_times)
-            cold_ours = (poll.label, ours_times)
-        pages = [
-            PageRuns("ours", f"{ours_base}/studies/{name}", "chart-history", "figures.json"),
-            PageRuns(
-                "optuna-dashboard",
-                f"{theirs_base}/dashboard/studies/{study_id}",
-                "plot-history",
-                f"/api/studies/{study_id}?after=0",
-            ),
-        ]
-        measure_pages(pages, args.paint_runs)
-    return endpoints, pairs, cold, cold_ours, pages
-
-
-def _detail(study_id: int, after: int) -> str:
-    return f"/api/studies/{study_id}?after={after}"
-
-
-def _median_ratio(theirs: PageRuns, ours: PageRuns, key: str) -> float:
-    return statistics.median(r[key] for r in theirs.runs) / statistics.median(
-        r[key] for r in ours.runs
+        writer = LiveWriter(url, space, later)
+        try:
+            report = run_servers(args, url, space, len(trials), writer)
+        finally:
+            writer.close()
+        profiles = profile_routes(url, space.study, len(trials)) if args.profile else []
+    finally:
+        if not args.keep:
+            drop_database(f"{server_url}/postgres", args.db)
+    print_report(
+        args,
+        report,
+        profiles,
+        {"counts": counts, "ours_s": ours_s, "optuna_s": optuna_s},
+        time.perf_counter() - started,
+        load_before,
+        os.getloadavg(),
     )
 
 
@@ -1145,17 +1281,16 @@ def _revision() -> str:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
         ).stdout.strip()
-        dirty = subprocess.run(
+        changed = subprocess.run(
             ["git", "status", "--porcelain", "--", "api", "dashboards", "sweeper"],
             cwd=REPO,
             capture_output=True,
             text=True,
-        ).stdout.strip()
+        ).stdout.split()
     except OSError:
         return "an unknown commit"
-    return f"commit {head}" + (
-        " with local changes in api/, dashboards/ or sweeper/" if dirty else ""
-    )
+    files = [f for f in changed if "/" in f]
+    return f"commit {head}" + (f" plus uncommitted changes to {', '.join(files)}" if files else "")
 
 
 def _load(load: tuple[float, float, float]) -> str:
@@ -1175,7 +1310,7 @@ def _has(module: str) -> bool:
 
 
 def _trim_profile(text: str) -> str:
-    """pstats output from its column header on, without blank lines."""
+    """pstats' tables with paths shortened, without its preamble and blank lines."""
     keep = []
     for line in text.splitlines():
         if "ncalls" in line or line.startswith("   Ordered by"):

@@ -45,7 +45,9 @@ def test_window_stops_at_the_interval_target(
     )
     m = _ok(run_child(loose, timeout_s=120))
     assert m["ci_met"] and m["throughput_ci95_rel"] <= 0.9
-    assert m["measured_steps"] == 4  # a ±90% target is met as soon as min_steps allow
+    # A ±90% target is met as soon as min_steps allow on a quiet CPU; a loaded one may need a
+    # few more steps, but the window ends on the target, far from max_steps and max_seconds.
+    assert 4 <= m["measured_steps"] < 50 and m["window_s"] < 60
 
 
 def test_window_is_a_multiple_of_the_burn_in(
