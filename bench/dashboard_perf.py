@@ -63,6 +63,7 @@ from sqlalchemy import insert
 from sweeper.cost import RunPlan, project_run
 from sweeper.space import Space, TrialConfig, load_space, optuna_params
 from sweeper.store import Store, TrialRow
+from sweeper.study import OPTUNA_ATTRS  # what a sweep copies onto the Optuna trial
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -87,18 +88,6 @@ OPTUNA_DASHBOARD_TTL_S = 10.0
 
 DEVICE_NAME = "NVIDIA H100 80GB HBM3"
 DEVICE_MEMORY_BYTES = 80 * 10**9
-# Measurement fields a sweep copies onto the Optuna trial (sweeper.study._OPTUNA_ATTRS).
-OPTUNA_ATTRS = (
-    "it_per_s",
-    "samples_per_s",
-    "tokens_per_s",
-    "data_wait_share",
-    "peak_memory_bytes",
-    "compile_s",
-    "startup_s",
-    "checkpoint_save_s",
-    "padding_share",
-)
 # A 1.1B Llama in bf16 on one H100: ~52k tokens/s at a full step is ~35% MFU.
 PEAK_TOKENS_PER_S = 52_000.0
 MODEL_FLOPS_PER_TOKEN = 6 * 1.1e9

@@ -3,7 +3,7 @@
 The trials are read from our table (not Optuna's), so the target can be any measured column —
 $/run (the objective) by default, or samples/s — and the search space comes from the study's
 stored space file. Knobs with a single choice, or that never varied, have no importance and
-are left out. Results are cached per study until a trial finishes or the space changes::
+are left out. The API caches results per study version (api/cache.py)::
 
     importances(store, "cpu-demo")            # [KnobImportance(knob="max_seq_length", ...), ...]
     importances(store, "cpu-demo", target="samples_per_s", evaluator="fanova")
@@ -16,8 +16,6 @@ scikit-learn) took 18 s (46 s inside the loaded dashboard benchmark).
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from typing import Literal
 
 import optuna
@@ -29,9 +27,6 @@ from sweeper.store import Store
 
 Target = Literal["cost_per_run_usd", "hours_per_run", "samples_per_s", "tokens_per_s"]
 Evaluator = Literal["fanova", "ped_anova"]
-_CACHE_SIZE = 64
-_cache: OrderedDict[tuple[object, ...], list[KnobImportance]] = OrderedDict()
-_cache_lock = threading.Lock()
 
 
 class KnobImportance(BaseModel):
@@ -58,25 +53,12 @@ def importances(
         for t in store.list_trials(study, states=["complete"])
         if isinstance(getattr(t, target), float) and math.isfinite(getattr(t, target))
     ]
-    key = (store.url, row.id, row.space_yaml, target, evaluator, tuple(t.id for t in trials))
-    with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
     try:
         search = parse_space(row.space_yaml, f"the stored space of study {study!r}").search
     except SpaceError as e:
         raise ConflictError(f"cannot compute importance without the study's space: {e}") from e
-    distributions = {
-        "per_device_batch_size": search.per_device_batch_size,
-        "gradient_accumulation_steps": search.gradient_accumulation_steps,
-        "num_workers": search.num_workers,
-        "prefetch_factor": search.prefetch_factor,
-        "max_seq_length": search.max_seq_length,
-        "compile_mode": search.compile_mode,
-        "attn_implementation": search.attn_implementation,
-        "packing": search.packing,
-    }
+    # every knob of a config is a categorical of the space (None: derived, not searched)
+    distributions = {knob: getattr(search, knob) for knob in TrialConfig.model_fields}
     frozen = []
     for trial in trials:
         params = optuna_params(TrialConfig.model_validate(trial.config), search)
@@ -112,12 +94,7 @@ def importances(
         else optuna.importance.PedAnovaImportanceEvaluator()
     )
     shares = optuna.importance.get_param_importances(memory, evaluator=chosen, params=varied)
-    result = [
+    return [
         KnobImportance(knob=knob, importance=min(1.0, max(0.0, share)))
         for knob, share in sorted(shares.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
-    with _cache_lock:
-        _cache[key] = result
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return result

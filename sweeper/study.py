@@ -27,7 +27,7 @@ from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
 # Stop asking after this many consecutive configs that were measured or ruled out already.
 _MAX_SKIPS_IN_A_ROW = 50
 # Measurement fields copied onto the Optuna trial, so optuna-dashboard shows them too.
-_OPTUNA_ATTRS = (
+OPTUNA_ATTRS = (
     "it_per_s",
     "samples_per_s",
     "tokens_per_s",
@@ -396,7 +396,7 @@ class _TrialLoop:
                 compile_s=measurement.get("compile_s"),
                 checkpoint_save_s=measurement.get("checkpoint_save_s"),
             )
-            for key in _OPTUNA_ATTRS:
+            for key in OPTUNA_ATTRS:
                 trial.set_user_attr(key, measurement.get(key))
             trial.set_user_attr("hours_per_run", projection.hours_per_run)
             trial.set_user_attr("effective_batch", config.effective_batch)

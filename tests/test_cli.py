@@ -212,6 +212,37 @@ def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
     return slow
 
 
+def _launch(space: Path, storage: str, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
+    """``sweeper launch`` of ``space`` as a child process with pipes, not waited for."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
+        + ["--storage", storage, *extra],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_a_running_trial(
+    process: subprocess.Popen[str], store: Store, timeout_s: float = 120
+) -> list[psutil.Process]:
+    """Wait until study "tiny" has a trial (not the prepare step) training; its processes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        trials = _trial_processes(process.pid)
+        try:
+            running = store.list_trials("tiny", states=["running"]) if trials else []
+        except (StudyNotFoundError, StorageError):  # the sweep has not created it yet
+            running = []
+        if running:
+            return trials
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"no trial started in {timeout_s:g} s"
+        time.sleep(0.3)
+
+
 def _communicate_or_dump_stacks(process: subprocess.Popen[str], timeout: float) -> str:
     """The process's stderr once it exits; if it hangs, fail with the Python stack it hangs in
     (PYTHONFAULTHANDLER makes SIGABRT print every thread's stack)."""
@@ -226,29 +257,10 @@ def _communicate_or_dump_stacks(process: subprocess.Popen[str], timeout: float) 
 def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
-    launch = [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(_slow_space(tmp_path))]
-    process = subprocess.Popen(
-        [*launch, "--storage", sqlite_url],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = _launch(_slow_space(tmp_path), sqlite_url, env)
     store = Store(sqlite_url)
     try:
-        deadline = time.monotonic() + 120
-        while True:  # wait until a trial (not the prepare step) is training
-            trials = _trial_processes(process.pid)
-            try:
-                running = store.list_trials("tiny", states=["running"]) if trials else []
-            except StudyNotFoundError:
-                running = []
-            if running:
-                break
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "no trial started in 120 s"
-            time.sleep(0.3)
+        trials = _wait_for_a_running_trial(process, store)
         time.sleep(2)
         process.send_signal(signal.SIGINT)
         stderr = _communicate_or_dump_stacks(process, timeout=30)
@@ -387,27 +399,10 @@ def test_a_stop_request_ends_the_sweep_after_its_running_trial(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
     """What POST /api/studies/{name}/stop does (Store.request_stop), seen by a real sweep."""
-    launch = [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(TINY_SPACE)]
-    process = subprocess.Popen(
-        [*launch, "--storage", sqlite_url, "--n-trials", "3"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = _launch(TINY_SPACE, sqlite_url, env, "--n-trials", "3")
     store = Store(sqlite_url)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if store.list_trials("tiny", states=["running"]):
-                    break
-            except (StudyNotFoundError, StorageError):  # the sweep has not created it yet
-                pass
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, "no trial started in 120 s"
-            time.sleep(0.2)
+        _wait_for_a_running_trial(process, store)
         assert store.request_stop("tiny")
         stdout, stderr = process.communicate(timeout=120)
         assert process.returncode == 0, stderr

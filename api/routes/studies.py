@@ -251,13 +251,19 @@ def pareto_front(
 def knob_importance(
     name: str,
     store: StoreDep,
+    cache: CacheDep,
     target: importance.Target = "cost_per_run_usd",
     evaluator: importance.Evaluator = "ped_anova",
 ) -> list[importance.KnobImportance]:
     """How much each knob explains of the target (Optuna's PED-ANOVA or fANOVA evaluator over
     the completed trials), most important first; shares sum to 1. fANOVA is slow on large
     studies (a random forest: 18 s for 8,500 trials on 2 cores, PED-ANOVA 0.3 s)."""
-    return importance.importances(store, name, target=target, evaluator=evaluator)
+    return cache.get(
+        store,
+        name,
+        ("importance", target, evaluator),
+        lambda: importance.importances(store, name, target=target, evaluator=evaluator),
+    )
 
 
 # ------------------------------------------------------------------ writes (bearer token)
