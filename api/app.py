@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 import sweeper
-from api.cache import StudyCache
+from api.cache import GZIP_LEVEL, StudyCache
 from api.errors import install_error_handlers
 from api.routes import catalog, docs, pages, studies
 from api.security import SecurityHeaders
@@ -62,7 +62,7 @@ def create_app(
     app.state.templates = Jinja2Templates(env=template_environment())
     install_error_handlers(app)
     # plotly.min.js is ~4.8 MB; gzip brings it to about a third.
-    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=GZIP_LEVEL)
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,

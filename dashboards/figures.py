@@ -12,6 +12,7 @@ values, group names) goes through ``plain_text`` first.
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 from collections.abc import Iterable, Mapping
@@ -59,6 +60,14 @@ class TrialLike(Protocol):
 
 def plain_text(value: object) -> str:
     """Text that plotly shows literally: its pseudo-HTML tags and entities are escaped."""
+    if isinstance(value, str | int | float | bool | None):
+        return _plain_scalar(value)
+    return html.escape(str(value), quote=False)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: True and 1 are different knob values
+def _plain_scalar(value: str | float | bool | None) -> str:
+    # Config values repeat across thousands of trials' hover texts.
     return html.escape(str(value), quote=False)
 
 
@@ -110,7 +119,7 @@ def history_rows(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
 def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """$/run per completed trial (markers) and the best-so-far line (a step)."""
     numbers = [row["number"] for row in rows]
-    trials_trace = go.Scatter(
+    trials_trace = _scatter(
         name="trial $/run",
         x=numbers,
         y=[row["cost_per_run_usd"] for row in rows],
@@ -124,7 +133,7 @@ def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "<extra></extra>"
         ),
     )
-    best_trace = go.Scatter(
+    best_trace = _scatter(
         name="best so far",
         x=numbers,
         y=[row["best_so_far_usd"] for row in rows],
@@ -132,13 +141,12 @@ def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
         line={"color": PALETTE[5], "width": 2, "shape": "hv"},
         hovertemplate="best so far after trial %{x}: $%{y:,.2f}<extra></extra>",
     )
-    figure = go.Figure(data=[trials_trace, best_trace], layout=_layout())
+    figure = go.Figure(layout=_layout())
     figure.update_xaxes(title_text="trial number", rangemode="nonnegative")
     figure.update_yaxes(title_text="$ per run", tickprefix="$", rangemode="tozero")
     if not rows:
         _add_empty_note(figure, "no completed trial yet")
-    figure.update_traces(cliponaxis=False)
-    return figure.to_plotly_json()
+    return _figure([trials_trace, best_trace], figure, cliponaxis=False)
 
 
 def _hours_text(hours: float | None) -> str:
@@ -190,7 +198,7 @@ def throughput_figure(
         failed = [r for r in rows if r["group"] == group and r["samples_per_s"] is None]
         if completed:
             traces.append(
-                go.Scatter(
+                _scatter(
                     name=label,
                     legendgroup=label,
                     x=[row["number"] for row in completed],
@@ -209,7 +217,7 @@ def throughput_figure(
             )
         if failed:
             traces.append(
-                go.Scatter(
+                _scatter(
                     name=f"{label} (failed)",
                     legendgroup=label,
                     # A group that only failed still needs its legend entry.
@@ -230,15 +238,14 @@ def throughput_figure(
                     ),
                 )
             )
-    figure = go.Figure(data=traces, layout=_layout())
+    figure = go.Figure(layout=_layout())
     figure.update_layout(legend_title_text=plain_text(color_by))
     figure.update_xaxes(title_text="trial number", rangemode="nonnegative")
     figure.update_yaxes(title_text="samples/s (× = failed)", rangemode="tozero")
     if not any(row["samples_per_s"] is not None for row in rows):
         _add_empty_note(figure, "no completed trial yet")
     # Markers on the axes (failed trials at 0, trial 0) would otherwise be cut in half.
-    figure.update_traces(cliponaxis=False)
-    return figure.to_plotly_json()
+    return _figure(traces, figure, cliponaxis=False)
 
 
 def _tokens_text(tokens_per_s: float | None) -> str:
@@ -246,6 +253,23 @@ def _tokens_text(tokens_per_s: float | None) -> str:
 
 
 # ------------------------------------------------------------------ shared layout
+
+
+def _scatter(**props: Any) -> dict[str, Any]:
+    """A scatter trace as a plain dict (see ``_figure``)."""
+    return {"type": "scatter", **props}
+
+
+def _figure(traces: list[dict[str, Any]], frame: go.Figure, **every_trace: Any) -> dict[str, Any]:
+    """Plotly JSON of ``frame``'s layout (built and validated by plotly) with ``traces`` as
+    plain dicts, each given ``every_trace``'s properties.
+
+    Large traces skip plotly's graph objects: validating and deep-copying 10,000-point arrays
+    took seconds per study, for traces whose few property names these functions fix.
+    """
+    out = frame.to_plotly_json()
+    out["data"] = [{**trace, **every_trace} for trace in traces]
+    return out
 
 
 def _layout() -> go.Layout:
@@ -385,7 +409,7 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
             ys += [*positions[i], None]
         last = rows[members[-1]]
         traces.append(
-            go.Scatter(
+            _scatter(
                 # one "$" per label: plotly reads text with two as LaTeX
                 name=f"up to ${last['cost_per_run_usd']:,.2f}",
                 x=xs,
@@ -399,7 +423,7 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
     if rows:
         cheapest = order[0]
         traces.append(
-            go.Scatter(
+            _scatter(
                 name=f"cheapest (trial {rows[cheapest]['number']})",
                 x=list(range(len(axes))),
                 y=positions[cheapest],
@@ -409,7 +433,7 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
                 hovertemplate="%{customdata}<extra></extra>",
             )
         )
-    figure = go.Figure(data=traces, layout=_layout())
+    figure = go.Figure(layout=_layout())
     figure.update_layout(
         annotations=annotations,
         height=380,
@@ -428,17 +452,34 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
     figure.update_yaxes(range=[-0.05, 1.12], showticklabels=False, showgrid=False)
     if not rows:
         _add_empty_note(figure, "no completed trial yet")
-    return figure.to_plotly_json()
+    return _figure(traces, figure)
 
 
 # ------------------------------------------------------------------ knobs: one slice per knob
 
 
-def slice_rows(trials: Iterable[TrialLike]) -> dict[str, Any]:
-    """For each knob that varies, the (value, $/run) of every completed trial."""
+# Slice panels draw at most this many trials per knob value: 10,000 SVG markers in each of
+# ten panels took the browser seconds, and a column of thousands of dots reads no better.
+SLICE_POINTS_PER_VALUE = 200
+
+
+def slice_rows(
+    trials: Iterable[TrialLike], *, per_value: int = SLICE_POINTS_PER_VALUE
+) -> dict[str, Any]:
+    """For each knob that varies, the (value, $/run) of completed trials, in trial order.
+
+    A value with more than ``per_value`` trials keeps ``per_value`` of them spread evenly over
+    its $/run ranks (its cheapest and dearest always); ``shown``/``total`` count them.
+    """
     rows = _priced(trials)
-    return {
-        "knobs": [
+    knobs = []
+    for knob in _varying_knobs(rows):
+        by_value: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_value.setdefault(repr(row["config"].get(knob)), []).append(row)
+        kept = [row for group in by_value.values() for row in _spread(group, per_value)]
+        kept.sort(key=lambda row: row["number"])
+        knobs.append(
             {
                 "knob": knob,
                 "points": [
@@ -447,12 +488,27 @@ def slice_rows(trials: Iterable[TrialLike]) -> dict[str, Any]:
                         "cost_per_run_usd": row["cost_per_run_usd"],
                         "number": row["number"],
                     }
-                    for row in rows
+                    for row in kept
                 ],
+                "shown": len(kept),
+                "total": len(rows),
             }
-            for knob in _varying_knobs(rows)
-        ]
-    }
+        )
+    return {"knobs": knobs, "per_value": per_value}
+
+
+def _spread(rows: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """``count`` of ``rows`` at evenly spaced $/run ranks, the cheapest and dearest included.
+
+    >>> [r["cost_per_run_usd"] for r in _spread([{"cost_per_run_usd": c} for c in range(9)], 3)]
+    [0, 4, 8]
+    """
+    if len(rows) <= count:
+        return rows
+    ranked = sorted(rows, key=lambda row: row["cost_per_run_usd"])
+    if count < 2:
+        return ranked[:count]
+    return [ranked[round(i * (len(ranked) - 1) / (count - 1))] for i in range(count)]
 
 
 def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
@@ -469,36 +525,59 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
         horizontal_spacing=0.04,
         vertical_spacing=0.18 if rows > 1 else 0.0,
         subplot_titles=[plain_text(k["knob"]) for k in knobs] or None,
+        figure=go.Figure(layout=_layout()),
     )
+    traces = []
+    axes_layout: dict[str, Any] = {}  # one update_layout: per-axis updates took ~0.5 s
     for index, knob in enumerate(knobs):
         row, col = index // columns + 1, index % columns + 1
         points = knob["points"]
         labels = [plain_text("null" if p["value"] is None else p["value"]) for p in points]
         _, _, order = _axis_values([p["value"] for p in points])
-        figure.add_trace(
-            go.Scatter(
+        axes = figure.get_subplot(row, col)
+        traces.append(
+            _scatter(
                 name=plain_text(knob["knob"]),
                 x=labels,
                 y=[p["cost_per_run_usd"] for p in points],
                 customdata=[p["number"] for p in points],
+                # "xaxis2" → "x2": the trace's reference to its panel's axes
+                xaxis=axes.xaxis.plotly_name.replace("axis", ""),
+                yaxis=axes.yaxis.plotly_name.replace("axis", ""),
                 mode="markers",
                 marker={"color": PALETTE[0], "size": 8, "opacity": 0.6},
                 hovertemplate="trial %{customdata}: %{x}<br>$%{y:,.2f} per run<extra></extra>",
                 showlegend=False,
-            ),
-            row=row,
-            col=col,
+            )
         )
-        figure.update_xaxes(
-            type="category", categoryorder="array", categoryarray=order, row=row, col=col
-        )
+        axes_layout[axes.xaxis.plotly_name] = {
+            "type": "category",
+            "categoryorder": "array",
+            "categoryarray": order,
+        }
         if col == 1:
-            figure.update_yaxes(title_text="$ per run", tickprefix="$", row=row, col=col)
-    figure.update_layout(_layout())
-    figure.update_layout(height=40 + 260 * rows, margin={"l": 64, "r": 16, "t": 40, "b": 40})
+            axes_layout[axes.yaxis.plotly_name] = {
+                "title": {"text": "$ per run"},
+                "tickprefix": "$",
+            }
+    figure.update_layout(
+        axes_layout, height=40 + 260 * rows, margin={"l": 64, "r": 16, "t": 40, "b": 40}
+    )
+    if any(k["shown"] < k["total"] for k in knobs):
+        figure.update_layout(
+            height=70 + 260 * rows,
+            margin={"t": 70},
+            title={
+                "text": f"at most {data['per_value']} trials per value, spread evenly over its "
+                "$/run range (its cheapest and dearest included)",
+                "font": {"size": 12, "color": MUTED},
+                "x": 0,
+                "xanchor": "left",
+            },
+        )
     if not knobs:
         _add_empty_note(figure, "no knob varies among the completed trials yet")
-    return figure.to_plotly_json()
+    return _figure(traces, figure)
 
 
 # ------------------------------------------------------------------ importance
@@ -593,7 +672,7 @@ def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
             continue
         label = plain_text(f"{points[0]['hardware_name']} ({entry['study']})")
         traces.append(
-            go.Scatter(
+            _scatter(
                 name=label,
                 x=[p["hours_per_run"] for p in points],
                 y=[p["cost_per_run_usd"] for p in points],
@@ -609,7 +688,7 @@ def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
     front = data["front"]
     if front:
         traces.append(
-            go.Scatter(
+            _scatter(
                 name="Pareto front",
                 x=[p["hours_per_run"] for p in front],
                 y=[p["cost_per_run_usd"] for p in front],
@@ -619,9 +698,9 @@ def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
                 hovertemplate="front: %{x:,.1f} h, $%{y:,.2f}<extra></extra>",
             )
         )
-    figure = go.Figure(data=traces, layout=_layout())
+    figure = go.Figure(layout=_layout())
     figure.update_xaxes(title_text="hours per run", rangemode="tozero")
     figure.update_yaxes(title_text="$ per run", tickprefix="$", rangemode="tozero")
     if not traces:
         _add_empty_note(figure, "no eligible trial yet")
-    return figure.to_plotly_json()
+    return _figure(traces, figure)

@@ -50,7 +50,7 @@ def importances(
     row = store.get_study(study)
     trials = [
         t
-        for t in store.list_trials(study, states=["complete"])
+        for t in store.trial_metrics(study, states=["complete"])
         if isinstance(getattr(t, target), float) and math.isfinite(getattr(t, target))
     ]
     try:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sweeper.errors import NoResultError, SpaceError
 from sweeper.hardware import peak_flops
-from sweeper.store import Store, StudyRow, TrialRow
+from sweeper.store import Store, StudyRow, TrialMetrics
 
 
 class Recommendation(BaseModel):
@@ -198,7 +198,7 @@ def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -
 
 @dataclass(frozen=True)
 class _Candidate:
-    trial: TrialRow
+    trial: TrialMetrics
     hours: float
     cost: float
     truncated: tuple[float, float] | None  # (samples, tokens) cut, when it truncates at all
@@ -213,9 +213,12 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _candidates(facts: StudyFacts, trials: Iterable[TrialRow], price: float) -> list[_Candidate]:
+def _candidates(
+    facts: StudyFacts, trials: Iterable[TrialMetrics], price: float
+) -> list[_Candidate]:
     """Completed trials with a usable projection, re-priced at ``price``."""
     cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
+    cuts: dict[int, tuple[float, float] | None] = {}  # per max_seq_length: a space has few
     out = []
     for t in trials:
         hours = t.hours_per_run
@@ -227,9 +230,10 @@ def _candidates(facts: StudyFacts, trials: Iterable[TrialRow], price: float) -> 
         seq = t.config.get("max_seq_length")
         truncated = None
         if not t.config.get("packing") and isinstance(seq, int):
-            cut = truncation(facts.dataset_stats, seq)
+            if seq not in cuts:
+                cuts[seq] = truncation(facts.dataset_stats, seq)
             if cover is not None and seq < cover:
-                truncated = cut or (math.nan, math.nan)
+                truncated = cuts[seq] or (math.nan, math.nan)
         headroom = None
         if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
@@ -298,7 +302,7 @@ def _eligible(
 
 
 def choose(
-    facts: StudyFacts, trials: Sequence[TrialRow], constraints: Constraints | None = None
+    facts: StudyFacts, trials: Sequence[TrialMetrics], constraints: Constraints | None = None
 ) -> Recommendation:
     """The cheapest eligible trial, compared with the baseline; see the module docstring.
 
@@ -308,7 +312,7 @@ def choose(
 
 
 def _decide(
-    facts: StudyFacts, trials: Sequence[TrialRow], constraints: Constraints
+    facts: StudyFacts, trials: Sequence[TrialMetrics], constraints: Constraints
 ) -> tuple[Recommendation, list[_Candidate]]:
     """The recommendation and the eligible candidates it was chosen from."""
     price = constraints.usd_per_hour or facts.usd_per_hour
@@ -441,7 +445,7 @@ def _baseline(facts: StudyFacts, candidates: list[_Candidate]) -> _Candidate | N
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
-    return choose(facts, store.list_trials(study, states=["complete"]), constraints)
+    return choose(facts, store.trial_metrics(study, states=["complete"]), constraints)
 
 
 # ------------------------------------------------------------------ across hardware
@@ -515,7 +519,7 @@ def compare(store: Store, study: str, constraints: Constraints | None = None) ->
     points: list[ParetoPoint] = []
     for row in rows:
         facts = StudyFacts.of(row)
-        trials = store.list_trials(row.name, states=["complete"])
+        trials = store.trial_metrics(row.name, states=["complete"])
         try:
             recommendation, eligible = _decide(facts, trials, per_study_constraints)
         except NoResultError as e:

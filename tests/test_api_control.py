@@ -4,7 +4,10 @@ CORS and offline docs — on a real store (SQLite and Postgres) through FastAPI'
 from __future__ import annotations
 
 import re
+import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import optuna
@@ -12,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from api.cache import StudyCache
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
 
@@ -263,3 +267,52 @@ def test_docs_are_served_from_local_files(read_only: TestClient) -> None:
         assert read_only.get(asset).status_code == 200, asset
     assert "/static/swagger/swagger-ui-bundle.js" in page.text
     assert "/api/studies/{name}/importance" in read_only.get("/openapi.json").json()["paths"]
+
+
+def test_cache_computes_once_for_concurrent_misses_and_keeps_one_value_per_slot(
+    storage_url: str,
+) -> None:
+    store = Store(fill(storage_url))
+    cache = StudyCache()
+    calls: list[int] = []
+    start = threading.Barrier(6)
+
+    def compute() -> int:
+        calls.append(1)
+        time.sleep(0.3)  # long enough for every thread to miss while this one computes
+        return len(store.list_trials(STUDY))
+
+    def ask() -> int:
+        start.wait()
+        return cache.get(store, STUDY, "count", compute)
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: ask(), range(6)))
+        assert answers == [6] * 6 and len(calls) == 1
+        assert cache.get(store, STUDY, "count", compute) == 6 and len(calls) == 1  # a hit
+        _trial(store, 6, 3.0, attn_implementation="eager")  # a new version of the study
+        assert cache.get(store, STUDY, "count", compute) == 7 and len(calls) == 2
+        assert len(cache) == 1  # the new value replaced the old one
+        cache.get(store, STUDY, "other", lambda: 0)
+        assert len(cache) == 2
+    finally:
+        store.dispose()
+
+
+def test_chart_json_is_encoded_once_and_served_gzipped_or_plain(client: TestClient) -> None:
+    url = f"/studies/{STUDY}/figures.json"
+    zipped = client.get(url, headers={"Accept-Encoding": "gzip"})
+    plain = client.get(url, headers={"Accept-Encoding": "identity"})
+    assert zipped.status_code == plain.status_code == 200
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert "content-encoding" not in plain.headers
+    # a cache between server and browser must keep the two apart
+    assert zipped.headers["vary"] == plain.headers["vary"] == "Accept-Encoding"
+    assert zipped.json() == plain.json()  # httpx decoded the gzip: the same charts
+    assert set(plain.json()) == {"history", "throughput", "failures", "pareto", "parallel", "slice"}
+    assert plain.headers["content-security-policy"]  # served through the app's middleware
+
+    importance = client.get(f"/studies/{STUDY}/importance-figure.json").json()["importance"]
+    (bars,) = importance["data"]
+    assert bars["y"][-1] == "attn_implementation"  # the largest share is drawn on top

@@ -241,6 +241,31 @@ def test_knob_figures_use_completed_trials_and_only_varying_knobs() -> None:
     assert len(figures.slice_figure(figures.slice_rows(TRIALS))["data"]) == 1
 
 
+def test_slice_panels_thin_large_values_evenly_and_say_so() -> None:
+    # 50 trials: sdpa at $1..$40 (40 trials), eager at $100..$109 (10)
+    trials = [complete(n, float(n + 1)) for n in range(40)]
+    trials += [complete(40 + n, 100.0 + n, attn="eager") for n in range(10)]
+    (panel,) = figures.slice_rows(trials, per_value=5)["knobs"]
+    assert (panel["shown"], panel["total"]) == (10, 50)
+    kept = [(p["value"], p["cost_per_run_usd"]) for p in panel["points"]]
+    sdpa = [cost for value, cost in kept if value == "sdpa"]
+    assert sdpa == [1.0, 11.0, 21.0, 30.0, 40.0]  # cheapest, dearest, evenly spaced ranks
+    assert sorted(cost for value, cost in kept if value == "eager") == [
+        100.0,
+        102.0,
+        104.0,
+        107.0,
+        109.0,
+    ]
+    assert [p["number"] for p in panel["points"]] == sorted(p["number"] for p in panel["points"])
+    figure = figures.slice_figure(figures.slice_rows(trials, per_value=5))
+    assert "at most 5 trials per value" in figure["layout"]["title"]["text"]
+    assert len(figure["data"][0]["x"]) == 10
+    # under the limit nothing is dropped and the chart carries no such title
+    whole = figures.slice_figure(figures.slice_rows(trials))
+    assert len(whole["data"][0]["x"]) == 50 and "title" not in whole["layout"]
+
+
 def test_failures_by_kind_and_importance_bars() -> None:
     failed = [
         Trial(number=n, state="failed", failure_kind=kind)

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import inspect
 
 from sweeper.errors import StorageError, StudyNotFoundError
-from sweeper.store import Store
+from sweeper.store import Store, TrialMetrics
 from tests.helpers import STUDY_FIELDS
 
 
@@ -214,3 +214,30 @@ def test_version_changes_whenever_a_trial_or_the_study_changes(store: Store) -> 
     seen.append(store.version("s"))
     assert len(set(seen)) == len(seen)
     assert store.version("s") == seen[-1]  # stable while nothing changes
+
+
+def test_trial_metrics_are_the_list_trials_fields_in_number_order(store: Store) -> None:
+    store.upsert_study("s", **STUDY_FIELDS)
+    for number, state in ((2, "complete"), (0, "failed"), (1, "complete"), (3, "running")):
+        store.start_trial("s", number, {"per_device_batch_size": 2**number, "packing": False})
+        if state == "complete":
+            store.finish_trial(
+                "s",
+                number,
+                "complete",
+                samples_per_s=10.0 + number,
+                cost_per_run_usd=5.0 - number,
+                projection={"train_hours": 1.5},
+                device_name="NVIDIA H100 80GB HBM3",
+            )
+        elif state == "failed":
+            store.finish_trial("s", 0, "failed", failure_kind="oom", failure_message="OOM")
+    rows = store.trial_metrics("s")
+    full = {t.number: t for t in store.list_trials("s")}
+    assert [row.number for row in rows] == [0, 1, 2, 3]
+    fields = list(TrialMetrics.__annotations__)
+    for row in rows:
+        assert tuple(row) == tuple(getattr(full[row.number], name) for name in fields)
+    assert rows[2].projection == {"train_hours": 1.5} and rows[0].failure_kind == "oom"
+    complete = store.trial_metrics("s", states=["complete"])
+    assert [(r.number, r.cost_per_run_usd) for r in complete] == [(1, 4.0), (2, 3.0)]

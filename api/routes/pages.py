@@ -6,12 +6,14 @@ bundled plotly.js and keeps the page live by polling the trials API.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
+from api.cache import EncodedJSON
 from api.deps import CacheDep, StoreDep
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
@@ -19,7 +21,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from sweeper import importance, recommend
 from sweeper.errors import ConflictError, NoResultError, SweeperError
 from sweeper.export import render
-from sweeper.store import Store
+from sweeper.store import Store, TrialMetrics
 
 router = APIRouter(include_in_schema=False)
 
@@ -116,6 +118,7 @@ def study_page(
         "exports": exports,
         "config_keys": _config_keys(trials),
         "color_by": COLOR_BY,
+        "slice_points": figures.SLICE_POINTS_PER_VALUE,
         "table": {
             "sort": sort,
             "descending": descending,
@@ -128,6 +131,7 @@ def study_page(
         "live": {
             "trials_url": f"/api/studies/{path_segment(name)}/trials",
             "figures_url": f"/studies/{path_segment(name)}/figures.json",
+            "importance_url": f"/studies/{path_segment(name)}/importance-figure.json",
             "study_state": study.state,
             "highest": highest[0].number if highest else -1,
             "running": running,
@@ -137,15 +141,28 @@ def study_page(
 
 
 @router.get("/studies/{name}/figures.json")
-def study_figures_json(name: str, store: StoreDep, cache: CacheDep) -> dict[str, Any]:
-    """Every chart of the study page as Plotly JSON (fetched after the page has painted)."""
-    return cache.get(store, name, "figures", lambda: study_figures(name, store))
+def study_figures_json(name: str, request: Request, store: StoreDep, cache: CacheDep) -> Response:
+    """The study page's charts but importance, as Plotly JSON (fetched after first paint)."""
+    body = cache.get(store, name, "figures", lambda: EncodedJSON.of(study_figures(name, store)))
+    return body.response(request)
+
+
+@router.get("/studies/{name}/importance-figure.json")
+def importance_figure_json(
+    name: str, request: Request, store: StoreDep, cache: CacheDep
+) -> Response:
+    """The importance chart alone: the slowest to compute (seconds at 10,000 trials), so the
+    page draws the others first."""
+    body = cache.get(
+        store, name, "importance-figure", lambda: EncodedJSON.of(importance_figure(name, store))
+    )
+    return body.response(request)
 
 
 def study_figures(name: str, store: Store) -> dict[str, Any]:
-    """The study page's charts, computed from the store."""
-    trials = store.list_trials(name)
-    figures_out: dict[str, Any] = {
+    """The study page's charts but importance, computed from the store."""
+    trials = store.trial_metrics(name)
+    return {
         "history": figures.history_figure(figures.history_rows(trials)),
         "throughput": figures.throughput_figure(
             figures.throughput_rows(trials, color_by=COLOR_BY), color_by=COLOR_BY
@@ -153,24 +170,29 @@ def study_figures(name: str, store: Store) -> dict[str, Any]:
         "parallel": figures.parallel_figure(figures.parallel_rows(trials)),
         "slice": figures.slice_figure(figures.slice_rows(trials)),
         "failures": figures.failure_figure(figures.failure_rows(trials)),
+        "pareto": _pareto(store, name, trials),
     }
+
+
+def importance_figure(name: str, store: Store) -> dict[str, Any]:
+    """``{"importance": figure}``: each knob's share of the $/run variation (PED-ANOVA)."""
     try:
         ranked = [k.model_dump() for k in importance.importances(store, name)]
-        figures_out["importance"] = figures.importance_figure(ranked)
+        figure = figures.importance_figure(ranked)
     except NoResultError:
-        figures_out["importance"] = figures.importance_figure(
+        figure = figures.importance_figure(
             None, note="needs two completed trials that differ in a knob"
         )
     except ConflictError:
-        figures_out["importance"] = figures.importance_figure(
+        figure = figures.importance_figure(
             None, note="needs the study's space file, which is not valid"
         )
-    figures_out["pareto"] = _pareto(store, name)
-    return figures_out
+    return {"importance": figure}
 
 
-def _pareto(store: Store, name: str) -> dict[str, Any]:
-    """Each study of this workload (its hardware at its price) and the front across them."""
+def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str, Any]:
+    """Each study of this workload (its hardware at its price) and the front across them;
+    ``trials`` are study ``name``'s own."""
     try:
         front = [p.model_dump() for p in recommend.compare(store, name).pareto]
     except NoResultError:
@@ -186,8 +208,12 @@ def _pareto(store: Store, name: str) -> dict[str, Any]:
                 "hours_per_run": t.hours_per_run,
                 "cost_per_run_usd": t.cost_per_run_usd,
             }
-            for t in store.list_trials(row.name, states=["complete"])
-            if t.hours_per_run is not None and t.cost_per_run_usd is not None
+            for t in (
+                trials if row.name == name else store.trial_metrics(row.name, states=["complete"])
+            )
+            if t.state == "complete"
+            and t.hours_per_run is not None
+            and t.cost_per_run_usd is not None
         ]
         for row in studies
     }

@@ -1,7 +1,9 @@
 // Study page: draw the charts, keep the page live, copy the recommended config.
 //
 // The HTML arrives without chart data so it paints at once; the figures come from
-// figures_url as Plotly JSON. Every 3 s the page asks the trials API for trials numbered above
+// figures_url as Plotly JSON, and the importance chart (the slowest to compute) from
+// importance_url after the others are drawn. Each chart is drawn in its own task, history first,
+// so the browser paints each as it is ready. Every 3 s the page asks the trials API for trials numbered above
 // a watermark: the highest number shown, or just below the lowest trial still running (so a
 // running trial is re-read until it finishes). When a trial is new or changed state, it fetches
 // this page again, swaps in the server-rendered sections marked data-live, and redraws the
@@ -14,14 +16,15 @@
   // While the study runs, refresh now and then even when no trial changed (the study state).
   const FULL_REFRESH_EVERY = 10;
   const PLOT_CONFIG = { responsive: true, displaylogo: false };
+  // In drawing order.
   const CHARTS = {
     history: "chart-history",
     throughput: "chart-throughput",
-    importance: "chart-importance",
     failures: "chart-failures",
+    pareto: "chart-pareto",
     parallel: "chart-parallel",
     slice: "chart-slice",
-    pareto: "chart-pareto",
+    importance: "chart-importance",
   };
 
   let live = readLive(document);
@@ -40,16 +43,28 @@
       setStatus("Charts unavailable: plotly.js did not load.");
       return;
     }
-    const figures = await (await fetchOk(live.figures_url, "application/json")).json();
-    for (const [key, id] of Object.entries(CHARTS)) {
-      const element = document.getElementById(id);
-      const figure = figures[key];
-      if (!element || !figure) continue;
-      const plot = drawn ? window.Plotly.react : window.Plotly.newPlot;
-      await plot(element, figure.data, figure.layout, PLOT_CONFIG);
+    const plot = drawn ? window.Plotly.react : window.Plotly.newPlot;
+    for (const url of [live.figures_url, live.importance_url]) {
+      const figures = await (await fetchOk(url, "application/json")).json();
+      for (const [key, id] of Object.entries(CHARTS)) {
+        const element = document.getElementById(id);
+        const figure = figures[key];
+        if (!element || !figure) continue;
+        await plot(element, figure.data, figure.layout, PLOT_CONFIG);
+        await nextPaint();
+      }
     }
     drawn = true;
     document.body.dataset.chartsDrawn = String(Date.now());
+  }
+
+  // Resolves after the browser has painted what is drawn so far (at once in a hidden tab,
+  // which runs no animation frames).
+  function nextPaint() {
+    return new Promise((resolve) => {
+      if (document.hidden) setTimeout(resolve, 0);
+      else requestAnimationFrame(() => setTimeout(resolve, 0));
+    });
   }
 
   function watermark() {

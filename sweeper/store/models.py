@@ -7,7 +7,7 @@ measurement of each trial and what it costs, so that the API can filter and sort
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -99,3 +99,25 @@ class TrialRow(Base):
     measurement: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
+
+
+class TrialMetrics(Protocol):
+    """A trial's config and scalar results: a ``TrialRow`` or a row of
+    ``Store.trial_metrics`` (which loads exactly these fields, in this order)."""
+
+    number: int
+    state: str
+    config: dict[str, Any]
+    it_per_s: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    padded_tokens_per_s: float | None
+    data_wait_share: float | None
+    mfu: float | None
+    peak_memory_bytes: int | None
+    device_memory_bytes: int | None
+    hours_per_run: float | None
+    cost_per_run_usd: float | None
+    projection: dict[str, Any] | None
+    device_name: str | None
+    failure_kind: str | None

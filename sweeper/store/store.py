@@ -30,11 +30,13 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from sweeper.errors import StorageError, StudyNotFoundError
-from sweeper.store.models import StudyRow, TrialRow
+from sweeper.store.models import StudyRow, TrialMetrics, TrialRow
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any 64-bit constant: serialises concurrent schema upgrades of one Postgres database.
 _MIGRATION_LOCK_ID = 0x5EE9E4
+# What Store.trial_metrics loads of each trial (the fields of TrialMetrics, in its order).
+METRIC_COLUMNS = tuple(getattr(TrialRow, name) for name in TrialMetrics.__annotations__)
 # Columns trials can be sorted by (REST ?sort=, the dashboard's table headers).
 TRIAL_SORT_KEYS = (
     "number",
@@ -316,6 +318,20 @@ class Store:
             if limit is not None:
                 query = query.limit(limit)
             return list(s.scalars(query).all())
+
+    def trial_metrics(
+        self, study: str, *, states: Sequence[str] | None = None
+    ) -> Sequence[TrialMetrics]:
+        """Every trial (or those in ``states``) in number order, as plain read-only rows of
+        METRIC_COLUMNS: what the recommendation, importance and charts read.
+
+        With 10,000 trials this takes about half the time of ``list_trials``: no ORM objects,
+        no timestamps, no failure text.
+        """
+        with self.session() as s:
+            study_row = self._study(s, study)
+            query = _filter_trials(select(*METRIC_COLUMNS), study_row.id, None, states, None, None)
+            return s.execute(query.order_by(TrialRow.number)).all()  # type: ignore[return-value]
 
     def count_trials(
         self,
