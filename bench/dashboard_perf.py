@@ -18,7 +18,7 @@
 4. Opens each study page in headless chromium (a fresh context per run, alternating): ours
    with the study unchanged, ours right after a trial finished, optuna-dashboard. First
    contentful paint, when the chart data arrived, when the optimization-history chart entered
-   the DOM, and the first animation frame in which it is drawn.
+   the DOM, the first animation frame in which it is drawn, and (ours) when every chart is.
 5. With ``--profile``, calls our routes and their parts in this process: median times, and
    cProfile's top functions for the slow ones.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import gzip
 import inspect
 import io
 import json
@@ -683,6 +682,8 @@ PAGE_TIMINGS = """(dataPart) => {
   return {fcp: fcp ? fcp.startTime : null, ttfb: nav.responseStart,
           dcl: nav.domContentLoadedEventEnd, html_bytes: nav.decodedBodySize,
           chart: window.__chartAt, built: window.__builtAt,
+          all: document.body.dataset.chartsDrawn
+            ? Number(document.body.dataset.chartsDrawn) - performance.timeOrigin : null,
           data_start: data ? data.startTime : null, data_end: data ? data.responseEnd : null,
           data_bytes: data ? data.decodedBodySize : null};
 }"""
@@ -695,6 +696,7 @@ class PageRuns:
     chart_id: str
     data_part: str  # a part of the URL the page fetches its chart data from
     before: Callable[[], None] | None = None  # run before each load, e.g. finish a trial
+    marks_all_drawn: bool = False  # sets body[data-charts-drawn] once every chart is drawn
     runs: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -722,6 +724,10 @@ def measure_pages(pages: list[PageRuns], runs: int) -> None:
                             ".length > 0",
                             timeout=30_000,
                         )
+                        if page_runs.marks_all_drawn:
+                            page.wait_for_function(
+                                "() => !!document.body.dataset.chartsDrawn", timeout=180_000
+                            )
                         page_runs.runs.append(page.evaluate(PAGE_TIMINGS, page_runs.data_part))
                     finally:
                         context.close()
@@ -753,10 +759,13 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
     from starlette.requests import Request
 
     from api.app import create_app
+    from api.cache import EncodedJSON
+    from api.routes.pages import study_figures
     from sweeper import recommend
 
     app = create_app(url)
     store: Store = app.state.store
+    charts_content = study_figures(study, store)
     endpoints = _route_endpoints(app.routes)
     cache = getattr(app.state, "cache", None)
 
@@ -770,7 +779,7 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
                 "path": path,
                 "raw_path": path.encode(),
                 "query_string": b"",
-                "headers": [],
+                "headers": [(b"accept-encoding", b"gzip")],
                 "router": app.router,
                 "scheme": "http",
                 "server": ("127.0.0.1", 80),
@@ -811,10 +820,11 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
         finally:
             gc.enable()
 
-    complete = store.list_trials(study, states=["complete"])
+    complete = store.trial_metrics(study, states=["complete"])
     facts = recommend.StudyFacts.of(store.get_study(study))
     best, trials = "/api/studies/{name}/best", "/api/studies/{name}/trials"
     page, charts = "/studies/{name}", "/studies/{name}/figures.json"
+    importance_chart = "/studies/{name}/importance-figure.json"
     hit = " (cache warm)" if cache is not None else ""
     miss = " (cache empty)" if cache is not None else ""
     calls: list[tuple[str, Callable[[], Any], bool]] = [
@@ -825,7 +835,12 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
             False,
         ),
         (
-            f"  part: store.list_trials(states=[complete]) ({len(complete):,} ORM rows)",
+            f"  part: store.trial_metrics(states=[complete]) ({len(complete):,} plain rows)",
+            lambda: store.trial_metrics(study, states=["complete"]),
+            False,
+        ),
+        (
+            "  for scale: store.list_trials(states=[complete]) (the same trials as ORM rows)",
             lambda: store.list_trials(study, states=["complete"]),
             False,
         ),
@@ -840,10 +855,10 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
             lambda: cheapest_in_sql(store, study),
             False,
         ),
-        ("route GET /trials (default page of 500)", route(trials, limit=500), True),
+        ("route GET /trials (default page)", route(trials), True),
         (
-            "  part: store.list_trials(limit=500)",
-            lambda: store.list_trials(study, limit=500),
+            "  part: store.list_trials(limit=100)",
+            lambda: store.list_trials(study, limit=100),
             False,
         ),
         ("  part: store.count_trials() (X-Total-Count)", lambda: store.count_trials(study), False),
@@ -851,7 +866,12 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
         (f"route GET /trials?after={n_trials - 5}", route(trials, after=n_trials - 5), False),
         (f"route GET /studies/{{name}}{miss}", route(page, cold=True), True),
         (f"route GET /studies/{{name}}/figures.json{miss}", route(charts, cold=True), True),
-        ("  part: store.list_trials() (every trial)", lambda: store.list_trials(study), False),
+        ("  part: store.trial_metrics() (every trial)", lambda: store.trial_metrics(study), False),
+        (
+            f"route GET /studies/{{name}}/importance-figure.json{miss}",
+            route(importance_chart, cold=True),
+            True,
+        ),
     ]
     if cache is not None:
         calls += [
@@ -862,26 +882,13 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
         version = getattr(store, "version", None)
         if version is not None:
             calls.append(("  part: store.version() (the cache key)", lambda: version(study), False))
-        try:
-            cached_charts = route(charts)()
-        except Exception:  # reported by the loop below
-            cached_charts = None
-        if cached_charts is not None:
-            encode = _response_encoder(app.routes, charts, cached_charts)
-            body = encode()
-            calls += [
-                (
-                    f"  part: FastAPI encoding the cached charts ({len(body) / 2**20:,.1f} MiB "
-                    "of JSON)",
-                    encode,
-                    False,
-                ),
-                (
-                    "  part: gzip of that body (GZipMiddleware's level 9)",
-                    lambda: gzip.compress(body, compresslevel=9),
-                    False,
-                ),
-            ]
+        calls.append(
+            (
+                "  part: EncodedJSON.of(the charts) (JSON + gzip, once per study version)",
+                lambda: EncodedJSON.of(charts_content),
+                False,
+            )
+        )
     results = []
     for label, call, profile in calls:
         timed = Timed(label)
@@ -908,20 +915,6 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
             timed.error = repr(e)[:300]
     store.dispose()
     return results
-
-
-def _response_encoder(routes: list[Any], path: str, content: Any) -> Callable[[], bytes]:
-    """What FastAPI does with the route's return value: validate and dump it with the response
-    field's TypeAdapter when the route has one (fastapi.routing.serialize_response), else
-    jsonable_encoder and json.dumps."""
-    route = _get_routes(routes)[path]
-    field = getattr(route, "response_field", None)
-    if field is None:
-        from fastapi.encoders import jsonable_encoder
-        from fastapi.responses import JSONResponse
-
-        return lambda: bytes(JSONResponse(jsonable_encoder(content)).body)
-    return lambda: field.serialize_json(field.validate(content, {}, loc=("response",))[0])
 
 
 def _get_routes(routes: list[Any]) -> dict[str, Any]:
@@ -1013,6 +1006,12 @@ def run_servers(
         charts = Endpoint(
             "ours", "/studies/{name}/figures.json", f"/studies/{name}/figures.json", True
         )
+        importance_chart = Endpoint(
+            "ours",
+            "/studies/{name}/importance-figure.json",
+            f"/studies/{name}/importance-figure.json",
+            True,
+        )
         their_listing = Endpoint("optuna-dashboard", "/api/studies", "/api/studies")
         their_best, their_poll, their_all = their(n_trials), their(poll_after), their(0, True)
         their_page = Endpoint(
@@ -1021,7 +1020,7 @@ def run_servers(
             f"/dashboard/studies/{study_id}",
         )
         ours_endpoints = [best, page100, page500, poll, listing, detail, everything]
-        ours_endpoints += [page_html, charts]
+        ours_endpoints += [page_html, charts, importance_chart]
         theirs_endpoints = [their_listing, their_best, their_poll, their_all, their_page]
         measure_endpoints(
             {"ours": ours, "optuna-dashboard": theirs},
@@ -1039,6 +1038,7 @@ def run_servers(
                 f"{ours_base}/studies/{name}",
                 "chart-history",
                 "figures.json",
+                marks_all_drawn=True,
             ),
             PageRuns(
                 "ours, a trial just finished",
@@ -1046,6 +1046,7 @@ def run_servers(
                 "chart-history",
                 "figures.json",
                 before=writer.finish_one if writer.pending else None,
+                marks_all_drawn=True,
             ),
             PageRuns(
                 "optuna-dashboard",
@@ -1062,6 +1063,7 @@ def run_servers(
         ("whole study: every trial", everything, their_all),
         ("study page HTML (theirs: a static shell)", page_html, their_page),
         ("the data the study page draws its charts from", charts, their_all),
+        ("the importance chart (its own request, drawn last)", importance_chart, None),
         ("a page of 100 trials", page100, None),
         ("the default page (no parameters)", page500, None),
         ("one study's summary and space", detail, None),
@@ -1140,15 +1142,18 @@ def summarize_pages(pages: list[PageRuns]) -> None:
     print(
         "| page | runs | first contentful paint median / max s | history chart drawn "
         "median / max s | TTFB median s | chart data requested → arrived, median s "
-        "| history chart in the DOM, median s | HTML / chart data KiB |"
+        "| history chart in the DOM, median s | every chart drawn, median s "
+        "| HTML / chart data KiB |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for p in pages:
 
         def seconds(key: str, runs: list[dict[str, float]] = p.runs) -> list[float]:
             return [r[key] / 1000 for r in runs if r.get(key) is not None]
 
-        fcp, chart, ttfb, built = (seconds(k) for k in ("fcp", "chart", "ttfb", "built"))
+        fcp, chart, ttfb, built, every = (
+            seconds(k) for k in ("fcp", "chart", "ttfb", "built", "all")
+        )
         start, end = seconds("data_start"), seconds("data_end")
         data = f"{statistics.median(start):.2f} → {statistics.median(end):.2f}" if end else "—"
         data_kib = (p.runs[0].get("data_bytes") or 0) / 1024
@@ -1158,6 +1163,7 @@ def summarize_pages(pages: list[PageRuns]) -> None:
             f"| {statistics.median(chart):.2f} / {max(chart):.2f} "
             f"| {statistics.median(ttfb):.2f} | {data} "
             f"| {f'{statistics.median(built):.2f}' if built else '—'} "
+            f"| {f'{statistics.median(every):.2f}' if every else '—'} "
             f"| {p.runs[0]['html_bytes'] / 1024:,.0f} / {data_kib:,.0f} |"
         )
 
@@ -1284,7 +1290,8 @@ def main() -> None:
     recreate_database(f"{server_url}/postgres", args.db)
     try:
         trials = make_trials(space, args.trials, args.seed)
-        later = live_trials(space, args.trials, 9 * args.changes + args.paint_runs, args.seed)
+        # a trial per (our endpoint, change sample) and per page load after a change; spare
+        later = live_trials(space, args.trials, 12 * args.changes + args.paint_runs, args.seed)
         fill_started = time.perf_counter()
         fill_ours(url, space, trials)
         ours_s = time.perf_counter() - fill_started

@@ -39,23 +39,50 @@
   }
 
   async function drawFigures() {
-    if (!window.Plotly) {
+    // This script runs before plotly.js (see the page's head): the chart data downloads
+    // while the browser parses plotly.js, and the server computes importance while the
+    // browser draws the others.
+    const main = fetchJson(live.figures_url);
+    main.catch(() => {}); // awaited below; handled there
+    const Plotly = await plotlyLoaded();
+    if (!Plotly) {
       setStatus("Charts unavailable: plotly.js did not load.");
       return;
     }
-    const plot = drawn ? window.Plotly.react : window.Plotly.newPlot;
-    for (const url of [live.figures_url, live.importance_url]) {
-      const figures = await (await fetchOk(url, "application/json")).json();
-      for (const [key, id] of Object.entries(CHARTS)) {
-        const element = document.getElementById(id);
-        const figure = figures[key];
-        if (!element || !figure) continue;
-        await plot(element, figure.data, figure.layout, PLOT_CONFIG);
-        await nextPaint();
-      }
-    }
+    const plot = drawn ? Plotly.react : Plotly.newPlot;
+    const figures = await main;
+    const slow = fetchJson(live.importance_url);
+    slow.catch(() => {});
+    await drawEach(plot, figures);
+    await drawEach(plot, await slow);
     drawn = true;
     document.body.dataset.chartsDrawn = String(Date.now());
+  }
+
+  async function drawEach(plot, figures) {
+    for (const [key, id] of Object.entries(CHARTS)) {
+      const element = document.getElementById(id);
+      const figure = figures[key];
+      if (!element || !figure) continue;
+      await plot(element, figure.data, figure.layout, PLOT_CONFIG);
+      await nextPaint();
+    }
+  }
+
+  // plotly.js is deferred after this script: it has run by DOMContentLoaded (or failed).
+  function plotlyLoaded() {
+    if (window.Plotly || document.readyState === "complete") {
+      return Promise.resolve(window.Plotly);
+    }
+    return new Promise((resolve) => {
+      const done = () => resolve(window.Plotly);
+      document.addEventListener("DOMContentLoaded", done, { once: true });
+      window.addEventListener("load", done, { once: true });
+    });
+  }
+
+  async function fetchJson(url) {
+    return (await fetchOk(url, "application/json")).json();
   }
 
   // Resolves after the browser has painted what is drawn so far (at once in a hidden tab,
@@ -80,7 +107,7 @@
 
   async function poll() {
     const url = `${live.trials_url}?after=${encodeURIComponent(watermark())}`;
-    const trials = await (await fetchOk(url, "application/json")).json();
+    const trials = await fetchJson(url);
     const running = new Set(live.running);
     const changed = trials.some(
       (trial) =>
