@@ -1,6 +1,6 @@
 """Dashboard pages: the studies overview and one page per study, rendered server-side.
 
-The study page embeds its figures as JSON; dashboards/static/study.js draws them with the
+The study page fetches its figures as JSON; dashboards/static/study.js draws them with the
 bundled plotly.js and keeps the page live by polling the trials API.
 """
 
