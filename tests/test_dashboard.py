@@ -277,7 +277,12 @@ def test_failures_by_kind_and_importance_bars() -> None:
         {"kind": "unsupported", "trials": 2},
         {"kind": "error", "trials": 1},
     ]
-    assert figures.failure_figure(rows)["data"][0]["y"] == [2, 2, 1]
+    figure = figures.failure_figure(rows)
+    assert figure["data"][0]["y"] == [2, 2, 1]
+    assert figure["layout"]["yaxis"]["dtick"] == 1  # small counts: whole ticks
+    # 1,000 failures: plotly's own ticks, not 1,000 gridlines
+    many = figures.failure_figure([{"kind": "oom", "trials": 1000}])
+    assert "dtick" not in many["layout"]["yaxis"]
     bars = figures.importance_figure(
         [{"knob": "max_seq_length", "importance": 0.7}, {"knob": "packing", "importance": 0.3}]
     )
