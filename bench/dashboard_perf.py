@@ -62,7 +62,7 @@ from sqlalchemy import insert
 from sweeper.cost import RunPlan, project_run
 from sweeper.space import Space, TrialConfig, load_space, optuna_params
 from sweeper.store import Store, TrialRow
-from sweeper.study import OPTUNA_ATTRS  # what a sweep copies onto the Optuna trial
+from sweeper.study import OPTUNA_ATTRS, study_fields  # what a sweep records
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -332,16 +332,12 @@ def fill_ours(url: str, space: Space, trials: list[FakeTrial]) -> None:
         study = store.upsert_study(
             space.study,
             state="finished",
-            hardware_name=space.hardware.name,
-            usd_per_hour=space.hardware.usd_per_hour,
-            device=space.hardware.device,
-            samples=space.workload.samples,
-            epochs=space.workload.epochs,
-            n_trials_planned=len(trials),
-            space_yaml=SPACE.read_text(),
-            space_path="spaces/h100.yaml",
-            baseline=None if space.baseline is None else space.baseline.as_config().model_dump(),
-            workload_hash=space.workload_hash(),
+            **study_fields(
+                space,
+                n_trials=len(trials),
+                space_text=SPACE.read_text(),
+                space_path="spaces/h100.yaml",
+            ),
             dataset_stats=dataset_stats(),
             sweep_seconds=sum(t.wall_s for t in trials),
         )
@@ -765,7 +761,6 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
 
     app = create_app(url)
     store: Store = app.state.store
-    charts_content = study_figures(study, store)
     endpoints = _route_endpoints(app.routes)
     cache = getattr(app.state, "cache", None)
 
@@ -882,6 +877,7 @@ def profile_routes(url: str, study: str, n_trials: int) -> list[Timed]:
         version = getattr(store, "version", None)
         if version is not None:
             calls.append(("  part: store.version() (the cache key)", lambda: version(study), False))
+        charts_content = study_figures(study, store)
         calls.append(
             (
                 "  part: EncodedJSON.of(the charts) (JSON + gzip, once per study version)",

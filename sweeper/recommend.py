@@ -20,7 +20,7 @@ returns the cheapest option and the Pareto front of $ against hours.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -497,11 +497,19 @@ def pareto_front(points: Iterable[ParetoPoint]) -> list[ParetoPoint]:
     return front
 
 
-def compare(store: Store, study: str, constraints: Constraints | None = None) -> Comparison:
+def compare(
+    store: Store,
+    study: str,
+    constraints: Constraints | None = None,
+    *,
+    loaded: Mapping[str, Sequence[TrialMetrics]] | None = None,
+) -> Comparison:
     """Every study pricing the same workload as ``study`` (e.g. H100, A100, RTX 4090 at their
     own prices): the cheapest option under the constraints and the Pareto front of $ vs hours.
 
     ``constraints.usd_per_hour`` is ignored here: each machine keeps its own price.
+    ``loaded``: trials a caller already has, by study name (only completed ones count); the
+    other studies' trials are read from the store.
     """
     constraints = constraints or Constraints()
     per_study_constraints = Constraints(
@@ -519,7 +527,10 @@ def compare(store: Store, study: str, constraints: Constraints | None = None) ->
     points: list[ParetoPoint] = []
     for row in rows:
         facts = StudyFacts.of(row)
-        trials = store.trial_metrics(row.name, states=["complete"])
+        if loaded is not None and row.name in loaded:
+            trials = loaded[row.name]
+        else:
+            trials = store.trial_metrics(row.name, states=["complete"])
         try:
             recommendation, eligible = _decide(facts, trials, per_study_constraints)
         except NoResultError as e:

@@ -83,6 +83,24 @@ class PrepareError(SweeperError):
     """The dataset or tokenizer could not be prepared, so no trial can run."""
 
 
+def study_fields(
+    space: Space, *, n_trials: int, space_text: str, space_path: str | None
+) -> dict[str, Any]:
+    """The study row's fields that come from the space (``Store.upsert_study`` keywords)."""
+    return {
+        "hardware_name": space.hardware.name,
+        "usd_per_hour": space.hardware.usd_per_hour,
+        "device": space.hardware.device,
+        "samples": space.workload.samples,
+        "epochs": space.workload.epochs,
+        "n_trials_planned": n_trials,
+        "space_yaml": space_text,
+        "space_path": space_path,
+        "baseline": None if space.baseline is None else space.baseline.as_config().model_dump(),
+        "workload_hash": space.workload_hash(),
+    }
+
+
 def run_sweep(
     space: Space,
     *,
@@ -104,16 +122,7 @@ def run_sweep(
     store.upsert_study(
         space.study,
         state="running",
-        hardware_name=space.hardware.name,
-        usd_per_hour=space.hardware.usd_per_hour,
-        device=space.hardware.device,
-        samples=space.workload.samples,
-        epochs=space.workload.epochs,
-        n_trials_planned=n_trials,
-        space_yaml=space_text,
-        space_path=space_path,
-        baseline=None if space.baseline is None else space.baseline.as_config().model_dump(),
-        workload_hash=space.workload_hash(),
+        **study_fields(space, n_trials=n_trials, space_text=space_text, space_path=space_path),
     )
     # the user's current config runs first (every result is compared with it), then also_try
     for known in space.known_configs():

@@ -193,12 +193,16 @@ def importance_figure(name: str, store: Store) -> dict[str, Any]:
 def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str, Any]:
     """Each study of this workload (its hardware at its price) and the front across them;
     ``trials`` are study ``name``'s own."""
-    try:
-        front = [p.model_dump() for p in recommend.compare(store, name).pareto]
-    except NoResultError:
-        front = []
     anchor = store.get_study(name)
     studies = store.studies_of_workload(anchor.workload_hash) if anchor.workload_hash else [anchor]
+    loaded = {
+        row.name: trials if row.name == name else store.trial_metrics(row.name, states=["complete"])
+        for row in studies
+    }
+    try:
+        front = [p.model_dump() for p in recommend.compare(store, name, loaded=loaded).pareto]
+    except NoResultError:
+        front = []
     points = {
         row.name: [
             {
@@ -208,9 +212,7 @@ def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str
                 "hours_per_run": t.hours_per_run,
                 "cost_per_run_usd": t.cost_per_run_usd,
             }
-            for t in (
-                trials if row.name == name else store.trial_metrics(row.name, states=["complete"])
-            )
+            for t in loaded[row.name]
             if t.state == "complete"
             and t.hours_per_run is not None
             and t.cost_per_run_usd is not None
