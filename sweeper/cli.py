@@ -6,6 +6,7 @@ inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli``
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -17,6 +18,7 @@ from rich.table import Table
 from sweeper.errors import SpaceError, SweeperError
 
 if TYPE_CHECKING:
+    from sweeper.doctor import DoctorReport
     from sweeper.recommend import Comparison, Constraints, Recommendation
     from sweeper.space import TrialConfig
     from sweeper.store import TrialRow
@@ -266,6 +268,136 @@ def export(
     sys.stdout.write(render(recommendation, fmt, space_yaml))  # type: ignore[arg-type]
 
 
+@app.command()
+def doctor(
+    space: Annotated[
+        Path | None,
+        typer.Option("--space", help="also check that this space can run here (exit 1 if not)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    write_mb: Annotated[
+        int, typer.Option("--write-mb", min=1, help="MiB written to time the checkpoint disk")
+    ] = 256,
+) -> None:
+    """Say what this machine can do before a sweep: devices, driver, CUDA, torch and
+    transformers, bf16/fp16/tf32, which attention implementations train, torch.compile, free
+    memory, CPU cores for DataLoader workers, checkpoint write speed. With --space, exit 1 and
+    name the fix for each thing the space asks for that this machine cannot do."""
+    from sweeper.doctor import DoctorError, diagnose
+    from sweeper.settings import Settings
+    from sweeper.space import load_space
+
+    parsed = None
+    if space is not None:
+        try:
+            parsed = load_space(space)
+        except SpaceError as e:
+            raise _fail(f"invalid space file\n{e}", code=2) from None
+    quiet = as_json or not sys.stderr.isatty()
+    with err_console.status("examining this machine") as status:
+
+        def progress(message: str) -> None:
+            if not quiet:
+                status.update(message)
+
+        try:
+            report = diagnose(
+                parsed,
+                Settings().cache_dir,
+                space_path=None if space is None else str(space),
+                write_mb=write_mb,
+                progress=progress,
+            )
+        except DoctorError as e:
+            raise _fail(str(e)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    else:
+        _print_doctor(report)
+    raise typer.Exit(report.exit_code)
+
+
+study_app = typer.Typer(
+    help="Recorded sweeps as files: export a study to studies/NAME.json, import one anywhere.",
+    no_args_is_help=True,
+)
+app.add_typer(study_app, name="study")
+
+
+@study_app.command("export")
+def study_export(
+    study: Annotated[str, typer.Option("--study", help="study name")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="file to write (default studies/NAME.json)")
+    ] = None,
+    storage: StorageOption = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="export a study whose sweep is still running")
+    ] = False,
+) -> None:
+    """Write a study (every trial's measurement, fingerprint and projection, Optuna's record,
+    the space) to a JSON file that `sweeper study import` loads into any storage."""
+    from sweeper.settings import resolve_storage
+    from sweeper.store import Store
+    from sweeper.studyfile import export_study, write_study_file
+
+    store = Store(resolve_storage(storage))
+    try:
+        store.migrate()
+        document = export_study(store, study, allow_running=force)
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.dispose()
+    path = out or Path("studies") / f"{study}.json"
+    try:
+        write_study_file(document, path)
+    except OSError as e:
+        raise _fail(f"cannot write {path}: {e.strerror or e}") from None
+    completed = sum(1 for t in document.trials if t["state"] == "complete")
+    console.print(
+        f"wrote {path}: study {study!r}, {len(document.trials)} trials ({completed} complete)",
+        highlight=False,
+    )
+
+
+@study_app.command("import")
+def study_import(
+    file: Annotated[Path, typer.Argument(help="a study file, e.g. studies/cpu-demo.json")],
+    storage: StorageOption = None,
+    as_name: Annotated[
+        str | None, typer.Option("--as", help="import under this name instead")
+    ] = None,
+) -> None:
+    """Load a study file into a storage, so `best`, `serve` and the REST API work on it."""
+    from sweeper.settings import resolve_storage
+    from sweeper.store import Store
+    from sweeper.studyfile import StudyFileError, import_study, read_study_file
+
+    try:
+        document = read_study_file(file)
+    except StudyFileError as e:
+        raise _fail(str(e), code=2) from None
+    url = resolve_storage(storage)
+    store = Store(url)
+    try:
+        store.migrate()
+        name = import_study(store, document, name=as_name)
+    except StudyFileError as e:
+        raise _fail(str(e), code=2) from None
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.dispose()
+    from sweeper.store import redact
+
+    console.print(
+        f"imported study {name!r} ({len(document.trials)} trials) into {redact(url)}; "
+        f"see it with `sweeper best --study {name}` or `sweeper serve`",
+        highlight=False,
+    )
+
+
 def main() -> None:
     app()
 
@@ -456,6 +588,58 @@ def _print_recommendation(rec: Recommendation) -> None:
         console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
     for note in rec.excluded:
         console.print(f"  [yellow]left out:[/] {note}", highlight=False)
+
+
+def _print_doctor(report: DoctorReport) -> None:
+    facts = report.facts
+    title = "this machine" + (f" for {report.space}" if report.space else "")
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("topic", style="bold")
+    table.add_column("finding", overflow="fold")
+    table.add_row(
+        "versions",
+        f"Python {facts['python']}, torch {facts['torch']} (CUDA {facts['torch_cuda'] or 'none'}"
+        f"), transformers {facts['transformers']}"
+        + (f", driver {facts['driver']}" if facts.get("driver") else ""),
+    )
+    installed = [
+        f"{name} {info['version']}" + ("" if info["imports"] else " (does not import)")
+        for name, info in facts["packages"].items()
+        if info["installed"]
+    ]
+    missing = [name for name, info in facts["packages"].items() if not info["installed"]]
+    table.add_row(
+        "packages",
+        (", ".join(installed) or "none of the optional ones")
+        + (f"; not installed: {', '.join(missing)}" if missing else ""),
+    )
+    marks = {"ok": "[green]✓[/]", "warning": "[yellow]![/]", "problem": "[red]✗[/]"}
+    for finding in report.findings:
+        if finding.level == "ok":
+            table.add_row(finding.topic, f"{marks['ok']} {finding.text}")
+    console.print(table)
+    for finding in report.findings:
+        if finding.level == "ok":
+            continue
+        console.print(
+            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): {finding.text}",
+            highlight=False,
+        )
+        if finding.fix:
+            console.print(f"    fix: {finding.fix}", highlight=False)
+    took = sum(report.phases_s.values())
+    if report.space is None:
+        console.print(f"\nexamined in {took:.0f} s", highlight=False)
+    elif report.problems:
+        console.print(
+            f"\n[red]{len(report.problems)} problem(s)[/]: {report.space} asks for what this "
+            f"machine cannot do (examined in {took:.0f} s)",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"\n[green]{report.space} can run here[/] (examined in {took:.0f} s)", highlight=False
+        )
 
 
 def _print_comparison(comparison: Comparison) -> None:

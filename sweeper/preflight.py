@@ -34,6 +34,7 @@ class ProbeOutcome:
     ok: bool
     reason: str  # the failure kind and message, or the timing
     step_s: float | None = None
+    first_step_s: float | None = None  # includes torch.compile's compilation
     fp32_step_s: float | None = None  # set on the probe that judged the precision
     wall_s: float = 0.0
 
@@ -42,6 +43,10 @@ class ProbeOutcome:
 class PreflightReport:
     outcomes: tuple[ProbeOutcome, ...] = ()
     dropped: dict[str, dict[str, str]] = field(default_factory=dict)  # knob → value → reason
+    # the workload precision's step time over fp32's (None: fp32, or no probe could train)
+    precision_factor: float | None = None
+    # what stops a sweep, each with its fix (only with collect=True; otherwise raised)
+    problems: tuple[str, ...] = ()
 
     def allows(self, config: TrialConfig) -> str | None:
         """None if every knob value of ``config`` passed; otherwise why it cannot run."""
@@ -55,6 +60,8 @@ class PreflightReport:
         return {
             "dropped": self.dropped,
             "probes": [outcome.__dict__ for outcome in self.outcomes],
+            "precision_factor": self.precision_factor,
+            "problems": list(self.problems),
         }
 
 
@@ -64,10 +71,20 @@ def run_preflight(
     cache_dir: Path,
     note: Callable[[str], None] = lambda _message: None,
     server: ForkServer | None = None,
+    *,
+    collect: bool = False,
 ) -> PreflightReport:
-    """Probe the space on this device; raise PreflightError if nothing (or no precision) fits."""
+    """Probe the space on this device. A sweep (``collect=False``) stops at the first thing
+    that rules it out, with PreflightError; ``sweeper doctor`` (``collect=True``) runs every
+    probe and returns the problems in the report."""
     workload = space.workload
     search = space.search
+    problems: list[str] = []
+
+    def problem(message: str) -> None:
+        if not collect:
+            raise PreflightError(message)
+        problems.append(message)
 
     def probe(knob: str, value: str, spec: ProbeSpec) -> tuple[ProbeOutcome, dict[str, Any]]:
         run = run_child(
@@ -91,6 +108,7 @@ def run_preflight(
                 ok=True,
                 reason=f"{step_s * 1000:.0f} ms/step",
                 step_s=step_s,
+                first_step_s=result.payload.get("first_step_s"),
                 fp32_step_s=result.payload.get("fp32_step_s"),
                 wall_s=run.wall_s,
             )
@@ -101,6 +119,7 @@ def run_preflight(
     outcomes: list[ProbeOutcome] = []
     dropped: dict[str, dict[str, str]] = {}
     working_attn: str | None = None
+    precision_factor: float | None = None
     for index, attn in enumerate(search.attn_implementation):
         # the first probe also times fp32, to judge the workload's precision once
         compare = index == 0 or working_attn is None
@@ -122,12 +141,16 @@ def run_preflight(
             continue
         if working_attn is None:
             working_attn = attn
-            check_precision(space, payload)
+            precision_factor = precision_slowdown(payload)
+            verdict = check_precision(space, payload)
+            if verdict is not None:
+                problem(verdict)
     if working_attn is None:
-        raise PreflightError(
+        problem(
             "no attention implementation in search.attn_implementation can train here: "
             + "; ".join(f"{o.value}: {o.reason}" for o in outcomes)
         )
+        return PreflightReport(outcomes=tuple(outcomes), dropped=dropped, problems=tuple(problems))
     for mode in search.compile_mode:
         if mode == "none":
             continue
@@ -143,24 +166,33 @@ def run_preflight(
             dropped.setdefault("compile_mode", {})[mode] = outcome.reason
             note(f"preflight drops compile_mode={mode}: {outcome.reason}")
     if len(dropped.get("compile_mode", {})) == len(search.compile_mode):
-        raise PreflightError(
+        problem(
             "no compile mode in search.compile_mode works here; add 'none' to the list: "
             + "; ".join(f"{m}: {r}" for m, r in dropped["compile_mode"].items())
         )
-    return PreflightReport(outcomes=tuple(outcomes), dropped=dropped)
+    return PreflightReport(
+        outcomes=tuple(outcomes),
+        dropped=dropped,
+        precision_factor=precision_factor,
+        problems=tuple(problems),
+    )
 
 
-def check_precision(space: Space, payload: dict[str, Any]) -> None:
-    """Refuse the workload's precision if the probe found it pathologically slower than fp32."""
+def precision_slowdown(payload: dict[str, Any]) -> float | None:
+    """The probe's step time over fp32's, if the probe timed both."""
     fp32_step_s = payload.get("fp32_step_s")
-    if not fp32_step_s:
-        return
-    factor = payload["step_s"] / fp32_step_s
-    if factor > space.trial.slow_precision_factor:
-        device = "this CPU" if payload.get("device_type") == "cpu" else "this device"
-        raise PreflightError(
-            f"workload.precision: {space.workload.precision} trains {factor:.1f}x slower than "
-            f"fp32 on {device} (limit trial.slow_precision_factor = "
-            f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file, "
-            "or run on hardware with native support"
-        )
+    return payload["step_s"] / fp32_step_s if fp32_step_s else None
+
+
+def check_precision(space: Space, payload: dict[str, Any]) -> str | None:
+    """Why the workload's precision is refused (pathologically slower than fp32), or None."""
+    factor = precision_slowdown(payload)
+    if factor is None or factor <= space.trial.slow_precision_factor:
+        return None
+    device = "this CPU" if payload.get("device_type") == "cpu" else "this device"
+    return (
+        f"workload.precision: {space.workload.precision} trains {factor:.1f}x slower than "
+        f"fp32 on {device} (limit trial.slow_precision_factor = "
+        f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file, "
+        "or run on hardware with native support"
+    )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -117,8 +119,8 @@ def run_sweep(
     started = time.perf_counter()
     store = Store(storage_url)
     store.migrate()
-    optuna_storage = _optuna_storage(storage_url)
-    study = _optuna_study(space, optuna_storage)
+    storage = optuna_storage(storage_url)
+    study = _optuna_study(space, storage)
     store.upsert_study(
         space.study,
         state="running",
@@ -129,18 +131,9 @@ def run_sweep(
         study.enqueue_trial(optuna_params(known, space.search), skip_if_exists=True)
     clock = _SweepClock(store, space.study)
     try:
-        prepared = _prepare(space, cache_dir, observer)
+        prepared = prepare_workload(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)
-        with ForkServer(str(cache_dir)) as server:
-            server.preload(
-                ChildRequest(
-                    kind="probe",
-                    workload=space.workload,
-                    device=space.hardware.device,
-                    cache_dir=str(cache_dir),
-                    prepared=prepared,
-                )
-            )
+        with workload_server(space, prepared, cache_dir) as server:
             preflight = PreflightReport()
             if space.trial.preflight:
                 preflight = _preflight(space, prepared, cache_dir, observer, server)
@@ -155,7 +148,7 @@ def run_sweep(
         raise
     finally:
         clock.charge()
-        optuna_storage.engine.dispose()
+        storage.engine.dispose()
     store.set_study_state(space.study, "stopped" if loop.stopped else "finished")
     no_best_reason = None
     try:
@@ -200,7 +193,7 @@ def enqueue_config(store: Store, name: str, config: TrialConfig) -> dict[str, An
                 f"({trial.state}); a repeat would measure nothing new"
             )
     params = optuna_params(config, space.search)
-    storage = _optuna_storage(store.url)
+    storage = optuna_storage(store.url)
     try:
         study = optuna.load_study(study_name=name, storage=storage)
         study.enqueue_trial(params, skip_if_exists=True)
@@ -219,19 +212,26 @@ def delete_study(store: Store, name: str) -> None:
             f"study {name!r} is {row.state}; stop it first (POST .../stop) and delete it "
             "once its running trial has ended"
         )
-    storage = _optuna_storage(store.url)
+    storage = optuna_storage(store.url)
+    try:
+        delete_optuna_study(storage, name)
+    finally:
+        storage.engine.dispose()
+    store.delete_study(name)
+
+
+def delete_optuna_study(storage: optuna.storages.RDBStorage, name: str) -> None:
+    """Delete Optuna's part of a study; nothing to do if it never reached Optuna."""
     try:
         optuna.delete_study(study_name=name, storage=storage)
     except KeyError:
         pass  # never reached Optuna (e.g. failed while preparing): only our rows exist
     except SQLAlchemyError as e:
         raise StorageError(f"cannot delete Optuna's study {name!r}: {e}") from e
-    finally:
-        storage.engine.dispose()
-    store.delete_study(name)
 
 
-def _optuna_storage(storage_url: str) -> optuna.storages.RDBStorage:
+def optuna_storage(storage_url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage in the same database as our tables (dispose its engine when done)."""
     optuna.logging.set_verbosity(logging.WARNING)
     try:
         return optuna.storages.RDBStorage(storage_url)
@@ -252,7 +252,11 @@ def _optuna_study(space: Space, storage: optuna.storages.RDBStorage) -> optuna.S
         raise StorageError(f"Optuna cannot create the study {space.study!r}: {e}") from e
 
 
-def _prepare(space: Space, cache_dir: Path, observer: SweepObserver) -> PreparedData:
+def prepare_workload(
+    space: Space, cache_dir: Path, observer: SweepObserver | None = None
+) -> PreparedData:
+    """Tokenizer, dataset and its token statistics, made once in a child for all trials."""
+    observer = observer or SilentObserver()
     observer.prepare_started()
     run = run_child(
         ChildRequest(
@@ -268,6 +272,23 @@ def _prepare(space: Space, cache_dir: Path, observer: SweepObserver) -> Prepared
     prepared = PreparedData.model_validate(run.result.payload)
     observer.prepare_done(prepared, run.wall_s)
     return prepared
+
+
+@contextmanager
+def workload_server(space: Space, prepared: PreparedData, cache_dir: Path) -> Iterator[ForkServer]:
+    """A fork server with the workload's tokenizer, data and model code loaded: probes and
+    trials forked from it start in milliseconds."""
+    with ForkServer(str(cache_dir)) as server:
+        server.preload(
+            ChildRequest(
+                kind="probe",
+                workload=space.workload,
+                device=space.hardware.device,
+                cache_dir=str(cache_dir),
+                prepared=prepared,
+            )
+        )
+        yield server
 
 
 def _preflight(

@@ -29,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
-from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.store.models import StudyRow, TrialMetrics, TrialRow
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -240,6 +240,34 @@ class Store:
         with self.session() as s:
             s.delete(self._study(s, name))
 
+    def has_study(self, name: str) -> bool:
+        with self.session() as s:
+            return s.scalar(select(StudyRow.id).where(StudyRow.name == name)) is not None
+
+    @property
+    def redacted_url(self) -> str:
+        return redact(self.url)
+
+    def export_rows(self, name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The study row and its trials (in number order), every column but the database ids,
+        read in one transaction so a sweep writing meanwhile cannot tear the snapshot."""
+        with self.session() as s:
+            study = self._study(s, name)
+            trials = s.scalars(
+                select(TrialRow).where(TrialRow.study_id == study.id).order_by(TrialRow.number)
+            ).all()
+            return _columns_of(study), [_columns_of(t) for t in trials]
+
+    def import_rows(self, study: dict[str, Any], trials: Sequence[dict[str, Any]]) -> None:
+        """Insert a study row and its trials in one transaction: all of it, or nothing."""
+        with self.session() as s:
+            if s.scalar(select(StudyRow.id).where(StudyRow.name == study["name"])) is not None:
+                raise ConflictError(f"a study named {study['name']!r} already exists")
+            row = StudyRow(**study)
+            s.add(row)
+            s.flush()
+            s.add_all(TrialRow(study_id=row.id, **trial) for trial in trials)
+
     @staticmethod
     def _study(s: Session, name: str) -> StudyRow:
         row = s.scalar(select(StudyRow).where(StudyRow.name == name))
@@ -357,6 +385,11 @@ class Store:
             return s.scalar(
                 select(TrialRow).where(TrialRow.study_id == study_row.id, TrialRow.number == number)
             )
+
+
+def _columns_of(row: StudyRow | TrialRow) -> dict[str, Any]:
+    skipped = {"id", "study_id"}
+    return {c.name: getattr(row, c.name) for c in row.__table__.columns if c.name not in skipped}
 
 
 def _filter_trials(

@@ -481,12 +481,12 @@ def _peak_memory(device: torch.device) -> dict[str, Any]:
     # ru_maxrss is KiB on Linux; it covers this process, not DataLoader workers
     return {
         "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "device_memory_bytes": _host_memory_bytes(),
+        "device_memory_bytes": host_memory_bytes(),
         "memory_kind": "cpu_peak_rss",
     }
 
 
-def _host_memory_bytes() -> int:
+def host_memory_bytes() -> int:
     """Physical memory, or the cgroup's limit when it is lower (a container)."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     with contextlib.suppress(OSError, ValueError):
@@ -503,8 +503,8 @@ def environment(device: torch.device, model_hash: str, prepared: PreparedData) -
     cuda = device.type == "cuda"
     return {
         "device_type": device.type,
-        "device_name": torch.cuda.get_device_name(device) if cuda else _cpu_name(),
-        "driver": _nvidia_driver() if cuda else None,
+        "device_name": torch.cuda.get_device_name(device) if cuda else cpu_name(),
+        "driver": nvidia_driver() if cuda else None,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "torch": torch.__version__,
@@ -518,7 +518,7 @@ def environment(device: torch.device, model_hash: str, prepared: PreparedData) -
     }
 
 
-def _nvidia_driver() -> str | None:
+def nvidia_driver() -> str | None:
     with contextlib.suppress(OSError):
         text = Path("/proc/driver/nvidia/version").read_text()
         match = re.search(r"Kernel Module(?: for x86_64)?\s+([\d.]+)", text)
@@ -527,7 +527,7 @@ def _nvidia_driver() -> str | None:
     return None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

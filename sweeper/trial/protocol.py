@@ -56,7 +56,7 @@ class ProbeSpec(BaseModel):
 class ChildRequest(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    kind: Literal["prepare", "probe", "trial"]
+    kind: Literal["prepare", "probe", "trial", "facts"]
     workload: Workload
     device: Literal["auto", "cpu", "cuda"]
     cache_dir: str

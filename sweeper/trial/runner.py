@@ -21,6 +21,10 @@ def execute(request_path: Path, result_path: Path, process_started_at: float) ->
             from sweeper.trial.probe import run_probe
 
             payload = run_probe(request)
+        elif request.kind == "facts":
+            from sweeper.trial.facts import machine_facts
+
+            payload = machine_facts(request)
         else:
             from sweeper.trial.measure import run_trial
 

@@ -1,0 +1,513 @@
+"""``sweeper doctor``: what this machine can do, said before any sweep spends money.
+
+    sweeper doctor                         # devices, versions, precisions, attention, compile, ...
+    sweeper doctor --space spaces/h100.yaml   # and whether this space can run here (exit 1 if not)
+
+Three sources, each measured here rather than looked up:
+
+- a facts child (``sweeper.trial.facts``): devices, driver, CUDA, torch/transformers and the
+  optional packages, which precisions run, free device memory, CPU cores, the model's size;
+- the sweep's own preflight (``sweeper.preflight.run_preflight`` with ``collect=True``): each
+  attention implementation and compile mode trains a one-layer model of the workload, and the
+  workload's precision is timed against fp32;
+- a write of ``write_mb`` MiB, fsynced, where checkpoints go.
+
+``findings`` turns them into verdicts: a *problem* is something the space asks for that this
+machine cannot do (the exit status is 1, and each problem names its fix); a *warning* is
+something that runs but will mislead or waste (a GPU price on a CPU, more workers than cores).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sweeper.errors import SweeperError
+from sweeper.hardware import peak_flops
+from sweeper.launcher import run_child
+from sweeper.preflight import PreflightReport, run_preflight
+from sweeper.space import Space, parse_space
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
+# Without a space, doctor probes every attention implementation and the default compile mode
+# on a two-layer Llama; the precision is the device's best (bf16 on a CPU is timed, not assumed).
+_DEFAULT_SPACE = """\
+study: doctor
+hardware: {{name: this machine, usd_per_hour: 1.0, device: auto}}
+workload:
+  model: {{arch: llama, size: tiny}}
+  tokenizer: {{vocab_size: 1024}}
+  dataset: {{generate: {{samples: 64, median_chars: 400}}}}
+  precision: {precision}
+  samples: 1000
+  epochs: 1
+search:
+  per_device_batch_size: [4]
+  gradient_accumulation_steps: [1]
+  num_workers: [0]
+  prefetch_factor: [2]
+  max_seq_length: [128]
+  compile_mode: [none, default]
+  attn_implementation: [eager, sdpa, flash_attention_2, flex_attention]
+trial:
+  timeout_s: 900
+  slow_precision_factor: 1000   # reported, not refused: there is no workload to refuse
+budget: {{n_trials: 1}}
+"""
+# Training state per parameter with AdamW in fp32: weights 4 + gradients 4 + two moments 8.
+_TRAIN_BYTES_PER_PARAM = 16
+_GIB = 1024**3
+
+Level = Literal["problem", "warning", "ok"]
+_TOPICS = {"attn_implementation": "attention", "compile_mode": "compile"}
+
+
+class DoctorError(SweeperError):
+    """doctor could not examine the machine at all (e.g. the workload cannot be prepared)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    level: Level
+    topic: str
+    text: str
+    fix: str | None = None
+
+
+@dataclass(kw_only=True)
+class DoctorReport:
+    space: str | None  # the space file examined, None for the machine alone
+    facts: dict[str, Any]
+    preflight: PreflightReport
+    disk: dict[str, Any]
+    findings: list[Finding] = field(default_factory=list)
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "problem"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "space": self.space,
+            "exit_code": self.exit_code,
+            "facts": self.facts,
+            "preflight": self.preflight.to_json(),
+            "disk": self.disk,
+            "findings": [asdict(f) for f in self.findings],
+            "phases_s": self.phases_s,
+        }
+
+
+def _size(n_bytes: float) -> str:
+    """1.5 GiB, 310 MiB."""
+    return f"{n_bytes / _GIB:,.1f} GiB" if n_bytes >= _GIB else f"{n_bytes / 2**20:,.0f} MiB"
+
+
+def default_space(precision: str) -> Space:
+    return parse_space(_DEFAULT_SPACE.format(precision=precision), "<doctor's probe space>")
+
+
+def diagnose(
+    space: Space | None,
+    cache_dir: Path,
+    *,
+    space_path: str | None = None,
+    write_mb: int = 256,
+    progress: Callable[[str], None] = lambda _message: None,
+) -> DoctorReport:
+    """Examine this machine (for ``space``, if given). Raises DoctorError only when nothing
+    can be examined; everything else is a finding."""
+    from sweeper.study import PrepareError, prepare_workload, workload_server
+
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
+    progress("preparing the workload's data and tokenizer")
+    subject = space or default_space("fp32")
+    try:
+        prepared = prepare_workload(subject, cache_dir)
+    except PrepareError as e:
+        raise DoctorError(str(e)) from e
+    phases["prepare"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    progress("reading devices, versions and precisions")
+    facts = _facts(subject, prepared, cache_dir)
+    phases["facts"] = time.perf_counter() - started
+    if space is None:
+        subject = default_space(_best_precision(facts))
+
+    started = time.perf_counter()
+    if subject.hardware.device == "cuda" and not facts["cuda_available"]:
+        preflight = PreflightReport()  # every probe would fail alike; the device finding says why
+    else:
+        progress("probing attention implementations, compile modes and precision")
+        with workload_server(subject, prepared, cache_dir) as server:
+            preflight = run_preflight(
+                subject, prepared, cache_dir, note=progress, server=server, collect=True
+            )
+    phases["preflight"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    progress("timing a write where checkpoints go")
+    checkpoint_dir = subject.workload.checkpoint.dir
+    target = Path(checkpoint_dir).expanduser() if checkpoint_dir else cache_dir / "checkpoints"
+    disk = write_speed(target, write_mb)
+    phases["disk"] = time.perf_counter() - started
+    report = DoctorReport(
+        space=space_path, facts=facts, preflight=preflight, disk=disk, phases_s=phases
+    )
+    report.findings = findings(space, facts, preflight, disk)
+    return report
+
+
+def _facts(space: Space, prepared: PreparedData, cache_dir: Path) -> dict[str, Any]:
+    run = run_child(
+        ChildRequest(
+            kind="facts",
+            workload=space.workload,
+            device=space.hardware.device,
+            cache_dir=str(cache_dir),
+            prepared=prepared,
+        ),
+        timeout_s=300,
+    )
+    if run.result.status != "ok" or run.result.payload is None:
+        raise DoctorError(
+            f"reading this machine's facts failed ({run.result.failure_kind}): "
+            f"{run.result.failure_message}\n{run.log_tail[-1500:]}"
+        )
+    return run.result.payload
+
+
+def _best_precision(facts: dict[str, Any]) -> str:
+    """The precision a user would train in here: bf16 where it runs, else fp16 on a GPU.
+    On a CPU bf16 is probed too, so the report says how much slower it is than fp32."""
+    precisions = facts["precisions"]
+    if precisions["bf16"]["runs"]:
+        return "bf16"
+    if facts["device_type"] == "cuda" and precisions["fp16"]["runs"]:
+        return "fp16"
+    return "fp32"
+
+
+def write_speed(directory: Path, size_mb: int) -> dict[str, Any]:
+    """Write ``size_mb`` MiB to a file in ``directory``, fsync it, and time it (then delete)."""
+    result: dict[str, Any] = {"path": str(directory), "write_mb_per_s": None, "error": None}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        result["free_bytes"] = shutil.disk_usage(directory).free
+        size_mb = max(1, min(size_mb, int(result["free_bytes"] * 0.5) // 2**20))
+        block = os.urandom(2**20)  # incompressible, so a compressing filesystem cannot flatter
+        with tempfile.NamedTemporaryFile(dir=directory, prefix="sweeper-doctor-") as f:
+            started = time.perf_counter()
+            for _ in range(size_mb):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+            elapsed = time.perf_counter() - started
+    except OSError as e:
+        result["error"] = f"{e.strerror or e}"
+        return result
+    result.update(written_mb=size_mb, write_s=elapsed, write_mb_per_s=size_mb / elapsed)
+    return result
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def findings(
+    space: Space | None,
+    facts: dict[str, Any],
+    preflight: PreflightReport,
+    disk: dict[str, Any],
+) -> list[Finding]:
+    """Verdicts from what was measured; with a space, every problem names its fix."""
+    found: list[Finding] = []
+    found += _device_findings(space, facts)
+    found += _probe_findings(space, facts, preflight)
+    found += _memory_findings(space, facts)
+    found += _cpu_findings(space, facts)
+    found += _disk_findings(space, facts, disk)
+    return found
+
+
+def _device_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding]:
+    devices = facts["devices"]
+    if devices:
+        names = ", ".join(d["name"] for d in devices)
+        found = [Finding(level="ok", topic="device", text=f"CUDA: {names}")]
+    else:
+        cpu_name = facts["cpu"]["name"]
+        found = [Finding(level="ok", topic="device", text=f"no CUDA device; CPU {cpu_name}")]
+    if space is None:
+        return found
+    wanted = space.hardware
+    if wanted.device == "cuda" and not facts["cuda_available"]:
+        found.append(
+            Finding(
+                level="problem",
+                topic="device",
+                text="hardware.device is cuda, but torch sees no CUDA device "
+                f"(torch {facts['torch']}, built for CUDA {facts['torch_cuda'] or 'none'})",
+                fix="run on a machine with a CUDA GPU and a CUDA build of torch, or set "
+                "hardware.device: cpu to price this machine",
+            )
+        )
+        return found
+    expected = peak_flops(wanted.name)
+    if devices:
+        actual = peak_flops(devices[0]["name"])
+        if expected is not None and actual is not None and expected.name != actual.name:
+            found.append(
+                Finding(
+                    level="warning",
+                    topic="device",
+                    text=f"hardware.name says {wanted.name!r} ({expected.name}) but this "
+                    f"GPU is {devices[0]['name']} ({actual.name}); $/run uses the space's price "
+                    f"${wanted.usd_per_hour:.2f}/h",
+                    fix="set hardware.name and usd_per_hour to what this machine is and costs",
+                )
+            )
+    elif expected is not None:
+        found.append(
+            Finding(
+                level="warning",
+                topic="device",
+                text=f"hardware.name says {wanted.name!r}, a GPU, but trials would run on this "
+                "CPU: hours and $/run would be the CPU's, priced as the GPU",
+                fix="run the space on that GPU, or rename hardware and set its price for a CPU",
+            )
+        )
+    return found
+
+
+def _probe_findings(
+    space: Space | None, facts: dict[str, Any], preflight: PreflightReport
+) -> list[Finding]:
+    found: list[Finding] = []
+    precisions = facts["precisions"]
+    for name in ("bf16", "fp16", "tf32"):
+        status = precisions[name]
+        found.append(
+            Finding(
+                level="ok",
+                topic="precision",
+                text=f"{name}: " + ("runs" if status["runs"] else f"no ({status['error']})"),
+            )
+        )
+    factor = preflight.precision_factor
+    subject_precision = (space.workload.precision if space else None) or next(
+        (p for p in ("bf16", "fp16") if precisions[p]["runs"]), None
+    )
+    if factor is not None and subject_precision:
+        verdict = "(faster)" if factor < 1 else "(slower: use fp32 here)" if factor > 1.5 else ""
+        found.append(
+            Finding(
+                level="ok",
+                topic="precision",
+                text=f"{subject_precision} autocast step: {factor:.2f}x the fp32 step time "
+                + verdict,
+            )
+        )
+    if space is not None:
+        wanted = space.workload.precision
+        if wanted != "fp32" and not precisions[wanted]["runs"]:
+            found.append(
+                Finding(
+                    level="problem",
+                    topic="precision",
+                    text=f"workload.precision is {wanted}, which does not run here: "
+                    f"{precisions[wanted]['error']}",
+                    fix="set workload.precision: "
+                    + ("fp16" if wanted == "bf16" and precisions["fp16"]["runs"] else "fp32"),
+                )
+            )
+    for outcome in preflight.outcomes:
+        label, topic = outcome.value, _TOPICS[outcome.knob]
+        if outcome.ok:
+            timing = f"trains, {outcome.reason}"
+            if outcome.knob == "compile_mode" and outcome.first_step_s is not None:
+                timing += f"; first step (compiling) {outcome.first_step_s:.0f} s"
+            found.append(Finding(level="ok", topic=topic, text=f"{label}: {timing}"))
+            continue
+        fix = None
+        if space is not None:
+            fix = f"remove {outcome.value} from search.{outcome.knob} (the sweep would skip it)"
+            if outcome.value == "flash_attention_2":
+                fix += (
+                    f", or install a flash-attn wheel built for torch {facts['torch']} and "
+                    f"CUDA {facts['torch_cuda'] or '(none: it needs a CUDA GPU)'}"
+                )
+        found.append(
+            Finding(
+                level="problem" if space is not None else "warning",
+                topic=topic,
+                text=f"{label}: cannot train here: {outcome.reason[:400]}",
+                fix=fix,
+            )
+        )
+    for message in preflight.problems:
+        found.append(
+            Finding(
+                level="problem" if space is not None else "warning",
+                topic="preflight",
+                text=message,
+                fix="see the message" if space is not None else None,
+            )
+        )
+    if space is not None:
+        found += _known_config_findings(space, preflight)
+    return found
+
+
+def _known_config_findings(space: Space, preflight: PreflightReport) -> list[Finding]:
+    found = []
+    named = [("baseline", space.baseline)] + [
+        (f"also_try[{i}]", c) for i, c in enumerate(space.also_try)
+    ]
+    for where, known in named:
+        if known is None:
+            continue
+        reason = preflight.allows(known.as_config())
+        if reason is not None:
+            found.append(
+                Finding(
+                    level="problem",
+                    topic="baseline",
+                    text=f"{where} cannot run here: {reason[:300]}",
+                    fix=f"change {where} to a value that trains here (the sweep would record "
+                    "it as a failed trial, with nothing to compare against)",
+                )
+            )
+    return found
+
+
+def _memory_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding]:
+    if facts["devices"]:
+        device = facts["devices"][0]
+        free, total, where = device["memory_free_bytes"], device["memory_bytes"], "GPU"
+    else:
+        cpu = facts["cpu"]
+        free = cpu.get("memory_available_bytes") or cpu["memory_bytes"]
+        total, where = cpu["memory_bytes"], "host"
+    found = [
+        Finding(
+            level="ok",
+            topic="memory",
+            text=f"{where} memory: {free / _GIB:.1f} GiB free of {total / _GIB:.1f} GiB",
+        )
+    ]
+    params = (facts.get("model") or {}).get("params")
+    if space is None or params is None:
+        if space is not None:
+            found.append(
+                Finding(
+                    level="warning",
+                    topic="memory",
+                    text=f"the model's size is unknown: {facts['model'].get('error')}",
+                )
+            )
+        return found
+    state = params * _TRAIN_BYTES_PER_PARAM
+    text = (
+        f"model {params / 1e6:,.1f}M parameters: weights, gradients and AdamW state take "
+        f"{_size(state)} before activations (an estimate: 16 bytes per parameter)"
+    )
+    if state > free:
+        found.append(
+            Finding(
+                level="problem",
+                topic="memory",
+                text=text + f"; only {_size(free)} of {where} memory is free",
+                fix="free the device, use a machine with more memory, or a smaller model",
+            )
+        )
+    else:
+        found.append(Finding(level="ok", topic="memory", text=text))
+    return found
+
+
+def _cpu_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding]:
+    cpu = facts["cpu"]
+    usable = cpu["usable_cores"]
+    found = [
+        Finding(
+            level="ok",
+            topic="cpu",
+            text=f"{usable:g} usable CPU cores ({cpu['logical_cores']} logical, "
+            f"{cpu['capability']}); torch uses {cpu['torch_threads']} threads",
+        )
+    ]
+    if space is not None and usable:
+        most = max(space.search.num_workers)
+        if most + 1 > usable:
+            found.append(
+                Finding(
+                    level="warning",
+                    topic="cpu",
+                    text=f"search.num_workers goes up to {most}, but this machine has {usable:g} "
+                    "usable cores for the workers and the training process together",
+                    fix=f"keep num_workers at or below {max(0, int(usable) - 1)} here, or "
+                    "measure on the machine the run will use",
+                )
+            )
+    return found
+
+
+def _disk_findings(
+    space: Space | None, facts: dict[str, Any], disk: dict[str, Any]
+) -> list[Finding]:
+    where = disk["path"]
+    if disk["error"] is not None:
+        return [
+            Finding(
+                level="problem" if space is not None else "warning",
+                topic="checkpoint",
+                text=f"cannot write where checkpoints go ({where}): {disk['error']}",
+                fix="set workload.checkpoint.dir (or SWEEPER_CACHE_DIR) to a writable directory "
+                "on the disk the run saves to",
+            )
+        ]
+    found = [
+        Finding(
+            level="ok",
+            topic="checkpoint",
+            text=f"{where}: wrote {disk['written_mb']} MiB at {disk['write_mb_per_s']:,.0f} MiB/s "
+            f"(fsynced); {disk['free_bytes'] / _GIB:,.1f} GiB free",
+        )
+    ]
+    params = (facts.get("model") or {}).get("params")
+    spec = None if space is None else space.workload.checkpoint
+    if spec is None or spec.save_steps is None or params is None:
+        return found
+    size = params * (4 + (8 if spec.save_optimizer else 0))
+    seconds = size / 2**20 / disk["write_mb_per_s"]
+    text = (
+        f"one checkpoint of this model is about {_size(size)} (fp32 weights"
+        + (" + AdamW state" if spec.save_optimizer else "")
+        + f"): about {seconds:,.1f} s per save at this speed (an estimate; each trial times a "
+        "real save)"
+    )
+    if size > disk["free_bytes"]:
+        found.append(
+            Finding(
+                level="problem",
+                topic="checkpoint",
+                text=text + f", but only {_size(disk['free_bytes'])} is free there",
+                fix="point workload.checkpoint.dir at a disk with room for a checkpoint",
+            )
+        )
+    else:
+        found.append(Finding(level="ok", topic="checkpoint", text=text))
+    return found

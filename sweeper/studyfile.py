@@ -1,0 +1,403 @@
+"""Recorded sweeps as files: a study ⇄ ``studies/NAME.json``.
+
+    sweeper study export --study cpu-demo             # → studies/cpu-demo.json
+    sweeper study import studies/cpu-demo.json        # into --storage (SQLite by default)
+
+A file holds every column of the study row (the space it was swept with, the dataset's token
+statistics, the preflight verdicts) and of each trial (the full measurement with its environment
+fingerprint, the run projection, the failure), plus Optuna's record of the study (params,
+distributions, states, values, attributes). An imported study therefore answers ``best``, the
+REST API and the dashboard exactly as the original did, and ``sweeper launch`` can resume it.
+
+The round trip is lossless: exporting an imported study gives the same document, save
+``exported_at``. Columns are read from the tables themselves, so a column added by a migration
+travels without a change here; a file from a newer sweeper (a column this one lacks) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Float, Integer, String, Text
+from sqlalchemy.exc import SQLAlchemyError
+
+import sweeper
+from sweeper.errors import ConflictError, StorageError, SweeperError
+from sweeper.space import StudyName
+from sweeper.store import Store
+from sweeper.store.models import StudyRow, TrialRow
+
+FORMAT = "sweeper-study"
+VERSION = 1
+# Columns that are the database's own bookkeeping, not the study's content.
+_SKIPPED = {"id", "study_id"}
+
+
+class StudyFileError(SweeperError):
+    """A study file cannot be read or does not describe a study; the message says where."""
+
+
+# ---------------------------------------------------------------- columns ⇄ JSON
+
+
+def _columns(table: Any) -> list[Column[Any]]:
+    return [c for c in table.__table__.columns if c.name not in _SKIPPED]
+
+
+def _dump_value(column: Column[Any], value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(column.type, DateTime):
+        if value.tzinfo is None:  # SQLite returns naive datetimes; we only ever write UTC
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC).isoformat()
+    return value
+
+
+def _load_value(column: Column[Any], value: Any, where: str) -> Any:
+    """A JSON value checked against the column's type (and converted, for timestamps)."""
+    if value is None:
+        if not column.nullable and column.server_default is None and column.default is None:
+            raise StudyFileError(f"{where}: must not be null")
+        return None
+    kind = column.type
+    if isinstance(kind, DateTime):
+        try:
+            parsed = datetime.fromisoformat(value) if isinstance(value, str) else None
+        except ValueError:
+            parsed = None
+        if parsed is None:
+            raise StudyFileError(f"{where}: expected an ISO 8601 timestamp, got {value!r}")
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    if isinstance(kind, Float):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
+            raise StudyFileError(f"{where}: expected a finite number, got {value!r}")
+        return float(value)
+    if isinstance(kind, BigInteger | Integer):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise StudyFileError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if isinstance(kind, String | Text):
+        if not isinstance(value, str):
+            raise StudyFileError(f"{where}: expected text, got {value!r}")
+        length = getattr(kind, "length", None)
+        if length is not None and len(value) > length:
+            raise StudyFileError(f"{where}: longer than {length} characters")
+        return value
+    if isinstance(kind, JSON):
+        return value
+    raise StudyFileError(f"{where}: column type {kind!r} has no file form")  # pragma: no cover
+
+
+def _dump_row(table: Any, row: Any) -> dict[str, Any]:
+    return {c.name: _dump_value(c, getattr(row, c.name)) for c in _columns(table)}
+
+
+def _load_row(table: Any, data: Any, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise StudyFileError(f"{where}: expected an object of columns")
+    columns = {c.name: c for c in _columns(table)}
+    unknown = sorted(set(data) - set(columns))
+    if unknown:
+        raise StudyFileError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; the file may come from a newer "
+            "sweeper: upgrade sweeper to import it"
+        )
+    values = {}
+    for name, column in columns.items():
+        if name not in data:
+            if column.nullable or column.server_default is not None:
+                continue  # an older file: the column's default applies
+            raise StudyFileError(f"{where}.{name}: required field is missing")
+        values[name] = _load_value(column, data[name], f"{where}.{name}")
+    return values
+
+
+# ---------------------------------------------------------------- Optuna's part
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OptunaTrialRecord(_Strict):
+    number: int = Field(ge=0)
+    state: str
+    values: list[float] | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    distributions: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    user_attrs: dict[str, Any] = Field(default_factory=dict)
+    system_attrs: dict[str, Any] = Field(default_factory=dict)
+    intermediate_values: dict[int, float] = Field(default_factory=dict)
+    datetime_start: datetime | None = None
+    datetime_complete: datetime | None = None
+
+
+class OptunaRecord(_Strict):
+    directions: list[str] = Field(min_length=1)
+    user_attrs: dict[str, Any] = Field(default_factory=dict)
+    system_attrs: dict[str, Any] = Field(default_factory=dict)
+    trials: list[OptunaTrialRecord] = Field(default_factory=list)
+
+
+class StudyDocument(_Strict):
+    """A whole study file. ``study`` and ``trials`` are column → value maps of our tables,
+    checked against the tables' columns on load."""
+
+    format: str
+    version: int
+    exported_at: str
+    sweeper_version: str
+    study: dict[str, Any]
+    trials: list[dict[str, Any]]
+    optuna: OptunaRecord | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.study["name"])
+
+
+def _optuna_record(storage_url: str, name: str) -> OptunaRecord | None:
+    import optuna
+
+    from sweeper.study import optuna_storage
+
+    storage = optuna_storage(storage_url)
+    try:
+        try:
+            study_id = storage.get_study_id_from_name(name)
+        except KeyError:
+            return None  # the sweep never reached Optuna (e.g. it failed while preparing)
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        return OptunaRecord(
+            directions=[d.name.lower() for d in storage.get_study_directions(study_id)],
+            user_attrs=storage.get_study_user_attrs(study_id),
+            system_attrs=storage.get_study_system_attrs(study_id),
+            trials=[
+                OptunaTrialRecord(
+                    number=t.number,
+                    state=t.state.name,
+                    values=t.values,
+                    params=t.params,
+                    distributions={
+                        k: json.loads(optuna.distributions.distribution_to_json(d))
+                        for k, d in t.distributions.items()
+                    },
+                    user_attrs=t.user_attrs,
+                    system_attrs=t.system_attrs,
+                    intermediate_values=t.intermediate_values,
+                    datetime_start=t.datetime_start,
+                    datetime_complete=t.datetime_complete,
+                )
+                for t in sorted(trials, key=lambda t: t.number)
+            ],
+        )
+    except SQLAlchemyError as e:
+        raise StorageError(f"cannot read Optuna's study {name!r}: {e}") from e
+    finally:
+        storage.engine.dispose()
+
+
+def _frozen_trials(record: OptunaRecord, source: str) -> list[Any]:
+    import optuna
+
+    frozen = []
+    for index, t in enumerate(record.trials):
+        where = f"{source}: optuna.trials[{index}]"
+        if t.number != index:
+            raise StudyFileError(f"{where}: number {t.number}; Optuna's numbers run 0, 1, 2, ...")
+        try:
+            state = optuna.trial.TrialState[t.state]
+            trial = optuna.trial.FrozenTrial(
+                number=t.number,
+                state=state,
+                value=None,
+                values=t.values,
+                datetime_start=t.datetime_start,
+                datetime_complete=t.datetime_complete,
+                params=t.params,
+                distributions={
+                    k: optuna.distributions.json_to_distribution(json.dumps(d))
+                    for k, d in t.distributions.items()
+                },
+                user_attrs=t.user_attrs,
+                system_attrs=t.system_attrs,
+                intermediate_values=t.intermediate_values,
+                trial_id=0,
+            )
+            trial._validate()
+        except (KeyError, ValueError, TypeError) as e:
+            raise StudyFileError(f"{where}: not a valid Optuna trial: {e}") from e
+        frozen.append(trial)
+    return frozen
+
+
+# ---------------------------------------------------------------- export / import
+
+
+def export_study(store: Store, name: str, *, allow_running: bool = False) -> StudyDocument:
+    """The study ``name`` as a document. A running sweep is refused (its last trial would be
+    half-measured in the file) unless ``allow_running``."""
+    study_row = store.get_study(name)
+    if study_row.state in ("running", "stopping") and not allow_running:
+        raise ConflictError(
+            f"study {name!r} is {study_row.state}: its running trial would be recorded "
+            "half-done. Export it when the sweep has ended, or pass --force to record it as is "
+            "(a sweep killed with SIGKILL stays 'running')"
+        )
+    study, trials = store.export_rows(name)
+    return StudyDocument(
+        format=FORMAT,
+        version=VERSION,
+        exported_at=datetime.now(UTC).isoformat(),
+        sweeper_version=sweeper.__version__,
+        study={c.name: _dump_value(c, study[c.name]) for c in _columns(StudyRow)},
+        trials=[{c.name: _dump_value(c, t[c.name]) for c in _columns(TrialRow)} for t in trials],
+        optuna=_optuna_record(store.url, name),
+    )
+
+
+def import_study(store: Store, document: StudyDocument, *, name: str | None = None) -> str:
+    """Load ``document`` into ``store`` (and Optuna's tables there) as study ``name`` (default:
+    the recorded name); returns the name. Nothing is written if the name is taken or the
+    document is invalid; a failure half-way removes what was written."""
+    from sweeper.study import delete_optuna_study, optuna_storage
+
+    source = f"study file of {document.name!r}"
+    target = name or document.name
+    try:
+        TypeAdapter(StudyName).validate_python(target)
+    except ValidationError:
+        raise StudyFileError(
+            f"study name {target!r}: use letters, digits, '.', '_' and '-' (at most 100, "
+            "starting with a letter or digit)"
+        ) from None
+    study = _load_row(StudyRow, document.study | {"name": target}, f"{source}: study")
+    trials = [
+        _load_row(TrialRow, t, f"{source}: trials[{i}]") for i, t in enumerate(document.trials)
+    ]
+    numbers = [t.get("number") for t in trials]
+    if len(set(numbers)) != len(numbers):
+        raise StudyFileError(f"{source}: trial numbers repeat")
+    frozen = None if document.optuna is None else _frozen_trials(document.optuna, source)
+    if frozen is not None and any(n is None or n >= len(frozen) for n in numbers):
+        raise StudyFileError(f"{source}: a trial number has no Optuna trial of that number")
+    if store.has_study(target):
+        raise ConflictError(
+            f"a study named {target!r} already exists in {store.redacted_url}; import under "
+            "another name with --as NEW_NAME, or delete that study first"
+        )
+    if frozen is not None:
+        _create_optuna_study(store.url, target, document.optuna, frozen)  # type: ignore[arg-type]
+    try:
+        store.import_rows(study, trials)
+    except BaseException:
+        if frozen is not None:
+            storage = optuna_storage(store.url)
+            try:
+                delete_optuna_study(storage, target)
+            finally:
+                storage.engine.dispose()
+        raise
+    return target
+
+
+def _create_optuna_study(
+    storage_url: str, name: str, record: OptunaRecord, frozen: list[Any]
+) -> None:
+    import optuna
+
+    from sweeper.study import delete_optuna_study, optuna_storage
+
+    storage = optuna_storage(storage_url)
+    try:
+        try:
+            storage.get_study_id_from_name(name)
+        except KeyError:
+            pass
+        else:
+            raise ConflictError(
+                f"Optuna already has a study named {name!r} in this storage (without sweeper's "
+                "rows); import under another name with --as NEW_NAME"
+            )
+        try:
+            study = optuna.create_study(
+                study_name=name,
+                storage=storage,
+                directions=record.directions,  # type: ignore[arg-type]
+            )
+            study_id = storage.get_study_id_from_name(name)
+            for key, value in record.user_attrs.items():
+                storage.set_study_user_attr(study_id, key, value)
+            for key, value in record.system_attrs.items():
+                storage.set_study_system_attr(study_id, key, value)
+            study.add_trials(frozen)
+        except BaseException as e:
+            delete_optuna_study(storage, name)
+            if isinstance(e, SQLAlchemyError):
+                raise StorageError(f"cannot write Optuna's study {name!r}: {e}") from e
+            raise
+    finally:
+        storage.engine.dispose()
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_study_file(document: StudyDocument, path: Path) -> None:
+    """Write atomically: a reader never sees half a file, an old file survives a failure."""
+    text = json.dumps(document.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.replace(f.name, path)
+    except OSError:
+        os.unlink(f.name)
+        raise
+
+
+def read_study_file(path: Path) -> StudyDocument:
+    """Read and check a study file; StudyFileError names the file and what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise StudyFileError(f"{path}: cannot read: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise StudyFileError(f"{path}: not UTF-8 text (is it a study file?)") from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise StudyFileError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise StudyFileError(
+            f'{path}: not a sweeper study file (expected "format": "{FORMAT}"); write one '
+            "with `sweeper study export`"
+        )
+    if data.get("version") != VERSION:
+        raise StudyFileError(
+            f"{path}: study file version {data.get('version')!r}; this sweeper reads version "
+            f"{VERSION}"
+        )
+    try:
+        document = StudyDocument.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5]
+        )
+        raise StudyFileError(f"{path}: {problems}") from None
+    if not isinstance(document.study.get("name"), str):
+        raise StudyFileError(f"{path}: study.name is missing")
+    return document
