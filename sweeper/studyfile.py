@@ -362,6 +362,7 @@ def write_study_file(document: StudyDocument, path: Path) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+        os.fchmod(f.fileno(), 0o644)  # a record to share and commit, not a private temp file
     try:
         os.replace(f.name, path)
     except OSError:

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Download every wheel sweeper needs except torch, for a machine with no package registry.
+#
+#   scripts/wheelhouse.sh [--python 3.12] [--arch x86_64] [--out wheelhouse] [--tests]
+#                         [--skip-file FILE]
+#
+#   --python X.Y    the target's Python (3.11, 3.12 or 3.13; default: this machine's python3)
+#   --arch A        x86_64 (default) or aarch64; wheels are manylinux
+#   --out DIR       where the wheels go (default: wheelhouse/); existing wheels are kept
+#   --tests         also the test tools (pytest, httpx, hypothesis): for scripts/gpu-record.sh
+#   --skip-file F   leave out packages the target already has (one name per line, '#' comments);
+#                   pip then uses the target's own copy, so each must be in sweeper's ranges
+#
+# Then, on the machine without a registry, in the environment that has torch:
+#
+#   pip install --no-index --find-links wheelhouse sweeper
+#
+# torch and the packages only torch needs (nvidia-*, triton, sympy, networkx) are never
+# downloaded: the target's torch is used as it is, and pip never replaces it while it is in
+# sweeper's range (torch>=2.11). sweeper's own wheel is built from this checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target_python=""
+arch=x86_64
+out=wheelhouse
+extras=()
+skip_file=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) target_python=${2:?--python needs a version, e.g. 3.12}; shift 2 ;;
+    --arch) arch=${2:?--arch needs x86_64 or aarch64}; shift 2 ;;
+    --out) out=${2:?--out needs a directory}; shift 2 ;;
+    --tests) extras=(--extra test); shift ;;
+    --skip-file) skip_file=${2:?--skip-file needs a file}; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "error: unknown argument '$1' (see $0 --help)" >&2; exit 2 ;;
+  esac
+done
+
+# The pip that downloads: the project's venv if there is one, else python3 (any version: the
+# target's version and platform are given to pip explicitly).
+host_python=python3
+[ -x .venv/bin/python ] && host_python=.venv/bin/python
+[ -n "$target_python" ] || target_python=$("$host_python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+case "$target_python" in
+  3.11|3.12|3.13) ;;
+  *) echo "error: --python $target_python: sweeper supports Python 3.11, 3.12 and 3.13" >&2; exit 2 ;;
+esac
+case "$arch" in
+  x86_64|aarch64) ;;
+  *) echo "error: --arch $arch: use x86_64 or aarch64" >&2; exit 2 ;;
+esac
+if [ -n "$skip_file" ] && [ ! -r "$skip_file" ]; then
+  echo "error: --skip-file $skip_file cannot be read" >&2; exit 2
+fi
+abi="cp${target_python/./}"
+
+# pip matches platform tags exactly: name every manylinux glibc level a wheel may carry.
+platforms=(--platform "manylinux2014_$arch")
+for minor in $(seq 17 39); do platforms+=(--platform "manylinux_2_${minor}_$arch"); done
+[ "$arch" = x86_64 ] && platforms+=(--platform manylinux1_x86_64 --platform manylinux2010_x86_64)
+
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$host_python" scripts/requirements.py "${extras[@]}" --without torch > "$work/requirements.txt"
+grep -v -i '^torch==' constraints.txt > "$work/constraints.txt"
+
+echo "wheelhouse: sweeper's wheel from this checkout"
+"$host_python" -m pip wheel --quiet --disable-pip-version-check --no-deps -w "$out" . >/dev/null
+
+echo "wheelhouse: dependencies for CPython $target_python on manylinux $arch (no torch)"
+"$host_python" -m pip download --quiet --disable-pip-version-check \
+  --only-binary=:all: --implementation cp --python-version "$target_python" --abi "$abi" \
+  "${platforms[@]}" -c "$work/constraints.txt" -r "$work/requirements.txt" -d "$out"
+
+# a dependency must never bring torch or its CUDA libraries along
+if ls "$out" | grep -E -i '^(torch|nvidia_|triton)-' >/dev/null; then
+  echo "error: a dependency pulled torch or its CUDA libraries into $out:" >&2
+  ls "$out" | grep -E -i '^(torch|nvidia_|triton)-' >&2
+  exit 1
+fi
+
+if [ -n "$skip_file" ]; then
+  skipped=0
+  while read -r name; do
+    name=${name%%#*}; name=$(echo "$name" | tr -d '[:space:]' | tr 'A-Z-.' 'a-z__')
+    [ -n "$name" ] || continue
+    for wheel in "$out"/*.whl; do
+      wheel_name=$(basename "$wheel" | cut -d- -f1 | tr 'A-Z-.' 'a-z__')
+      if [ "$wheel_name" = "$name" ]; then rm -f "$wheel"; skipped=$((skipped + 1)); fi
+    done
+  done < "$skip_file"
+  echo "wheelhouse: left out $skipped wheel(s) the target already has ($skip_file)"
+fi
+
+(cd "$out" && sha256sum -- *.whl > SHA256SUMS)
+count=$(ls "$out"/*.whl | wc -l)
+size=$(du -sh "$out" | cut -f1)
+echo "wheelhouse: $count wheels, $size in $out"
+echo "install there (torch already installed): pip install --no-index --find-links $out sweeper"
