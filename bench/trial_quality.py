@@ -72,13 +72,55 @@ def _pick_configs(space: Space) -> list[TrialConfig]:
     return [grid[0], grid[len(grid) // 2], grid[-1]]
 
 
+def _chosen_configs(space: Space, names: str, storage: str | None, study: str) -> list[TrialConfig]:
+    """Configs by name: ``spread`` (three over the grid), ``baseline``, ``also_try`` (all of
+    them) or ``also_try[N]``, and ``best`` (the recommendation of ``study`` in ``storage``)."""
+    chosen: list[TrialConfig] = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        if name == "spread":
+            chosen += _pick_configs(space)
+        elif name == "baseline":
+            if space.baseline is None:
+                sys.exit("--configs baseline: the space has no baseline")
+            chosen.append(space.baseline.as_config())
+        elif name == "also_try":
+            chosen += [c.as_config() for c in space.also_try]
+        elif name.startswith("also_try[") and name.endswith("]"):
+            index = int(name[len("also_try[") : -1])
+            if index >= len(space.also_try):
+                sys.exit(f"--configs {name}: the space has {len(space.also_try)} also_try configs")
+            chosen.append(space.also_try[index].as_config())
+        elif name == "best":
+            if storage is None:
+                sys.exit("--configs best needs --storage (the study's database)")
+            from sweeper.recommend import best
+            from sweeper.store import Store
+
+            store = Store(storage)
+            try:
+                chosen.append(TrialConfig.model_validate(best(store, study).config))
+            finally:
+                store.dispose()
+        else:
+            sys.exit(f"--configs: unknown {name!r}; use spread, baseline, also_try[N] or best")
+    return list(dict.fromkeys(chosen))  # a config named twice is measured once
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--space", default="spaces/cpu-demo.yaml")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="0: no repeatability part")
     parser.add_argument("--long-factor", type=int, default=10)
+    parser.add_argument(
+        "--configs",
+        default="spread",
+        help="comma list: spread, baseline, also_try, also_try[N], best (default: spread)",
+    )
+    parser.add_argument("--storage", help="the study's database, for --configs best")
+    parser.add_argument("--study", help="the study, for --configs best (default: the space's)")
     args = parser.parse_args()
     space = load_space(args.space)
+    configs = _chosen_configs(space, args.configs, args.storage, args.study or space.study)
     cache_dir = Settings().cache_dir
     started = time.perf_counter()
     run = run_child(
@@ -91,7 +133,6 @@ def main() -> None:
         timeout_s=900,
     )
     prepared = PreparedData.model_validate(_ok(run))
-    configs = _pick_configs(space)
     trials: list[tuple[TrialConfig, dict, float]] = []  # config, measurement, wall_s
     fidelity_rows = []
     repeat_rows = []
@@ -137,7 +178,7 @@ def main() -> None:
     device = trials[0][1]["env"]["device_name"]
     print(f"## Trial quality on {device} ({space.hardware.name}), {datetime.now(UTC):%Y-%m-%d}\n")
     print(
-        f"Command: `.venv/bin/python bench/trial_quality.py --space {args.space}` "
+        f"Command: `.venv/bin/python {' '.join(sys.argv)}` "
         f"(torch {trials[0][1]['env']['torch']}, Python {platform.python_version()}, "
         f"{trials[0][1]['env']['cpu_threads']} torch threads); whole run "
         f"{time.perf_counter() - started:.0f} s.\n"
@@ -175,6 +216,8 @@ def main() -> None:
         f"\nOverhead over {len(shares)} trials: mean {statistics.fmean(shares):.0%}, "
         f"max {max(shares):.0%}.\n"
     )
+    if not repeat_rows:
+        return
     print(f"### Repeatability: {_describe(configs[0])}, {args.repeats} trials\n")
     values = [m["samples_per_s"] for m in repeat_rows]
     cis = [m["throughput_ci95_rel"] for m in repeat_rows]

@@ -55,6 +55,15 @@ def launch(
     n_trials: Annotated[
         int | None, typer.Option("--n-trials", min=1, help="override the space's budget")
     ] = None,
+    max_minutes: Annotated[
+        float | None,
+        typer.Option(
+            "--max-minutes",
+            min=0.1,
+            help="time budget: start no trial the minutes left cannot hold (overrides the "
+            "space's budget.max_minutes)",
+        ),
+    ] = None,
 ) -> None:
     """Run a sweep: each trial trains the workload with one config in a child process."""
     from sweeper.preflight import PreflightError
@@ -84,6 +93,7 @@ def launch(
                 space_text=space.read_text(encoding="utf-8"),
                 space_path=str(space),
                 n_trials=n_trials,
+                max_minutes=max_minutes,
                 observer=observer,
             )
     except KeyboardInterrupt:

@@ -406,6 +406,12 @@ class TrialSettings(_Frozen):
 
 class Budget(_Frozen):
     n_trials: int = Field(gt=0)
+    max_minutes: float | None = Field(
+        default=None,
+        gt=0,
+        description="stop starting trials after this many minutes (preparation and preflight "
+        "count); no trial starts with less time left than the longest so far took",
+    )
     seed: int = 0
 
 
@@ -413,6 +419,9 @@ class Baseline(_Frozen):
     """The config the user runs today; it is the sweep's first trial and every result is
     compared with it. Each value must be one of the search space's choices."""
 
+    label: str | None = Field(
+        default=None, max_length=80, description="a name for reports, e.g. 'seed 001 after'"
+    )
     per_device_batch_size: int
     gradient_accumulation_steps: int
     num_workers: int
@@ -423,7 +432,7 @@ class Baseline(_Frozen):
     packing: bool = False
 
     def as_config(self) -> TrialConfig:
-        values = self.model_dump()
+        values = self.model_dump(exclude={"label"})
         if self.num_workers == 0:
             values["prefetch_factor"] = None  # meaningless without workers, as in the search
         return TrialConfig.model_validate(values)

@@ -111,11 +111,16 @@ def run_sweep(
     space_text: str,
     space_path: str | None = None,
     n_trials: int | None = None,
+    max_minutes: float | None = None,
     observer: SweepObserver | None = None,
 ) -> SweepReport:
-    """Run ``n_trials`` measured trials (default: the space's budget) and record them."""
+    """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
+    ``max_minutes`` (default: the space's ``budget.max_minutes``), start no trial that the
+    time left cannot hold. Preparation and preflight count against that time."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
+    max_minutes = max_minutes or space.budget.max_minutes
+    deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
     store = Store(storage_url)
     store.migrate()
@@ -139,7 +144,7 @@ def run_sweep(
                 preflight = _preflight(space, prepared, cache_dir, observer, server)
                 store.upsert_study(space.study, preflight=preflight.to_json())
             loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
-            counts = loop.run(n_trials, clock)
+            counts = loop.run(n_trials, clock, deadline)
     except KeyboardInterrupt:
         store.set_study_state(space.study, "interrupted")
         raise
@@ -348,8 +353,14 @@ class _TrialLoop:
         self.cache_dir, self.observer, self.server = cache_dir, observer, server
         self.stopped = False  # a stop was requested through the API
 
-    def run(self, n_trials: int, clock: _SweepClock | None = None) -> dict[str, int]:
+    def run(
+        self, n_trials: int, clock: _SweepClock | None = None, deadline: float | None = None
+    ) -> dict[str, int]:
+        """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
+        with less time left than the longest trial so far took, and cap each one's timeout
+        at the time left."""
         counts = {"run": 0, "complete": 0, "failed": 0}
+        longest_s = 0.0
         runnable = {c for c in self.space.search.grid() if self.preflight.allows(c) is None}
         measured = {
             TrialConfig.model_validate(t.config)
@@ -364,6 +375,13 @@ class _TrialLoop:
             if measured >= runnable:
                 self.observer.note(
                     f"all {len(runnable)} runnable configs of the space are measured; stopping"
+                )
+                break
+            left_s = None if deadline is None else deadline - time.monotonic()
+            if left_s is not None and (left_s <= 0 or left_s < longest_s):
+                self.observer.note(
+                    f"the sweep's time budget is spent ({max(0.0, left_s):.0f} s left, the "
+                    f"longest trial took {longest_s:.0f} s); stopping"
                 )
                 break
             trial = self.study.ask()
@@ -383,14 +401,18 @@ class _TrialLoop:
                 continue
             skipped_in_a_row = 0
             measured.add(config)
-            row = self._run_one(trial, config)
+            started = time.monotonic()
+            row = self._run_one(trial, config, left_s)
+            longest_s = max(longest_s, time.monotonic() - started)
             if clock is not None:
                 clock.charge()
             counts["run"] += 1
             counts["complete" if row.state == "complete" else "failed"] += 1
         return counts
 
-    def _run_one(self, trial: optuna.Trial, config: TrialConfig) -> TrialRow:
+    def _run_one(
+        self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
+    ) -> TrialRow:
         space, study, store, observer = self.space, self.study, self.store, self.observer
         store.start_trial(space.study, trial.number, config.model_dump())
         observer.trial_started(trial.number, config)
@@ -403,8 +425,11 @@ class _TrialLoop:
             config=config,
             settings=space.trial,
         )
+        timeout_s = space.trial.timeout_s
+        if left_s is not None and left_s < timeout_s:
+            timeout_s = max(30.0, left_s)
         try:
-            run = run_child(request, timeout_s=space.trial.timeout_s, server=self.server)
+            run = run_child(request, timeout_s=timeout_s, server=self.server)
         except KeyboardInterrupt:
             _record_failure(
                 store, study, trial, space.study, "interrupted", "the sweep was stopped by the user"
@@ -443,13 +468,16 @@ class _TrialLoop:
                 **_metric_columns(measurement),
             )
         else:
+            message = result.failure_message or "no message"
+            if result.failure_kind == "timeout" and timeout_s < space.trial.timeout_s:
+                message += f" (cut to {timeout_s:.0f} s by the sweep's time budget)"
             row = _record_failure(
                 store,
                 study,
                 trial,
                 space.study,
                 result.failure_kind or "error",
-                result.failure_message or "no message",
+                message,
                 wall_s=run.wall_s,
                 details={"traceback": result.traceback, "log_tail": run.log_tail},
             )

@@ -1,0 +1,186 @@
+"""A recorded study as a markdown report for bench/RESULTS.md: every trial's figures, the
+recommendation side by side with the space's named configs, and what doctor found.
+
+    python bench/study_report.py studies/h100-llama-1b.json [--doctor doctor.json]
+        [--fidelity fidelity.md] > summary.md
+
+The study file is imported into a throwaway SQLite database and the recommendation comes from
+``sweeper.recommend.best`` there, so the report says what ``sweeper best`` says. Every figure
+is a measurement of the file's trials (hours and $ per run are their projections).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import SweeperError
+from sweeper.recommend import Recommendation, best
+from sweeper.space import TrialConfig, parse_space
+from sweeper.store import Store
+from sweeper.studyfile import StudyDocument, import_study, read_study_file
+
+
+def _describe(config: dict[str, Any]) -> str:
+    c = TrialConfig.model_validate(config)
+    loader = f"w{c.num_workers}" + (f"/pf{c.prefetch_factor}" if c.prefetch_factor else "")
+    return (
+        f"bs{c.per_device_batch_size}×ga{c.gradient_accumulation_steps} seq{c.max_seq_length} "
+        f"{loader} {c.attn_implementation} compile={c.compile_mode}"
+        + (" packed" if c.packing else "")
+    )
+
+
+def _num(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "—" if value is None else format(value * scale, spec) + suffix
+
+
+def _gib(value: float | None) -> str:
+    return _num(value, ",.1f", 1 / 1024**3, " GiB")
+
+
+def _named_configs(document: StudyDocument) -> list[tuple[str, dict[str, Any]]]:
+    space = parse_space(document.study["space_yaml"], "the study's space")
+    named = []
+    if space.baseline is not None:
+        named.append((space.baseline.label or "baseline", space.baseline.as_config().model_dump()))
+    for index, known in enumerate(space.also_try):
+        named.append((known.label or f"also_try[{index}]", known.as_config().model_dump()))
+    return named
+
+
+def _trial_of(trials: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any] | None:
+    wanted = TrialConfig.model_validate(config)
+    for trial in trials:
+        if TrialConfig.model_validate(trial["config"]) == wanted:
+            return trial
+    return None
+
+
+def report(
+    document: StudyDocument, doctor: dict[str, Any] | None, fidelity: str | None, command: str
+) -> str:
+    trials = document.trials
+    complete = [t for t in trials if t["state"] == "complete"]
+    failed = [t for t in trials if t["state"] == "failed"]
+    env = next(((t["measurement"] or {}).get("env") for t in complete), None) or {}
+    study = document.study
+    lines = [
+        f"#### {study['name']} on {env.get('device_name', study['hardware_name'])}, "
+        f"recorded {str(study['updated_at'])[:10]}",
+        "",
+        f"Command: `{command}`. Priced as {study['hardware_name']} at "
+        f"${study['usd_per_hour']:.2f}/h; the job: {study['samples']:,} samples × "
+        f"{study['epochs']:g} epochs. Driver {env.get('driver') or '—'}, CUDA "
+        f"{env.get('cuda') or '—'}, torch {env.get('torch', '—')}, transformers "
+        f"{env.get('transformers', '—')}, Python {env.get('python', '—')}. "
+        f"{len(complete)} trials complete, {len(failed)} failed; the sweep used "
+        f"{study['sweep_seconds'] / 60:.1f} min of the machine.",
+        "",
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(f"sqlite:///{tmp}/report.db")
+        try:
+            store.migrate()
+            import_study(store, document)
+            recommendation: Recommendation | None = best(store, study["name"])
+            why_none = None
+        except SweeperError as e:
+            recommendation, why_none = None, str(e)
+        finally:
+            store.dispose()
+
+    lines += ["##### Named configs side by side", ""]
+    header = "| config | trial | samples/s (±95%) | tokens/s | MFU | peak memory | h/run | $/run |"
+    lines += [header, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [("**recommended**", recommendation.config)] if recommendation else []
+    for label, config in rows + _named_configs(document):
+        trial = _trial_of(trials, config)
+        if trial is None:
+            lines.append(f"| {label} | not run | | | | | | |")
+            continue
+        if trial["state"] != "complete":
+            lines.append(
+                f"| {label} | #{trial['number']} {trial['state']}: {trial['failure_kind']} "
+                f"| | | | | | |"
+            )
+            continue
+        lines.append(_trial_row(label, trial))
+    if recommendation is None:
+        lines.append(f"\nNo recommendation: {why_none}")
+    else:
+        lines += [
+            "",
+            f"Recommended: trial #{recommendation.trial_number}, "
+            f"{_describe(recommendation.config)}.",
+        ]
+        if recommendation.speedup_vs_baseline is not None:
+            lines[-1] += (
+                f" {recommendation.speedup_vs_baseline:.2f}× faster than the baseline, "
+                f"${recommendation.usd_saved_per_run or 0:,.2f} saved per run."
+            )
+        lines += [f"Warning: {w}" for w in recommendation.warnings]
+
+    lines += ["", "##### Every trial", ""]
+    lines += [header, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for trial in sorted(complete, key=lambda t: t["cost_per_run_usd"] or float("inf")):
+        lines.append(_trial_row(_describe(trial["config"]), trial))
+    for trial in failed:
+        message = (trial["failure_message"] or "")[:160].replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {_describe(trial['config'])} | #{trial['number']} {trial['failure_kind']}: "
+            f"{message} | | | | | | |"
+        )
+
+    if doctor is not None:
+        lines += ["", "##### sweeper doctor", ""]
+        facts = doctor["facts"]
+        devices = ", ".join(
+            f"{d['name']} ({d['memory_free_bytes'] / 1024**3:.0f} of "
+            f"{d['memory_bytes'] / 1024**3:.0f} GiB free)"
+            for d in facts["devices"]
+        )
+        lines.append(
+            f"Devices: {devices or 'none'}; exit status {doctor['exit_code']} for "
+            f"{doctor['space'] or 'the machine alone'}."
+        )
+        lines.append("")
+        for finding in doctor["findings"]:
+            fix = f" Fix: {finding['fix']}" if finding.get("fix") else ""
+            lines.append(f"- {finding['level']} ({finding['topic']}): {finding['text']}{fix}")
+    if fidelity:
+        lines += ["", "##### Fidelity: a trial against a run 10× longer", "", fidelity.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def _trial_row(label: str, trial: dict[str, Any]) -> str:
+    m = trial["measurement"] or {}
+    return (
+        f"| {label} | #{trial['number']} | {_num(trial['samples_per_s'], ',.1f')} "
+        f"(±{_num(m.get('throughput_ci95_rel'), '.1%')}) | {_num(trial['tokens_per_s'], ',.0f')} "
+        f"| {_num(trial['mfu'], '.1%')} | {_gib(trial['peak_memory_bytes'])} "
+        f"| {_num(trial['hours_per_run'], ',.2f')} | {_num(trial['cost_per_run_usd'], ',.2f')} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("study_file", type=Path)
+    parser.add_argument("--doctor", type=Path, help="the JSON of `sweeper doctor --json`")
+    parser.add_argument("--fidelity", type=Path, help="bench/trial_quality.py's markdown")
+    args = parser.parse_args()
+    try:
+        document = read_study_file(args.study_file)
+    except SweeperError as e:
+        sys.exit(f"error: {e}")
+    doctor = json.loads(args.doctor.read_text()) if args.doctor else None
+    fidelity = args.fidelity.read_text() if args.fidelity else None
+    sys.stdout.write(report(document, doctor, fidelity, "python " + " ".join(sys.argv)))
+
+
+if __name__ == "__main__":
+    main()
