@@ -178,7 +178,7 @@ def main() -> None:
     device = trials[0][1]["env"]["device_name"]
     print(f"## Trial quality on {device} ({space.hardware.name}), {datetime.now(UTC):%Y-%m-%d}\n")
     print(
-        f"Command: `.venv/bin/python {' '.join(sys.argv)}` "
+        f"Command: `python {' '.join(sys.argv)}` "
         f"(torch {trials[0][1]['env']['torch']}, Python {platform.python_version()}, "
         f"{trials[0][1]['env']['cpu_threads']} torch threads); whole run "
         f"{time.perf_counter() - started:.0f} s.\n"

@@ -1,0 +1,238 @@
+"""sweeper installs where GPU users train: Python 3.11-3.13, next to the torch they have.
+
+The install tests build a real wheelhouse with scripts/wheelhouse.sh (this needs the package
+registry, as the script does), then install from it with no index into a fresh environment that
+already holds a torch: the project's own torch, hard-linked file by file with its dependencies,
+as a CUDA image holds its own. pip must use that torch as it is.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.torch
+
+# What a current CUDA image ships (read on the lent H100 machines, 2026-11).
+GPU_IMAGE = {"python": "3.12.3", "torch": "2.11.0+cu130", "transformers": "5.17.0"}
+
+
+def _project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def _dependency(name: str) -> Requirement:
+    (requirement,) = [
+        Requirement(r) for r in _project()["dependencies"] if Requirement(r).name == name
+    ]
+    return requirement
+
+
+def test_ranges_admit_what_gpu_images_ship_and_never_cap_torch() -> None:
+    python = SpecifierSet(_project()["requires-python"])
+    assert all(v in python for v in ("3.11.7", "3.12.1", GPU_IMAGE["python"], "3.13.0"))
+    assert "3.10.13" not in python
+    torch = _dependency("torch").specifier
+    assert torch.contains(GPU_IMAGE["torch"]) and torch.contains("2.13.0+cpu")
+    assert not torch.contains("2.10.0")
+    # no upper bound: pip would otherwise replace a newer torch the user already has
+    assert torch.contains("2.99.0") and torch.contains("3.1.0")
+    transformers = _dependency("transformers").specifier
+    assert transformers.contains(GPU_IMAGE["transformers"]) and transformers.contains("5.23.0")
+    assert not transformers.contains("5.16.1")
+    constraints = (REPO / "constraints.txt").read_text().splitlines()
+    assert "torch==2.13.0" in constraints, "CI and the demo keep the exact CPU pin"
+
+
+def _distribution_closure(name: str) -> list[importlib.metadata.Distribution]:
+    """``name`` and every installed distribution it needs, in this environment."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        dist = importlib.metadata.distribution(current)
+        key = dist.metadata["Name"].lower()
+        if key in found:
+            continue
+        found[key] = dist
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                pending.append(requirement.name)
+    return list(found.values())
+
+
+def _copy_installed(dist: importlib.metadata.Distribution, site: Path) -> None:
+    """Install ``dist`` into ``site`` as pip had: its RECORDed files, hard-linked."""
+    for file in dist.files or []:
+        if str(file).startswith(".."):  # console scripts outside site-packages
+            continue
+        source = Path(str(dist.locate_file(file)))
+        if not source.is_file():
+            continue
+        target = site / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:  # another filesystem
+            target.write_bytes(source.read_bytes())
+
+
+def _record_digest(python: Path) -> str:
+    """torch's version, location and RECORD in ``python``'s environment: changes if pip
+    touches it."""
+    code = (
+        "import importlib.metadata as m, hashlib; d = m.distribution('torch'); "
+        "print(d.version, d.locate_file(''), hashlib.sha256(d.read_text('RECORD').encode())"
+        ".hexdigest())"
+    )
+    return subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheelhouse")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    result = subprocess.run(
+        ["bash", "scripts/wheelhouse.sh", "--python", version, "--tests", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    wheels = {p.name.split("-")[0].lower() for p in out.glob("*.whl")}
+    assert {"sweeper", "optuna", "transformers", "pytest"} <= wheels
+    assert not {w for w in wheels if w == "torch" or w.startswith(("nvidia_", "triton"))}
+    return out
+
+
+@pytest.fixture
+def users_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment that has torch (and only what torch needs), like a CUDA
+    image before sweeper is installed. Returns its python."""
+    root = tmp_path_factory.mktemp("users-env")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
+    python = root / "venv" / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    for dist in _distribution_closure("torch"):
+        _copy_installed(dist, site)
+    subprocess.run([str(python), "-c", "import torch"], check=True, timeout=120)
+    return python
+
+
+def test_offline_install_from_the_wheelhouse_keeps_the_users_torch(
+    wheelhouse: Path, users_env: Path, tmp_path: Path
+) -> None:
+    before = _record_digest(users_env)
+    report = tmp_path / "report.json"
+    offline = ["--no-index", "--find-links", str(wheelhouse), "--disable-pip-version-check"]
+    dry = subprocess.run(
+        [str(users_env), "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report)]
+        + offline
+        + ["sweeper[test]"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    planned = {i["metadata"]["name"].lower() for i in json.loads(report.read_text())["install"]}
+    assert "sweeper" in planned and "optuna" in planned
+    assert "torch" not in planned, "pip would reinstall or upgrade the user's torch"
+    installed = subprocess.run(
+        [str(users_env), "-m", "pip", "install", "--quiet"] + offline + ["sweeper[test]"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert _record_digest(users_env) == before, "installing sweeper changed torch"
+    help_text = subprocess.run(
+        [str(users_env.parent / "sweeper"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # the installed package, not this checkout
+    )
+    assert help_text.returncode == 0 and "doctor" in help_text.stdout, help_text.stderr
+
+
+def test_gpu_record_script_runs_end_to_end(
+    wheelhouse: Path, users_env: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """The GPU session's one command, on this CPU with the tiny space: it installs from the
+    wheelhouse without touching torch, runs doctor, the GPU tests (skipped here), a sweep,
+    fidelity and the summary into one folder. A lent GPU is rare: the script must not be what
+    fails there."""
+    out = tmp_path / "record"
+    env = {
+        **os.environ,
+        "PYTHON": str(users_env),
+        "SWEEPER_CACHE_DIR": str(cache_dir),
+        "PATH": f"{users_env.parent}:{os.environ['PATH']}",
+    }
+    env.pop("SWEEPER_STORAGE", None)
+    result = subprocess.run(
+        [
+            "bash",
+            "scripts/gpu-record.sh",
+            "run",
+            "--wheelhouse",
+            str(wheelhouse),
+            "--out",
+            str(out),
+            "--minutes",
+            "8",
+            "--space",
+            "tests/spaces/tiny.yaml",
+            "--study",
+            "tiny",
+            "--fidelity-configs",
+            "best,baseline",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    assert result.returncode == 0, result.stdout + result.stderr + log
+    assert (out / "status").read_text().strip() == "done"
+    assert (out / "torch-before.txt").read_text() == (out / "torch-after.txt").read_text()
+    report = json.loads((out / "pip-report.json").read_text())
+    planned = {i["metadata"]["name"].lower() for i in report["install"]}
+    assert "torch" not in planned and "sweeper" in planned
+    doctor = json.loads((out / "doctor.json").read_text())
+    assert doctor["exit_code"] == 0 and doctor["space"] == "tests/spaces/tiny.yaml"
+    assert "deselected" in (out / "gpu-tests.log").read_text()
+    study = json.loads((out / "tiny.json").read_text())
+    assert study["format"] == "sweeper-study" and study["trials"]
+    fidelity = (out / "fidelity.md").read_text()
+    assert "Fidelity: trial vs a run 10x longer" in fidelity
+    table = fidelity.split("Fidelity: trial vs a run 10x longer")[1].split("###")[0]
+    assert table.count("| bs") == 2  # the recommendation and the baseline, one row each
+    summary = (out / "summary.md").read_text()
+    for part in ("Named configs side by side", "**recommended**", "Every trial", "sweeper doctor"):
+        assert part in summary
+    assert "| **recommended** | #" in summary  # a measured row, not "not run"
