@@ -1,0 +1,183 @@
+"""``sweeper doctor``: real probes on this machine, verdicts that name their fix, exit 1 when the
+space asks for what the machine cannot do. The rules are also checked on measured facts with
+one fact changed at a time (a GPU without bf16, a full disk) that this machine cannot show."""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sweeper.doctor import DoctorReport, diagnose, findings
+from sweeper.space import Space, parse_space
+from tests.helpers import REPO, TINY_SPACE
+
+pytestmark = pytest.mark.torch
+
+
+def _doctor(*args: str, cache_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def measured(cache_dir: Path) -> DoctorReport:
+    """doctor's real report for the tiny space on this machine."""
+    return diagnose(parse_space(TINY_SPACE.read_text()), cache_dir, write_mb=8)
+
+
+def _findings(space: Space, report: DoctorReport, **facts: Any) -> list:
+    changed = copy.deepcopy(report.facts)
+    for key, value in facts.items():
+        changed[key] = value
+    return findings(space, changed, report.preflight, report.disk)
+
+
+def _with(text: str) -> Space:
+    return parse_space(TINY_SPACE.read_text() + text)
+
+
+def test_tiny_space_runs_here(cache_dir: Path) -> None:
+    result = _doctor("--space", str(TINY_SPACE), "--write-mb", "8", cache_dir=cache_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert f"Python {platform.python_version()}" in out
+    assert f"torch {importlib.metadata.version('torch')}" in out
+    assert f"transformers {importlib.metadata.version('transformers')}" in out
+    for line in ("sdpa: trains", "eager: trains", "usable CPU cores", "MiB/s (fsynced)"):
+        assert line in out
+    assert "can run here" in out
+
+
+def test_each_thing_the_machine_cannot_do_is_a_problem_with_its_fix(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        TINY_SPACE.read_text()
+        .replace("[sdpa, eager]", "[sdpa, eager, flash_attention_2]")
+        .replace("  attn_implementation: eager", "  attn_implementation: flash_attention_2")
+        .replace("  epochs: 1\n", f"  epochs: 1\n  checkpoint:\n    dir: {blocker}/checkpoints\n")
+    )
+    result = _doctor("--space", str(space), "--write-mb", "8", cache_dir=cache_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert "flash_attention_2: cannot train here" in out
+    assert "fix: remove flash_attention_2 from search.attn_implementation" in out
+    assert "baseline cannot run here" in out
+    assert "cannot write where checkpoints go" in out and "fix: set workload.checkpoint.dir" in out
+    assert "3 problem(s)" in out and "Traceback" not in result.stderr
+
+
+def test_a_cuda_space_on_a_machine_without_cuda(tmp_path: Path, cache_dir: Path) -> None:
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    space = tmp_path / "space.yaml"
+    space.write_text(TINY_SPACE.read_text().replace("device: cpu", "device: cuda"))
+    result = _doctor("--space", str(space), "--json", "--write-mb", "8", cache_dir=cache_dir)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    (problem,) = [f for f in report["findings"] if f["level"] == "problem"]
+    assert problem["topic"] == "device" and "hardware.device: cpu" in problem["fix"]
+    assert report["preflight"]["probes"] == []  # every probe would fail alike: none ran
+
+
+def test_an_invalid_space_exits_2(tmp_path: Path, cache_dir: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("study: x\nhardware: 3\n")
+    result = _doctor("--space", str(space), cache_dir=cache_dir)
+    assert result.returncode == 2
+    assert "invalid space file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_machine_alone(cache_dir: Path) -> None:
+    """Without a space: every attention implementation and the default compile mode are
+    probed; what cannot run is a warning, not a failure."""
+    result = _doctor("--json", "--write-mb", "8", cache_dir=cache_dir, timeout=900)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    facts = report["facts"]
+    assert facts["torch"] == importlib.metadata.version("torch")
+    assert facts["python"] == platform.python_version()
+    assert 1 <= facts["cpu"]["usable_cores"] <= (os.cpu_count() or 1)
+    probed = {(p["knob"], p["value"]): p["ok"] for p in report["preflight"]["probes"]}
+    assert probed[("attn_implementation", "sdpa")] and probed[("attn_implementation", "eager")]
+    assert ("attn_implementation", "flash_attention_2") in probed
+    assert ("attn_implementation", "flex_attention") in probed
+    assert ("compile_mode", "default") in probed
+    assert report["disk"]["write_mb_per_s"] > 0
+    assert not [f for f in report["findings"] if f["level"] == "problem"]
+    if not facts["cuda_available"]:
+        assert not probed[("attn_implementation", "flash_attention_2")]
+
+
+def test_rules_on_measured_facts(measured: DoctorReport) -> None:
+    space = parse_space(TINY_SPACE.read_text())
+    assert not [f for f in measured.findings if f.level == "problem"], measured.findings
+
+    bf16_space = parse_space(
+        TINY_SPACE.read_text().replace("  epochs: 1\n", "  epochs: 1\n  precision: bf16\n")
+    )
+    no_bf16 = copy.deepcopy(measured.facts["precisions"])
+    no_bf16["bf16"] = {"runs": False, "error": "torch.cuda.is_bf16_supported() is False"}
+    (problem,) = [
+        f for f in _findings(bf16_space, measured, precisions=no_bf16) if f.level == "problem"
+    ]
+    assert problem.topic == "precision" and problem.fix == "set workload.precision: fp16"
+
+    huge = copy.deepcopy(measured.facts["model"]) | {"params": 10**12}
+    problems = [f for f in _findings(space, measured, model=huge) if f.level == "problem"]
+    assert {f.topic for f in problems} == {"memory", "checkpoint"}  # 16 TB of state, 4 TB saves
+
+    gpu_priced = parse_space(TINY_SPACE.read_text().replace("name: CPU", "name: H100 SXM 80GB"))
+    warnings = [f for f in _findings(gpu_priced, measured) if f.level == "warning"]
+    if not measured.facts["devices"]:
+        assert any("priced as the GPU" in f.text for f in warnings)
+
+    many_workers = parse_space(
+        TINY_SPACE.read_text().replace("num_workers: [0]", "num_workers: [0, 64]")
+    )
+    warnings = [f for f in _findings(many_workers, measured) if f.level == "warning"]
+    assert any(f.topic == "cpu" and "num_workers" in (f.fix or "") for f in warnings)
+
+
+def test_report_json_round_trips(measured: DoctorReport) -> None:
+    text = json.dumps(measured.to_json(), default=str)
+    again = json.loads(text)
+    assert again["exit_code"] == 0
+    assert [f["text"] for f in again["findings"]] == [f.text for f in measured.findings]
+
+
+@pytest.mark.gpu
+def test_doctor_on_a_gpu(cache_dir: Path) -> None:
+    if not Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("no NVIDIA GPU on this machine")
+    result = _doctor("--json", "--write-mb", "64", cache_dir=cache_dir, timeout=900)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    facts = report["facts"]
+    assert facts["cuda_available"] and facts["devices"] and facts["driver"]
+    device = facts["devices"][0]
+    assert 0 < device["memory_free_bytes"] <= device["memory_bytes"]
+    if float(device["capability"]) >= 8.0:
+        assert facts["precisions"]["bf16"]["runs"] and facts["precisions"]["tf32"]["runs"]
+    probed = {(p["knob"], p["value"]): p for p in report["preflight"]["probes"]}
+    assert probed[("attn_implementation", "sdpa")]["ok"]
+    assert report["preflight"]["precision_factor"] is not None  # bf16 timed against fp32

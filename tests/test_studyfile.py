@@ -1,0 +1,251 @@
+"""Study files: a real sweep exported, imported into SQLite and Postgres, exported again, the
+same; the imported study answers `best`, the REST API and the dashboard, and a sweep resumes it.
+Bad files and name clashes are clear errors that write nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from sweeper.errors import ConflictError, StorageError
+from sweeper.recommend import best
+from sweeper.space import parse_space
+from sweeper.store import Store
+from sweeper.study import run_sweep
+from sweeper.studyfile import (
+    StudyDocument,
+    StudyFileError,
+    export_study,
+    import_study,
+    read_study_file,
+    write_study_file,
+)
+from tests.helpers import REPO, TINY_SPACE
+
+# The tiny space, where also_try asks for flash_attention_2: a trial that fails (as data).
+SPACE_TEXT = (
+    TINY_SPACE.read_text().replace("[sdpa, eager]", "[sdpa, eager, flash_attention_2]")
+    + """also_try:
+  - label: no flash-attn here
+    per_device_batch_size: 4
+    gradient_accumulation_steps: 1
+    num_workers: 0
+    max_seq_length: 64
+    attn_implementation: flash_attention_2
+"""
+)
+
+
+def _content(document: StudyDocument | dict[str, Any]) -> dict[str, Any]:
+    data = document.model_dump(mode="json") if isinstance(document, StudyDocument) else document
+    return {k: v for k, v in data.items() if k != "exported_at"}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A real sweep of three trials (one fails), exported to a file."""
+    folder = tmp_path_factory.mktemp("recorded")
+    url = f"sqlite:///{folder / 'source.db'}"
+    report = run_sweep(
+        parse_space(SPACE_TEXT), storage_url=url, cache_dir=cache_dir, space_text=SPACE_TEXT,
+        n_trials=3,
+    )  # fmt: skip
+    assert (report.completed, report.failed) == (2, 1), report
+    store = Store(url)
+    path = folder / "tiny.json"
+    write_study_file(export_study(store, "tiny"), path)
+    store.dispose()
+    return path
+
+
+pytestmark = pytest.mark.torch  # the recorded fixture runs a real sweep
+
+
+def test_round_trip_is_lossless(recorded: Path, storage_url: str) -> None:
+    original = read_study_file(recorded)
+    states = {t.state for t in original.optuna.trials}  # type: ignore[union-attr]
+    assert {"COMPLETE", "FAIL"} <= states
+    assert {t["state"] for t in original.trials} == {"complete", "failed"}
+    store = Store(storage_url)
+    store.migrate()
+    assert import_study(store, original) == "tiny"
+    again = export_study(store, "tiny")
+    store.dispose()
+    assert _content(again) == _content(json.loads(recorded.read_text()))
+
+
+def test_imported_study_answers_best_the_api_and_the_dashboard(
+    recorded: Path, storage_url: str
+) -> None:
+    document = read_study_file(recorded)
+    store = Store(storage_url)
+    store.migrate()
+    import_study(store, document, name="copy")
+    recommendation = best(store, "copy")
+    store.dispose()
+    cheapest = min(
+        (t for t in document.trials if t["state"] == "complete"),
+        key=lambda t: t["cost_per_run_usd"],
+    )
+    assert recommendation.trial_number == cheapest["number"]
+    assert recommendation.cost_per_run_usd == cheapest["cost_per_run_usd"]
+    with TestClient(create_app(storage_url)) as client:
+        api_best = client.get("/api/studies/copy/best")
+        assert api_best.status_code == 200
+        assert api_best.json()["trial_number"] == cheapest["number"]
+        trials = client.get("/api/studies/copy/trials")
+        assert [t["number"] for t in trials.json()] == [t["number"] for t in document.trials]
+        page = client.get("/studies/copy")
+        assert page.status_code == 200 and "copy" in page.text
+        figures = client.get("/studies/copy/figures.json")
+        assert figures.status_code == 200 and figures.json()
+
+
+def test_a_sweep_resumes_an_imported_study(
+    recorded: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    document = read_study_file(recorded)
+    store = Store(sqlite_url)
+    store.migrate()
+    import_study(store, document)
+    report = run_sweep(
+        parse_space(SPACE_TEXT), storage_url=sqlite_url, cache_dir=cache_dir,
+        space_text=SPACE_TEXT, n_trials=1,
+    )  # fmt: skip
+    assert report.trials_run == 1
+    numbers = [t.number for t in store.list_trials("tiny")]
+    store.dispose()
+    recorded_numbers = [t["number"] for t in document.trials]
+    assert numbers[: len(recorded_numbers)] == recorded_numbers
+    # Optuna numbers the new trial after the imported ones (a proposal it skipped as already
+    # measured takes a number too)
+    assert numbers[-1] >= len(document.optuna.trials)  # type: ignore[union-attr]
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    trials = optuna.load_study(study_name="tiny", storage=storage).trials
+    storage.engine.dispose()
+    assert len(trials) == numbers[-1] + 1
+
+
+def test_export_refuses_a_running_sweep_unless_forced(recorded: Path, sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    store.migrate()
+    import_study(store, read_study_file(recorded))
+    store.set_study_state("tiny", "running")
+    with pytest.raises(ConflictError, match="--force"):
+        export_study(store, "tiny")
+    assert export_study(store, "tiny", allow_running=True).study["state"] == "running"
+    store.dispose()
+
+
+def test_a_failed_import_leaves_nothing_behind(recorded: Path, postgres_url: str) -> None:
+    """Postgres refuses a NUL character in JSON after Optuna's part is written: that part is
+    removed again, and no row of ours exists."""
+    data = json.loads(recorded.read_text())
+    data["trials"][0]["measurement"]["env"]["host"] = "bad\u0000host"
+    document = StudyDocument.model_validate(data)
+    store = Store(postgres_url)
+    store.migrate()
+    with pytest.raises(StorageError):
+        import_study(store, document)
+    assert not store.has_study("tiny")
+    store.dispose()
+    storage = optuna.storages.RDBStorage(postgres_url)
+    assert optuna.get_all_study_names(storage) == []
+    storage.engine.dispose()
+
+
+def _sweeper(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
+    env.pop("SWEEPER_STORAGE", None)
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> None:
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    imported = _sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
+    assert imported.returncode == 0, imported.stderr
+    assert "imported study 'tiny' (3 trials)" in imported.stdout
+    exported = _sweeper("study", "export", "--study", "tiny", "--storage", target, cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    written = tmp_path / "studies" / "tiny.json"  # the default place
+    assert _content(json.loads(written.read_text())) == _content(json.loads(recorded.read_text()))
+    assert oct(written.stat().st_mode & 0o777) == "0o644"
+
+    clash = _sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
+    assert clash.returncode == 1 and "--as NEW_NAME" in clash.stderr
+    renamed = _sweeper(
+        "study", "import", str(recorded), "--storage", target, "--as", "tiny-2", cwd=tmp_path
+    )
+    assert renamed.returncode == 0, renamed.stderr
+
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    data = json.loads(recorded.read_text())
+    cases: dict[str, tuple[str, str]] = {
+        "not-json.json": ("{ nope", "not valid JSON"),
+        "other.json": (json.dumps({"format": "something"}), "not a sweeper study file"),
+        "newer.json": (
+            json.dumps({**data, "trials": [{**data["trials"][0], "gpu_watts": 700}]}),
+            "unknown field(s) gpu_watts",
+        ),
+        "bad-number.json": (
+            json.dumps({**data, "trials": [{**data["trials"][0], "samples_per_s": "fast"}]}),
+            "trials[0].samples_per_s: expected a finite number",
+        ),
+    }
+    for name, (text, message) in cases.items():
+        bad = tmp_path / name
+        bad.write_text(text)
+        result = _sweeper("study", "import", str(bad), "--storage", fresh, cwd=tmp_path)
+        assert result.returncode == 2, (name, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    bad_name = _sweeper(
+        "study", "import", str(recorded), "--storage", fresh, "--as", "../x", cwd=tmp_path
+    )
+    assert bad_name.returncode == 2 and "study name '../x'" in bad_name.stderr
+    store = Store(fresh)
+    store.migrate()
+    assert store.list_studies() == []
+    store.dispose()
+    missing = _sweeper("study", "export", "--study", "nope", "--storage", fresh, cwd=tmp_path)
+    assert missing.returncode == 1 and "no study named 'nope'" in missing.stderr
+
+
+def test_the_committed_demo_study_loads(sqlite_url: str) -> None:
+    """studies/cpu-demo.json, recorded on this kind of machine, imports and recommends."""
+    path = REPO / "studies" / "cpu-demo.json"
+    document = read_study_file(path)
+    store = Store(sqlite_url)
+    store.migrate()
+    import_study(store, document)
+    recommendation = best(store, "cpu-demo")
+    again = export_study(store, "cpu-demo")
+    store.dispose()
+    complete = [t for t in document.trials if t["state"] == "complete"]
+    assert len(complete) >= 8
+    assert recommendation.trial_number in {t["number"] for t in complete}
+    assert _content(again) == _content(json.loads(path.read_text()))
+
+
+def test_a_file_that_is_not_a_study_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(StudyFileError, match="not UTF-8"):
+        read_study_file(path)
+    with pytest.raises(StudyFileError, match="cannot read"):
+        read_study_file(tmp_path / "missing.json")
