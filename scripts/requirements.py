@@ -38,7 +38,18 @@ def requirements(extras: list[str], without: list[str]) -> list[str]:
         raise SystemExit(
             f"error: no extra {', '.join(unknown)} in {PYPROJECT}; extras: {', '.join(optional)}"
         )
-    listed = list(project["dependencies"]) + [r for e in extras for r in optional[e]]
+    listed = list(project["dependencies"])
+    pending, seen = list(extras), set()
+    while pending:  # an extra may name another of the project's own: "sweeper[test]"
+        extra = pending.pop(0)
+        if extra in seen:
+            continue
+        seen.add(extra)
+        for requirement in optional[extra]:
+            if requirement_name(requirement) == canonical(project["name"]):
+                pending += re.findall(r"[A-Za-z0-9_-]+", requirement.split("[", 1)[1])
+            else:
+                listed.append(requirement)
     dropped = {canonical(n) for n in without}
     return [r.split("#")[0].strip() for r in listed if requirement_name(r) not in dropped]
 

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Set up, make sure Postgres is up, lint, and run every test. Extra arguments go to pytest.
+# Set up, make sure Postgres is up, lint, and run every test:
+#   1. the whole suite on Python 3.11 with the versions pinned in constraints.txt;
+#   2. the controller (everything outside sweeper/trial, which never imports torch) on Python
+#      3.13, in an environment without torch, transformers or datasets;
+#   3. the trial tests with transformers at its floor (5.17.0, as CUDA images ship it).
+# Extra arguments go to pytest and run step 1 only (for working on one test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -29,4 +34,59 @@ pg_isready -h 127.0.0.1 -p 5432
 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-exec .venv/bin/python -m pytest "$@"
+
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+
+echo "test: 1/3 the whole suite, Python $(.venv/bin/python -c 'import platform; print(platform.python_version())')"
+.venv/bin/python -m pytest
+
+# 2. Python 3.13 (or 3.12) for the controller. torch is left out on purpose: for these
+# versions the registry's torch is the CUDA build (several GB).
+controller_python=${CONTROLLER_PYTHON:-}
+if [ -z "$controller_python" ]; then
+  for candidate in python3.13 python3.12 \
+      "$(pyenv root 2>/dev/null)"/versions/3.13*/bin/python3.13 \
+      "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
+    if command -v "$candidate" >/dev/null 2>&1; then controller_python=$candidate; break; fi
+  done
+fi
+if [ -z "$controller_python" ]; then
+  echo "error: no Python 3.13 or 3.12 for the controller tests; install one (pyenv install" >&2
+  echo "       3.13) or set CONTROLLER_PYTHON=/path/to/python3.13" >&2
+  exit 2
+fi
+venv=.venv-controller
+stamp=$venv/.sweeper-installed
+want=$( (cat pyproject.toml constraints.txt; "$controller_python" --version) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "test: creating $venv with $("$controller_python" --version) (no torch)"
+  rm -rf "$venv"
+  "$controller_python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
+  .venv/bin/python scripts/requirements.py --extra dev \
+    --without torch transformers datasets tokenizers accelerate > "$venv/requirements.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt \
+    -r "$venv/requirements.txt"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation -e . >/dev/null
+  echo "$want" > "$stamp"
+fi
+echo "test: 2/3 the controller without torch, $("$venv/bin/python" --version)"
+"$venv/bin/python" -m pytest -p no:cacheprovider -q -m "not torch" \
+  --ignore=sweeper/trial --ignore=tests/trial
+
+# 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
+# first, and trial children inherit it). 5.17 needs a huggingface_hub below 2.
+floor=.floor/transformers-5.17.0
+if [ ! -f "$floor/.installed" ]; then
+  rm -rf "$floor"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$floor" transformers==5.17.0 huggingface_hub==1.33.0
+  touch "$floor/.installed"
+fi
+echo "test: 3/3 the trial tests with transformers 5.17.0"
+PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
+  -p no:cacheprovider -q tests/trial tests/test_preflight.py \
+  "tests/test_doctor.py::test_tiny_space_runs_here"

@@ -15,6 +15,10 @@ from sweeper.space import Space, load_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from tests.helpers import TINY_SPACE
 
+# Fixtures that run a trial child (so torch, transformers and datasets): a test using one is
+# marked ``torch``, and the controller run on Python 3.13 (scripts/test.sh) leaves it out.
+TORCH_FIXTURES = {"tiny_prepared", "recorded", "swept_url", "measured", "users_env"}
+
 PG_ADMIN_DSN = os.environ.get("SWEEPER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -81,3 +85,9 @@ def tiny_prepared(tiny_space: Space, cache_dir: Path) -> PreparedData:
     )
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     return PreparedData.model_validate(run.result.payload)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if TORCH_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.torch)

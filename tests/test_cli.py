@@ -78,6 +78,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.torch
 def test_sweep_stores_trials_and_api_reads_them(
     storage_url: str, env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -254,6 +255,7 @@ def _communicate_or_dump_stacks(process: subprocess.Popen[str], timeout: float) 
         pytest.fail(f"no exit {timeout:g} s after SIGINT; stacks at SIGABRT:\n{stderr[-6000:]}")
 
 
+@pytest.mark.torch
 def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
@@ -278,6 +280,7 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
         process.communicate()
 
 
+@pytest.mark.torch
 def test_killing_the_sweeper_leaves_no_orphan(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
@@ -395,6 +398,7 @@ def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict
     )
 
 
+@pytest.mark.torch
 def test_a_stop_request_ends_the_sweep_after_its_running_trial(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:

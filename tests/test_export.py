@@ -59,6 +59,7 @@ def _recommendation(url: str, study: str):  # noqa: ANN202
         store.dispose()
 
 
+@pytest.mark.torch
 def test_trainer_snippet_builds_real_training_arguments(url: str) -> None:
     from transformers import TrainingArguments
 
@@ -90,6 +91,7 @@ def test_gpu_study_exports_bf16_and_tf32(url: str) -> None:
     assert kwargs["bf16"] is True and kwargs["tf32"] is True
 
 
+@pytest.mark.torch
 def test_dataloader_snippet_runs(url: str) -> None:
     rec, space_yaml = _recommendation(url, "cpu")
     text = render(rec, "dataloader", space_yaml)

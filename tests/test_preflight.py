@@ -112,6 +112,7 @@ def test_precision_slower_than_the_limit_is_refused(
         assert verdict is None
 
 
+@pytest.mark.torch
 def test_sweep_never_runs_what_preflight_dropped(
     tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:
@@ -141,6 +142,7 @@ def test_sweep_never_runs_what_preflight_dropped(
     assert all("skipped" in t.user_attrs for t in skipped)
 
 
+@pytest.mark.torch
 def test_nothing_runnable_exits_2_before_any_trial(
     tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:

@@ -15,6 +15,8 @@ from sweeper.store import Store, TrialRow
 from sweeper.study import run_sweep
 from tests.helpers import REPO
 
+pytestmark = pytest.mark.torch  # each test runs a real sweep
+
 
 def _quick(space: Space) -> Space:
     """The same space with trials cut to a few steps and no preflight: the job is unchanged."""

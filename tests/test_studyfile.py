@@ -67,9 +67,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     return path
 
 
-pytestmark = pytest.mark.torch  # the recorded fixture runs a real sweep
-
-
 def test_round_trip_is_lossless(recorded: Path, storage_url: str) -> None:
     original = read_study_file(recorded)
     states = {t.state for t in original.optuna.trials}  # type: ignore[union-attr]

@@ -209,6 +209,9 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         "data_wait_s": [s.data_wait_s for s in all_steps],
         "loader_epochs": stepper.loader_epochs,
         "n_params": n_params,
+        # what ran, read back from torch: the fused CUDA kernel, TF32 matmuls
+        "optimizer": "AdamW (fused)" if optimizer.defaults.get("fused") else "AdamW",
+        "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
         "effective_batch": config.effective_batch,
         "packing": config.packing,
         "startup_s": startup_s,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
 
 from sweeper.launcher import ChildRun, run_child
 from sweeper.space import Space, TrialConfig
-from sweeper.trial.protocol import PreparedData
+from sweeper.trial.protocol import ChildRequest, PreparedData
 from tests.helpers import tiny_config, trial_request
 
 
@@ -140,3 +141,27 @@ def test_child_trains_on_cuda(
     m = run.result.payload
     assert m is not None and m["memory_kind"] == "cuda_max_allocated"
     assert m["env"]["device_type"] == "cuda"
+
+
+def test_children_use_the_transformers_this_run_expects(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """scripts/test.sh runs these tests again with transformers at its floor (PYTHONPATH);
+    a trial child must really import that version, not the pinned one."""
+    import importlib.metadata
+
+    expected = os.environ.get("SWEEPER_EXPECT_TRANSFORMERS") or importlib.metadata.version(
+        "transformers"
+    )
+    request = ChildRequest(
+        kind="facts",
+        workload=tiny_space.workload,
+        device="cpu",
+        cache_dir=str(cache_dir),
+        prepared=tiny_prepared,
+    )
+    run = run_child(request, timeout_s=300)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    assert run.result.payload is not None
+    assert run.result.payload["transformers"] == expected
+    assert run.result.payload["model"]["params"] > 0

@@ -1,0 +1,79 @@
+"""The CUDA paths of a trial, on a real GPU (skipped without one): bf16 autocast, the timed window
+read from CUDA events, MFU from the peak table, fused AdamW and TF32, device memory, and a real
+out-of-memory classified as ``oom``. scripts/gpu-record.sh runs these (pytest -m gpu)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeper.hardware import peak_flops
+from sweeper.launcher import run_child
+from sweeper.space import Space
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import tiny_config, trial_request
+
+pytestmark = [pytest.mark.gpu, pytest.mark.torch]
+
+
+@pytest.fixture(scope="module")
+def cuda_name() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    return torch.cuda.get_device_name(0)
+
+
+def _bf16(space: Space) -> Space:
+    return space.model_copy(
+        update={"workload": space.workload.model_copy(update={"precision": "bf16", "tf32": True})}
+    )
+
+
+def test_bf16_trial_is_timed_by_cuda_events_with_mfu_and_memory(
+    cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    request = trial_request(
+        _bf16(tiny_space),
+        tiny_prepared,
+        cache_dir,
+        tiny_config(per_device_batch_size=8, gradient_accumulation_steps=2),
+        device="cuda",
+        measure={"min_steps": 20, "max_steps": 200, "min_seconds": 2},
+    )
+    run = run_child(request, timeout_s=600)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    m = run.result.payload
+    assert m is not None
+    assert m["env"]["device_type"] == "cuda" and m["env"]["device_name"] == cuda_name
+    assert m["env"]["driver"] and m["env"]["cuda"]
+    assert m["optimizer"] == "AdamW (fused)" and m["tf32_matmul"] is True
+    assert all(t > 0 for t in m["step_times_s"])
+    # per-step times come from CUDA events; together they cover the host-timed window
+    covered = sum(m["step_times_s"]) / m["window_s"]
+    assert 0.5 < covered <= 1.05, covered
+    assert m["memory_kind"] == "cuda_max_allocated"
+    assert 0 < m["peak_memory_bytes"] <= m["peak_memory_reserved_bytes"] <= m["device_memory_bytes"]
+    if peak_flops(cuda_name) is not None:
+        assert m["peak_name"] == peak_flops(cuda_name).name  # type: ignore[union-attr]
+        assert m["peak_tflops"] == peak_flops(cuda_name).bf16  # type: ignore[union-attr]
+        assert 0 < m["mfu"] < 1
+    assert m["loss_last"] < m["loss_first"]  # it trains
+
+
+def test_cuda_out_of_memory_is_classified_oom(
+    cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """Eager attention over 256 × 8192 tokens needs a 256 GiB score matrix per layer."""
+    request = trial_request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(per_device_batch_size=256, max_seq_length=8192, attn_implementation="eager"),
+        device="cuda",
+    )
+    run = run_child(request, timeout_s=600)
+    assert run.result.status == "failed"
+    assert run.result.failure_kind == "oom", (run.result.failure_message, run.log_tail)
