@@ -49,7 +49,11 @@ if [ -z "$controller_python" ]; then
   for candidate in python3.13 python3.12 \
       "$(pyenv root 2>/dev/null)"/versions/3.13*/bin/python3.13 \
       "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
-    if command -v "$candidate" >/dev/null 2>&1; then controller_python=$candidate; break; fi
+    # a pyenv shim exists for every installed version but fails unless that one is selected
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] in ((3, 12), (3, 13))' \
+        >/dev/null 2>&1; then
+      controller_python=$candidate; break
+    fi
   done
 fi
 if [ -z "$controller_python" ]; then
