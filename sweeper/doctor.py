@@ -31,7 +31,7 @@ from typing import Any, Literal
 from sweeper.errors import SweeperError
 from sweeper.hardware import peak_flops
 from sweeper.launcher import run_child
-from sweeper.preflight import PreflightReport, run_preflight
+from sweeper.preflight import PreflightReport, ProbeCache, run_preflight
 from sweeper.space import Space, parse_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
@@ -154,8 +154,9 @@ def diagnose(
         progress("probing attention implementations, compile modes and precision")
         with workload_server(subject, prepared, cache_dir) as server:
             preflight = run_preflight(
-                subject, prepared, cache_dir, note=progress, server=server, collect=True
-            )
+                subject, prepared, cache_dir, note=progress, server=server, collect=True,
+                probe_cache=ProbeCache(cache_dir),
+            )  # fmt: skip
     phases["preflight"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -337,6 +338,9 @@ def _probe_findings(
         label, topic = outcome.value, _TOPICS[outcome.knob]
         if outcome.ok:
             timing = f"trains, {outcome.reason}"
+            if outcome.cached_at is not None:
+                measured = time.strftime("%H:%M", time.localtime(outcome.cached_at))
+                timing += f" (measured at {measured}, reused)"
             if outcome.knob == "compile_mode" and outcome.first_step_s is not None:
                 timing += f"; first step (compiling) {outcome.first_step_s:.0f} s"
             found.append(Finding(level="ok", topic=topic, text=f"{label}: {timing}"))

@@ -9,15 +9,23 @@ workload, not a knob to search around.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import socket
+import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sweeper.errors import SweeperError
 from sweeper.launcher import ForkServer, run_child
 from sweeper.space import Space, TrialConfig
-from sweeper.trial.protocol import ChildRequest, PreparedData, ProbeSpec
+from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec
 
 # Knobs preflight can restrict, as TrialConfig field names.
 PROBED_KNOBS = ("attn_implementation", "compile_mode")
@@ -37,6 +45,7 @@ class ProbeOutcome:
     first_step_s: float | None = None  # includes torch.compile's compilation
     fp32_step_s: float | None = None  # set on the probe that judged the precision
     wall_s: float = 0.0
+    cached_at: float | None = None  # time.time() of the measurement, if it was reused
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +74,74 @@ class PreflightReport:
         }
 
 
+# Probe results are kept this long: `sweeper doctor --space` followed by `sweeper launch` (or a
+# resumed sweep) on the same machine and software does not pay for the same probes twice.
+PROBE_CACHE_TTL_S = 6 * 3600
+# failures that say what the machine is, not what happened to it this time
+_STABLE_FAILURES = ("unsupported",)
+
+
+def machine_fingerprint() -> dict[str, Any]:
+    """What a probe's result depends on besides its request, read without importing torch: the
+    host and its boot (a swapped GPU means a reboot), the interpreter, the visible devices and
+    the versions of the packages that decide what can run."""
+    packages = {}
+    for name in ("torch", "transformers", "triton", "flash-attn", "accelerate", "kernels"):
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    boot = driver = None
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    with contextlib.suppress(OSError):
+        driver = Path("/proc/driver/nvidia/version").read_text().strip()
+    return {
+        "host": socket.gethostname(),
+        "boot": boot,
+        "driver": driver,
+        "python": sys.executable,
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "packages": packages,
+    }
+
+
+class ProbeCache:
+    """Probe results on disk (``CACHE_DIR/probes``), keyed by the probe request and the machine
+    fingerprint; an entry older than ``ttl_s`` is ignored."""
+
+    def __init__(self, cache_dir: Path, ttl_s: float = PROBE_CACHE_TTL_S) -> None:
+        self.folder = cache_dir / "probes"
+        self.ttl_s = ttl_s
+        self.fingerprint = machine_fingerprint()
+
+    def key(self, request: ChildRequest) -> str:
+        data = request.model_dump(mode="json", exclude={"spawned_at", "cache_dir"})
+        text = json.dumps({"request": data, "machine": self.fingerprint}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def get(self, request: ChildRequest) -> tuple[ChildResult, float] | None:
+        """The cached result and when it was measured (time.time()), or None."""
+        path = self.folder / f"{self.key(request)}.json"
+        try:
+            measured_at = path.stat().st_mtime
+            if time.time() - measured_at > self.ttl_s:
+                return None
+            return ChildResult.model_validate_json(path.read_text()), measured_at
+        except (OSError, ValueError):
+            return None
+
+    def put(self, request: ChildRequest, result: ChildResult) -> None:
+        if result.status != "ok" and result.failure_kind not in _STABLE_FAILURES:
+            return  # an OOM or a timeout may not happen again
+        with contextlib.suppress(OSError):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / f"{self.key(request)}.json"
+            partial = path.with_suffix(".partial")
+            partial.write_text(result.model_copy(update={"traceback": None}).model_dump_json())
+            partial.replace(path)
+
+
 def run_preflight(
     space: Space,
     prepared: PreparedData,
@@ -73,10 +150,12 @@ def run_preflight(
     server: ForkServer | None = None,
     *,
     collect: bool = False,
+    probe_cache: ProbeCache | None = None,
 ) -> PreflightReport:
     """Probe the space on this device. A sweep (``collect=False``) stops at the first thing
     that rules it out, with PreflightError; ``sweeper doctor`` (``collect=True``) runs every
-    probe and returns the problems in the report."""
+    probe and returns the problems in the report. With ``probe_cache``, a probe measured on
+    this machine and software within its time to live is reused, not run again."""
     workload = space.workload
     search = space.search
     problems: list[str] = []
@@ -87,34 +166,23 @@ def run_preflight(
         problems.append(message)
 
     def probe(knob: str, value: str, spec: ProbeSpec) -> tuple[ProbeOutcome, dict[str, Any]]:
-        run = run_child(
-            ChildRequest(
-                kind="probe",
-                workload=workload,
-                device=space.hardware.device,
-                cache_dir=str(cache_dir),
-                prepared=prepared,
-                probe=spec,
-            ),
-            timeout_s=space.trial.timeout_s,
-            server=server,
+        request = ChildRequest(
+            kind="probe",
+            workload=workload,
+            device=space.hardware.device,
+            cache_dir=str(cache_dir),
+            prepared=prepared,
+            probe=spec,
         )
-        result = run.result
-        if result.status == "ok" and result.payload is not None:
-            step_s = result.payload["step_s"]
-            outcome = ProbeOutcome(
-                knob=knob,
-                value=value,
-                ok=True,
-                reason=f"{step_s * 1000:.0f} ms/step",
-                step_s=step_s,
-                first_step_s=result.payload.get("first_step_s"),
-                fp32_step_s=result.payload.get("fp32_step_s"),
-                wall_s=run.wall_s,
-            )
-            return outcome, result.payload
-        reason = f"{result.failure_kind}: {result.failure_message}"
-        return ProbeOutcome(knob=knob, value=value, ok=False, reason=reason, wall_s=run.wall_s), {}
+        cached = None if probe_cache is None else probe_cache.get(request)
+        if cached is not None:
+            result, cached_at = cached
+            outcome, payload = _outcome(knob, value, result, wall_s=0.0)
+            return replace(outcome, cached_at=cached_at), payload
+        run = run_child(request, timeout_s=space.trial.timeout_s, server=server)
+        if probe_cache is not None:
+            probe_cache.put(request, run.result)
+        return _outcome(knob, value, run.result, wall_s=run.wall_s)
 
     outcomes: list[ProbeOutcome] = []
     dropped: dict[str, dict[str, str]] = {}
@@ -170,12 +238,40 @@ def run_preflight(
             "no compile mode in search.compile_mode works here; add 'none' to the list: "
             + "; ".join(f"{m}: {r}" for m, r in dropped["compile_mode"].items())
         )
+    reused = [o for o in outcomes if o.cached_at is not None]
+    if reused and probe_cache is not None:
+        oldest = min(o.cached_at for o in reused if o.cached_at is not None)
+        note(
+            f"preflight reused {len(reused)} of {len(outcomes)} probe results measured on this "
+            f"machine with the same software since {time.strftime('%H:%M', time.localtime(oldest))}"
+            f" (they are kept {probe_cache.ttl_s / 3600:g} h in {probe_cache.folder})"
+        )
     return PreflightReport(
         outcomes=tuple(outcomes),
         dropped=dropped,
         precision_factor=precision_factor,
         problems=tuple(problems),
     )
+
+
+def _outcome(
+    knob: str, value: str, result: ChildResult, *, wall_s: float
+) -> tuple[ProbeOutcome, dict[str, Any]]:
+    if result.status == "ok" and result.payload is not None:
+        step_s = result.payload["step_s"]
+        outcome = ProbeOutcome(
+            knob=knob,
+            value=value,
+            ok=True,
+            reason=f"{step_s * 1000:.0f} ms/step",
+            step_s=step_s,
+            first_step_s=result.payload.get("first_step_s"),
+            fp32_step_s=result.payload.get("fp32_step_s"),
+            wall_s=wall_s,
+        )
+        return outcome, result.payload
+    reason = f"{result.failure_kind}: {result.failure_message}"
+    return ProbeOutcome(knob=knob, value=value, ok=False, reason=reason, wall_s=wall_s), {}
 
 
 def precision_slowdown(payload: dict[str, Any]) -> float | None:

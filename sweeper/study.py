@@ -20,7 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sweeper.cost import RunPlan, project_run
 from sweeper.errors import ConflictError, SpaceError, StorageError, SweeperError
 from sweeper.launcher import ForkServer, run_child
-from sweeper.preflight import PROBED_KNOBS, PreflightReport, run_preflight
+from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
 from sweeper.recommend import Recommendation, best
 from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
 from sweeper.store import Store, TrialRow, redact
@@ -304,7 +304,10 @@ def _preflight(
     server: ForkServer,
 ) -> PreflightReport:
     started = time.perf_counter()
-    report = run_preflight(space, prepared, cache_dir, note=observer.note, server=server)
+    report = run_preflight(
+        space, prepared, cache_dir, note=observer.note, server=server,
+        probe_cache=ProbeCache(cache_dir),
+    )  # fmt: skip
     kept = {
         knob: [v for v in getattr(space.search, knob) if v not in report.dropped.get(knob, {})]
         for knob in PROBED_KNOBS

@@ -13,12 +13,13 @@ import pytest
 from sweeper.preflight import (
     PreflightError,
     PreflightReport,
+    ProbeCache,
     check_precision,
     run_preflight,
 )
 from sweeper.space import Space
 from sweeper.store import Store
-from sweeper.trial.protocol import PreparedData
+from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData
 from tests.helpers import REPO, tiny_config, tiny_space_without_baseline
 
 
@@ -158,3 +159,53 @@ def test_nothing_runnable_exits_2_before_any_trial(
     store = Store(sqlite_url)
     assert store.list_trials("tiny") == []
     store.dispose()
+
+
+def test_probes_are_reused_on_the_same_machine_and_software(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """doctor --space, then launch: the second does not pay for the same probes again."""
+    cache = ProbeCache(tmp_path)
+    space = _space(tiny_space, attn=["sdpa", "flash_attention_2"])
+    first = run_preflight(space, tiny_prepared, cache_dir, probe_cache=cache)
+    assert [o.cached_at for o in first.outcomes] == [None, None]
+    notes: list[str] = []
+    second = run_preflight(space, tiny_prepared, cache_dir, note=notes.append, probe_cache=cache)
+    assert all(o.cached_at is not None for o in second.outcomes)
+    assert (
+        second.dropped == first.dropped
+        and "flash_attention_2" in second.dropped["attn_implementation"]
+    )
+    assert [o.step_s for o in second.outcomes] == [o.step_s for o in first.outcomes]
+    assert any("reused 2 of 2 probe results" in n for n in notes), notes
+    # another workload is another probe
+    eager = run_preflight(_space(tiny_space, attn=["eager"]), tiny_prepared, cache_dir,
+                          probe_cache=cache)  # fmt: skip
+    assert eager.outcomes[0].cached_at is None
+    # past its time to live, a result is measured again
+    for entry in cache.folder.iterdir():
+        os.utime(entry, (0, 0))
+    third = run_preflight(space, tiny_prepared, cache_dir, probe_cache=cache)
+    assert [o.cached_at for o in third.outcomes] == [None, None]
+
+
+def test_only_stable_results_are_kept_and_only_for_this_software(
+    tiny_space: Space, tiny_prepared: PreparedData, tmp_path: Path
+) -> None:
+    cache = ProbeCache(tmp_path)
+    request = ChildRequest(
+        kind="probe",
+        workload=tiny_space.workload,
+        device="cpu",
+        cache_dir=str(tmp_path),
+        prepared=tiny_prepared,
+    )
+    cache.put(request, ChildResult(status="failed", failure_kind="oom", failure_message="x"))
+    assert cache.get(request) is None  # an OOM may not happen again
+    unsupported = ChildResult(status="failed", failure_kind="unsupported", failure_message="y")
+    cache.put(request, unsupported)
+    cached = cache.get(request)
+    assert cached is not None and cached[0].failure_message == "y"
+    other = ProbeCache(tmp_path)
+    other.fingerprint["packages"]["flash-attn"] = "2.8.3"  # flash-attn installed since
+    assert other.get(request) is None
