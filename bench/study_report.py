@@ -45,12 +45,10 @@ def _gib(value: float | None) -> str:
 
 def _named_configs(document: StudyDocument) -> list[tuple[str, dict[str, Any]]]:
     space = parse_space(document.study["space_yaml"], "the study's space")
-    named = []
-    if space.baseline is not None:
-        named.append((space.baseline.label or "baseline", space.baseline.as_config().model_dump()))
-    for index, known in enumerate(space.also_try):
-        named.append((known.label or f"also_try[{index}]", known.as_config().model_dump()))
-    return named
+    return [
+        (known.label or where, known.as_config().model_dump())
+        for where, known in space.named_known_configs()
+    ]
 
 
 def _trial_of(trials: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any] | None:

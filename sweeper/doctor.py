@@ -174,14 +174,7 @@ def diagnose(
 
 def _facts(space: Space, prepared: PreparedData, cache_dir: Path) -> dict[str, Any]:
     run = run_child(
-        ChildRequest(
-            kind="facts",
-            workload=space.workload,
-            device=space.hardware.device,
-            cache_dir=str(cache_dir),
-            prepared=prepared,
-        ),
-        timeout_s=300,
+        ChildRequest.for_space("facts", space, cache_dir, prepared=prepared), timeout_s=300
     )
     if run.result.status != "ok" or run.result.payload is None:
         raise DoctorError(
@@ -377,12 +370,7 @@ def _probe_findings(
 
 def _known_config_findings(space: Space, preflight: PreflightReport) -> list[Finding]:
     found = []
-    named = [("baseline", space.baseline)] + [
-        (f"also_try[{i}]", c) for i, c in enumerate(space.also_try)
-    ]
-    for where, known in named:
-        if known is None:
-            continue
+    for where, known in space.named_known_configs():
         reason = preflight.allows(known.as_config())
         if reason is not None:
             found.append(
@@ -428,18 +416,26 @@ def _memory_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding
         f"model {params / 1e6:,.1f}M parameters: weights, gradients and AdamW state take "
         f"{_size(state)} before activations (an estimate: 16 bytes per parameter)"
     )
-    if state > free:
-        found.append(
-            Finding(
-                level="problem",
-                topic="memory",
-                text=text + f"; only {_size(free)} of {where} memory is free",
-                fix="free the device, use a machine with more memory, or a smaller model",
-            )
-        )
-    else:
-        found.append(Finding(level="ok", topic="memory", text=text))
+    found.append(
+        _fit(
+            "memory",
+            text,
+            state,
+            free,
+            f"{where} memory is free",
+            fix="free the device, use a machine with more memory, or a smaller model",
+        )  # fmt: skip
+    )
     return found
+
+
+def _fit(topic: str, text: str, need: float, free: float, where: str, fix: str) -> Finding:
+    """ok if ``need`` bytes fit in ``free``; else a problem saying how much is there."""
+    if need <= free:
+        return Finding(level="ok", topic=topic, text=text)
+    return Finding(
+        level="problem", topic=topic, text=f"{text}; only {_size(free)} {where}", fix=fix
+    )
 
 
 def _cpu_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding]:
@@ -503,15 +499,14 @@ def _disk_findings(
         + f"): about {seconds:,.1f} s per save at this speed (an estimate; each trial times a "
         "real save)"
     )
-    if size > disk["free_bytes"]:
-        found.append(
-            Finding(
-                level="problem",
-                topic="checkpoint",
-                text=text + f", but only {_size(disk['free_bytes'])} is free there",
-                fix="point workload.checkpoint.dir at a disk with room for a checkpoint",
-            )
-        )
-    else:
-        found.append(Finding(level="ok", topic="checkpoint", text=text))
+    found.append(
+        _fit(
+            "checkpoint",
+            text,
+            size,
+            disk["free_bytes"],
+            "is free there",
+            fix="point workload.checkpoint.dir at a disk with room for a checkpoint",
+        )  # fmt: skip
+    )
     return found

@@ -166,14 +166,7 @@ def run_preflight(
         problems.append(message)
 
     def probe(knob: str, value: str, spec: ProbeSpec) -> tuple[ProbeOutcome, dict[str, Any]]:
-        request = ChildRequest(
-            kind="probe",
-            workload=workload,
-            device=space.hardware.device,
-            cache_dir=str(cache_dir),
-            prepared=prepared,
-            probe=spec,
-        )
+        request = ChildRequest.for_space("probe", space, cache_dir, prepared=prepared, probe=spec)
         cached = None if probe_cache is None else probe_cache.get(request)
         if cached is not None:
             result, cached_at = cached

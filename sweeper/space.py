@@ -456,12 +456,7 @@ class Space(_Frozen):
 
     @model_validator(mode="after")
     def _known_configs_in_space(self) -> Space:
-        named = [("baseline", self.baseline)] + [
-            (f"also_try[{i}]", c) for i, c in enumerate(self.also_try)
-        ]
-        for where, known in named:
-            if known is None:
-                continue
+        for where, known in self.named_known_configs():
             reason = self.search.runnable(known.as_config())
             if reason is not None:
                 raise ValueError(f"{where}: {reason}")
@@ -471,6 +466,11 @@ class Space(_Frozen):
         """Equal for studies that price the same job (on any hardware, at any price)."""
         job = self.workload.model_dump(mode="json", exclude={"checkpoint": {"dir"}})
         return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
+
+    def named_known_configs(self) -> list[tuple[str, Baseline]]:
+        """``("baseline", ...)``, then ``("also_try[0]", ...)``, ...: where each is in the file."""
+        named = [] if self.baseline is None else [("baseline", self.baseline)]
+        return named + [(f"also_try[{i}]", c) for i, c in enumerate(self.also_try)]
 
     def known_configs(self) -> list[TrialConfig]:
         """The baseline, then ``also_try``: run first, in this order."""

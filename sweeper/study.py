@@ -264,9 +264,7 @@ def prepare_workload(
     observer = observer or SilentObserver()
     observer.prepare_started()
     run = run_child(
-        ChildRequest(
-            kind="prepare", workload=space.workload, device="cpu", cache_dir=str(cache_dir)
-        ),
+        ChildRequest.for_space("prepare", space, cache_dir, device="cpu"),
         timeout_s=max(600.0, space.trial.timeout_s),
     )
     if run.result.status != "ok" or run.result.payload is None:
@@ -284,15 +282,7 @@ def workload_server(space: Space, prepared: PreparedData, cache_dir: Path) -> It
     """A fork server with the workload's tokenizer, data and model code loaded: probes and
     trials forked from it start in milliseconds."""
     with ForkServer(str(cache_dir)) as server:
-        server.preload(
-            ChildRequest(
-                kind="probe",
-                workload=space.workload,
-                device=space.hardware.device,
-                cache_dir=str(cache_dir),
-                prepared=prepared,
-            )
-        )
+        server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
         yield server
 
 
@@ -419,15 +409,10 @@ class _TrialLoop:
         space, study, store, observer = self.space, self.study, self.store, self.observer
         store.start_trial(space.study, trial.number, config.model_dump())
         observer.trial_started(trial.number, config)
-        request = ChildRequest(
-            kind="trial",
-            workload=space.workload,
-            device=space.hardware.device,
-            cache_dir=str(self.cache_dir),
-            prepared=self.prepared,
-            config=config,
+        request = ChildRequest.for_space(
+            "trial", space, self.cache_dir, prepared=self.prepared, config=config,
             settings=space.trial,
-        )
+        )  # fmt: skip
         timeout_s = space.trial.timeout_s
         if left_s is not None and left_s < timeout_s:
             timeout_s = max(30.0, left_s)

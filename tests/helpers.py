@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sweeper.space import Space, TrialConfig
@@ -29,6 +32,30 @@ STUDY_FIELDS: dict[str, object] = {
     "space_yaml": "study: llama-1b\nhardware:\n  name: H100 SXM 80GB\n",
     "space_path": None,
 }
+
+
+def run_sweeper(
+    *args: str,
+    cache_dir: Path | None = None,
+    cwd: Path = REPO,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``sweeper ARGS`` from this checkout in a child: in ``env`` if given, else with no
+    SWEEPER_* setting inherited (but SWEEPER_CACHE_DIR when ``cache_dir`` is given)."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+        env.update(COLUMNS="200", PYTHONPATH=str(REPO))
+        if cache_dir is not None:
+            env["SWEEPER_CACHE_DIR"] = str(cache_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def tiny_config(**overrides: object) -> TrialConfig:

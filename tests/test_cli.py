@@ -21,18 +21,11 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from sweeper.errors import StorageError, StudyNotFoundError
 from sweeper.store import Store
-from tests.helpers import REPO, TINY_SPACE, tiny_space_without_baseline
+from tests.helpers import REPO, TINY_SPACE, run_sweeper, tiny_space_without_baseline
 
 
 def _sweeper(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    return run_sweeper(*args, env=env, timeout=timeout)
 
 
 @pytest.fixture

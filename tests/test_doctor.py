@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +17,13 @@ import pytest
 
 from sweeper.doctor import DoctorReport, diagnose, findings
 from sweeper.space import Space, parse_space
-from tests.helpers import REPO, TINY_SPACE
+from tests.helpers import TINY_SPACE, run_sweeper
 
 pytestmark = pytest.mark.torch
 
 
 def _doctor(*args: str, cache_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SWEEPER_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", "doctor", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-    )
+    return run_sweeper("doctor", *args, cache_dir=cache_dir, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -193,13 +193,7 @@ def test_only_stable_results_are_kept_and_only_for_this_software(
     tiny_space: Space, tiny_prepared: PreparedData, tmp_path: Path
 ) -> None:
     cache = ProbeCache(tmp_path)
-    request = ChildRequest(
-        kind="probe",
-        workload=tiny_space.workload,
-        device="cpu",
-        cache_dir=str(tmp_path),
-        prepared=tiny_prepared,
-    )
+    request = ChildRequest.for_space("probe", tiny_space, tmp_path, prepared=tiny_prepared)
     cache.put(request, ChildResult(status="failed", failure_kind="oom", failure_message="x"))
     assert cache.get(request) is None  # an OOM may not happen again
     unsupported = ChildResult(status="failed", failure_kind="unsupported", failure_message="y")

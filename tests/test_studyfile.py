@@ -5,9 +5,6 @@ Bad files and name clashes are clear errors that write nothing."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ from sweeper.studyfile import (
     read_study_file,
     write_study_file,
 )
-from tests.helpers import REPO, TINY_SPACE
+from tests.helpers import REPO, TINY_SPACE, run_sweeper
 
 # The tiny space, where also_try asks for flash_attention_2: a trial that fails (as data).
 SPACE_TEXT = (
@@ -160,33 +157,20 @@ def test_a_failed_import_leaves_nothing_behind(recorded: Path, postgres_url: str
     storage.engine.dispose()
 
 
-def _sweeper(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(REPO)}
-    env.pop("SWEEPER_STORAGE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=120,
-    )
-
-
 def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> None:
     target = f"sqlite:///{tmp_path / 'target.db'}"
-    imported = _sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
+    imported = run_sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
     assert imported.returncode == 0, imported.stderr
     assert "imported study 'tiny' (3 trials)" in imported.stdout
-    exported = _sweeper("study", "export", "--study", "tiny", "--storage", target, cwd=tmp_path)
+    exported = run_sweeper("study", "export", "--study", "tiny", "--storage", target, cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     written = tmp_path / "studies" / "tiny.json"  # the default place
     assert _content(json.loads(written.read_text())) == _content(json.loads(recorded.read_text()))
     assert oct(written.stat().st_mode & 0o777) == "0o644"
 
-    clash = _sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
+    clash = run_sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
     assert clash.returncode == 1 and "--as NEW_NAME" in clash.stderr
-    renamed = _sweeper(
+    renamed = run_sweeper(
         "study", "import", str(recorded), "--storage", target, "--as", "tiny-2", cwd=tmp_path
     )
     assert renamed.returncode == 0, renamed.stderr
@@ -208,10 +192,10 @@ def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> N
     for name, (text, message) in cases.items():
         bad = tmp_path / name
         bad.write_text(text)
-        result = _sweeper("study", "import", str(bad), "--storage", fresh, cwd=tmp_path)
+        result = run_sweeper("study", "import", str(bad), "--storage", fresh, cwd=tmp_path)
         assert result.returncode == 2, (name, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, result.stderr
-    bad_name = _sweeper(
+    bad_name = run_sweeper(
         "study", "import", str(recorded), "--storage", fresh, "--as", "../x", cwd=tmp_path
     )
     assert bad_name.returncode == 2 and "study name '../x'" in bad_name.stderr
@@ -219,7 +203,7 @@ def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> N
     store.migrate()
     assert store.list_studies() == []
     store.dispose()
-    missing = _sweeper("study", "export", "--study", "nope", "--storage", fresh, cwd=tmp_path)
+    missing = run_sweeper("study", "export", "--study", "nope", "--storage", fresh, cwd=tmp_path)
     assert missing.returncode == 1 and "no study named 'nope'" in missing.stderr
 
 

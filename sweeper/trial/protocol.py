@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -10,6 +11,7 @@ from sweeper.space import (
     AttnImplementation,
     CompileMode,
     Precision,
+    Space,
     TrialConfig,
     TrialSettings,
     Workload,
@@ -65,6 +67,26 @@ class ChildRequest(BaseModel):
     settings: TrialSettings | None = None
     probe: ProbeSpec | None = None
     spawned_at: float = 0.0  # time.time() in the parent just before the spawn
+
+    @classmethod
+    def for_space(
+        cls,
+        kind: Literal["prepare", "probe", "trial", "facts"],
+        space: Space,
+        cache_dir: str | Path,
+        **fields: Any,
+    ) -> ChildRequest:
+        """A request for ``space``'s workload on its device; ``fields`` add to it (``prepared``,
+        ``config``, ``probe``, ...) or override it (``device``)."""
+        return cls(
+            kind=kind,
+            **{
+                "workload": space.workload,
+                "device": space.hardware.device,
+                "cache_dir": str(cache_dir),
+                **fields,
+            },
+        )
 
 
 class ChildResult(BaseModel):

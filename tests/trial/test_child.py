@@ -153,13 +153,7 @@ def test_children_use_the_transformers_this_run_expects(
     expected = os.environ.get("SWEEPER_EXPECT_TRANSFORMERS") or importlib.metadata.version(
         "transformers"
     )
-    request = ChildRequest(
-        kind="facts",
-        workload=tiny_space.workload,
-        device="cpu",
-        cache_dir=str(cache_dir),
-        prepared=tiny_prepared,
-    )
+    request = ChildRequest.for_space("facts", tiny_space, cache_dir, prepared=tiny_prepared)
     run = run_child(request, timeout_s=300)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     assert run.result.payload is not None
