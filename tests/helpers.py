@@ -45,7 +45,9 @@ def run_sweeper(
     SWEEPER_* setting inherited (but SWEEPER_CACHE_DIR when ``cache_dir`` is given)."""
     if env is None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
-        env.update(COLUMNS="200", PYTHONPATH=str(REPO))
+        # this checkout first, then whatever the run put there (transformers at its floor)
+        path = [str(REPO), *filter(None, [env.get("PYTHONPATH")])]
+        env.update(COLUMNS="200", PYTHONPATH=os.pathsep.join(path))
         if cache_dir is not None:
             env["SWEEPER_CACHE_DIR"] = str(cache_dir)
     return subprocess.run(

@@ -13,6 +13,7 @@ import pytest
 
 from sweeper.launcher import ChildRun, run_child
 from sweeper.space import Space
+from sweeper.trial.measure import ci95_rel
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from tests.helpers import tiny_config, trial_request
 
@@ -68,7 +69,10 @@ def test_window_is_a_multiple_of_the_burn_in(
     )
     m = _ok(run_child(request, timeout_s=120))
     # burn-in is at most a fifth of the trial's steps
-    assert m["measured_steps"] == 4 * m["warmup_steps"]
+    multiple = 4 * m["warmup_steps"]
+    assert m["measured_steps"] >= multiple
+    if m["measured_steps"] > multiple:  # only when a loaded CPU missed the interval there
+        assert ci95_rel(m["step_times_s"][:multiple]) > 0.9, m["step_times_s"]
 
 
 def test_window_stops_at_the_time_cap_and_says_so(
