@@ -246,14 +246,13 @@ def _frozen_trials(record: OptunaRecord, source: str) -> list[Any]:
 def export_study(store: Store, name: str, *, allow_running: bool = False) -> StudyDocument:
     """The study ``name`` as a document. A running sweep is refused (its last trial would be
     half-measured in the file) unless ``allow_running``."""
-    study_row = store.get_study(name)
-    if study_row.state in ("running", "stopping") and not allow_running:
+    study, trials = store.export_rows(name)
+    if study["state"] in ("running", "stopping") and not allow_running:
         raise ConflictError(
-            f"study {name!r} is {study_row.state}: its running trial would be recorded "
+            f"study {name!r} is {study['state']}: its running trial would be recorded "
             "half-done. Export it when the sweep has ended, or pass --force to record it as is "
             "(a sweep killed with SIGKILL stays 'running')"
         )
-    study, trials = store.export_rows(name)
     return StudyDocument(
         format=FORMAT,
         version=VERSION,
