@@ -388,8 +388,7 @@ def study_import(
         document = read_study_file(file)
     except StudyFileError as e:
         raise _fail(str(e), code=2) from None
-    url = resolve_storage(storage)
-    store = Store(url)
+    store = Store(resolve_storage(storage))
     try:
         store.migrate()
         name = import_study(store, document, name=as_name)
@@ -399,10 +398,8 @@ def study_import(
         raise _fail(str(e)) from None
     finally:
         store.dispose()
-    from sweeper.store import redact
-
     console.print(
-        f"imported study {name!r} ({len(document.trials)} trials) into {redact(url)}; "
+        f"imported study {name!r} ({len(document.trials)} trials) into {store.redacted_url}; "
         f"see it with `sweeper best --study {name}` or `sweeper serve`",
         highlight=False,
     )

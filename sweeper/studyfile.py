@@ -97,8 +97,8 @@ def _load_value(column: Column[Any], value: Any, where: str) -> Any:
     raise StudyFileError(f"{where}: column type {kind!r} has no file form")  # pragma: no cover
 
 
-def _dump_row(table: Any, row: Any) -> dict[str, Any]:
-    return {c.name: _dump_value(c, getattr(row, c.name)) for c in _columns(table)}
+def _dump_row(table: Any, values: dict[str, Any]) -> dict[str, Any]:
+    return {c.name: _dump_value(c, values[c.name]) for c in _columns(table)}
 
 
 def _load_row(table: Any, data: Any, where: str) -> dict[str, Any]:
@@ -258,8 +258,8 @@ def export_study(store: Store, name: str, *, allow_running: bool = False) -> Stu
         version=VERSION,
         exported_at=datetime.now(UTC).isoformat(),
         sweeper_version=sweeper.__version__,
-        study={c.name: _dump_value(c, study[c.name]) for c in _columns(StudyRow)},
-        trials=[{c.name: _dump_value(c, t[c.name]) for c in _columns(TrialRow)} for t in trials],
+        study=_dump_row(StudyRow, study),
+        trials=[_dump_row(TrialRow, t) for t in trials],
         optuna=_optuna_record(store.url, name),
     )
 
