@@ -10,7 +10,6 @@ the field and the value, e.g.::
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,21 +22,20 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
+from sweeper import knobs
 from sweeper.errors import SpaceError
+from sweeper.knobs import KNOBS, AttnImplementation, CompileMode, Precision, TrialConfig
 from sweeper.presets import MODEL_SIZES
 
 if TYPE_CHECKING:
     import optuna
 
-CompileMode = Literal[
-    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-]
-AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
-Precision = Literal["fp32", "bf16", "fp16"]
+__all__ = ["AttnImplementation", "CompileMode", "Precision", "TrialConfig"]
 
 StudyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
 
@@ -145,9 +143,26 @@ class Workload(_Frozen):
     model: ModelSpec
     tokenizer: TokenizerSpec = TokenizerSpec()
     dataset: DatasetSpec
-    precision: Precision = "fp32"
-    tf32: bool = Field(default=True, description="allow TF32 matmuls on CUDA")
+    precision: Precision | None = Field(
+        default=None,
+        description="the run's precision, when it is not searched (the same as search.precision "
+        "with one item)",
+    )
+    tf32: bool | None = Field(
+        default=None, description="TF32 matmuls on CUDA, when not searched (search.tf32)"
+    )
     padding: Literal["max_length", "longest"] = "max_length"
+    engine: Literal["loop", "trainer", "sft"] = Field(
+        default="loop",
+        description="what trains each trial, as the real run does: loop (a plain PyTorch "
+        "AMP loop), trainer (transformers.Trainer), sft (TRL's SFTTrainer)",
+    )
+    logging_steps: int = Field(
+        default=500,
+        gt=0,
+        description="trainer/sft: the run's logging interval (each log reads the loss back "
+        "from the device); TrainingArguments' default is 500",
+    )
     tokenize: Literal["on_the_fly", "pretokenized"] = Field(
         default="on_the_fly",
         description="on_the_fly: DataLoader workers tokenize (num_workers matters); "
@@ -204,36 +219,16 @@ class EffectiveBatch(_Frozen):
         return f"within [{self.min or 1}, {self.max if self.max is not None else '∞'}]"
 
 
-class SearchSpace(_Frozen):
-    """The knobs; each is a non-empty list of choices (one item fixes the knob).
+class _SearchRules(_Frozen):
+    """The knobs (fields derived from ``sweeper.knobs``); each is a non-empty list of choices
+    (one item fixes the knob). A knob left out takes its default as its only choice.
 
     With ``effective_batch.fixed``, gradient accumulation is derived and must be left out.
     """
 
-    per_device_batch_size: _choices(Annotated[int, Field(gt=0)])
-    gradient_accumulation_steps: _choices(Annotated[int, Field(gt=0)]) | None = None
-    num_workers: _choices(Annotated[int, Field(ge=0)])
-    prefetch_factor: _choices(Annotated[int, Field(gt=0)])
-    max_seq_length: _choices(Annotated[int, Field(ge=8)])
-    compile_mode: _choices(CompileMode)
-    attn_implementation: _choices(AttnImplementation)
-    packing: _choices(bool) = Field(
-        default=[False],
-        description="true: concatenate samples into max_seq_length blocks (no padding, no "
-        "truncation); the run's work is then counted in tokens",
-    )
     effective_batch: EffectiveBatch | None = None
 
-    @field_validator(
-        "per_device_batch_size",
-        "gradient_accumulation_steps",
-        "num_workers",
-        "prefetch_factor",
-        "max_seq_length",
-        "compile_mode",
-        "attn_implementation",
-        "packing",
-    )
+    @field_validator(*knobs.NAMES, check_fields=False)
     @classmethod
     def _no_repeats(cls, values: list[Any] | None) -> list[Any] | None:
         choices = values or []
@@ -243,42 +238,51 @@ class SearchSpace(_Frozen):
         return values
 
     @model_validator(mode="after")
-    def _batch_rules(self) -> SearchSpace:
+    def _batch_rules(self) -> _SearchRules:
         fixed = None if self.effective_batch is None else self.effective_batch.fixed
+        batches = self.values("per_device_batch_size")
+        accumulations = getattr(self, "gradient_accumulation_steps", None)
         if fixed is not None:
-            if self.gradient_accumulation_steps is not None:
+            if accumulations is not None:
                 raise ValueError(
                     "gradient_accumulation_steps is derived from effective_batch.fixed "
                     f"({fixed} ÷ batch size); remove the list"
                 )
-            misfits = [b for b in self.per_device_batch_size if fixed % b]
+            misfits = [b for b in batches if fixed % b]
             if misfits:
                 raise ValueError(
                     f"effective_batch.fixed {fixed} is not a multiple of per_device_batch_size "
                     f"{misfits}; drop those sizes or pick a fixed batch they divide"
                 )
             return self
-        if self.gradient_accumulation_steps is None:
+        if accumulations is None:
             raise ValueError(
                 "gradient_accumulation_steps: required key is missing (or fix the "
                 "effective batch with effective_batch.fixed)"
             )
         if self.effective_batch is not None and not any(
-            self.effective_batch.admits(b * a)
-            for b in self.per_device_batch_size
-            for a in self.gradient_accumulation_steps
+            self.effective_batch.admits(b * a) for b in batches for a in accumulations
         ):
             raise ValueError(
                 f"no batch × accumulation of the space is {self.effective_batch.describe()}"
             )
         return self
 
+    def values(self, knob: str) -> list[Any]:
+        """The choices listed for ``knob`` (accumulation: see ``accumulation_choices``)."""
+        return list(getattr(self, knob) or [])
+
     def accumulation_choices(self, batch: int) -> list[int]:
         """The accumulation steps a config with ``batch`` may use."""
         if self.effective_batch is not None and self.effective_batch.fixed is not None:
             return [self.effective_batch.fixed // batch]
-        assert self.gradient_accumulation_steps is not None
-        return list(self.gradient_accumulation_steps)
+        return self.values("gradient_accumulation_steps")
+
+    def choices_for(self, knob: str, config: Mapping[str, Any]) -> list[Any]:
+        """What ``knob`` may take given the knobs before it in ``config``."""
+        if knob == "gradient_accumulation_steps":
+            return self.accumulation_choices(config["per_device_batch_size"])
+        return self.values(knob)
 
     def admits(self, config: TrialConfig) -> str | None:
         """Why ``config`` is outside the space's rules (None: it is inside)."""
@@ -297,50 +301,76 @@ class SearchSpace(_Frozen):
         E.g. ``"max_seq_length = 4096 is not among search.max_seq_length [512, 1024]; add it
         there so it can run as a trial"``.
         """
-        for knob, value in config.model_dump().items():
-            if knob == "prefetch_factor":
-                if config.num_workers == 0:
-                    if value is not None:
-                        return "prefetch_factor must be null with num_workers 0 (no workers)"
-                    continue
-                if value is None:
-                    return "prefetch_factor is missing (it is a knob when num_workers > 0)"
-            if knob == "gradient_accumulation_steps":
-                choices: list[Any] = self.accumulation_choices(config.per_device_batch_size)
-            else:
-                choices = getattr(self, knob)
+        values = config.model_dump()
+        problem = knobs.inactive_problem(values)
+        if problem is not None:
+            return problem
+        for knob in KNOBS:
+            value = values[knob.name]
+            if not knob.is_active(values):
+                continue
+            choices = self.choices_for(knob.name, values)
             if value not in choices:
                 return (
-                    f"{knob} = {value!r} is not among search.{knob} {choices}; add it there "
-                    "so it can run as a trial"
+                    f"{knob.name} = {value!r} is not among search.{knob.name} {choices}; add it "
+                    "there so it can run as a trial"
                 )
         reason = self.admits(config)
         return None if reason is None else f"{reason}; it cannot run as a trial of this space"
 
+    def searched(self) -> list[str]:
+        """The knobs with more than one choice: the study's Optuna parameters."""
+        return [
+            k.name
+            for k in KNOBS
+            if k.name != "gradient_accumulation_steps"
+            or self.effective_batch is None
+            or self.effective_batch.fixed is None
+            if len(self.values(k.name)) > 1
+        ]
+
     def grid(self) -> Iterator[TrialConfig]:
-        """Every distinct config the space admits (prefetch_factor only matters with workers)."""
-        for batch, workers, seq, compile_mode, attn, packing in itertools.product(
-            self.per_device_batch_size,
-            self.num_workers,
-            self.max_seq_length,
-            self.compile_mode,
-            self.attn_implementation,
-            self.packing,
-        ):
-            for accum in self.accumulation_choices(batch):
-                for prefetch in self.prefetch_factor if workers > 0 else [None]:
-                    config = TrialConfig(
-                        per_device_batch_size=batch,
-                        gradient_accumulation_steps=accum,
-                        num_workers=workers,
-                        prefetch_factor=prefetch,
-                        max_seq_length=seq,
-                        compile_mode=compile_mode,
-                        attn_implementation=attn,
-                        packing=packing,
-                    )
-                    if self.admits(config) is None:
-                        yield config
+        """Every distinct config the space admits (a knob that does not apply is None)."""
+
+        def extend(index: int, partial: dict[str, Any]) -> Iterator[dict[str, Any]]:
+            if index == len(KNOBS):
+                yield partial
+                return
+            knob = KNOBS[index]
+            if not knob.is_active(partial):
+                yield from extend(index + 1, {**partial, knob.name: None})
+                return
+            for value in self.choices_for(knob.name, partial):
+                yield from extend(index + 1, {**partial, knob.name: value})
+
+        for values in extend(0, {}):
+            config = TrialConfig(**values)
+            if self.admits(config) is None:
+                yield config
+
+    def narrowed(self, only: Mapping[str, list[Any]]) -> SearchSpace:
+        """This space with some knobs' lists replaced (what preflight left of them)."""
+        return self.model_copy(update=dict(only))
+
+
+def _search_field(knob: knobs.Knob) -> tuple[Any, Any]:
+    if knob.name == "gradient_accumulation_steps":
+        return (_choices(knob.value_type) | None, None)
+    if knob.required:
+        return (_choices(knob.value_type), ...)
+    default = knob.default
+    return (
+        _choices(knob.value_type),
+        Field(default_factory=lambda: [default], description=knob.help),
+    )
+
+
+SearchSpace: type[_SearchRules] = create_model(  # type: ignore[call-overload]
+    "SearchSpace",
+    __base__=_SearchRules,
+    __module__=__name__,
+    **{knob.name: _search_field(knob) for knob in KNOBS},
+)
 
 
 class WarmupSettings(_Frozen):
@@ -415,27 +445,49 @@ class Budget(_Frozen):
     seed: int = 0
 
 
-class Baseline(_Frozen):
-    """The config the user runs today; it is the sweep's first trial and every result is
-    compared with it. Each value must be one of the search space's choices."""
+class _KnownConfig(_Frozen):
+    """The config the user runs today (fields derived from ``sweeper.knobs``); it is the
+    sweep's first trial and every result is compared with it. Each value must be one of the
+    search space's choices; a knob left out takes its default, or the search's only choice."""
 
     label: str | None = Field(
         default=None, max_length=80, description="a name for reports, e.g. 'seed 001 after'"
     )
-    per_device_batch_size: int
-    gradient_accumulation_steps: int
-    num_workers: int
-    prefetch_factor: int | None = None
-    max_seq_length: int
-    compile_mode: CompileMode = "none"
-    attn_implementation: AttnImplementation = "sdpa"
-    packing: bool = False
 
-    def as_config(self) -> TrialConfig:
+    def as_config(self, search: SearchSpace | None = None) -> TrialConfig:
+        """The trial config; knobs left out resolved against ``search`` (see the class)."""
         values = self.model_dump(exclude={"label"})
-        if self.num_workers == 0:
-            values["prefetch_factor"] = None  # meaningless without workers, as in the search
-        return TrialConfig.model_validate(values)
+        for knob in KNOBS:
+            if knob.required or values.get(knob.name) is not None:
+                continue
+            listed = [] if search is None else search.values(knob.name)
+            if knob.default in listed or not listed:
+                values[knob.name] = knob.default
+            elif len(listed) == 1:
+                values[knob.name] = listed[0]
+            elif knob.is_active(values):
+                raise ValueError(
+                    f"{knob.name} is left out, and search.{knob.name} {listed} has several "
+                    f"values without the default {knob.default!r}; say which one it uses"
+                )
+        return TrialConfig.model_validate(knobs.normalize(values))
+
+
+def _known_field(knob: knobs.Knob) -> tuple[Any, Any]:
+    if knob.required:
+        return (knob.value_type, ...)
+    return (knob.value_type | None, Field(default=None, description=knob.help))
+
+
+Baseline: type[_KnownConfig] = create_model(  # type: ignore[call-overload]
+    "Baseline",
+    __base__=_KnownConfig,
+    __module__=__name__,
+    **{knob.name: _known_field(knob) for knob in KNOBS},
+)
+
+# workload keys that predate the knobs they became; they still set the knob's one choice
+_WORKLOAD_KNOBS = ("precision", "tf32")
 
 
 class Space(_Frozen):
@@ -454,17 +506,46 @@ class Space(_Frozen):
     trial: TrialSettings = TrialSettings()
     budget: Budget
 
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_knobs(cls, data: Any) -> Any:
+        """``workload.precision: bf16`` (the older spelling) is ``search.precision: [bf16]``."""
+        if not isinstance(data, dict):
+            return data
+        workload, search = data.get("workload"), data.get("search")
+        if not isinstance(workload, dict) or not isinstance(search, dict):
+            return data
+        search = dict(search)
+        for name in _WORKLOAD_KNOBS:
+            value = workload.get(name)
+            if value is None:
+                continue
+            if name in search and search[name] != [value]:
+                raise ValueError(
+                    f"workload.{name} is {value!r} but search.{name} is {search[name]!r}; "
+                    f"keep only search.{name}"
+                )
+            search[name] = [value]
+        return {**data, "search": search}
+
     @model_validator(mode="after")
     def _known_configs_in_space(self) -> Space:
         for where, known in self.named_known_configs():
-            reason = self.search.runnable(known.as_config())
+            try:
+                config = known.as_config(self.search)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            reason = self.search.runnable(config)
             if reason is not None:
                 raise ValueError(f"{where}: {reason}")
         return self
 
     def workload_hash(self) -> str:
         """Equal for studies that price the same job (on any hardware, at any price)."""
-        job = self.workload.model_dump(mode="json", exclude={"checkpoint": {"dir"}})
+        job = self.workload.model_dump(
+            mode="json", exclude={"checkpoint": {"dir"}, **dict.fromkeys(_WORKLOAD_KNOBS, True)}
+        )
+        # precision changes the arithmetic but not the job; it is a knob like any other
         return hashlib.sha256(json.dumps(job, sort_keys=True).encode()).hexdigest()[:16]
 
     def named_known_configs(self) -> list[tuple[str, Baseline]]:
@@ -474,64 +555,38 @@ class Space(_Frozen):
 
     def known_configs(self) -> list[TrialConfig]:
         """The baseline, then ``also_try``: run first, in this order."""
-        configs = [] if self.baseline is None else [self.baseline.as_config()]
-        return configs + [c.as_config() for c in self.also_try]
+        return [known.as_config(self.search) for _, known in self.named_known_configs()]
 
-
-class TrialConfig(_Frozen):
-    """One point of the search space: what a trial runs."""
-
-    per_device_batch_size: int
-    gradient_accumulation_steps: int
-    num_workers: int
-    prefetch_factor: int | None
-    max_seq_length: int
-    compile_mode: CompileMode
-    attn_implementation: AttnImplementation
-    packing: bool = False  # absent from configs stored before the knob existed
-
-    @property
-    def effective_batch(self) -> int:
-        return self.per_device_batch_size * self.gradient_accumulation_steps
+    def precision(self) -> str:
+        """The precision when only one is searched (what ``workload.precision`` said)."""
+        return self.search.values("precision")[0]
 
 
 def optuna_params(config: TrialConfig, search: SearchSpace) -> dict[str, Any]:
     """The parameters ``suggest`` would record for ``config`` (for ``study.enqueue_trial``)."""
-    params = config.model_dump()
-    if params["prefetch_factor"] is None:
-        del params["prefetch_factor"]
-    if search.gradient_accumulation_steps is None:
-        del params["gradient_accumulation_steps"]
-    return params
+    values = config.model_dump()
+    return {
+        name: values[name]
+        for name in search.searched()
+        if values[name] is not None and knobs.KNOB[name].is_active(values)
+    }
 
 
 def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
-    """Ask Optuna for one config; prefetch_factor is only a knob when there are workers."""
-    workers = trial.suggest_categorical("num_workers", search.num_workers)
-    prefetch = (
-        trial.suggest_categorical("prefetch_factor", search.prefetch_factor)
-        if workers > 0
-        else None
-    )
-    batch = trial.suggest_categorical("per_device_batch_size", search.per_device_batch_size)
-    if search.gradient_accumulation_steps is None:  # derived from a fixed effective batch
-        accumulation = search.accumulation_choices(batch)[0]
-    else:
-        accumulation = trial.suggest_categorical(
-            "gradient_accumulation_steps", search.gradient_accumulation_steps
-        )
-    return TrialConfig(
-        per_device_batch_size=batch,
-        gradient_accumulation_steps=accumulation,
-        num_workers=workers,
-        prefetch_factor=prefetch,
-        max_seq_length=trial.suggest_categorical("max_seq_length", search.max_seq_length),
-        compile_mode=trial.suggest_categorical("compile_mode", search.compile_mode),
-        attn_implementation=trial.suggest_categorical(
-            "attn_implementation", search.attn_implementation
-        ),
-        packing=trial.suggest_categorical("packing", search.packing),
-    )
+    """Ask Optuna for one config. A knob with one choice is not a parameter; a knob that does
+    not apply (prefetch_factor without workers) is None and not asked for."""
+    searched = set(search.searched())
+    values: dict[str, Any] = {}
+    for knob in KNOBS:
+        if not knob.is_active(values):
+            values[knob.name] = None
+            continue
+        choices = search.choices_for(knob.name, values)
+        if knob.name in searched:
+            values[knob.name] = trial.suggest_categorical(knob.name, choices)
+        else:
+            values[knob.name] = choices[0]
+    return TrialConfig(**values)
 
 
 # ---------------------------------------------------------------- loading with line numbers

@@ -1,16 +1,9 @@
-"""One measurement recipe: build, burn in until steady, time a window to a target interval.
+"""Run one trial: its engine trains through the recipe's burn-in and timed window; this module
+turns what the recorder saw into the trial's measurement (throughput, step times, the one-off
+costs, a timed checkpoint save, MFU, peak memory and the environment).
 
-Timing rules (why, not what):
-- Burn-in steps are synchronized one by one: their times decide when the step time is steady
-  (median of the last ``window`` steps within ``tolerance`` of the ``window`` before).
-- The timed window is synchronized only at its edges, as a real run is: per-step times come from
-  CUDA events (or the host clock on CPU), so no step waits for the device more than training
-  would. Losses stay on the device until an edge, where they are checked for NaN/inf.
-- Whatever burn-in cost beyond steady-state steps (torch.compile, autotuning, allocator and
-  cuDNN warm-up) is reported as ``warmup_excess_s`` — and as ``compile_s`` for compiled
-  configs — and never enters the throughput: a real run pays it once.
-- Time the host spends blocked on ``next(loader)`` is kept apart: a trial says when it is
-  input-bound.
+The timing rules live in ``sweeper/trial/recipe.py``; the engines (plain loop, Trainer,
+SFTTrainer) in ``sweeper/trial/engines/``.
 """
 
 from __future__ import annotations
@@ -23,11 +16,8 @@ import re
 import resource
 import shutil
 import socket
-import statistics
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,194 +25,74 @@ import torch
 
 from sweeper.errors import TrialError
 from sweeper.hardware import math_mode, peak_flops
-from sweeper.space import MeasureSettings, TrialConfig, WarmupSettings, Workload
+from sweeper.space import TrialConfig, Workload
+from sweeper.trial.engines import TrialContext, engine, timer_for
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from sweeper.trial.workload import (
-    build_loader,
-    build_model,
-    load_tokenizer,
-    mixed_precision,
-    resolve_device,
-)
+from sweeper.trial.recipe import Recorder, ci95_rel, is_steady, percentile, t95
+from sweeper.trial.workload import config_hash, load_tokenizer, resolve_device
 
-# Two-sided 95% Student t quantiles by degrees of freedom; beyond the table, the normal value.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021,
-        60: 2.000, 120: 1.980}  # fmt: skip
-
-
-def t95(df: int) -> float:
-    """Conservative t quantile: the table value at the largest tabulated df not above ``df``."""
-    if df < 1:
-        return math.inf
-    if df > 120:
-        return 1.960
-    return _T95[max(k for k in _T95 if k <= df)]
-
-
-def ci95_rel(step_times: list[float]) -> float:
-    """Half-width of the 95% interval of the mean step time, relative to the mean.
-
-    The same relative half-width bounds throughput (its reciprocal) to first order.
-
-    >>> round(ci95_rel([1.0, 1.1, 0.9, 1.0, 1.0]), 4)
-    0.0878
-    """
-    n = len(step_times)
-    if n < 2:
-        return math.inf
-    mean = statistics.fmean(step_times)
-    return t95(n - 1) * statistics.stdev(step_times) / math.sqrt(n) / mean if mean > 0 else math.inf
-
-
-def is_steady(step_times: list[float], window: int, tolerance: float) -> bool:
-    """Median of the last ``window`` steps within ``tolerance`` of the median of those before.
-
-    >>> is_steady([30.0, 0.21, 0.20, 0.20, 0.21, 0.20], window=3, tolerance=0.05)
-    True
-    >>> is_steady([30.0, 9.0, 0.4, 0.20, 0.21, 0.20], window=3, tolerance=0.05)
-    False
-    """
-    if len(step_times) < 2 * window:
-        return False
-    recent = statistics.median(step_times[-window:])
-    before = statistics.median(step_times[-2 * window : -window])
-    return abs(recent / before - 1) <= tolerance
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default)."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-@dataclass
-class _Step:
-    loss: torch.Tensor
-    data_wait_s: float
-    real_tokens: int
-    padded_tokens: int
-    samples: int
-    time_s: float = 0.0
-
-
-@dataclass
-class _Phase:
-    steps: list[_Step] = field(default_factory=list)
-
-    @property
-    def times(self) -> list[float]:
-        return [s.time_s for s in self.steps]
+__all__ = ["ci95_rel", "is_steady", "percentile", "run_trial", "t95"]
 
 
 def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any]:
-    """Train the trial's config through burn-in and a timed window; return the measurement."""
+    """Train the trial's config with its engine through burn-in and a timed window; return
+    the measurement."""
     assert request.config and request.settings and request.prepared
     imports_done_at = time.time()
     workload, config, settings = request.workload, request.config, request.settings
     device = resolve_device(request.device)
-    _configure_backends(device, workload)
-
+    _configure_backends(device, config)
     tokenizer = load_tokenizer(request.prepared)
-    tokenizer_at = time.time()
-    loader = build_loader(
-        workload, request.prepared, config, tokenizer, device, Path(request.cache_dir)
+    ctx = TrialContext(
+        request=request,
+        device=device,
+        tokenizer=tokenizer,
+        recorder=Recorder(settings.warmup, settings.measure, timer_for(device)),
+        cache_dir=Path(request.cache_dir),
+        last_phase_end=imports_done_at,
     )
-    loader_at = time.time()
-    model, model_hash = build_model(workload, config, tokenizer, device)
-    model_at = time.time()
-    matmul_params = _matmul_params(model)
+    ctx.phase_done("tokenizer")
+    run = engine(workload.engine)(ctx)
+    recording = ctx.recorder.recording
+    _check_finite(ctx.recorder.losses())
+    checkpoint = _time_checkpoint(
+        run.model, run.optimizer, workload, Path(request.cache_dir), device
+    )
+
+    summary = recording.summary()
+    tokens_per_s = summary["tokens_per_s"]
+    losses = [float(loss) for loss in ctx.recorder.losses()]
+    model = run.model
     n_params = sum(p.numel() for p in model.parameters())
-    model_config = model.config
-    model.train()
-    raw_model = model
-    if config.compile_mode != "none":
-        model = torch.compile(model, mode=config.compile_mode)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=workload.learning_rate, fused=device.type == "cuda"
-    )
-    built_at = time.time()
-
-    stepper = _Stepper(model, optimizer, loader, config, workload, device)
-    burn_in, steady = _burn_in(stepper, settings.warmup, device)
-    _check_finite(burn_in.steps, offset=0)
-    warmup_done_at = time.time()
-    window, window_s = _timed_window(
-        stepper,
-        settings.measure,
-        device,
-        min_steps=max(
-            settings.measure.min_steps,
-            math.ceil(settings.measure.warmup_multiple * len(burn_in.steps)),
-        ),
-    )
-    _check_finite(window.steps, offset=len(burn_in.steps))
-    checkpoint = _time_checkpoint(raw_model, optimizer, workload, Path(request.cache_dir), device)
-
-    times = window.times
-    p50 = percentile(times, 50)
-    mean_step = statistics.fmean(times)
-    warmup_excess_s = max(0.0, sum(burn_in.times) - len(burn_in.steps) * p50)
-    rows = sum(s.samples for s in window.steps)
-    padded_tokens = sum(s.padded_tokens for s in window.steps)
-    real_tokens = sum(s.real_tokens for s in window.steps)
-    padded_tokens_per_s = padded_tokens / window_s
-    tokens_per_s = real_tokens / window_s
-    ci = ci95_rel(times)
-    all_steps = burn_in.steps + window.steps
-    losses = [float(s.loss) for s in all_steps]
-    startup_s = built_at - process_started_at
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {
-        "it_per_s": len(times) / window_s,
+        **summary,
         # packed rows hold several samples (and parts of them): count samples by their tokens
         "samples_per_s": tokens_per_s / (request.prepared.tokens_per_sample or math.nan)
         if config.packing
-        else rows / window_s,
-        "rows_per_s": rows / window_s,
-        "tokens_per_s": tokens_per_s,
-        "padded_tokens_per_s": padded_tokens_per_s,
-        "padding_share": 1 - real_tokens / padded_tokens if padded_tokens else 0.0,
-        "data_wait_share": min(1.0, sum(s.data_wait_s for s in window.steps) / window_s),
-        "step_time_p50_s": p50,
-        "step_time_p90_s": percentile(times, 90),
-        "step_time_mean_s": mean_step,
-        "step_time_cv": statistics.stdev(times) / mean_step if len(times) > 1 else 0.0,
-        "throughput_ci95_rel": ci,
-        "ci_target": settings.measure.target_ci,
-        "ci_met": ci <= settings.measure.target_ci,
-        "measured_steps": len(times),
-        "window_s": window_s,
-        "warmup_steps": len(burn_in.steps),
-        "warmup_steady": steady,
-        "warmup_s": sum(burn_in.times),
-        "warmup_excess_s": warmup_excess_s,
-        "first_step_s": burn_in.times[0],
-        "compile_s": warmup_excess_s if config.compile_mode != "none" else 0.0,
+        else summary["rows_per_s"],
+        "compile_s": summary["warmup_excess_s"] if config.compile_mode != "none" else 0.0,
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "losses": losses,
-        "warmup_step_times_s": burn_in.times,
-        "step_times_s": times,
-        "data_wait_s": [s.data_wait_s for s in all_steps],
-        "loader_epochs": stepper.loader_epochs,
+        "loader_epochs": run.loader_epochs,
         "n_params": n_params,
-        # what ran, read back from torch: the fused CUDA kernel, TF32 matmuls
-        "optimizer": "AdamW (fused)" if optimizer.defaults.get("fused") else "AdamW",
+        "trainable_params": trainable,
+        "engine": workload.engine,
+        # what ran, read back from torch: the optimizer class (fused kernel?), TF32 matmuls
+        "optimizer": run.optimizer_name,
         "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
         "effective_batch": config.effective_batch,
         "packing": config.packing,
-        "startup_s": startup_s,
+        "startup_s": ctx.last_phase_end - process_started_at,
         **checkpoint,
         **_mfu(
             device,
-            workload,
-            model_config,
-            matmul_params,
-            padded_tokens_per_s,
-            padded_tokens / rows,
+            config,
+            model.config,
+            _matmul_params(model),
+            summary["padded_tokens_per_s"],
+            summary["mean_row_tokens"],
         ),
         **_peak_memory(device),
         "phases_s": {
@@ -230,14 +100,11 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             if request.spawned_at
             else None,
             "imports": imports_done_at - process_started_at,
-            "tokenizer": tokenizer_at - imports_done_at,
-            "data": loader_at - tokenizer_at,
-            "model": model_at - loader_at,
-            "optimizer": built_at - model_at,
-            "warmup": warmup_done_at - built_at,
-            "window": window_s,
+            **ctx.phases,
+            "warmup": summary["warmup_s"],
+            "window": recording.window_s,
         },
-        "env": environment(device, model_hash, request.prepared),
+        "env": environment(device, config_hash(model.config), request.prepared),
     }
 
 
@@ -284,145 +151,18 @@ def _time_checkpoint(
     return {"checkpoint_save_s": save_s, "checkpoint_bytes": size}
 
 
-def _burn_in(stepper: _Stepper, rule: WarmupSettings, device: torch.device) -> tuple[_Phase, bool]:
-    phase = _Phase()
-    started = time.perf_counter()
-    while True:
-        step_started = time.perf_counter()
-        step = stepper.step()
-        _sync(device)
-        step.time_s = time.perf_counter() - step_started
-        phase.steps.append(step)
-        count = len(phase.steps)
-        if count >= rule.min_steps and is_steady(phase.times, rule.window, rule.tolerance):
-            return phase, True
-        if count >= rule.max_steps or time.perf_counter() - started >= rule.max_seconds:
-            return phase, False
-
-
-def _timed_window(
-    stepper: _Stepper, rule: MeasureSettings, device: torch.device, min_steps: int
-) -> tuple[_Phase, float]:
-    """Steps until the interval target (after ``min_steps`` and ``min_seconds``), the step cap
-    or the time cap; synchronized at the edges only. ``min_steps`` here includes the burn-in
-    multiple, which the caps may cut short."""
-    phase = _Phase()
-    cuda = device.type == "cuda"
-    _sync(device)
-    started = time.perf_counter()
-    marks: list[Any] = []
-    if cuda:
-        marks.append(torch.cuda.Event(enable_timing=True))
-        marks[0].record()
-    done = 0  # steps whose end the device has reached (CUDA) — their times are known
-    previous = started
-    while True:
-        step = stepper.step()
-        phase.steps.append(step)
-        if cuda:
-            mark = torch.cuda.Event(enable_timing=True)
-            mark.record()
-            marks.append(mark)
-            while done < len(phase.steps) and marks[done + 1].query():
-                phase.steps[done].time_s = marks[done].elapsed_time(marks[done + 1]) / 1000
-                done += 1
-        else:
-            now = time.perf_counter()
-            step.time_s = now - previous
-            previous = now
-            done = len(phase.steps)
-        known = [s.time_s for s in phase.steps[:done]]
-        elapsed = time.perf_counter() - started
-        enough = (
-            done >= min_steps and elapsed >= rule.min_seconds and ci95_rel(known) <= rule.target_ci
-        )
-        capped = len(phase.steps) >= rule.max_steps or elapsed >= rule.max_seconds
-        # the caps may cut the burn-in multiple short, never the space's own min_steps
-        if (enough or capped) and len(phase.steps) >= rule.min_steps:
-            break
-    _sync(device)
-    window_s = time.perf_counter() - started
-    if cuda:
-        for index in range(done, len(phase.steps)):
-            phase.steps[index].time_s = marks[index].elapsed_time(marks[index + 1]) / 1000
-    return phase, window_s
-
-
-class _Stepper:
-    """One optimizer step = ``accumulation`` micro-batches; no host sync inside."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        loader: Any,
-        config: TrialConfig,
-        workload: Workload,
-        device: torch.device,
-    ) -> None:
-        self.model, self.optimizer, self.loader = model, optimizer, loader
-        self.accumulation = config.gradient_accumulation_steps
-        self.device = device
-        self.batches: Iterator[dict[str, torch.Tensor]] = iter(loader)
-        self.loader_epochs = 1
-        self.autocast = mixed_precision(device, workload.precision)
-        self.scaler = (
-            torch.amp.GradScaler(device.type)
-            if workload.precision == "fp16" and device.type == "cuda"
-            else None
-        )
-
-    def _next_batch(self) -> dict[str, torch.Tensor]:
-        try:
-            return next(self.batches)
-        except StopIteration:
-            # the real run turns epochs too; a small demo corpus just turns them sooner
-            self.loader_epochs += 1
-            self.batches = iter(self.loader)
-            return next(self.batches)
-
-    def step(self) -> _Step:
-        data_wait_s = 0.0
-        real_tokens = padded_tokens = samples = 0
-        loss_total = torch.zeros((), device=self.device)
-        for _ in range(self.accumulation):
-            waited = time.perf_counter()
-            batch = self._next_batch()
-            data_wait_s += time.perf_counter() - waited
-            real_tokens += int(batch["attention_mask"].sum())
-            padded_tokens += batch["input_ids"].numel()
-            samples += batch["input_ids"].shape[0]
-            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            with self.autocast():
-                loss = self.model(**batch).loss / self.accumulation
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
-            loss_total += loss.detach()
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return _Step(loss_total, data_wait_s, real_tokens, padded_tokens, samples)
-
-
-def _check_finite(steps: list[_Step], offset: int) -> None:
-    for index, step in enumerate(steps):
-        value = float(step.loss)
+def _check_finite(losses: list[Any]) -> None:
+    for index, loss in enumerate(losses):
+        value = float(loss)
         if not math.isfinite(value):
-            raise TrialError(
-                "nonfinite", f"loss became {value} at optimizer step {offset + index + 1}"
-            )
+            raise TrialError("nonfinite", f"loss became {value} at optimizer step {index + 1}")
 
 
-def _configure_backends(device: torch.device, workload: Workload) -> None:
+def _configure_backends(device: torch.device, config: TrialConfig) -> None:
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = workload.tf32
-        torch.backends.cudnn.allow_tf32 = workload.tf32
-        if workload.precision == "bf16" and not torch.cuda.is_bf16_supported():
+        torch.backends.cuda.matmul.allow_tf32 = config.tf32
+        torch.backends.cudnn.allow_tf32 = config.tf32
+        if config.precision == "bf16" and not torch.cuda.is_bf16_supported():
             raise TrialError("unsupported", "bf16 is not supported on this GPU; use fp16 or fp32")
 
 
@@ -448,7 +188,7 @@ def _matmul_params(model: torch.nn.Module) -> int:
 
 def _mfu(
     device: torch.device,
-    workload: Workload,
+    config: TrialConfig,
     model_config: Any,
     matmul_params: int,
     padded_tokens_per_s: float,
@@ -468,7 +208,7 @@ def _mfu(
     if device.type == "cuda":
         peak = peak_flops(torch.cuda.get_device_name(device))
         if peak is not None:
-            tflops = peak.tflops(math_mode(workload.precision, workload.tf32))
+            tflops = peak.tflops(math_mode(config.precision, config.tf32))
             result.update(mfu=achieved / (tflops * 1e12), peak_tflops=tflops, peak_name=peak.name)
     return result
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.presets import MODEL_SIZES
 from sweeper.space import TrialConfig, Workload
@@ -182,14 +183,15 @@ def preload(workload: Workload, prepared: PreparedData, cache_dir: Path) -> None
         AutoModelForCausalLM._model_mapping[type(config)]  # imports the modeling module
 
 
-def build_loader(
+def build_training_dataset(
     workload: Workload,
     prepared: PreparedData,
     config: TrialConfig,
     tokenizer: Any,
-    device: torch.device,
     cache_dir: Path,
-) -> DataLoader:
+) -> Dataset:
+    """Token id lists, tokenized as they are read (or read pretokenized), cut at
+    max_seq_length — or whole and packed into max_seq_length blocks."""
     dataset: Dataset
     # packing reads whole samples; otherwise each is cut to max_seq_length as it is read
     keep = None if config.packing else config.max_seq_length
@@ -202,20 +204,34 @@ def build_loader(
         dataset = TokenizingDataset(hf_dataset, prepared.text_field, tokenizer, keep)
     if config.packing:
         dataset = PackedStream(dataset, config.max_seq_length)
+    return dataset
+
+
+def make_collator(workload: Workload, config: TrialConfig, tokenizer: Any) -> Collator:
+    return Collator(
+        pad_id=tokenizer.pad_token_id,
+        max_length=config.max_seq_length,
+        pad_to_max=workload.padding == "max_length",
+    )
+
+
+def build_loader(
+    workload: Workload,
+    prepared: PreparedData,
+    config: TrialConfig,
+    tokenizer: Any,
+    device: torch.device,
+    cache_dir: Path,
+) -> DataLoader:
+    """The DataLoader of the plain loop: every DataLoader knob of the config applied."""
+    dataset = build_training_dataset(workload, prepared, config, tokenizer, cache_dir)
     workers = config.num_workers
     return DataLoader(
         dataset,
-        batch_size=config.per_device_batch_size,
+        **knobs.dataloader_arguments(config.model_dump()),
         shuffle=not config.packing,  # the packed stream shuffles its own samples
         drop_last=True,
-        num_workers=workers,
-        prefetch_factor=config.prefetch_factor if workers > 0 else None,
-        pin_memory=device.type == "cuda",
-        collate_fn=Collator(
-            pad_id=tokenizer.pad_token_id,
-            max_length=config.max_seq_length,
-            pad_to_max=workload.padding == "max_length",
-        ),
+        collate_fn=make_collator(workload, config, tokenizer),
         generator=None if config.packing else torch.Generator().manual_seed(0),
         worker_init_fn=dataloader_worker_init if workers > 0 else None,
     )
@@ -268,8 +284,8 @@ def config_hash(config: Any) -> str:
 
 def build_model(
     workload: Workload, config: TrialConfig, tokenizer: Any, device: torch.device
-) -> tuple[torch.nn.Module, str]:
-    """The model on ``device`` in fp32 (mixed precision is autocast), and its config hash."""
+) -> torch.nn.Module:
+    """The model on ``device`` in fp32 (mixed precision is autocast)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -285,4 +301,4 @@ def build_model(
             dtype=torch.float32,
         )
     model.config.use_cache = False
-    return model.to(device), config_hash(model.config)
+    return model.to(device)

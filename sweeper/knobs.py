@@ -1,0 +1,391 @@
+"""The knobs a sweep turns, declared once.
+
+Each ``Knob`` says what values it takes, when it applies (``active``), what a machine needs to run
+a value (``needs``), what it falls back to where none of its values can run, how it reads in a
+table, and what it becomes in the user's ``TrainingArguments`` and ``DataLoader``. From this one
+table come the config type (``TrialConfig``), the search space's lists, the Optuna parameters,
+the grid, the baseline checks, preflight's machine checks, the exports and the labels.
+
+Adding a knob is one entry here plus its effect in the engines (``sweeper/trial/engines``).
+
+>>> [k.name for k in KNOBS][:3]
+['per_device_batch_size', 'gradient_accumulation_steps', 'num_workers']
+>>> describe({"per_device_batch_size": 8, "gradient_accumulation_steps": 2, "num_workers": 0,
+...           "max_seq_length": 512, "attn_implementation": "sdpa"})
+'b8×2 w0 seq512 sdpa'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+CompileMode = Literal[
+    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
+]
+AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"]
+
+# What a machine may lack; preflight learns each from a probe child (``capabilities``).
+Capability = Literal["cuda", "bitsandbytes"]
+CAPABILITY_NEEDS = {
+    "cuda": "needs a CUDA device",
+    "bitsandbytes": "needs bitsandbytes with a CUDA device",
+}
+
+_PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def _with_workers(config: Mapping[str, Any]) -> bool:
+    return bool(config.get("num_workers"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One knob. ``value_type`` is the pydantic type of one value; ``default`` is the value a
+    config takes when it does not say (configs stored before the knob existed, a baseline that
+    leaves it out) and, as a one-item list, the search space's default; ``required`` knobs have
+    no default and must be listed in ``search:``."""
+
+    name: str
+    value_type: Any
+    label: str
+    help: str
+    default: Any = None
+    required: bool = False
+    # the knob applies only when this holds for the rest of the config; otherwise its value
+    # is None (``inactive`` says why, for errors)
+    active: Callable[[Mapping[str, Any]], bool] | None = None
+    inactive: str = ""
+    # value → what a machine needs to run it; preflight drops a value the machine lacks
+    needs: Mapping[Any, Capability] = field(default_factory=dict)
+    # the value that runs anywhere, used where none of the listed values can (tf32 on a CPU)
+    fallback: Any = None
+    # how the value reads in a compact config line (None: leave the knob out)
+    short: Callable[[Any], str | None] = lambda value: None
+    # what the value becomes in transformers.TrainingArguments / torch DataLoader
+    trainer: Callable[[Any], dict[str, Any]] = lambda value: {}
+    dataloader: Callable[[Any], dict[str, Any]] = lambda value: {}
+    # what the value adds in TRL's SFTConfig (beyond TrainingArguments)
+    sft: Callable[[Any], dict[str, Any]] = lambda value: {}
+
+    def is_active(self, config: Mapping[str, Any]) -> bool:
+        return self.active is None or self.active(config)
+
+    def choices(self) -> tuple[Any, ...] | None:
+        """The values a Literal knob allows (None: an open type such as int)."""
+        if getattr(self.value_type, "__origin__", None) is Literal:
+            return get_args(self.value_type)
+        if self.value_type is bool:
+            return (False, True)
+        return None
+
+
+def _precision_args(value: str) -> dict[str, Any]:
+    return {"bf16": True} if value == "bf16" else {"fp16": True} if value == "fp16" else {}
+
+
+def _compile_args(value: str) -> dict[str, Any]:
+    return {} if value == "none" else {"torch_compile": True, "torch_compile_mode": value}
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        name="per_device_batch_size",
+        value_type=_PositiveInt,
+        label="batch size",
+        help="samples (rows) per forward pass on one device",
+        required=True,
+        short=lambda v: f"b{v}",
+        trainer=lambda v: {"per_device_train_batch_size": v},
+        dataloader=lambda v: {"batch_size": v},
+    ),
+    Knob(
+        name="gradient_accumulation_steps",
+        value_type=_PositiveInt,
+        label="grad. accumulation",
+        help="forward/backward passes per optimizer step",
+        required=True,
+        short=lambda v: f"×{v}",
+        trainer=lambda v: {"gradient_accumulation_steps": v},
+    ),
+    Knob(
+        name="num_workers",
+        value_type=Annotated[int, Field(ge=0)],
+        label="workers",
+        help="DataLoader worker processes (0: the training process loads data itself)",
+        required=True,
+        short=lambda v: f"w{v}",
+        trainer=lambda v: {"dataloader_num_workers": v},
+        dataloader=lambda v: {"num_workers": v},
+    ),
+    Knob(
+        name="prefetch_factor",
+        value_type=_PositiveInt,
+        label="prefetch",
+        help="batches each worker loads ahead",
+        default=2,
+        active=_with_workers,
+        inactive="it only applies with num_workers > 0",
+        short=lambda v: f"pf{v}",
+        trainer=lambda v: {"dataloader_prefetch_factor": v},
+        dataloader=lambda v: {"prefetch_factor": v},
+    ),
+    Knob(
+        name="persistent_workers",
+        value_type=bool,
+        label="persistent workers",
+        help="keep DataLoader workers alive between epochs",
+        default=False,
+        active=_with_workers,
+        inactive="it only applies with num_workers > 0",
+        short=lambda v: "persist" if v else None,
+        trainer=lambda v: {"dataloader_persistent_workers": v},
+        dataloader=lambda v: {"persistent_workers": v},
+    ),
+    Knob(
+        name="pin_memory",
+        value_type=bool,
+        label="pin memory",
+        help="page-locked host batches, copied to the GPU asynchronously",
+        default=False,
+        needs={True: "cuda"},
+        fallback=False,
+        short=lambda v: "pinned" if v else None,
+        # TrainingArguments pins by default: say it either way
+        trainer=lambda v: {"dataloader_pin_memory": v},
+        dataloader=lambda v: {"pin_memory": v},
+    ),
+    Knob(
+        name="max_seq_length",
+        value_type=Annotated[int, Field(ge=8)],
+        label="max seq length",
+        help="tokens per row: samples are cut here, or packed into rows this long",
+        required=True,
+        short=lambda v: f"seq{v}",
+        sft=lambda v: {"max_length": v},
+    ),
+    Knob(
+        name="packing",
+        value_type=bool,
+        label="packing",
+        help="concatenate samples into max_seq_length rows (no padding, no truncation); the "
+        "run's work is then counted in tokens",
+        default=False,
+        short=lambda v: "packed" if v else None,
+        sft=lambda v: {"packing": v},
+    ),
+    Knob(
+        name="precision",
+        value_type=Precision,
+        label="precision",
+        help="fp32, or bf16/fp16 autocast (weights stay fp32, as Trainer's bf16=True)",
+        default="fp32",
+        short=lambda v: None if v == "fp32" else v,
+        trainer=_precision_args,
+    ),
+    Knob(
+        name="tf32",
+        value_type=bool,
+        label="TF32",
+        help="TF32 tensor-core matmuls for fp32 math (CUDA, Ampere and newer)",
+        default=False,
+        needs={True: "cuda"},
+        fallback=False,
+        short=lambda v: "tf32" if v else None,
+        trainer=lambda v: {"tf32": True} if v else {},
+    ),
+    Knob(
+        name="compile_mode",
+        value_type=CompileMode,
+        label="torch.compile",
+        help="torch.compile mode (none: eager)",
+        default="none",
+        short=lambda v: None if v == "none" else f"compile:{v}",
+        trainer=_compile_args,
+    ),
+    Knob(
+        name="attn_implementation",
+        value_type=AttnImplementation,
+        label="attention",
+        help="the model's attention kernel (from_pretrained's attn_implementation)",
+        default="sdpa",
+        short=lambda v: v,
+    ),
+    Knob(
+        name="gradient_checkpointing",
+        value_type=bool,
+        label="grad. checkpointing",
+        help="recompute activations in the backward pass: less memory, more compute",
+        default=False,
+        short=lambda v: "ckpt" if v else None,
+        trainer=lambda v: {"gradient_checkpointing": True} if v else {},
+    ),
+    Knob(
+        name="optim",
+        value_type=Optimizer,
+        label="optimizer",
+        help="TrainingArguments' optim: AdamW (torch, fused CUDA kernel, bitsandbytes 8-bit) "
+        "or Adafactor",
+        default="adamw_torch",
+        needs={"adamw_torch_fused": "cuda", "adamw_8bit": "bitsandbytes"},
+        fallback="adamw_torch",
+        short=lambda v: None if v == "adamw_torch" else v,
+        trainer=lambda v: {"optim": v},
+    ),
+)
+
+KNOB = {knob.name: knob for knob in KNOBS}
+NAMES = tuple(KNOB)
+
+
+def _config_field(knob: Knob) -> tuple[Any, Any]:
+    if knob.required:
+        return (knob.value_type, ...)
+    if knob.active is not None:
+        return (knob.value_type | None, None)
+    return (knob.value_type, knob.default)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _ConfigBase(_Frozen):
+    """One point of the search space: what a trial runs. Knobs added later have defaults, so
+    configs stored before them still load."""
+
+    @property
+    def effective_batch(self) -> int:
+        return self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[attr-defined]
+
+    def active_knobs(self) -> dict[str, Any]:
+        """The knobs that apply to this config (prefetch_factor only with workers, ...)."""
+        values = self.model_dump()
+        return {k.name: values[k.name] for k in KNOBS if k.is_active(values)}
+
+
+TrialConfig: type[_ConfigBase] = create_model(  # type: ignore[call-overload]
+    "TrialConfig",
+    __base__=_ConfigBase,
+    __module__=__name__,
+    **{knob.name: _config_field(knob) for knob in KNOBS},
+)
+
+
+def normalize(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's values with inactive knobs set to None and missing optional ones defaulted.
+
+    >>> normalize({"num_workers": 0, "prefetch_factor": 4})["prefetch_factor"] is None
+    True
+    """
+    out = dict(values)
+    for knob in KNOBS:
+        if not knob.required and knob.name not in out and knob.active is None:
+            out[knob.name] = knob.default
+    for knob in KNOBS:
+        if not knob.is_active(out):
+            out[knob.name] = None
+        elif knob.active is not None and out.get(knob.name) is None:
+            out[knob.name] = knob.default
+    return out
+
+
+def inactive_problem(config: Mapping[str, Any]) -> str | None:
+    """Why a config sets a knob that does not apply, or leaves out one that does."""
+    for knob in KNOBS:
+        if knob.active is None:
+            continue
+        value = config.get(knob.name)
+        if not knob.is_active(config) and value is not None:
+            return f"{knob.name} must be null here: {knob.inactive}"
+        if knob.is_active(config) and value is None:
+            return f"{knob.name} is missing (it is a knob when num_workers > 0)"
+    return None
+
+
+def describe(config: Mapping[str, Any]) -> str:
+    """A compact line for tables: ``b8×2 w2/pf4 seq512 sdpa packed``."""
+    parts: list[str] = []
+    for knob in KNOBS:
+        value = config.get(knob.name)
+        if value is None or knob.name in ("gradient_accumulation_steps", "prefetch_factor"):
+            continue
+        text = knob.short(value)
+        if text is None:
+            continue
+        if knob.name == "per_device_batch_size":
+            text += (
+                KNOB["gradient_accumulation_steps"].short(
+                    config.get("gradient_accumulation_steps", 1)
+                )
+                or ""
+            )
+        if knob.name == "num_workers" and config.get("prefetch_factor"):
+            text += "/" + (KNOB["prefetch_factor"].short(config["prefetch_factor"]) or "")
+        parts.append(text)
+    return " ".join(parts)
+
+
+def trainer_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for every knob of ``config`` that has one."""
+    kwargs: dict[str, Any] = {}
+    for knob in KNOBS:
+        value = config.get(knob.name)
+        if value is not None and knob.is_active(config):
+            kwargs.update(knob.trainer(value))
+    return kwargs
+
+
+def sft_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``trl.SFTConfig`` keywords beyond ``TrainingArguments``' (max_length, packing)."""
+    kwargs: dict[str, Any] = {}
+    for knob in KNOBS:
+        value = config.get(knob.name)
+        if knob.is_active(config) and value is not None:
+            kwargs.update(knob.sft(value))
+    return kwargs
+
+
+def dataloader_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``torch.utils.data.DataLoader`` keywords for every knob of ``config`` that has one."""
+    kwargs: dict[str, Any] = {}
+    for knob in KNOBS:
+        value = config.get(knob.name)
+        if knob.is_active(config) and value is not None:
+            kwargs.update(knob.dataloader(value))
+    return kwargs
+
+
+def machine_drops(
+    search_values: Mapping[str, list[Any]], capabilities: Mapping[str, str | None]
+) -> dict[str, dict[str, str]]:
+    """Values this machine cannot run, knob → value → reason. ``capabilities`` maps each
+    capability to None (present) or why it is missing.
+
+    >>> machine_drops({"tf32": [False, True]}, {"cuda": "the trial device is the CPU"})
+    {'tf32': {'True': 'needs a CUDA device (the trial device is the CPU)'}}
+    """
+    dropped: dict[str, dict[str, str]] = {}
+    for name, values in search_values.items():
+        knob = KNOB[name]
+        for value in values:
+            need = knob.needs.get(value)
+            if need is None:
+                continue
+            missing = capabilities.get(need, "not checked")
+            if missing is not None:
+                dropped.setdefault(name, {})[str(value)] = f"{CAPABILITY_NEEDS[need]} ({missing})"
+    return dropped
+
+
+def iter_values(knob: Knob, search_values: list[Any], config: Mapping[str, Any]) -> Iterator[Any]:
+    """The values ``knob`` takes in a grid given the rest of ``config`` (None when inactive)."""
+    if knob.is_active(config):
+        yield from search_values
+    else:
+        yield None

@@ -1,0 +1,167 @@
+"""Engines: what trains a trial, the way the user's run trains.
+
+Each engine builds its model, data and optimizer from the trial's config and feeds the one
+``Recorder`` (``sweeper/trial/recipe.py``) as it trains; the recipe decides when it is done.
+
+- ``loop``: a plain PyTorch loop (autocast, GradScaler for fp16), the shape of a custom AMP
+  loop;
+- ``trainer``: ``transformers.Trainer`` with ``TrainingArguments`` from the config;
+- ``sft``: TRL's ``SFTTrainer`` with ``SFTConfig`` (it tokenizes and packs the data itself).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sweeper.errors import TrialError
+from sweeper.trial.protocol import ChildRequest
+from sweeper.trial.recipe import HostTimer, Recorder, Timer
+
+
+class CudaTimer:
+    """Device time from CUDA events: marks are recorded in the stream, read when reached."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def between(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float | None:
+        if not end.query():
+            return None
+        return start.elapsed_time(end) / 1000
+
+
+def timer_for(device: torch.device) -> Timer:
+    return CudaTimer(device) if device.type == "cuda" else HostTimer()
+
+
+@dataclass
+class TrialContext:
+    """What every engine gets: the request, the device, the tokenizer and a fresh recorder."""
+
+    request: ChildRequest
+    device: torch.device
+    tokenizer: Any
+    recorder: Recorder
+    cache_dir: Path
+    phases: dict[str, float | None] = field(default_factory=dict)
+    # time.time() when the last build phase ended: the engine starts the recorder right after
+    last_phase_end: float = field(default_factory=time.time)
+
+    def phase_done(self, name: str) -> None:
+        """Close a build phase (``data``, ``model``, ``optimizer``...) at the current time."""
+        now = time.time()
+        self.phases[name] = (self.phases.get(name) or 0.0) + now - self.last_phase_end
+        self.last_phase_end = now
+
+
+@dataclass
+class EngineRun:
+    """What an engine hands back once the recorder is done."""
+
+    model: torch.nn.Module  # unwrapped (not compiled), for the checkpoint and the FLOPs count
+    optimizer: torch.optim.Optimizer
+    optimizer_name: str  # what ran, read back from the optimizer object
+    loader_epochs: int = 1
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def count_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """Rows, real and padded tokens of a collated batch, without waiting for the device: a
+    device-side sum stays a tensor until the recorder reads it at the window's edge."""
+    ids = batch["input_ids"]
+    mask = batch.get("attention_mask")
+    real = ids.numel() if mask is None else mask.sum()  # padding-free batches have no mask
+    if isinstance(real, torch.Tensor) and real.device.type == "cpu":
+        real = int(real)
+    return {"rows": ids.shape[0], "real_tokens": real, "padded_tokens": ids.numel()}
+
+
+class TimedBatches:
+    """An iterable over ``loader`` that reports each batch, and the wait for it, to the
+    recorder: the time the host is blocked on the data pipeline."""
+
+    def __init__(self, loader: Any, recorder: Recorder) -> None:
+        self._loader, self._recorder = loader, recorder
+
+    def __iter__(self) -> Any:
+        iterator = iter(self._loader)
+        while True:
+            waited = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._recorder.batch(**count_batch(batch), data_wait_s=time.perf_counter() - waited)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def build_optimizer(
+    name: str, model: torch.nn.Module, learning_rate: float, device: torch.device
+) -> torch.optim.Optimizer:
+    """The optimizer ``TrainingArguments(optim=name)`` would build, for the plain loop."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw_torch":
+        return torch.optim.AdamW(params, lr=learning_rate)
+    if name == "adamw_torch_fused":
+        if device.type != "cuda":
+            raise TrialError("unsupported", "optim adamw_torch_fused needs a CUDA device")
+        return torch.optim.AdamW(params, lr=learning_rate, fused=True)
+    if name == "adamw_8bit":
+        try:
+            import bitsandbytes as bnb
+        except Exception as e:  # ImportError, or a CUDA setup error raised at import
+            raise TrialError(
+                "unsupported", f"optim adamw_8bit needs bitsandbytes, which does not import: {e}"
+            ) from e
+        return bnb.optim.AdamW8bit(params, lr=learning_rate)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # Trainer's settings for optim="adafactor": a fixed learning rate
+        return Adafactor(params, lr=learning_rate, scale_parameter=False, relative_step=False)
+    raise TrialError("error", f"unknown optim {name!r}")
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """What the optimizer object is, read back (the fused kernel, 8-bit, Adafactor)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+    kind = type(inner).__name__
+    if getattr(inner, "defaults", {}).get("fused"):
+        return f"{kind} (fused)"
+    return kind
+
+
+def engine(name: str) -> Callable[[TrialContext], EngineRun]:
+    """The engine's train function, imported only when a trial uses it."""
+    if name == "loop":
+        from sweeper.trial.engines.loop import train
+    elif name == "trainer":
+        from sweeper.trial.engines.trainer import train_trainer as train
+    elif name == "sft":
+        from sweeper.trial.engines.trainer import train_sft as train
+    else:
+        raise TrialError("error", f"unknown engine {name!r}")
+    return train

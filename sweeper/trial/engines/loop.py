@@ -1,0 +1,103 @@
+"""The plain loop: a custom AMP training loop (autocast, GradScaler for fp16 on CUDA)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from sweeper.trial.engines import (
+    EngineRun,
+    TimedBatches,
+    TrialContext,
+    build_optimizer,
+    optimizer_name,
+)
+from sweeper.trial.workload import build_loader, build_model, mixed_precision
+
+
+def train(ctx: TrialContext) -> EngineRun:
+    request, device, recorder = ctx.request, ctx.device, ctx.recorder
+    assert request.config is not None and request.prepared is not None
+    config, workload = request.config, request.workload
+    loader = build_loader(workload, request.prepared, config, ctx.tokenizer, device, ctx.cache_dir)
+    ctx.phase_done("data")
+    model = build_model(workload, config, ctx.tokenizer, device)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()  # as Trainer does for gradient_checkpointing=True
+    model.train()
+    ctx.phase_done("model")
+    runnable: torch.nn.Module = model
+    if config.compile_mode != "none":
+        runnable = torch.compile(model, mode=config.compile_mode)
+    optimizer = build_optimizer(config.optim, model, workload.learning_rate, device)
+    ctx.phase_done("optimizer")
+
+    stepper = _Stepper(runnable, optimizer, loader, ctx)
+    recorder.start()
+    while True:
+        stepper.step()
+        if recorder.step_end():
+            break
+    return EngineRun(
+        model=model,
+        optimizer=optimizer,
+        optimizer_name=optimizer_name(optimizer),
+        loader_epochs=stepper.loader_epochs,
+    )
+
+
+class _Stepper:
+    """One optimizer step = ``accumulation`` micro-batches; no host sync inside."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: Any,
+        ctx: TrialContext,
+    ) -> None:
+        config = ctx.request.config
+        assert config is not None
+        self.model, self.optimizer, self.recorder = model, optimizer, ctx.recorder
+        self.loader = TimedBatches(loader, ctx.recorder)
+        self.accumulation = config.gradient_accumulation_steps
+        self.device = ctx.device
+        self.batches: Iterator[dict[str, torch.Tensor]] = iter(self.loader)
+        self.loader_epochs = 1
+        self.autocast = mixed_precision(ctx.device, config.precision)
+        self.scaler = (
+            torch.amp.GradScaler(ctx.device.type)
+            if config.precision == "fp16" and ctx.device.type == "cuda"
+            else None
+        )
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        try:
+            return next(self.batches)
+        except StopIteration:
+            # the real run turns epochs too; a small demo corpus just turns them sooner
+            self.loader_epochs += 1
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
+    def step(self) -> None:
+        loss_total = torch.zeros((), device=self.device)
+        for _ in range(self.accumulation):
+            batch = self._next_batch()
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            with self.autocast():
+                loss = self.model(**batch).loss / self.accumulation
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            loss_total += loss.detach()
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.recorder.loss(loss_total)

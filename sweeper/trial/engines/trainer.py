@@ -1,0 +1,203 @@
+"""``transformers.Trainer`` and TRL's ``SFTTrainer`` as engines.
+
+The Trainer owns its loop; a ``TrainerCallback`` feeds the recipe's recorder (start at
+``on_train_begin``, a step at each ``on_step_end``, stop when the recorder is done) and a wrapper
+around the Trainer's own DataLoader reports each batch and the wait for it. Everything the
+Trainer does per step — its DataLoader (built from ``dataloader_*`` arguments), the optimizer it
+builds from ``optim``, its NaN filter and logging, the LR scheduler — is inside the timed steps,
+as in the user's run. ``TrainingArguments`` come from ``sweeper.knobs.trainer_arguments``: the
+same function the export uses, so the pasted arguments are the measured ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from sweeper import knobs
+from sweeper.errors import TrialError
+from sweeper.trial.engines import EngineRun, TimedBatches, TrialContext, optimizer_name
+from sweeper.trial.workload import build_model, build_training_dataset, make_collator
+
+
+def trainer_arguments(ctx: TrialContext) -> dict[str, Any]:
+    """``TrainingArguments`` keywords: the config's knobs plus what makes it a trial (a step
+    cap far beyond the recorder's, no saving, no reporting)."""
+    request = ctx.request
+    assert request.config is not None and request.settings is not None
+    settings = request.settings
+    return {
+        **knobs.trainer_arguments(request.config.model_dump()),
+        "output_dir": str(ctx.cache_dir / "trainer-output"),
+        "learning_rate": request.workload.learning_rate,
+        "logging_steps": request.workload.logging_steps,
+        # the recorder stops the run; this only bounds it
+        "max_steps": settings.warmup.max_steps + settings.measure.max_steps + 2,
+        "save_strategy": "no",  # one checkpoint save is timed apart, after the window
+        "report_to": "none",
+        "disable_tqdm": True,
+        "use_cpu": ctx.device.type == "cpu",
+        "dataloader_drop_last": True,
+        "seed": 0,
+    }
+
+
+def _callback(ctx: TrialContext) -> Any:
+    from transformers import TrainerCallback
+
+    recorder = ctx.recorder
+
+    class Record(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            ctx.phase_done("trainer_setup")  # accelerate's prepare, the optimizer, the scheduler
+            recorder.start()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if recorder.step_end():
+                control.should_training_stop = True
+
+    return Record()
+
+
+def _timed(trainer_class: type) -> type:
+    """``trainer_class`` with its DataLoader timed and its losses handed to the recorder."""
+
+    class Timed(trainer_class):  # type: ignore[misc, valid-type]
+        sweeper_ctx: TrialContext
+
+        def get_train_dataloader(self) -> Any:
+            return TimedBatches(super().get_train_dataloader(), self.sweeper_ctx.recorder)
+
+        def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            loss = super().training_step(*args, **kwargs)
+            self.sweeper_ctx.recorder.loss(loss.detach())
+            return loss
+
+    return Timed
+
+
+def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
+    if not ctx.recorder.done:
+        raise TrialError(
+            "error",
+            f"the Trainer stopped after {trainer.state.global_step} steps, before the measurement "
+            "was complete (its data ran out?)",
+        )
+    model = trainer.model
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    return EngineRun(
+        model=model,
+        optimizer=trainer.optimizer,
+        optimizer_name=optimizer_name(trainer.optimizer),
+        loader_epochs=max(1, math.ceil(trainer.state.epoch or 1)),
+    )
+
+
+def _require(module: str, engine: str) -> None:
+    try:
+        __import__(module)
+    except ImportError as e:
+        raise TrialError(
+            "unsupported",
+            f"workload.engine {engine} needs the {module} package, which does not import "
+            f"here ({e}); pip install {module}",
+        ) from e
+
+
+def train_trainer(ctx: TrialContext) -> EngineRun:
+    """Train with ``transformers.Trainer`` on the sweep's dataset and collator."""
+    _require("accelerate", "trainer")
+    from transformers import Trainer, TrainingArguments
+
+    request = ctx.request
+    assert request.config is not None and request.prepared is not None
+    config, workload = request.config, request.workload
+    dataset = build_training_dataset(
+        workload, request.prepared, config, ctx.tokenizer, ctx.cache_dir
+    )
+    ctx.phase_done("data")
+    model = build_model(workload, config, ctx.tokenizer, ctx.device)
+    ctx.phase_done("model")
+    args = _arguments(TrainingArguments, trainer_arguments(ctx))
+    trainer = _timed(Trainer)(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=make_collator(workload, config, ctx.tokenizer),
+        callbacks=[_callback(ctx)],
+    )
+    trainer.sweeper_ctx = ctx
+    _train(trainer)
+    return _finish(ctx, trainer)
+
+
+def sft_rows(ctx: TrialContext, available: int) -> int:
+    """Rows SFTTrainer needs to tokenize for the trial's longest possible run (it tokenizes
+    and packs its whole dataset before training: the real run pays that once, a trial should
+    not pay it for rows it never reads)."""
+    request = ctx.request
+    assert request.config is not None and request.settings is not None and request.prepared
+    config, settings = request.config, request.settings
+    steps = settings.warmup.max_steps + settings.measure.max_steps + 2
+    rows = steps * config.effective_batch
+    if config.packing:
+        per_sample = request.prepared.tokens_per_sample or 64.0
+        rows = math.ceil(rows * (config.max_seq_length / per_sample + 1))
+    return min(available, rows)
+
+
+def train_sft(ctx: TrialContext) -> EngineRun:
+    """Train with TRL's ``SFTTrainer``: it tokenizes, truncates or packs the text itself."""
+    _require("trl", "sft")
+    from trl import SFTConfig, SFTTrainer
+
+    from sweeper.trial.corpus import load_hf_dataset
+
+    request = ctx.request
+    assert request.config is not None and request.prepared is not None
+    config, workload, prepared = request.config, request.workload, request.prepared
+    rows = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, ctx.cache_dir)
+    rows = rows.select(range(sft_rows(ctx, len(rows))))
+    if prepared.text_field != "text":
+        rows = rows.rename_column(prepared.text_field, "text")
+    ctx.phase_done("data")
+    model = build_model(workload, config, ctx.tokenizer, ctx.device)
+    ctx.phase_done("model")
+    args = _arguments(
+        SFTConfig,
+        {
+            **trainer_arguments(ctx),
+            **knobs.sft_arguments(config.model_dump()),
+            "dataset_text_field": "text",
+            "remove_unused_columns": True,
+        },
+    )
+    trainer = _timed(SFTTrainer)(
+        model=model,
+        args=args,
+        train_dataset=rows,
+        processing_class=ctx.tokenizer,
+        callbacks=[_callback(ctx)],
+    )
+    ctx.phase_done("dataset")  # SFTTrainer tokenizes (and packs) its dataset in __init__
+    trainer.sweeper_ctx = ctx
+    _train(trainer)
+    return _finish(ctx, trainer)
+
+
+def _arguments(kind: type, kwargs: dict[str, Any]) -> Any:
+    try:
+        return kind(**kwargs)
+    except (ValueError, ImportError) as e:  # e.g. tf32 without an Ampere GPU, fp16 on a CPU
+        raise TrialError("unsupported", f"{kind.__name__} refuses this config: {e}") from e
+
+
+def _train(trainer: Any) -> None:
+    try:
+        trainer.train()
+    except torch.OutOfMemoryError:
+        raise
+    except (ValueError, NotImplementedError) as e:
+        raise TrialError("unsupported", f"{type(trainer).__mro__[1].__name__}: {e}") from e
