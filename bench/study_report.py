@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from sweeper.errors import SweeperError
+from sweeper.knobs import describe
+from sweeper.measurement import parse_measurement
 from sweeper.recommend import Recommendation, best
 from sweeper.space import TrialConfig, parse_space
 from sweeper.store import Store
@@ -26,17 +29,13 @@ from sweeper.studyfile import StudyDocument, import_study, read_study_file
 
 
 def _describe(config: dict[str, Any]) -> str:
-    c = TrialConfig.model_validate(config)
-    loader = f"w{c.num_workers}" + (f"/pf{c.prefetch_factor}" if c.prefetch_factor else "")
-    return (
-        f"bs{c.per_device_batch_size}×ga{c.gradient_accumulation_steps} seq{c.max_seq_length} "
-        f"{loader} {c.attn_implementation} compile={c.compile_mode}"
-        + (" packed" if c.packing else "")
-    )
+    return describe(config)
 
 
 def _num(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
-    return "—" if value is None else format(value * scale, spec) + suffix
+    if value is None or math.isnan(value):
+        return "—"
+    return format(value * scale, spec) + suffix
 
 
 def _gib(value: float | None) -> str:
@@ -65,17 +64,17 @@ def report(
     trials = document.trials
     complete = [t for t in trials if t["state"] == "complete"]
     failed = [t for t in trials if t["state"] == "failed"]
-    env = next(((t["measurement"] or {}).get("env") for t in complete), None) or {}
     study = document.study
+    env = parse_measurement(complete[0]["measurement"]).env if complete else None
     lines = [
-        f"#### {study['name']} on {env.get('device_name', study['hardware_name'])}, "
+        f"#### {study['name']} on {env.device_name if env else study['hardware_name']}, "
         f"recorded {str(study['updated_at'])[:10]}",
         "",
         f"Command: `{command}`. Priced as {study['hardware_name']} at "
         f"${study['usd_per_hour']:.2f}/h; the job: {study['samples']:,} samples × "
-        f"{study['epochs']:g} epochs. Driver {env.get('driver') or '—'}, CUDA "
-        f"{env.get('cuda') or '—'}, torch {env.get('torch', '—')}, transformers "
-        f"{env.get('transformers', '—')}, Python {env.get('python', '—')}. "
+        f"{study['epochs']:g} epochs. Driver {(env and env.driver) or '—'}, CUDA "
+        f"{(env and env.cuda) or '—'}, torch {env.torch if env else '—'}, transformers "
+        f"{env.transformers if env else '—'}, Python {env.python if env else '—'}. "
         f"{len(complete)} trials complete, {len(failed)} failed; the sweep used "
         f"{study['sweep_seconds'] / 60:.1f} min of the machine.",
         "",
@@ -156,10 +155,11 @@ def report(
 
 
 def _trial_row(label: str, trial: dict[str, Any]) -> str:
-    m = trial["measurement"] or {}
+    measurement = parse_measurement(trial["measurement"])
     return (
         f"| {label} | #{trial['number']} | {_num(trial['samples_per_s'], ',.1f')} "
-        f"(±{_num(m.get('throughput_ci95_rel'), '.1%')}) | {_num(trial['tokens_per_s'], ',.0f')} "
+        f"(±{_num(measurement.throughput_ci95_rel, '.1%')}) "
+        f"| {_num(trial['tokens_per_s'], ',.0f')} "
         f"| {_num(trial['mfu'], '.1%')} | {_gib(trial['peak_memory_bytes'])} "
         f"| {_num(trial['hours_per_run'], ',.2f')} | {_num(trial['cost_per_run_usd'], ',.2f')} |"
     )

@@ -484,16 +484,9 @@ def _describe(config: TrialConfig) -> str:
 
 
 def _describe_dict(config: dict[str, Any]) -> str:
-    loader = f"w{config.get('num_workers', '?')}"
-    if config.get("prefetch_factor"):
-        loader += f"/pf{config['prefetch_factor']}"
-    return (
-        f"bs{config.get('per_device_batch_size', '?')}×"
-        f"ga{config.get('gradient_accumulation_steps', '?')} "
-        f"seq{config.get('max_seq_length', '?')} {loader} "
-        f"{config.get('attn_implementation', '?')} compile={config.get('compile_mode', '?')}"
-        + (" packed" if config.get("packing") else "")
-    )
+    from sweeper.knobs import describe
+
+    return describe(config)
 
 
 def _print_leaderboard(url: str, study: str, top: int = 10) -> None:

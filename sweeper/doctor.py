@@ -65,7 +65,7 @@ _TRAIN_BYTES_PER_PARAM = 16
 _GIB = 1024**3
 
 Level = Literal["problem", "warning", "ok"]
-_TOPICS = {"attn_implementation": "attention", "compile_mode": "compile"}
+_TOPICS = {"attn_implementation": "attention", "compile_mode": "compile", "precision": "precision"}
 
 
 class DoctorError(SweeperError):
@@ -301,7 +301,9 @@ def _probe_findings(
             )
         )
     factor = preflight.precision_factor
-    subject_precision = (space.workload.precision if space else None) or next(
+    subject_precision = (
+        next((p for p in space.search.values("precision") if p != "fp32"), None) if space else None
+    ) or next(
         (p for p in ("bf16", "fp16") if precisions[p]["runs"]), None
     )
     if factor is not None and subject_precision:
@@ -315,18 +317,32 @@ def _probe_findings(
             )
         )
     if space is not None:
-        wanted = space.workload.precision
-        if wanted != "fp32" and not precisions[wanted]["runs"]:
+        listed = space.search.values("precision")
+        where = "workload.precision" if space.workload.precision else "search.precision"
+        for wanted in listed:
+            if wanted == "fp32" or precisions[wanted]["runs"]:
+                continue
+            alternative = "fp16" if wanted == "bf16" and precisions["fp16"]["runs"] else "fp32"
             found.append(
                 Finding(
-                    level="problem",
+                    level="problem" if len(listed) == 1 else "warning",
                     topic="precision",
-                    text=f"workload.precision is {wanted}, which does not run here: "
-                    f"{precisions[wanted]['error']}",
-                    fix="set workload.precision: "
-                    + ("fp16" if wanted == "bf16" and precisions["fp16"]["runs"] else "fp32"),
+                    text=f"{where} {wanted} does not run here: {precisions[wanted]['error']}",
+                    fix=f"set {where}: {alternative}"
+                    if len(listed) == 1
+                    else f"remove {wanted} from search.precision (the sweep would skip it)",
                 )
             )
+    for knob, value in preflight.fallbacks.items():
+        reasons = "; ".join(f"{v}: {r}" for v, r in preflight.dropped.get(knob, {}).items())
+        found.append(
+            Finding(
+                level="warning",
+                topic="knobs",
+                text=f"search.{knob}: no listed value can run here ({reasons}); trials would run "
+                f"{knob}={value!r}",
+            )
+        )
     for outcome in preflight.outcomes:
         label, topic = outcome.value, _TOPICS[outcome.knob]
         if outcome.ok:
@@ -371,7 +387,7 @@ def _probe_findings(
 def _known_config_findings(space: Space, preflight: PreflightReport) -> list[Finding]:
     found = []
     for where, known in space.named_known_configs():
-        reason = preflight.allows(known.as_config())
+        reason = preflight.allows(preflight.adapt(known.as_config(space.search)))
         if reason is not None:
             found.append(
                 Finding(

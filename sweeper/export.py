@@ -1,7 +1,10 @@
-"""The recommended config, written the way users paste it: Trainer, DataLoader, YAML, JSON.
+"""The recommended config, written the way users paste it: TrainingArguments, SFTConfig, a
+DataLoader with its training loop, YAML, JSON.
 
-One renderer per format, all from a ``Recommendation`` plus the study's workload settings
-(precision, TF32, device), so the CLI (``sweeper export``) and the REST API say the same.
+Every knob reaches the snippets through ``sweeper.knobs`` (``trainer_arguments``,
+``sft_arguments``, ``dataloader_arguments``) — the same functions the trial engines build their
+``TrainingArguments`` and DataLoader from, so what is pasted is what was measured. The CLI
+(``sweeper export``) and the REST API render through here and say the same.
 """
 
 from __future__ import annotations
@@ -10,61 +13,70 @@ from typing import Any, Literal
 
 import yaml
 
+from sweeper import knobs
 from sweeper.errors import SpaceError
 from sweeper.recommend import Recommendation
-from sweeper.space import parse_space
+from sweeper.space import Space, parse_space
 
-ExportFormat = Literal["trainer", "dataloader", "yaml", "json"]
-FORMATS: tuple[ExportFormat, ...] = ("trainer", "dataloader", "yaml", "json")
+ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json"]
+FORMATS: tuple[ExportFormat, ...] = ("trainer", "sft", "dataloader", "yaml", "json")
 MEDIA_TYPES = {
     "trainer": "text/x-python",
+    "sft": "text/x-python",
     "dataloader": "text/x-python",
     "yaml": "application/yaml",
     "json": "application/json",
 }
 
 
-def workload_settings(space_yaml: str) -> dict[str, Any]:
-    """Precision, TF32 and device of the study's space (defaults if it cannot be read)."""
+def _space(space_yaml: str) -> Space | None:
     try:
-        space = parse_space(space_yaml)
+        return parse_space(space_yaml)
     except SpaceError:
-        return {"precision": "fp32", "tf32": False, "device": "cpu", "save_steps": None}
-    return {
-        "precision": space.workload.precision,
-        "tf32": space.workload.tf32,
-        "device": space.hardware.device,
-        "save_steps": space.workload.checkpoint.save_steps,
-    }
+        return None
 
 
-def trainer_kwargs(rec: Recommendation, settings: dict[str, Any]) -> dict[str, Any]:
+def full_config(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
+    """The winner's value of every knob. A config stored before a knob existed takes the
+    study's only choice for it (``workload.precision: bf16`` of an older space), else the
+    knob's default."""
+    space = _space(space_yaml)
+    values = dict(rec.config)
+    for knob in knobs.KNOBS:
+        if values.get(knob.name) is None and space is not None:
+            listed = space.search.values(knob.name)
+            if len(listed) == 1:
+                values[knob.name] = listed[0]
+    return knobs.normalize(values)
+
+
+def _device(space_yaml: str) -> str:
+    space = _space(space_yaml)
+    return "cpu" if space is None else space.hardware.device
+
+
+def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     """Keyword arguments of ``transformers.TrainingArguments`` for the recommended config."""
-    config = rec.config
-    workers = config["num_workers"]
-    kwargs: dict[str, Any] = {
-        "per_device_train_batch_size": config["per_device_batch_size"],
-        "gradient_accumulation_steps": config["gradient_accumulation_steps"],
-        "dataloader_num_workers": workers,
-    }
-    if workers > 0 and config.get("prefetch_factor"):
-        kwargs["dataloader_prefetch_factor"] = config["prefetch_factor"]
-    if settings["precision"] == "bf16":
-        kwargs["bf16"] = True
-    elif settings["precision"] == "fp16":
-        kwargs["fp16"] = True
-    if settings["tf32"] and settings["device"] == "cuda":
-        kwargs["tf32"] = True  # TrainingArguments refuses tf32 without an Ampere+ GPU
-    if config["compile_mode"] != "none":
-        kwargs["torch_compile"] = True
-        kwargs["torch_compile_mode"] = config["compile_mode"]
+    config = full_config(rec, space_yaml)
+    kwargs: dict[str, Any] = {"output_dir": "output", **knobs.trainer_arguments(config)}
+    if _device(space_yaml) != "cuda":
+        kwargs.pop("tf32", None)  # TrainingArguments refuses tf32 without an Ampere+ GPU
     # scaled when the effective batch differs from the baseline's (see the header's warning)
     learning_rate = rec.suggested_learning_rate or rec.learning_rate
     if learning_rate is not None:
         kwargs["learning_rate"] = learning_rate
-    if settings.get("save_steps"):
-        kwargs["save_steps"] = settings["save_steps"]  # what the $/run counted
+    space = _space(space_yaml)
+    if space is not None:
+        if space.workload.checkpoint.save_steps:
+            kwargs["save_steps"] = space.workload.checkpoint.save_steps  # what $/run counted
+        if space.workload.engine != "loop":
+            kwargs["logging_steps"] = space.workload.logging_steps
     return kwargs
+
+
+def sft_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
+    """Keyword arguments of ``trl.SFTConfig``: TrainingArguments' plus max_length, packing."""
+    return trainer_kwargs(rec, space_yaml) | knobs.sft_arguments(full_config(rec, space_yaml))
 
 
 def _header(rec: Recommendation) -> str:
@@ -83,9 +95,183 @@ def _header(rec: Recommendation) -> str:
     return "\n".join(lines)
 
 
+def _call(name: str, kwargs: dict[str, Any]) -> str:
+    arguments = "\n".join(f"    {key}={value!r}," for key, value in kwargs.items())
+    return f"{name}(\n{arguments}\n)"
+
+
+def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
+    space = _space(space_yaml)
+    model_id = space.workload.model.id if space is not None else None
+    source = (
+        f"MODEL_ID = {model_id!r}\n"
+        if model_id
+        else 'MODEL_ID = "your-org/your-model"  # the hub id or local path of the model you train\n'
+    )
+    return (
+        source + "model = AutoModelForCausalLM.from_pretrained(\n"
+        f"    MODEL_ID, attn_implementation={config['attn_implementation']!r}\n"
+        ")\n"
+    )
+
+
+def _trainer(rec: Recommendation, space_yaml: str) -> str:
+    config = full_config(rec, space_yaml)
+    length = config["max_seq_length"]
+    data = (
+        f"# pack samples into blocks of {length} tokens (no padding, nothing cut): the sft "
+        f"export does it with SFTConfig(packing=True, max_length={length})\n"
+        if config["packing"]
+        else f"# cut samples at {length} tokens (max_seq_length), e.g. "
+        f"SFTConfig(max_length={length})\n"
+    )
+    return (
+        f"{_header(rec)}\n"
+        "from transformers import AutoModelForCausalLM, TrainingArguments\n\n"
+        + _model_lines(config, space_yaml)
+        + f"training_args = {_call('TrainingArguments', trainer_kwargs(rec, space_yaml))}\n"
+        + data
+    )
+
+
+def _sft(rec: Recommendation, space_yaml: str) -> str:
+    config = full_config(rec, space_yaml)
+    return (
+        f"{_header(rec)}\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "from trl import SFTConfig\n\n"
+        + _model_lines(config, space_yaml)
+        + f"sft_config = {_call('SFTConfig', sft_kwargs(rec, space_yaml))}\n"
+        "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
+        "processing_class=tokenizer)\n"
+    )
+
+
+_PACKING = '''
+
+class PackedBlocks(IterableDataset):
+    """Token id lists (each closed by EOS) concatenated and cut into {block}-token blocks:
+    no padding, and a long sample continues in the next block instead of being cut."""
+
+    def __init__(self, samples, block={block}):
+        self.samples, self.block = samples, block
+
+    def __iter__(self):
+        buffer = []
+        for ids in self.samples:
+            buffer.extend(ids)
+            while len(buffer) >= self.block:
+                yield buffer[: self.block]
+                del buffer[: self.block]
+
+    @staticmethod
+    def collate(rows):
+        """Blocks are full: no padding, every token is a label."""
+        ids = torch.tensor(rows)
+        return {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}}
+
+
+dataset = PackedBlocks(dataset)  # dataset: token id lists of whole samples, each closed by EOS
+'''
+
+_OPTIMIZERS = {
+    "adamw_torch": "torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)",
+    "adamw_torch_fused": "torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=True)",
+    "adamw_8bit": "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=LEARNING_RATE)",
+    "adafactor": "transformers.optimization.Adafactor(model.parameters(), lr=LEARNING_RATE, "
+    "scale_parameter=False, relative_step=False)",
+}
+_AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+
+
+def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str:
+    """The training-loop side of the knobs (what TrainingArguments would do for a plain loop):
+    ``prepare(model)`` returns the model and optimizer the trial measured."""
+    lines = [
+        f"LEARNING_RATE = {learning_rate!r}",
+        f"ACCUMULATION_STEPS = {config['gradient_accumulation_steps']}  # batches per "
+        "optimizer step",
+        "",
+        "",
+        "def prepare(model):",
+        '    """The model and optimizer as measured (precision: see AUTOCAST)."""',
+    ]
+    if config.get("tf32") and device == "cuda":
+        lines += [
+            "    torch.backends.cuda.matmul.allow_tf32 = True",
+            "    torch.backends.cudnn.allow_tf32 = True",
+        ]
+    if config.get("gradient_checkpointing"):
+        lines.append("    model.gradient_checkpointing_enable()")
+    if config.get("optim") == "adamw_8bit":
+        lines.append("    import bitsandbytes")
+    if config.get("optim") == "adafactor":
+        lines.append("    import transformers.optimization")
+    lines.append(f"    optimizer = {_OPTIMIZERS[config.get('optim') or 'adamw_torch']}")
+    if config.get("compile_mode", "none") != "none":
+        lines.append(f"    model = torch.compile(model, mode={config['compile_mode']!r})")
+    lines.append("    return model, optimizer")
+    dtype = _AUTOCAST.get(config.get("precision") or "fp32")
+    lines += [
+        "",
+        "",
+        "# each forward pass runs in `with AUTOCAST():`"
+        + (
+            " (and fp16 scales its loss with torch.amp.GradScaler)"
+            if dtype == "torch.float16"
+            else ""
+        ),
+        f"AUTOCAST = functools.partial(torch.autocast, {device if device != 'auto' else 'cuda'!r}, "
+        f"dtype={dtype})"
+        if dtype
+        else "AUTOCAST = contextlib.nullcontext  # fp32",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _dataloader(rec: Recommendation, space_yaml: str) -> str:
+    config = full_config(rec, space_yaml)
+    device = _device(space_yaml)
+    length = config["max_seq_length"]
+    kwargs = knobs.dataloader_arguments(config)
+    if device != "cuda":
+        kwargs["pin_memory"] = False  # pinning needs a GPU to copy to
+    # a packed stream is an IterableDataset: it keeps its own order, the DataLoader cannot shuffle
+    extra: dict[str, Any] = (
+        {"drop_last": True, "collate_fn": _Raw("PackedBlocks.collate")}
+        if config["packing"]
+        else {"shuffle": True, "drop_last": True}
+    )
+    where = (
+        f"# packing: samples tokenized whole, concatenated, cut into {length}-token blocks"
+        + _PACKING.format(block=length)
+        if config["packing"]
+        else f"# dataset: samples tokenized and cut at {length} tokens (max_seq_length)\n"
+    )
+    space = _space(space_yaml)
+    learning_rate = rec.suggested_learning_rate or rec.learning_rate
+    if learning_rate is None:
+        learning_rate = space.workload.learning_rate if space is not None else 1e-4
+    return (
+        f"{_header(rec)}\n"
+        "import contextlib\n"
+        "import functools\n\n"
+        "import torch\n"
+        "from torch.utils.data import DataLoader, IterableDataset\n\n"
+        f"{where}\n"
+        f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"
+        + loop_lines(config, learning_rate, device)
+    )
+
+
+class _Raw(str):
+    """A name written as is in a generated call (not quoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
-    settings = workload_settings(space_yaml)
-    config = rec.config
     if fmt == "json":
         return rec.model_dump_json(indent=2) + "\n"
     if fmt == "yaml":
@@ -93,7 +279,7 @@ def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
             "study": rec.study,
             "trial": rec.trial_number,
             # paste as `baseline:` into a space file to compare a later sweep against it
-            "config": {k: v for k, v in config.items() if v is not None},
+            "config": {k: v for k, v in full_config(rec, space_yaml).items() if v is not None},
             "per_run": {
                 "hours": rec.hours_per_run,
                 "usd": rec.cost_per_run_usd,
@@ -103,43 +289,9 @@ def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
         }
         return yaml.safe_dump(document, sort_keys=False)
     if fmt == "trainer":
-        kwargs = trainer_kwargs(rec, settings)
-        arguments = "\n".join(f"    {key}={value!r}," for key, value in kwargs.items())
-        return (
-            f"{_header(rec)}\n"
-            "from transformers import AutoModelForCausalLM, TrainingArguments\n\n"
-            "model = AutoModelForCausalLM.from_pretrained(\n"
-            f'    MODEL_ID, attn_implementation="{config["attn_implementation"]}"\n'
-            ")\n"
-            "training_args = TrainingArguments(\n"
-            '    output_dir="output",\n'
-            f"{arguments}\n"
-            ")\n"
-            + (
-                f"# pack samples into blocks of {config['max_seq_length']} tokens, e.g. "
-                f"SFTConfig(packing=True, max_length={config['max_seq_length']})\n"
-                if config.get("packing")
-                else f"# cut samples at max_seq_length={config['max_seq_length']} tokens, e.g. "
-                f"SFTConfig(max_length={config['max_seq_length']})\n"
-            )
-        )
+        return _trainer(rec, space_yaml)
+    if fmt == "sft":
+        return _sft(rec, space_yaml)
     if fmt == "dataloader":
-        workers = config["num_workers"]
-        prefetch = config.get("prefetch_factor") if workers > 0 else None
-        return (
-            f"{_header(rec)}\n"
-            "from torch.utils.data import DataLoader\n\n"
-            "loader = DataLoader(\n"
-            "    dataset,  # samples tokenized and truncated to "
-            f"{config['max_seq_length']} tokens\n"
-            f"    batch_size={config['per_device_batch_size']},\n"
-            "    shuffle=True,\n"
-            "    drop_last=True,\n"
-            f"    num_workers={workers},\n"
-            f"    prefetch_factor={prefetch!r},\n"
-            f"    pin_memory={settings['device'] == 'cuda'!r},\n"
-            ")\n"
-            f"# step the optimizer every {config['gradient_accumulation_steps']} batches "
-            "(gradient accumulation)\n"
-        )
+        return _dataloader(rec, space_yaml)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -11,8 +11,8 @@ Adding a knob is one entry here plus its effect in the engines (``sweeper/trial/
 >>> [k.name for k in KNOBS][:3]
 ['per_device_batch_size', 'gradient_accumulation_steps', 'num_workers']
 >>> describe({"per_device_batch_size": 8, "gradient_accumulation_steps": 2, "num_workers": 0,
-...           "max_seq_length": 512, "attn_implementation": "sdpa"})
-'b8×2 w0 seq512 sdpa'
+...           "max_seq_length": 512, "attn_implementation": "sdpa", "compile_mode": "none"})
+'bs8×ga2 seq512 w0 sdpa compile=none'
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
@@ -187,6 +187,8 @@ KNOBS: tuple[Knob, ...] = (
         default="fp32",
         short=lambda v: None if v == "fp32" else v,
         trainer=_precision_args,
+        # SFTConfig turns bf16 on by default (TrainingArguments does not): say it either way
+        sft=lambda v: {"bf16": v == "bf16", "fp16": v == "fp16"},
     ),
     Knob(
         name="tf32",
@@ -223,6 +225,7 @@ KNOBS: tuple[Knob, ...] = (
         help="recompute activations in the backward pass: less memory, more compute",
         default=False,
         short=lambda v: "ckpt" if v else None,
+        # every transformers 5.x takes this name (5.23 also calls it activation_checkpointing)
         trainer=lambda v: {"gradient_checkpointing": True} if v else {},
     ),
     Knob(
@@ -257,7 +260,12 @@ class _Frozen(BaseModel):
 
 class _ConfigBase(_Frozen):
     """One point of the search space: what a trial runs. Knobs added later have defaults, so
-    configs stored before them still load."""
+    configs stored before them still load; a knob that does not apply is None."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _conditions(cls, data: Any) -> Any:
+        return normalize(data) if isinstance(data, Mapping) else data
 
     @property
     def effective_batch(self) -> int:
@@ -308,27 +316,36 @@ def inactive_problem(config: Mapping[str, Any]) -> str | None:
     return None
 
 
+# the head of a config line, in this order; the other knobs follow where they say something
+_HEAD = ("per_device_batch_size", "max_seq_length", "num_workers", "attn_implementation")
+
+
 def describe(config: Mapping[str, Any]) -> str:
-    """A compact line for tables: ``b8×2 w2/pf4 seq512 sdpa packed``."""
-    parts: list[str] = []
+    """A compact line for tables and logs.
+
+    >>> describe({"per_device_batch_size": 8, "gradient_accumulation_steps": 2,
+    ...           "num_workers": 2, "prefetch_factor": 4, "max_seq_length": 512,
+    ...           "attn_implementation": "sdpa", "compile_mode": "none", "packing": True,
+    ...           "precision": "bf16", "optim": "adamw_torch_fused"})
+    'bs8×ga2 seq512 w2/pf4 sdpa compile=none packed bf16 adamw_torch_fused'
+    """
+    get = config.get
+    head = [
+        f"bs{get('per_device_batch_size', '?')}×ga{get('gradient_accumulation_steps', '?')}",
+        f"seq{get('max_seq_length', '?')}",
+        f"w{get('num_workers', '?')}"
+        + (f"/pf{get('prefetch_factor')}" if get("prefetch_factor") else ""),
+        str(get("attn_implementation", "?")),
+        f"compile={get('compile_mode', '?')}",
+    ]
+    tail = []
     for knob in KNOBS:
-        value = config.get(knob.name)
-        if value is None or knob.name in ("gradient_accumulation_steps", "prefetch_factor"):
+        value = get(knob.name)
+        if knob.name in (*_HEAD, "gradient_accumulation_steps", "prefetch_factor", "compile_mode"):
             continue
-        text = knob.short(value)
-        if text is None:
-            continue
-        if knob.name == "per_device_batch_size":
-            text += (
-                KNOB["gradient_accumulation_steps"].short(
-                    config.get("gradient_accumulation_steps", 1)
-                )
-                or ""
-            )
-        if knob.name == "num_workers" and config.get("prefetch_factor"):
-            text += "/" + (KNOB["prefetch_factor"].short(config["prefetch_factor"]) or "")
-        parts.append(text)
-    return " ".join(parts)
+        if value is not None and (text := knob.short(value)) is not None:
+            tail.append(text)
+    return " ".join(head + tail)
 
 
 def trainer_arguments(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,10 +1,13 @@
 """Preflight: before any trial spends budget, learn what can run on this device.
 
-Each attention implementation, each compile mode and the workload's precision is probed in its
-own child (a one-layer model of the workload, a few steps). What fails is dropped from the
-sweep with its reason; a precision that trains pathologically slowly (bf16 autocast on a CPU
-without AMX: ~10x slower than fp32) stops the sweep with the fix, since precision is part of the
-workload, not a knob to search around.
+Each attention implementation, each compile mode and each precision is probed in its own child
+(a one-layer model of the workload, a few steps). What fails is dropped from the sweep with its
+reason. A precision that trains pathologically slowly (bf16 autocast on a CPU without AMX:
+~10x slower than fp32) is dropped too when the space searches several; when it is the only one,
+it stops the sweep with the fix. Knob values that need what the machine lacks (TF32 or a fused
+optimizer without CUDA, 8-bit AdamW without bitsandbytes; ``sweeper.knobs``) are dropped with
+the reason; where that leaves a knob nothing, its fallback runs (tf32=false) and the report says
+so.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sweeper import knobs
 from sweeper.errors import SweeperError
 from sweeper.launcher import ForkServer, run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec
 
-# Knobs preflight can restrict, as TrialConfig field names.
-PROBED_KNOBS = ("attn_implementation", "compile_mode")
+# Knobs preflight probes by training, as TrialConfig field names.
+PROBED_KNOBS = ("attn_implementation", "compile_mode", "precision")
+# Knobs whose values need something of the machine (CUDA, bitsandbytes).
+MACHINE_KNOBS = tuple(k.name for k in knobs.KNOBS if k.needs)
 
 
 class PreflightError(SweeperError):
@@ -56,18 +62,36 @@ class PreflightReport:
     precision_factor: float | None = None
     # what stops a sweep, each with its fix (only with collect=True; otherwise raised)
     problems: tuple[str, ...] = ()
+    # knob → the value trials run instead, where the machine can run none of the listed ones
+    fallbacks: dict[str, Any] = field(default_factory=dict)
+    # what the probe child found the machine has (None) or lacks (why), by capability
+    capabilities: dict[str, str | None] = field(default_factory=dict)
 
     def allows(self, config: TrialConfig) -> str | None:
         """None if every knob value of ``config`` passed; otherwise why it cannot run."""
         for knob, values in self.dropped.items():
+            if knob in self.fallbacks:
+                continue  # trials run the fallback instead (``adapt``)
             value = str(getattr(config, knob))
             if value in values:
                 return f"{knob}={value} failed preflight: {values[value]}"
         return None
 
+    def adapt(self, config: TrialConfig) -> TrialConfig:
+        """``config`` with each knob that cannot run here set to its fallback."""
+        if not self.fallbacks:
+            return config
+        return config.model_copy(update=self.fallbacks)
+
+    def search(self, space: Space) -> Any:
+        """The space's search with fallen-back knobs narrowed to their fallback."""
+        return space.search.narrowed({k: [v] for k, v in self.fallbacks.items()})
+
     def to_json(self) -> dict[str, Any]:
         return {
             "dropped": self.dropped,
+            "fallbacks": self.fallbacks,
+            "capabilities": self.capabilities,
             "probes": [outcome.__dict__ for outcome in self.outcomes],
             "precision_factor": self.precision_factor,
             "problems": list(self.problems),
@@ -156,7 +180,6 @@ def run_preflight(
     that rules it out, with PreflightError; ``sweeper doctor`` (``collect=True``) runs every
     probe and returns the problems in the report. With ``probe_cache``, a probe measured on
     this machine and software within its time to live is reused, not run again."""
-    workload = space.workload
     search = space.search
     problems: list[str] = []
 
@@ -179,10 +202,25 @@ def run_preflight(
 
     outcomes: list[ProbeOutcome] = []
     dropped: dict[str, dict[str, str]] = {}
+    precisions = search.values("precision")
+    # attention kernels are probed in the precision the sweep mostly runs (flash attention
+    # needs bf16/fp16), and the first probe also times fp32 to judge that precision
+    main_precision = next((p for p in precisions if p != "fp32"), precisions[0])
     working_attn: str | None = None
     precision_factor: float | None = None
+    capabilities: dict[str, str | None] = {}
+
+    def judge_precision(precision: str, payload: dict[str, Any]) -> None:
+        verdict = check_precision(space, precision, payload)
+        if verdict is None:
+            return
+        if len(precisions) == 1:
+            problem(verdict)
+        else:
+            dropped.setdefault("precision", {})[precision] = verdict
+            note(f"preflight drops precision={precision}: {verdict}")
+
     for index, attn in enumerate(search.attn_implementation):
-        # the first probe also times fp32, to judge the workload's precision once
         compare = index == 0 or working_attn is None
         outcome, payload = probe(
             "attn_implementation",
@@ -190,8 +228,8 @@ def run_preflight(
             ProbeSpec(
                 attn_implementation=attn,
                 compile_mode="none",
-                precision=workload.precision,
-                compare_fp32=compare and workload.precision != "fp32",
+                precision=main_precision,
+                compare_fp32=compare and main_precision != "fp32",
                 steps=10 if compare else 4,  # a ratio of two timings needs more steps
             ),
         )
@@ -202,16 +240,40 @@ def run_preflight(
             continue
         if working_attn is None:
             working_attn = attn
+            capabilities = payload.get("capabilities") or {}
             precision_factor = precision_slowdown(payload)
-            verdict = check_precision(space, payload)
-            if verdict is not None:
-                problem(verdict)
+            judge_precision(main_precision, payload)
     if working_attn is None:
         problem(
             "no attention implementation in search.attn_implementation can train here: "
             + "; ".join(f"{o.value}: {o.reason}" for o in outcomes)
         )
         return PreflightReport(outcomes=tuple(outcomes), dropped=dropped, problems=tuple(problems))
+    for precision in precisions:
+        if precision in (main_precision, "fp32"):
+            continue  # fp32 always trains; the main precision was judged above
+        outcome, payload = probe(
+            "precision",
+            precision,
+            ProbeSpec(
+                attn_implementation=working_attn,
+                compile_mode="none",
+                precision=precision,
+                compare_fp32=True,
+                steps=10,
+            ),
+        )
+        outcomes.append(outcome)
+        if not outcome.ok:
+            dropped.setdefault("precision", {})[precision] = outcome.reason
+            note(f"preflight drops precision={precision}: {outcome.reason}")
+            continue
+        judge_precision(precision, payload)
+    if len(dropped.get("precision", {})) == len(precisions):
+        problem(
+            "no precision in search.precision trains well here; add fp32 to the list: "
+            + "; ".join(f"{p}: {r}" for p, r in dropped["precision"].items())
+        )
     for mode in search.compile_mode:
         if mode == "none":
             continue
@@ -219,7 +281,7 @@ def run_preflight(
             "compile_mode",
             mode,
             ProbeSpec(
-                attn_implementation=working_attn, compile_mode=mode, precision=workload.precision
+                attn_implementation=working_attn, compile_mode=mode, precision=main_precision
             ),
         )
         outcomes.append(outcome)
@@ -231,6 +293,18 @@ def run_preflight(
             "no compile mode in search.compile_mode works here; add 'none' to the list: "
             + "; ".join(f"{m}: {r}" for m, r in dropped["compile_mode"].items())
         )
+    machine = knobs.machine_drops({k: search.values(k) for k in MACHINE_KNOBS}, capabilities)
+    fallbacks: dict[str, Any] = {}
+    for knob, values in machine.items():
+        dropped.setdefault(knob, {}).update(values)
+        for value, reason in values.items():
+            note(f"preflight drops {knob}={value}: {reason}")
+        if len(values) == len(search.values(knob)):
+            fallbacks[knob] = knobs.KNOB[knob].fallback
+            note(
+                f"preflight: no value of search.{knob} can run here; trials run "
+                f"{knob}={fallbacks[knob]!r} instead"
+            )
     reused = [o for o in outcomes if o.cached_at is not None]
     if reused and probe_cache is not None:
         oldest = min(o.cached_at for o in reused if o.cached_at is not None)
@@ -244,6 +318,8 @@ def run_preflight(
         dropped=dropped,
         precision_factor=precision_factor,
         problems=tuple(problems),
+        fallbacks=fallbacks,
+        capabilities=capabilities,
     )
 
 
@@ -273,15 +349,16 @@ def precision_slowdown(payload: dict[str, Any]) -> float | None:
     return payload["step_s"] / fp32_step_s if fp32_step_s else None
 
 
-def check_precision(space: Space, payload: dict[str, Any]) -> str | None:
-    """Why the workload's precision is refused (pathologically slower than fp32), or None."""
+def check_precision(space: Space, precision: str, payload: dict[str, Any]) -> str | None:
+    """Why ``precision`` is refused (pathologically slower than fp32), or None."""
     factor = precision_slowdown(payload)
     if factor is None or factor <= space.trial.slow_precision_factor:
         return None
     device = "this CPU" if payload.get("device_type") == "cpu" else "this device"
+    where = "workload.precision" if space.workload.precision else "search.precision"
     return (
-        f"workload.precision: {space.workload.precision} trains {factor:.1f}x slower than "
+        f"{where}: {precision} trains {factor:.1f}x slower than "
         f"fp32 on {device} (limit trial.slow_precision_factor = "
-        f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file, "
-        "or run on hardware with native support"
+        f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file "
+        "(or add fp32 to search.precision), or run on hardware with native support"
     )

@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sweeper.cost import RunPlan, project_run
 from sweeper.errors import ConflictError, SpaceError, StorageError, SweeperError
 from sweeper.launcher import ForkServer, run_child
+from sweeper.measurement import Measurement, MeasurementError, parse_measurement
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
 from sweeper.recommend import Recommendation, best
 from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
@@ -28,18 +29,6 @@ from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
 
 # Stop asking after this many consecutive configs that were measured or ruled out already.
 _MAX_SKIPS_IN_A_ROW = 50
-# Measurement fields copied onto the Optuna trial, so optuna-dashboard shows them too.
-OPTUNA_ATTRS = (
-    "it_per_s",
-    "samples_per_s",
-    "tokens_per_s",
-    "data_wait_share",
-    "peak_memory_bytes",
-    "compile_s",
-    "startup_s",
-    "checkpoint_save_s",
-    "padding_share",
-)
 
 
 class SweepObserver(Protocol):
@@ -299,13 +288,13 @@ def _preflight(
         probe_cache=ProbeCache(cache_dir),
     )  # fmt: skip
     kept = {
-        knob: [v for v in getattr(space.search, knob) if v not in report.dropped.get(knob, {})]
-        for knob in PROBED_KNOBS
+        knob: [v for v in space.search.values(knob) if str(v) not in report.dropped.get(knob, {})]
+        for knob in (*PROBED_KNOBS, *report.fallbacks)
     }
+    kept.update({knob: [value] for knob, value in report.fallbacks.items()})
     observer.note(
         f"preflight ({time.perf_counter() - started:.0f} s, {len(report.outcomes)} probes): "
-        + "; ".join(f"{knob} {', '.join(values)}" for knob, values in kept.items())
-        + f"; precision {space.workload.precision} ok"
+        + "; ".join(f"{knob} {', '.join(map(str, values))}" for knob, values in kept.items())
     )
     return report
 
@@ -354,7 +343,8 @@ class _TrialLoop:
         at the time left."""
         counts = {"run": 0, "complete": 0, "failed": 0}
         longest_s = 0.0
-        runnable = {c for c in self.space.search.grid() if self.preflight.allows(c) is None}
+        search = self.preflight.search(self.space)  # knobs that fell back have one value
+        runnable = {c for c in search.grid() if self.preflight.allows(c) is None}
         measured = {
             TrialConfig.model_validate(t.config)
             for t in self.store.list_trials(self.space.study, states=["complete", "failed"])
@@ -378,10 +368,11 @@ class _TrialLoop:
                 )
                 break
             trial = self.study.ask()
-            config = suggest(trial, self.space.search)
+            # a known config's knob that cannot run here runs its fallback (tf32 on a CPU)
+            config = self.preflight.adapt(suggest(trial, search))
             # Optuna forbids changing a categorical's choices within a study, so configs that
             # preflight ruled out (or that were measured already) are pruned without a trial.
-            reason = self.space.search.admits(config) or self.preflight.allows(config)
+            reason = search.admits(config) or self.preflight.allows(config)
             if reason is None and config in measured:
                 reason = "already measured"
             if reason is not None:
@@ -424,23 +415,21 @@ class _TrialLoop:
             )
             raise
         result = run.result
-        if result.status == "ok" and result.payload is not None:
-            measurement = result.payload
-            measurement["startup_own_s"] = measurement.get("startup_s") or 0.0
-            measurement["startup_inherited_s"] = run.inherited_startup_s
-            measurement["startup_s"] = measurement["startup_own_s"] + run.inherited_startup_s
+        measurement, invalid = _measurement_of(result.payload if result.status == "ok" else None)
+        if measurement is not None:
+            measurement = measurement.with_inherited_startup(run.inherited_startup_s)
             projection = project_run(
                 run_plan(space, self.prepared.stats),
-                samples_per_s=measurement["samples_per_s"],
-                it_per_s=measurement.get("it_per_s"),
-                tokens_per_s=measurement.get("tokens_per_s"),
+                samples_per_s=measurement.samples_per_s,
+                it_per_s=measurement.it_per_s,
+                tokens_per_s=measurement.tokens_per_s,
                 packing=config.packing,
-                startup_s=measurement["startup_s"],
-                compile_s=measurement.get("compile_s"),
-                checkpoint_save_s=measurement.get("checkpoint_save_s"),
+                startup_s=measurement.startup_s,
+                compile_s=measurement.compile_s,
+                checkpoint_save_s=measurement.checkpoint_save_s,
             )
-            for key in OPTUNA_ATTRS:
-                trial.set_user_attr(key, measurement.get(key))
+            for key, value in measurement.optuna_attrs().items():
+                trial.set_user_attr(key, value)
             trial.set_user_attr("hours_per_run", projection.hours_per_run)
             trial.set_user_attr("effective_batch", config.effective_batch)
             study.tell(trial, projection.cost_per_run_usd)
@@ -452,8 +441,20 @@ class _TrialLoop:
                 hours_per_run=projection.hours_per_run,
                 cost_per_run_usd=projection.cost_per_run_usd,
                 projection=projection.breakdown(),
-                measurement=measurement,
-                **_metric_columns(measurement),
+                measurement=measurement.model_dump(),
+                **measurement.columns(),
+            )
+        elif invalid is not None:
+            # a child of another version, or an engine's typo: this trial fails, the sweep goes on
+            row = _record_failure(
+                store,
+                study,
+                trial,
+                space.study,
+                "error",
+                invalid,
+                wall_s=run.wall_s,
+                details={"payload": result.payload, "log_tail": run.log_tail},
             )
         else:
             message = result.failure_message or "no message"
@@ -498,23 +499,15 @@ def _record_failure(
     )
 
 
-def _metric_columns(measurement: dict[str, Any]) -> dict[str, Any]:
-    columns = (
-        "it_per_s",
-        "samples_per_s",
-        "tokens_per_s",
-        "padded_tokens_per_s",
-        "data_wait_share",
-        "mfu",
-        "compile_s",
-        "loss_first",
-        "loss_last",
-    )
-    values: dict[str, Any] = {key: measurement.get(key) for key in columns}
-    values["peak_memory_bytes"] = measurement.get("peak_memory_bytes")
-    values["device_memory_bytes"] = measurement.get("device_memory_bytes")
-    values["device_name"] = (measurement.get("env") or {}).get("device_name")
-    return values
+def _measurement_of(payload: dict[str, Any] | None) -> tuple[Measurement | None, str | None]:
+    """A finished child's payload as a Measurement, or why it is not one (None, None: the
+    child failed and said why itself)."""
+    if payload is None:
+        return None, None
+    try:
+        return parse_measurement(payload), None
+    except MeasurementError as e:
+        return None, str(e)
 
 
 def run_plan(space: Space, dataset_stats: dict[str, Any] | None) -> RunPlan:

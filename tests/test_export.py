@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import ast
 import json
+import warnings
 
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from sweeper.export import render, trainer_kwargs, workload_settings
+from sweeper.export import render, trainer_kwargs
 from sweeper.recommend import best
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
@@ -22,12 +23,23 @@ CONFIG = tiny_config(
     num_workers=2,
     prefetch_factor=4,
     max_seq_length=1024,
+    persistent_workers=True,
     compile_mode="max-autotune",
     attn_implementation="sdpa",
+    gradient_checkpointing=True,
+    optim="adafactor",
 ).model_dump()
+# a config as stored before precision, tf32 and the other newer knobs existed
+LEGACY_CONFIG = {
+    k: CONFIG[k]
+    for k in (
+        "per_device_batch_size", "gradient_accumulation_steps", "num_workers", "prefetch_factor",
+        "max_seq_length", "compile_mode", "attn_implementation",
+    )
+}  # fmt: skip
 CPU_SPACE = TINY_SPACE.read_text()
 GPU_SPACE = CPU_SPACE.replace("device: cpu", "device: cuda").replace(
-    "  epochs: 1\n", "  epochs: 1\n  precision: bf16\n"
+    "  epochs: 1\n", "  epochs: 1\n  precision: bf16\n  tf32: true\n"
 )
 
 
@@ -37,7 +49,7 @@ def url(sqlite_url: str) -> str:
     store.migrate()
     for name, space_yaml in (("cpu", CPU_SPACE), ("gpu", GPU_SPACE)):
         store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
-        store.start_trial(name, 0, CONFIG)
+        store.start_trial(name, 0, CONFIG if name == "cpu" else LEGACY_CONFIG)
         store.finish_trial(
             name,
             0,
@@ -59,47 +71,103 @@ def _recommendation(url: str, study: str):  # noqa: ANN202
         store.dispose()
 
 
+def _call_kwargs(text: str, name: str) -> dict:
+    """The literal keyword arguments of the one call to ``name`` in generated code."""
+    tree = ast.parse(text)  # valid Python
+    (call,) = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name
+    ]
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
 @pytest.mark.torch
-def test_trainer_snippet_builds_real_training_arguments(url: str) -> None:
+def test_trainer_snippet_builds_the_measured_training_arguments(url: str) -> None:
     from transformers import TrainingArguments
 
     rec, space_yaml = _recommendation(url, "cpu")
     text = render(rec, "trainer", space_yaml)
-    tree = ast.parse(text)  # valid Python
-    (call,) = [
-        n
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "TrainingArguments"
-    ]
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-    assert kwargs["per_device_train_batch_size"] == 8
-    assert kwargs["gradient_accumulation_steps"] == 4
-    assert kwargs["dataloader_num_workers"] == 2 and kwargs["dataloader_prefetch_factor"] == 4
-    assert kwargs["torch_compile_mode"] == "max-autotune"
+    kwargs = _call_kwargs(text, "TrainingArguments")
     assert "tf32" not in kwargs  # a CPU study: TrainingArguments would refuse it
     # the space's learning rate and save interval (the one the $/run counted) come along
     assert kwargs["learning_rate"] == 1e-4 and kwargs["save_steps"] == 500
-    args = TrainingArguments(**kwargs | {"output_dir": str(kwargs["output_dir"])})
-    assert args.gradient_accumulation_steps == 4 and args.torch_compile
+    with warnings.catch_warnings():  # transformers 5.23 renamed it activation_checkpointing
+        warnings.filterwarnings("ignore", "`gradient_checkpointing` is deprecated")
+        args = TrainingArguments(**kwargs)
+    # every knob of the measured config is what the built arguments say
+    assert args.per_device_train_batch_size == CONFIG["per_device_batch_size"]
+    assert args.gradient_accumulation_steps == CONFIG["gradient_accumulation_steps"]
+    assert args.dataloader_num_workers == CONFIG["num_workers"]
+    assert args.dataloader_prefetch_factor == CONFIG["prefetch_factor"]
+    assert args.dataloader_persistent_workers is CONFIG["persistent_workers"]
+    assert args.dataloader_pin_memory is CONFIG["pin_memory"]
+    assert args.torch_compile and args.torch_compile_mode == CONFIG["compile_mode"]
+    assert args.gradient_checkpointing is CONFIG["gradient_checkpointing"]
+    assert args.optim == CONFIG["optim"]
+    assert not args.bf16 and not args.fp16  # fp32
     assert args.save_steps == 500
-    assert 'attn_implementation="sdpa"' in text and "max_length=1024" in text
+    assert "attn_implementation='sdpa'" in text and "max_length=1024" in text
+    assert "MODEL_ID = " in text  # defined, with what to put there
+
+
+@pytest.mark.torch
+def test_sft_snippet_builds_the_measured_sft_config(url: str) -> None:
+    from trl import SFTConfig
+
+    rec, space_yaml = _recommendation(url, "cpu")
+    packed = rec.model_copy(update={"config": rec.config | {"packing": True}})
+    kwargs = _call_kwargs(render(packed, "sft", space_yaml), "SFTConfig")
+    with warnings.catch_warnings():  # transformers 5.23 renamed it activation_checkpointing
+        warnings.filterwarnings("ignore", "`gradient_checkpointing` is deprecated")
+        config = SFTConfig(**kwargs)
+    assert config.packing is True and config.max_length == CONFIG["max_seq_length"]
+    assert config.per_device_train_batch_size == CONFIG["per_device_batch_size"]
+    assert config.gradient_checkpointing and config.optim == CONFIG["optim"]
 
 
 def test_gpu_study_exports_bf16_and_tf32(url: str) -> None:
     rec, space_yaml = _recommendation(url, "gpu")
-    kwargs = trainer_kwargs(rec, workload_settings(space_yaml))
+    kwargs = trainer_kwargs(rec, space_yaml)
+    # the stored config predates the precision and tf32 knobs: the space's only choice counts
     assert kwargs["bf16"] is True and kwargs["tf32"] is True
+    assert "pin_memory=True" not in render(rec, "dataloader", space_yaml)  # measured unpinned
 
 
 @pytest.mark.torch
-def test_dataloader_snippet_runs(url: str) -> None:
+def test_dataloader_snippet_runs_with_the_measured_knobs(url: str) -> None:
+    import torch
+
     rec, space_yaml = _recommendation(url, "cpu")
     text = render(rec, "dataloader", space_yaml)
     namespace: dict = {"dataset": list(range(64))}
     exec(compile(text, "<export>", "exec"), namespace)  # noqa: S102 — our own generated code
     loader = namespace["loader"]
     assert loader.batch_size == 8 and loader.num_workers == 2 and loader.prefetch_factor == 4
+    assert loader.persistent_workers is True and loader.pin_memory is False
     assert len(loader) == 8
+    assert namespace["ACCUMULATION_STEPS"] == CONFIG["gradient_accumulation_steps"]
+    model = torch.nn.Linear(4, 4)
+    model.gradient_checkpointing_enable = lambda: setattr(model, "checkpointed", True)
+    with warnings.catch_warnings():  # importing transformers' optimizers: torch.jit notices
+        warnings.simplefilter("ignore", DeprecationWarning)
+        prepared, optimizer = namespace["prepare"](model)
+    assert type(optimizer).__name__ == "Adafactor" and model.checkpointed
+    assert "torch.compile(model, mode='max-autotune')" in text
+
+
+@pytest.mark.torch
+def test_packed_dataloader_snippet_packs_instead_of_cutting(url: str) -> None:
+    """A packed winner's DataLoader concatenates whole samples into blocks: pasting it keeps
+    long samples whole and gets the measured speed (it used to say 'truncated')."""
+    rec, space_yaml = _recommendation(url, "cpu")
+    packed = rec.model_copy(update={"config": rec.config | {"packing": True}})
+    text = render(packed, "dataloader", space_yaml)
+    assert "truncat" not in text and "cut at" not in text and "packing" in text
+    samples = [[1] * 700, [2] * 900, [3] * 1500, [4] * 3000] * 4
+    namespace: dict = {"dataset": samples}
+    exec(compile(text, "<export>", "exec"), namespace)  # noqa: S102 — our own generated code
+    blocks = [row.tolist() for batch in namespace["loader"] for row in batch["input_ids"]]
+    assert blocks and all(len(row) == CONFIG["max_seq_length"] for row in blocks)
+    assert sum(len(r) for r in blocks) > 0.9 * sum(len(s) for s in samples) - 8 * 1024
 
 
 def test_yaml_and_json_round_trip(url: str) -> None:
@@ -126,6 +194,6 @@ def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:
     packed = rec.model_copy(
         update={"suggested_learning_rate": 7.07e-05, "config": rec.config | {"packing": True}}
     )
-    kwargs = trainer_kwargs(packed, workload_settings(space_yaml))
+    kwargs = trainer_kwargs(packed, space_yaml)
     assert kwargs["learning_rate"] == 7.07e-05
     assert "SFTConfig(packing=True, max_length=1024)" in render(packed, "trainer", space_yaml)

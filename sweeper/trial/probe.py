@@ -24,7 +24,7 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
     probe = request.probe
     device = resolve_device(request.device)
     tokenizer = load_tokenizer(request.prepared)
-    result: dict[str, Any] = {"device_type": device.type}
+    result: dict[str, Any] = {"device_type": device.type, "capabilities": capabilities(device)}
     started = time.perf_counter()
     result["step_s"] = _time_steps(request, tokenizer, device, probe.precision)
     result["first_step_s"] = time.perf_counter() - started
@@ -36,6 +36,18 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
             "fp32",
         )
     return result
+
+
+def capabilities(device: torch.device) -> dict[str, str | None]:
+    """What knob values need (``sweeper.knobs.Capability``): None when present, else why not."""
+    cuda = None if device.type == "cuda" else f"the trial device is the {device.type.upper()}"
+    bnb = cuda
+    if cuda is None:
+        try:
+            import bitsandbytes  # noqa: F401
+        except Exception as e:  # ImportError, or its CUDA setup failing at import
+            bnb = f"bitsandbytes does not import: {e}"[:300]
+    return {"cuda": cuda, "bitsandbytes": bnb}
 
 
 def _time_steps(

@@ -1,0 +1,190 @@
+"""The recipe's recorder, driven by a fake clock: every timing rule without torch or a device.
+
+A fake engine advances the clock by each step's duration and pushes what happened; the
+recorder decides burn-in, window and stop. Device timing (marks the device has not reached yet)
+is simulated by a timer whose marks resolve only after a sync.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.space import MeasureSettings, WarmupSettings
+from sweeper.trial.recipe import HostTimer, Recorder
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.syncs = 0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sync(self) -> None:
+        self.syncs += 1
+
+
+def _recorder(
+    clock: FakeClock, warmup: dict | None = None, measure: dict | None = None
+) -> Recorder:
+    return Recorder(
+        WarmupSettings(**({"min_steps": 2, "max_steps": 20, "max_seconds": 60} | (warmup or {}))),
+        MeasureSettings(
+            **(
+                {"min_steps": 5, "max_steps": 200, "min_seconds": 0, "max_seconds": 100,
+                 "target_ci": 0.02, "warmup_multiple": 0} | (measure or {})
+            )  # fmt: skip
+        ),
+        HostTimer(clock=clock, sync=clock.sync),
+    )
+
+
+def _run(recorder: Recorder, clock: FakeClock, durations, wait_s: float = 0.0) -> int:
+    """Feed steps of the given durations until the recorder is done; the steps fed."""
+    recorder.start()
+    for count, seconds in enumerate(durations, start=1):
+        clock.t += wait_s
+        recorder.batch(rows=4, real_tokens=300, padded_tokens=400, data_wait_s=wait_s)
+        clock.t += seconds
+        recorder.loss(2.0)
+        if recorder.step_end():
+            return count
+    raise AssertionError("the recorder never finished")
+
+
+def test_compile_steps_are_burn_in_and_never_enter_throughput() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock)
+    fed = _run(recorder, clock, [30.0, 5.0] + [0.2] * 500)
+    recording = recorder.recording
+    summary = recording.summary()
+    # burn-in ends once the median of the last 3 is within 5% of the 3 before: step 7
+    assert recording.burn_in_times[:2] == [30.0, 5.0] and recording.steady
+    assert len(recording.burn_in) == 7 and fed == 7 + len(recording.window)
+    assert summary["step_time_p50_s"] == pytest.approx(0.2)
+    assert summary["it_per_s"] == pytest.approx(5.0)
+    assert summary["rows_per_s"] == pytest.approx(20.0)
+    assert summary["tokens_per_s"] == pytest.approx(1500.0)
+    assert summary["padding_share"] == pytest.approx(0.25)
+    # what burn-in cost beyond steady steps: compile, reported apart
+    assert summary["warmup_excess_s"] == pytest.approx(30.0 + 5.0 + 5 * 0.2 - 7 * 0.2)
+    assert summary["first_step_s"] == 30.0
+
+
+def test_window_stops_at_the_interval_target_after_min_steps_and_seconds() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock, measure={"min_steps": 10, "min_seconds": 3})
+    _run(recorder, clock, [0.1] * 6 + [0.2, 0.21, 0.19] * 200)
+    window = recorder.recording.window
+    summary = recorder.recording.summary()
+    assert summary["ci_met"] and summary["throughput_ci95_rel"] <= 0.02
+    # min_seconds 3 at 0.2 s per step: 15 steps or more, not the 10 of min_steps
+    assert len(window) >= 15 and recorder.recording.window_s >= 3
+
+
+def test_window_stops_at_its_caps_and_reports_the_interval_it_reached() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock, measure={"max_steps": 12})
+    noisy = [0.1, 0.3] * 400  # never within ±2%
+    _run(recorder, clock, [0.2] * 6 + noisy)
+    summary = recorder.recording.summary()
+    assert summary["measured_steps"] == 12 and not summary["ci_met"]
+    clock = FakeClock()
+    recorder = _recorder(clock, measure={"max_seconds": 2.45})
+    _run(recorder, clock, [0.2] * 6 + noisy)
+    assert recorder.recording.window_s == pytest.approx(2.5) and not recorder.recording.summary()[
+        "ci_met"
+    ]
+
+
+def test_burn_in_is_capped_by_steps_and_seconds_and_says_it_never_settled() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock, warmup={"max_steps": 7})
+    _run(recorder, clock, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0] + [0.2] * 100)
+    assert len(recorder.recording.burn_in) == 7 and not recorder.recording.steady
+    clock = FakeClock()
+    recorder = _recorder(clock, warmup={"max_seconds": 10})
+    _run(recorder, clock, [4.0, 1.0, 6.0] + [0.2] * 100)
+    assert len(recorder.recording.burn_in) == 3  # 11 s > 10 s after the third step
+
+
+def test_the_window_holds_a_multiple_of_burn_in_steps() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock, measure={"warmup_multiple": 4.0})
+    _run(recorder, clock, [0.2] * 400)
+    assert len(recorder.recording.window) >= 4 * len(recorder.recording.burn_in)
+
+
+def test_data_wait_is_inside_step_time_and_kept_apart() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock)
+    _run(recorder, clock, [0.1] * 300, wait_s=0.1)
+    summary = recorder.recording.summary()
+    assert summary["step_time_p50_s"] == pytest.approx(0.2)  # end to end: the wait is inside
+    assert summary["data_wait_share"] == pytest.approx(0.5)
+
+
+def test_burn_in_syncs_every_step_the_window_only_at_its_edges() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock)
+    _run(recorder, clock, [0.2] * 300)
+    burn_in, window = len(recorder.recording.burn_in), len(recorder.recording.window)
+    assert window >= 5
+    assert clock.syncs == 1 + burn_in + 1  # start, each burn-in step, the window's end
+
+
+class LaggingTimer(HostTimer):
+    """Device marks that resolve only once the host synchronizes (a queue on a GPU)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock, sync=self._sync_all)
+        self.pending: list[list] = []
+
+    def _sync_all(self) -> None:
+        for mark in self.pending:
+            mark[1] = True
+        self.pending.clear()
+
+    def mark(self) -> list:
+        mark = [self.now(), False]
+        self.pending.append(mark)
+        return mark
+
+    def between(self, start: list, end: list) -> float | None:
+        return end[0] - start[0] if end[1] else None
+
+
+def test_device_marks_not_yet_reached_are_read_after_the_final_sync() -> None:
+    clock = FakeClock()
+    recorder = Recorder(
+        WarmupSettings(min_steps=2, max_steps=10),
+        MeasureSettings(min_steps=5, max_steps=30, min_seconds=0, warmup_multiple=0),
+        LaggingTimer(clock),
+    )
+    _run(recorder, clock, [0.2] * 100)
+    # no window step was known before the end (marks lag), so the window ran to its cap
+    times = recorder.recording.window_times
+    assert len(times) == 30 and times == pytest.approx([0.2] * 30)
+
+
+def test_misuse_is_an_error_not_a_silent_measurement() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock)
+    with pytest.raises(RuntimeError, match="before start"):
+        recorder.step_end()
+    recorder.start()
+    with pytest.raises(RuntimeError, match="twice"):
+        recorder.start()
+
+
+def test_losses_are_summed_over_micro_batches_and_kept_per_step() -> None:
+    clock = FakeClock()
+    recorder = _recorder(clock)
+    recorder.start()
+    for _ in range(3):
+        recorder.loss(0.5)
+        recorder.loss(0.25)
+        clock.t += 1
+        recorder.step_end()
+    assert recorder.losses() == [0.75, 0.75, 0.75]
