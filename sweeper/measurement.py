@@ -1,0 +1,539 @@
+"""The typed result of one trial: throughput, step times, memory, phases and environment.
+
+A trial is a function from a config to a ``Measurement``. Each key the child reports is one
+documented field here, with its unit. The scalars that travel further carry a ``Metric`` beside
+their type: how they read (label, unit, which way is better, number format) and where they go.
+From that one declaration come
+
+- the values of ``TrialRow``'s metric columns (``Measurement.columns``) and the metric fields of
+  a trial in the REST API (``api.schemas.TrialSummary``);
+- the Optuna user attributes of a completed trial (``OPTUNA_ATTRS``, ``optuna_attrs``);
+- the keys trials sort by (``SORT_KEYS``: REST ``?sort=`` and the store) and the columns of the
+  dashboard's trials table (``TABLE_METRICS``).
+
+``METRICS`` also lists the two metrics the sweep projects from a Measurement (``sweeper.cost``):
+hours and $ per run. The ORM columns stay written out in ``sweeper/store/models.py``, where
+migrations need them; ``tests/test_measurement.py`` checks them against ``METRICS``.
+
+Unknown keys are refused, so a misspelt key fails its trial loudly instead of vanishing; only
+``phases_s`` takes keys of an engine's own (``dataset``: TRL's tokenization). Fields added after
+measurements were first stored have defaults (``engine``, ``optimizer``, ``trainable_params``,
+``mean_row_tokens``, ...), so stored studies (``studies/*.json``) still load; a field added
+later needs one too.
+
+How the child builds it (``sweeper/trial/engines``), and what the sweep does with it::
+
+    measurement = Measurement(
+        engine="trainer",
+        samples_per_s=..., tokens_per_s=..., it_per_s=...,  # every field without a default
+        phases_s=Phases(imports=..., model=..., dataset=...),
+        env=Environment(device_type="cuda", device_name=..., ...),
+    )
+    return measurement.model_dump()  # ChildResult.payload; NaN and inf arrive as null
+
+    # the sweep (sweeper/study.py), from ChildResult.payload:
+    measurement = parse_measurement(payload).with_inherited_startup(run.inherited_startup_s)
+    store.finish_trial(..., measurement=measurement.model_dump(), **measurement.columns())
+
+Tests and benchmarks build one with ``sample_measurement(**overrides)``. Nothing here imports
+torch: the controller (Python 3.13, no torch) validates what the child sent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass, replace
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from sweeper.errors import SweeperError
+
+Better = Literal["higher", "lower"]
+# How a unit's values read in tables: a number filter of the dashboard (dashboards/__init__.py);
+# "text" shows the value as it is; any other unit reads as three significant digits ("sig3").
+_FORMATS = {"share": "percent", "bytes": "memory", "USD": "usd", "h": "hours", "": "text"}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How one scalar of a trial reads and where it goes, declared beside its field::
+
+        Metric("samples/s", "samples/s", better="higher", column=True, optuna=True, table=True)
+
+    ``name``, ``path``, ``value_type`` and ``description`` are filled in from the field when
+    ``METRICS`` is built.
+    """
+
+    label: str  # table header and axis title, e.g. "samples/s"
+    unit: str  # "samples/s", "s", "bytes", "share" (0..1), "USD", "h", "" (text)
+    _: KW_ONLY
+    better: Better | None = None  # None: a fact about the trial, not a goal; never a sort key
+    column: bool = False  # a column of TrialRow (and a field of the REST trial) holds a copy
+    optuna: bool = False  # copied onto the Optuna trial as a user attribute
+    table: bool = False  # a column of the dashboard's trials table
+    name: str = ""
+    path: tuple[str, ...] = ()  # where it sits in a Measurement; () for projected metrics
+    value_type: Any = None
+    description: str = ""
+
+    @property
+    def format(self) -> str:
+        """The dashboard's number filter for it: sig3, percent, memory, usd, hours or text."""
+        return _FORMATS.get(self.unit, "sig3")
+
+    @property
+    def sortable(self) -> bool:
+        """Trials sort by it: a stored column with a better direction."""
+        return self.column and self.better is not None
+
+
+class MeasurementError(SweeperError):
+    """A trial's result is not a Measurement: a key is missing, unknown or of the wrong type
+    (a child of another sweeper version, or a typo in an engine)."""
+
+
+def _nan_if_null(value: Any) -> Any:
+    return math.nan if value is None else value
+
+
+# A float that may be NaN or inf; JSON (the child's result, stored measurements) holds those as
+# null, which reads back as NaN.
+MaybeNaN = Annotated[float, BeforeValidator(_nan_if_null)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Phases(BaseModel):
+    """Wall seconds of each phase of the child, from its start to the end of the timed window.
+
+    An engine may time phases of its own under other names (``dataset``: TRL's tokenization);
+    None: the engine does not time that phase apart.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, float | None] = Field(init=False)
+
+    spawn_to_start: float | None = Field(
+        default=None,
+        description="s from the parent's spawn to the child's first line (None when unknown)",
+    )
+    imports: float | None = Field(default=None, description="s importing torch, transformers")
+    tokenizer: float | None = Field(default=None, description="s loading the tokenizer")
+    data: float | None = Field(default=None, description="s building the dataset and loader")
+    model: float | None = Field(default=None, description="s building the model on the device")
+    optimizer: float | None = Field(
+        default=None, description="s building the optimizer (and torch.compile's wrapper)"
+    )
+    warmup: float | None = Field(default=None, description="s of the burn-in steps")
+    window: float | None = Field(default=None, description="s of the timed window")
+
+
+class Environment(_Strict):
+    """What the numbers were measured on: enough to refuse comparing apples with pears."""
+
+    device_type: str = Field(description='torch device type the trial ran on: "cpu" | "cuda"')
+    device_name: Annotated[str, Metric("measured on", "", column=True)] = Field(
+        description="the GPU's name (torch), or the CPU's model name"
+    )
+    driver: str | None = Field(description="NVIDIA kernel driver version; None on CPU")
+    cuda: str | None = Field(description="CUDA version torch was built with; None on CPU builds")
+    cudnn: int | None = Field(description="cuDNN version; None on CPU")
+    torch: str = Field(description="torch version")
+    transformers: str = Field(description="transformers version")
+    python: str = Field(description="Python version of the child")
+    host: str = Field(description="host name")
+    cpu_threads: int = Field(description="torch's intra-op threads")
+    cpu_count: int | None = Field(description="logical CPUs of the host (os.cpu_count)")
+    model_config_hash: str = Field(description="hash of the model's config: same model, same hash")
+    dataset_hash: str = Field(description="hash of the prepared dataset")
+
+
+class Measurement(_Strict):
+    """One trial's measurement: burn-in until steady, then a timed window (``sweeper/trial``).
+
+    Rates are over the timed window, synchronized at its edges.
+    """
+
+    # ---------------------------------------------------------------- throughput
+    samples_per_s: Annotated[
+        MaybeNaN,
+        Metric("samples/s", "samples/s", better="higher", column=True, optuna=True, table=True),
+    ] = Field(
+        description="training samples/s; with packing, real tokens/s ÷ the dataset's mean tokens "
+        "per sample (NaN, null in JSON, when that mean is unknown)"
+    )
+    tokens_per_s: Annotated[
+        float,
+        Metric("tokens/s", "tokens/s", better="higher", column=True, optuna=True, table=True),
+    ] = Field(description="real (non-pad) tokens/s")
+    it_per_s: Annotated[
+        float,
+        Metric("it/s", "steps/s", better="higher", column=True, optuna=True, table=True),
+    ] = Field(
+        description="optimizer steps/s; not comparable across gradient accumulation, never ranks"
+    )
+    rows_per_s: float = Field(
+        description="rows/s fed to the model (samples/s without packing; packed rows hold several)"
+    )
+    padded_tokens_per_s: Annotated[float, Metric("padded tokens/s", "tokens/s", column=True)] = (
+        Field(description="tokens/s the model computes, padding included")
+    )
+    padding_share: Annotated[float, Metric("padding", "share", optuna=True)] = Field(
+        description="share (0..1) of the computed tokens that is padding"
+    )
+    data_wait_share: Annotated[
+        float,
+        Metric("data wait", "share", better="lower", column=True, optuna=True, table=True),
+    ] = Field(description="share (0..1) of the window the host waited for the next batch")
+
+    # ---------------------------------------------------------------- model FLOPs
+    mfu: Annotated[
+        float | None,
+        Metric("MFU", "share", better="higher", column=True, table=True),
+    ] = Field(
+        description="model FLOPs utilization (0..1): achieved ÷ the device's dense peak for the "
+        "precision; None on CPUs and devices without a peak in sweeper.hardware"
+    )
+    mean_row_tokens: float | None = Field(
+        default=None,
+        description="tokens per row computed, padding included (the T of MFU's attention term); "
+        "None in measurements stored before it",
+    )
+    achieved_tflops: float = Field(description="model TFLOPS achieved (PaLM's 6N + 12·L·d·T)")
+    flops_per_token: float = Field(description="model FLOPs per padded token, forward + backward")
+    peak_tflops: float | None = Field(description="the device's dense peak TFLOPS; None if unknown")
+    peak_name: str | None = Field(
+        default=None, description="the sweeper.hardware entry the peak is from, e.g. 'H100 SXM'"
+    )
+
+    # ---------------------------------------------------------------- memory
+    peak_memory_bytes: Annotated[
+        int,
+        Metric("peak memory", "bytes", better="lower", column=True, optuna=True, table=True),
+    ] = Field(description="bytes: CUDA max allocated, or the child's peak RSS on CPU")
+    peak_memory_reserved_bytes: int | None = Field(
+        default=None, description="bytes: CUDA max reserved by the caching allocator (CUDA only)"
+    )
+    device_memory_bytes: Annotated[int, Metric("device memory", "bytes", column=True)] = Field(
+        description="bytes the device has: the GPU's, or the host's (its cgroup limit)"
+    )
+    memory_kind: Literal["cuda_max_allocated", "cpu_peak_rss"] = Field(
+        description="what peak_memory_bytes counts"
+    )
+
+    # ---------------------------------------------------------------- step times
+    step_time_p50_s: float = Field(description="s: median optimizer step time of the window")
+    step_time_p90_s: float = Field(description="s: 90th percentile step time of the window")
+    step_time_mean_s: float = Field(description="s: mean step time of the window")
+    step_time_cv: float = Field(description="coefficient of variation of the window's step times")
+    throughput_ci95_rel: MaybeNaN = Field(
+        description="half-width of the 95% interval of the mean step time, relative to it (inf, "
+        "so NaN here, with fewer than 2 steps)"
+    )
+    ci_target: float = Field(description="the interval the window aimed for (trial.measure)")
+    ci_met: bool = Field(description="throughput_ci95_rel ≤ ci_target")
+    measured_steps: int = Field(description="optimizer steps in the timed window")
+    window_s: float = Field(description="s: wall time of the timed window")
+    step_times_s: list[float] = Field(description="s: each step of the window")
+
+    # ---------------------------------------------------------------- burn-in
+    warmup_steps: int = Field(description="optimizer steps of the burn-in")
+    warmup_steady: bool = Field(description="the burn-in ended steady, not at its cap")
+    warmup_s: float = Field(description="s: the burn-in steps together")
+    warmup_excess_s: float = Field(
+        description="s the burn-in cost beyond as many steady steps (compile, autotuning, "
+        "allocator warm-up): paid once per run"
+    )
+    first_step_s: float = Field(description="s: the first step")
+    warmup_step_times_s: list[float] = Field(description="s: each burn-in step")
+
+    # ---------------------------------------------------------------- paid once per run
+    startup_s: Annotated[float, Metric("start-up", "s", optuna=True)] = Field(
+        description="s of start-up a run pays: the child's own (process start to the first "
+        "step), plus startup_inherited_s once the sweep has recorded it"
+    )
+    startup_own_s: float | None = Field(
+        default=None, description="s: the child's own start-up (set by the sweep)"
+    )
+    startup_inherited_s: float | None = Field(
+        default=None,
+        description="s the fork server spent loading before it forked the child (set by the "
+        "sweep; 0 for a spawned child)",
+    )
+    compile_s: Annotated[
+        float, Metric("compile", "s", better="lower", column=True, optuna=True)
+    ] = Field(description="s: warmup_excess_s of a compiled config, 0 otherwise")
+    checkpoint_save_s: Annotated[float | None, Metric("checkpoint save", "s", optuna=True)] = Field(
+        description="s to save and fsync one checkpoint; None when the run saves none"
+    )
+    checkpoint_bytes: int | None = Field(description="bytes of one checkpoint; None when none")
+
+    # ---------------------------------------------------------------- training
+    loss_first: Annotated[float, Metric("first loss", "nats", column=True)] = Field(
+        description="nats: cross-entropy loss of the first burn-in step"
+    )
+    loss_last: Annotated[float, Metric("last loss", "nats", column=True)] = Field(
+        description="nats: loss of the last window step"
+    )
+    losses: list[float] = Field(description="nats: loss of every step, burn-in then window")
+    data_wait_s: list[float] = Field(description="s the host waited for data, per step")
+    loader_epochs: int = Field(description="times the loader was restarted at its end")
+
+    # ---------------------------------------------------------------- what ran
+    engine: Literal["loop", "trainer", "sft"] = Field(
+        default="loop",
+        description="what trained: sweeper's plain loop, transformers' Trainer or TRL's "
+        "SFTTrainer (measurements stored before engines existed ran the loop)",
+    )
+    n_params: int = Field(description="parameters of the model")
+    trainable_params: int | None = Field(
+        default=None, description="parameters the optimizer updates; None when not recorded"
+    )
+    optimizer: str | None = Field(
+        default=None, description="the optimizer as torch ran it, e.g. 'AdamW (fused)'"
+    )
+    tf32_matmul: bool | None = Field(
+        default=None, description="fp32 matmuls ran on TF32 tensor cores (read back from torch)"
+    )
+    effective_batch: int = Field(description="samples (rows) per optimizer step")
+    packing: bool = Field(description="rows were packed from several samples")
+    phases_s: Phases = Field(description="s per phase of the child")
+    env: Environment = Field(description="what it was measured on")
+
+    def columns(self) -> dict[str, Any]:
+        """The values ``TrialRow``'s measured columns copy, by column name.
+
+        >>> sample_measurement().columns()["device_name"]
+        'NVIDIA H100 80GB HBM3'
+        """
+        return {m.name: self._at(m.path) for m in METRICS.values() if m.column and m.path}
+
+    def optuna_attrs(self) -> dict[str, Any]:
+        """What the sweep copies onto the Optuna trial (optuna-dashboard shows it); NaN and inf
+        become None, as Optuna stores attributes as JSON."""
+        values = {m.name: self._at(m.path) for m in METRICS.values() if m.optuna and m.path}
+        return {
+            name: None if isinstance(value, float) and not math.isfinite(value) else value
+            for name, value in values.items()
+        }
+
+    def with_inherited_startup(self, seconds: float) -> Measurement:
+        """The measurement as the sweep records it: ``startup_s`` becomes the run's whole
+        start-up, the child's own plus the ``seconds`` the fork server spent loading before it
+        forked the child.
+
+        >>> m = sample_measurement(startup_s=2.0).with_inherited_startup(5.0)
+        >>> m.startup_s, m.startup_own_s, m.startup_inherited_s
+        (7.0, 2.0, 5.0)
+        """
+        own = self.startup_s if self.startup_own_s is None else self.startup_own_s
+        return self.model_copy(
+            update={
+                "startup_own_s": own,
+                "startup_inherited_s": seconds,
+                "startup_s": own + seconds,
+            }
+        )
+
+    def _at(self, path: tuple[str, ...]) -> Any:
+        value: Any = self
+        for name in path:
+            value = getattr(value, name)
+        return value
+
+
+def parse_measurement(payload: Mapping[str, Any]) -> Measurement:
+    """A child's result as a Measurement; MeasurementError names each field that is missing,
+    unknown or of the wrong type.
+
+    >>> parse_measurement(sample_measurement().model_dump() | {"sampels_per_s": 1.0})
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    sweeper.measurement.MeasurementError: ... sampels_per_s: unknown key (misspelt, ...)
+    """
+    try:
+        return Measurement.model_validate(payload)
+    except ValidationError as e:
+        problems = [_problem(error) for error in e.errors()]
+        if len(problems) > 8:
+            problems = [*problems[:8], f"and {len(problems) - 8} more"]
+        raise MeasurementError(
+            "the trial's result does not fit sweeper.measurement.Measurement: "
+            + "; ".join(problems)
+        ) from e
+
+
+def _problem(error: Any) -> str:
+    where = ".".join(str(part) for part in error["loc"]) or "the result"
+    if error["type"] == "missing":
+        return f"{where}: missing"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown key (misspelt, or from another sweeper version)"
+    return f"{where}: {error['msg']} (got {error['input']!r:.60})"
+
+
+# ---------------------------------------------------------------- metrics of a trial
+
+
+def _field_metrics(model: type[BaseModel], path: tuple[str, ...] = ()) -> Iterator[Metric]:
+    for name, info in model.model_fields.items():
+        for meta in info.metadata:
+            if isinstance(meta, Metric):
+                yield replace(
+                    meta,
+                    name=name,
+                    path=(*path, name),
+                    value_type=info.annotation,
+                    description=info.description or "",
+                )
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield from _field_metrics(info.annotation, (*path, name))
+
+
+# What the sweep projects from a Measurement (sweeper.cost.project_run) and stores beside it.
+_PROJECTED = (
+    Metric(
+        "$/run",
+        "USD",
+        name="cost_per_run_usd",
+        better="lower",
+        column=True,
+        table=True,
+        value_type=float,
+        description="USD: the real job's projected price at the study's $/h (the objective)",
+    ),
+    Metric(
+        "hours/run",
+        "h",
+        name="hours_per_run",
+        better="lower",
+        column=True,
+        table=True,
+        value_type=float,
+        description="h: the real job's projected wall time (training, start-up, compile, "
+        "checkpoint saves)",
+    ),
+)
+
+
+def _metrics() -> dict[str, Metric]:
+    metrics: dict[str, Metric] = {}
+    for metric in (*_field_metrics(Measurement), *_PROJECTED):
+        if metric.name in metrics:
+            raise TypeError(f"two metrics are named {metric.name!r}")
+        metrics[metric.name] = metric
+    return metrics
+
+
+# Every metric of a trial, by name: the Measurement's (in field order), then the projected ones.
+METRICS: dict[str, Metric] = _metrics()
+# Stored in TrialRow columns of the same names (and REST fields of a trial).
+COLUMN_METRICS = tuple(m for m in METRICS.values() if m.column)
+# Copied onto the Optuna trial as user attributes.
+OPTUNA_ATTRS = tuple(m.name for m in METRICS.values() if m.optuna)
+# Columns trials sort by, besides their number and wall time.
+SORT_KEYS = tuple(m.name for m in METRICS.values() if m.sortable)
+# The dashboard's trials table, in order.
+TABLE_METRICS = tuple(m for m in METRICS.values() if m.table)
+
+
+# ---------------------------------------------------------------- for tests and benchmarks
+
+
+def sample_measurement(**overrides: Any) -> Measurement:
+    """A plausible, self-consistent Measurement for tests and benchmarks: a 1.2B-parameter
+    model in bf16 on one H100, batch 8 × accumulation 2 of 512-token rows, 0.5 s per step.
+
+    ``overrides`` replace fields (validated: a misspelt one raises); a dict given for ``env``
+    or ``phases_s`` updates those parts only.
+
+    >>> sample_measurement(samples_per_s=40.0).samples_per_s
+    40.0
+    >>> sample_measurement(env={"device_name": "NVIDIA A100-SXM4-80GB"}).env.torch
+    '2.11.0+cu128'
+    """
+    step_times = [0.49, 0.5, 0.51, 0.5, 0.5, 0.49, 0.51, 0.5, 0.5, 0.5] * 2
+    values: dict[str, Any] = {
+        "samples_per_s": 32.0,
+        "tokens_per_s": 12_288.0,
+        "it_per_s": 2.0,
+        "rows_per_s": 32.0,
+        "padded_tokens_per_s": 16_384.0,
+        "padding_share": 0.25,
+        "data_wait_share": 0.02,
+        "mfu": 0.1237,
+        "mean_row_tokens": 512.0,
+        "achieved_tflops": 122.4,
+        "flops_per_token": 7.47e9,
+        "peak_tflops": 989.4,
+        "peak_name": "H100 SXM",
+        "peak_memory_bytes": 40 * 2**30,
+        "peak_memory_reserved_bytes": 44 * 2**30,
+        "device_memory_bytes": 85_029_158_912,
+        "memory_kind": "cuda_max_allocated",
+        "step_time_p50_s": 0.5,
+        "step_time_p90_s": 0.51,
+        "step_time_mean_s": 0.5,
+        "step_time_cv": 0.0133,
+        "throughput_ci95_rel": 0.0062,
+        "ci_target": 0.02,
+        "ci_met": True,
+        "measured_steps": len(step_times),
+        "window_s": 10.0,
+        "step_times_s": step_times,
+        "warmup_steps": 6,
+        "warmup_steady": True,
+        "warmup_s": 4.1,
+        "warmup_excess_s": 1.1,
+        "first_step_s": 1.6,
+        "warmup_step_times_s": [1.6, 0.5, 0.5, 0.5, 0.5, 0.5],
+        "startup_s": 31.0,
+        "compile_s": 0.0,
+        "checkpoint_save_s": 75.0,
+        "checkpoint_bytes": 14_800_000_000,
+        "loss_first": 10.45,
+        "loss_last": 9.6,
+        "losses": [10.45 - 0.03 * step for step in range(26)],
+        "data_wait_s": [0.01] * 26,
+        "loader_epochs": 0,
+        "engine": "loop",
+        "n_params": 1_235_814_400,
+        "trainable_params": 1_235_814_400,
+        "optimizer": "AdamW (fused)",
+        "tf32_matmul": False,
+        "effective_batch": 16,
+        "packing": False,
+        "phases_s": {
+            "spawn_to_start": 0.02,
+            "imports": 6.5,
+            "tokenizer": 0.4,
+            "data": 1.2,
+            "model": 21.0,
+            "optimizer": 1.9,
+            "warmup": 4.1,
+            "window": 10.0,
+        },
+        "env": {
+            "device_type": "cuda",
+            "device_name": "NVIDIA H100 80GB HBM3",
+            "driver": "570.124.06",
+            "cuda": "12.8",
+            "cudnn": 91002,
+            "torch": "2.11.0+cu128",
+            "transformers": "5.17.0",
+            "python": "3.11.13",
+            "host": "gpu-1",
+            "cpu_threads": 16,
+            "cpu_count": 32,
+            "model_config_hash": "2ac32b957dbf0c76",
+            "dataset_hash": "d5cafc2f80f8",
+        },
+    }
+    for part in ("phases_s", "env"):
+        if isinstance(overrides.get(part), Mapping):
+            overrides = overrides | {part: values[part] | dict(overrides[part])}
+    return Measurement.model_validate(values | overrides)
