@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, create_model
 
+from sweeper.measurement import COLUMN_METRICS
 from sweeper.recommend import Recommendation, padding_share
 from sweeper.space import TrialConfig
 
@@ -51,39 +52,44 @@ class StudyDetail(StudySummary):
     dataset_stats: dict[str, Any] | None
 
 
-class TrialSummary(_Response):
-    """One trial: its config, measured throughput and projected price, or how it failed."""
-
+class _Trial(_Response):
     number: int
     state: TrialState
     config: dict[str, Any]
     started_at: UtcDatetime
     finished_at: UtcDatetime | None
-    wall_s: float | None
-    it_per_s: float | None = Field(description="optimizer steps per second")
-    samples_per_s: float | None
-    tokens_per_s: float | None = Field(description="real (non-pad) tokens per second")
-    padded_tokens_per_s: float | None
-    data_wait_share: float | None = Field(description="share of step time waiting for data")
-    mfu: float | None = Field(
-        default=None, description="model FLOPs utilization; null on CPUs and unknown devices"
-    )
-    peak_memory_bytes: int | None
-    compile_s: float | None
-    hours_per_run: float | None
-    cost_per_run_usd: float | None
-    projection: dict[str, float | int] | None = Field(
-        default=None, description="training hours and one-time seconds of the projected run"
-    )
-    loss_first: float | None
-    loss_last: float | None
-    failure_kind: str | None
-    failure_message: str | None
+    wall_s: float | None = Field(description="s from the child's start to its result")
 
     @computed_field(description="share of the computed tokens that is padding")  # type: ignore[prop-decorator]
     @property
     def padding_share(self) -> float | None:
-        return padding_share(self.tokens_per_s, self.padded_tokens_per_s)
+        return padding_share(self.tokens_per_s, self.padded_tokens_per_s)  # type: ignore[attr-defined]
+
+
+# One field per stored metric (sweeper.measurement.COLUMN_METRICS), null until the trial
+# completes: what a trial measured and what its run is projected to take.
+if TYPE_CHECKING:
+    _MeasuredTrial = _Trial
+else:
+    _MeasuredTrial = create_model(
+        "_MeasuredTrial",
+        __base__=_Trial,
+        __module__=__name__,
+        **{
+            m.name: (m.value_type | None, Field(default=None, description=m.description))
+            for m in COLUMN_METRICS
+        },
+    )
+
+
+class TrialSummary(_MeasuredTrial):
+    """One trial: its config, measured throughput and projected price, or how it failed."""
+
+    projection: dict[str, float | int] | None = Field(
+        default=None, description="training hours and one-time seconds of the projected run"
+    )
+    failure_kind: str | None
+    failure_message: str | None
 
 
 class TrialDetail(TrialSummary):

@@ -2,7 +2,7 @@
 
 plotly.js is served from the installed ``plotly`` package, so the pages work offline. The number
 formats used in every table live here, as Jinja filters: ``usd``, ``hours``, ``sig3``,
-``memory``, ``percent``, ``when``.
+``memory``, ``percent``, ``when``; ``formatted`` applies the one a metric names.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
 from urllib.parse import quote
 
 import jinja2
@@ -101,6 +101,35 @@ def percent(value: float | None) -> str:
     return f"{value * 100:.1f}%" if _is_number(value) else MISSING
 
 
+def text(value: object) -> str:
+    """A value as it is, or the missing mark.
+
+    >>> text("NVIDIA H100 80GB HBM3"), text(None)
+    ('NVIDIA H100 80GB HBM3', '—')
+    """
+    return MISSING if value is None else str(value)
+
+
+# Formats by name, as a Metric names its own (sweeper.measurement.Metric.format).
+FORMATS = {
+    "usd": usd,
+    "hours": hours,
+    "sig3": sig3,
+    "memory": memory,
+    "percent": percent,
+    "text": text,
+}
+
+
+def formatted(value: Any, format_name: str) -> str:
+    """``value`` in the format named ``format_name`` (a key of FORMATS).
+
+    >>> formatted(0.123, "percent")
+    '12.3%'
+    """
+    return FORMATS[format_name](value)
+
+
 def when(value: datetime | None) -> str:
     """A timestamp in UTC to the minute; naive values (SQLite) are already UTC."""
     if value is None:
@@ -134,6 +163,7 @@ def template_environment() -> jinja2.Environment:
         sig3=sig3,
         memory=memory,
         percent=percent,
+        formatted=formatted,
         when=when,
         path_segment=path_segment,
     )

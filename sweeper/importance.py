@@ -22,6 +22,7 @@ import optuna
 from pydantic import BaseModel, Field
 
 from sweeper.errors import ConflictError, NoResultError, SpaceError
+from sweeper.measurement import METRICS
 from sweeper.space import TrialConfig, optuna_params, parse_space
 from sweeper.store import Store
 
@@ -85,7 +86,7 @@ def importances(
             "needs at least two that differ in some knob"
         )
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line per call
-    direction = "minimize" if target in ("cost_per_run_usd", "hours_per_run") else "maximize"
+    direction = "maximize" if METRICS[target].better == "higher" else "minimize"
     memory = optuna.create_study(direction=direction)
     memory.add_trials(frozen)
     chosen = (

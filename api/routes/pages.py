@@ -21,6 +21,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from sweeper import importance, recommend
 from sweeper.errors import ConflictError, NoResultError, SweeperError
 from sweeper.export import render
+from sweeper.measurement import TABLE_METRICS
 from sweeper.store import Store, TrialMetrics
 
 router = APIRouter(include_in_schema=False)
@@ -59,18 +60,9 @@ def overview(request: Request, store: StoreDep) -> HTMLResponse:
     return render_page(request, "index.html", {"studies": study_summaries(store)})
 
 
-# Columns of the trials table that sort, and the direction a first click sorts them in.
-SORTABLE = {
-    "number": False,
-    "samples_per_s": True,
-    "tokens_per_s": True,
-    "it_per_s": True,
-    "data_wait_share": False,
-    "mfu": True,
-    "peak_memory_bytes": False,
-    "cost_per_run_usd": False,
-    "hours_per_run": False,
-}
+# Columns of the trials table that sort, and the direction a first click sorts them in (the
+# better end first).
+SORTABLE = {"number": False} | {m.name: m.better == "higher" for m in TABLE_METRICS}
 PAGE_SIZE = 100
 
 
@@ -126,6 +118,7 @@ def study_page(
             "pages": pages,
             "total": total,
             "sortable": SORTABLE,
+            "metrics": TABLE_METRICS,
         },
         # Read by study.js: where to poll, what the page already shows, where the figures are.
         "live": {

@@ -77,6 +77,8 @@ class TrialRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wall_s: Mapped[float | None] = mapped_column(Float, doc="child start to result, seconds")
 
+    # The metrics of sweeper.measurement.COLUMN_METRICS, by the same names (what they mean is
+    # documented there; tests/test_measurement.py checks these columns against them).
     it_per_s: Mapped[float | None] = mapped_column(Float, doc="optimizer steps per second")
     samples_per_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float, doc="real (non-pad) tokens/s")

@@ -30,6 +30,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
+from sweeper.measurement import SORT_KEYS
 from sweeper.store.models import StudyRow, TrialMetrics, TrialRow
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -37,20 +38,9 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK_ID = 0x5EE9E4
 # What Store.trial_metrics loads of each trial (the fields of TrialMetrics, in its order).
 METRIC_COLUMNS = tuple(getattr(TrialRow, name) for name in TrialMetrics.__annotations__)
-# Columns trials can be sorted by (REST ?sort=, the dashboard's table headers).
-TRIAL_SORT_KEYS = (
-    "number",
-    "cost_per_run_usd",
-    "hours_per_run",
-    "samples_per_s",
-    "tokens_per_s",
-    "it_per_s",
-    "data_wait_share",
-    "mfu",
-    "peak_memory_bytes",
-    "compile_s",
-    "wall_s",
-)
+# Columns trials can be sorted by (REST ?sort=, the dashboard's table headers): the metrics
+# with a better direction (sweeper.measurement), the number and the wall time.
+TRIAL_SORT_KEYS = ("number", *SORT_KEYS, "wall_s")
 
 
 def utcnow() -> datetime:
