@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from api.app import create_app
+from sweeper.measurement import Measurement, sample_measurement
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS
 
@@ -18,6 +19,7 @@ from tests.helpers import STUDY_FIELDS
 STUDY = "llama 1b@h100?#%"
 STUDY_PATH = quote(STUDY, safe="")
 PLAIN_STUDY = "plain"
+STEP_TIMES_S = [0.51, 0.5, 0.52]
 
 
 def add_study(store: Store, name: str, **overrides: object) -> None:
@@ -30,23 +32,26 @@ def add_complete(
 ) -> None:
     store.start_trial(study, number, config)
     samples_per_s = 1_800_000 / (cost / 2.5 * 3600)  # consistent with the price
+    measurement = sample_measurement(
+        it_per_s=it_per_s,
+        samples_per_s=samples_per_s,
+        rows_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * 400,
+        padded_tokens_per_s=samples_per_s * 512,
+        peak_memory_bytes=40 * 2**30,
+        loss_first=10.4,
+        loss_last=9.8,
+        step_times_s=STEP_TIMES_S,
+    )
     store.finish_trial(
         study,
         number,
         "complete",
-        it_per_s=it_per_s,
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * 400,
-        padded_tokens_per_s=samples_per_s * 512,
-        data_wait_share=0.02,
-        peak_memory_bytes=40 * 2**30,
-        compile_s=0.0,
         hours_per_run=cost / 2.5,
         cost_per_run_usd=cost,
-        loss_first=10.4,
-        loss_last=9.8,
         wall_s=31.5,
-        measurement={"step_times_s": [0.51, 0.5, 0.52], "p50_step_s": 0.51},
+        measurement=measurement.model_dump(),
+        **measurement.columns(),
     )
 
 
@@ -160,7 +165,8 @@ def test_trial_filters(client: TestClient) -> None:
 def test_one_trial_includes_its_measurement(client: TestClient) -> None:
     trial = client.get(f"/api/studies/{STUDY_PATH}/trials/1").json()
     assert trial["number"] == 1
-    assert trial["measurement"] == {"step_times_s": [0.51, 0.5, 0.52], "p50_step_s": 0.51}
+    assert trial["measurement"]["step_times_s"] == STEP_TIMES_S
+    assert Measurement.model_validate(trial["measurement"]).it_per_s == 0.6
     missing = client.get(f"/api/studies/{STUDY_PATH}/trials/99")
     assert missing.status_code == 404
     assert "99" in missing.json()["detail"]
@@ -187,10 +193,12 @@ def test_trials_report_padding_per_config(client: TestClient) -> None:
 
 
 def test_best_memory_headroom_and_compare(client: TestClient) -> None:
-    # every trial peaks at 40 GiB; with no device memory recorded, no headroom can be shown
+    # every trial peaks at 40 GiB of the H100's 79.2 GiB: half of it is free
     roomy = client.get(f"/api/studies/{STUDY_PATH}/best", params={"min_memory_headroom": 0.1})
-    assert roomy.status_code == 409
-    assert "at least 10% memory headroom" in roomy.json()["detail"]
+    assert roomy.json()["memory_headroom"] == pytest.approx(1 - 40 * 2**30 / 85_029_158_912)
+    too_roomy = client.get(f"/api/studies/{STUDY_PATH}/best", params={"min_memory_headroom": 0.6})
+    assert too_roomy.status_code == 409
+    assert "at least 60% memory headroom" in too_roomy.json()["detail"]
     bad = client.get(f"/api/studies/{STUDY_PATH}/best", params={"min_memory_headroom": 1.5})
     assert bad.status_code == 422
     # one study of its workload: the comparison is that study alone, and its front

@@ -6,6 +6,7 @@ import pytest
 from sqlalchemy import inspect
 
 from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.measurement import sample_measurement
 from sweeper.store import Store, TrialMetrics
 from tests.helpers import STUDY_FIELDS
 
@@ -63,7 +64,7 @@ def test_trials_lifecycle_filters_and_counts(store: Store) -> None:
         "complete",
         samples_per_s=10.0,
         cost_per_run_usd=5.0,
-        measurement={"step_times_s": [0.1, 0.2]},
+        measurement=sample_measurement(step_times_s=[0.1, 0.2]).model_dump(),
     )
     store.finish_trial("s", 1, "complete", samples_per_s=20.0, cost_per_run_usd=2.5)
     store.finish_trial("s", 2, "failed", failure_kind="oom", failure_message="CUDA out of memory")
@@ -75,7 +76,7 @@ def test_trials_lifecycle_filters_and_counts(store: Store) -> None:
     assert [t.number for t in store.list_trials("s", limit=2, offset=1)] == [1, 2]
     first = store.list_trials("s", include_measurement=True)[0]
     assert first.config == {"per_device_batch_size": 1}
-    assert first.measurement == {"step_times_s": [0.1, 0.2]}
+    assert first.measurement == sample_measurement(step_times_s=[0.1, 0.2]).model_dump()
     assert first.finished_at is not None and first.finished_at >= first.started_at
     ((study, summary),) = store.list_studies()
     assert study.name == "s"
@@ -92,19 +93,20 @@ def test_non_finite_numbers_are_stored_as_null(store: Store) -> None:
         "complete",
         samples_per_s=float("nan"),
         loss_last=float("inf"),
-        measurement={"losses": [1.0, float("nan")]},
+        measurement=sample_measurement(losses=[1.0, float("nan")]).model_dump(),
     )
     (row,) = store.list_trials("s", include_measurement=True)
     assert row.samples_per_s is None and row.loss_last is None
-    assert row.measurement == {"losses": [1.0, None]}
+    assert row.measurement["losses"] == [1.0, None]
 
 
 def test_get_trial_loads_the_measurement(store: Store) -> None:
     store.upsert_study("s", **STUDY_FIELDS)
     store.start_trial("s", 0, {})
-    store.finish_trial("s", 0, "complete", measurement={"step_times_s": [0.5]})
+    measurement = sample_measurement(step_times_s=[0.5]).model_dump()
+    store.finish_trial("s", 0, "complete", measurement=measurement)
     trial = store.get_trial("s", 0)
-    assert trial is not None and trial.measurement == {"step_times_s": [0.5]}
+    assert trial is not None and trial.measurement == measurement
     assert store.get_trial("s", 1) is None
     (listed,) = store.list_trials("s")
     with pytest.raises(Exception, match="measurement"):
