@@ -60,9 +60,10 @@ import psycopg
 from sqlalchemy import insert
 
 from sweeper.cost import RunPlan, project_run
+from sweeper.measurement import COLUMN_METRICS, sample_measurement
 from sweeper.space import Space, TrialConfig, load_space, optuna_params
 from sweeper.store import Store, TrialRow
-from sweeper.study import OPTUNA_ATTRS, study_fields  # what a sweep records
+from sweeper.study import study_fields  # what a sweep records
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -254,32 +255,33 @@ def _complete(
     peak_memory = min(int(18e9 + step_tokens * activation), int(0.97 * DEVICE_MEMORY_BYTES))
     step_s = config.effective_batch / samples_per_s
     step_times = [round(step_s * rng.lognormvariate(0, 0.02), 5) for _ in range(40)]
-    ordered = sorted(step_times)
-    padding = max(0.0, 1 - tokens_per_s / padded_tokens_per_s)
     wall_s = 30 + compile_s + sum(step_times) + rng.uniform(5, 20)
-    metrics = {
-        "it_per_s": it_per_s,
-        "samples_per_s": samples_per_s,
-        "tokens_per_s": tokens_per_s,
-        "padded_tokens_per_s": padded_tokens_per_s,
-        "data_wait_share": data_wait,
-        "mfu": tokens_per_s * MODEL_FLOPS_PER_TOKEN / H100_BF16_FLOPS,
-        "peak_memory_bytes": peak_memory,
-        "compile_s": compile_s,
-        "loss_first": 10.45 + rng.uniform(-0.05, 0.05),
-        "loss_last": 9.6 + rng.uniform(-0.2, 0.2),
-    }
-    measurement = metrics | {
-        "step_times_s": step_times,
-        "p50_step_s": ordered[len(ordered) // 2],
-        "p90_step_s": ordered[int(len(ordered) * 0.9)],
-        "measured_steps": len(step_times),
-        "window_s": sum(step_times),
-        "startup_s": startup_s,
-        "checkpoint_save_s": checkpoint_save_s,
-        "padding_share": padding,
-        "env": {"device_name": DEVICE_NAME, "torch": "2.13.0+cu128", "cuda": "12.8"},
-    }
+    measurement = sample_measurement(
+        samples_per_s=samples_per_s,
+        tokens_per_s=tokens_per_s,
+        it_per_s=it_per_s,
+        rows_per_s=padded_tokens_per_s / seq,
+        padded_tokens_per_s=padded_tokens_per_s,
+        padding_share=max(0.0, 1 - tokens_per_s / padded_tokens_per_s),
+        data_wait_share=data_wait,
+        mfu=tokens_per_s * MODEL_FLOPS_PER_TOKEN / H100_BF16_FLOPS,
+        peak_memory_bytes=peak_memory,
+        device_memory_bytes=DEVICE_MEMORY_BYTES,
+        step_time_p50_s=statistics.median(step_times),
+        step_time_p90_s=statistics.quantiles(step_times, n=10)[-1],
+        step_time_mean_s=statistics.fmean(step_times),
+        measured_steps=len(step_times),
+        window_s=sum(step_times),
+        step_times_s=step_times,
+        startup_s=startup_s,
+        compile_s=compile_s,
+        checkpoint_save_s=checkpoint_save_s,
+        loss_first=10.45 + rng.uniform(-0.05, 0.05),
+        loss_last=9.6 + rng.uniform(-0.2, 0.2),
+        effective_batch=config.effective_batch,
+        packing=config.packing,
+        env={"device_name": DEVICE_NAME},
+    )
     return FakeTrial(
         number=number,
         state="complete",
@@ -287,16 +289,14 @@ def _complete(
         started_at=clock,
         finished_at=clock + timedelta(seconds=wall_s),
         wall_s=wall_s,
-        columns=metrics
+        columns=measurement.columns()
         | {
             "hours_per_run": projection.hours_per_run,
             "cost_per_run_usd": projection.cost_per_run_usd,
             "projection": projection.breakdown(),
-            "device_memory_bytes": DEVICE_MEMORY_BYTES,
-            "device_name": DEVICE_NAME,
-            "measurement": measurement,
+            "measurement": measurement.model_dump(),
         },
-        user_attrs={key: measurement.get(key) for key in OPTUNA_ATTRS}
+        user_attrs=measurement.optuna_attrs()
         | {
             "hours_per_run": projection.hours_per_run,
             "effective_batch": config.effective_batch,
@@ -362,21 +362,8 @@ def fill_ours(url: str, space: Space, trials: list[FakeTrial]) -> None:
 
 
 _TRIAL_COLUMNS = (
-    "it_per_s",
-    "samples_per_s",
-    "tokens_per_s",
-    "padded_tokens_per_s",
-    "data_wait_share",
-    "mfu",
-    "peak_memory_bytes",
-    "compile_s",
-    "hours_per_run",
-    "cost_per_run_usd",
+    *(m.name for m in COLUMN_METRICS),
     "projection",
-    "device_memory_bytes",
-    "device_name",
-    "loss_first",
-    "loss_last",
     "failure_kind",
     "failure_message",
     "measurement",

@@ -24,7 +24,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sweeper.knobs import describe
 from sweeper.launcher import ChildRun, ForkServer, run_child
+from sweeper.measurement import Measurement, parse_measurement
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig, load_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -53,12 +55,12 @@ def _ok(run: ChildRun) -> dict:
     return run.result.payload
 
 
+def _measured(run: ChildRun) -> Measurement:
+    return parse_measurement(_ok(run))
+
+
 def _describe(c: TrialConfig) -> str:
-    loader = f"w{c.num_workers}" + (f"/pf{c.prefetch_factor}" if c.prefetch_factor else "")
-    return (
-        f"bs{c.per_device_batch_size}×ga{c.gradient_accumulation_steps} "
-        f"seq{c.max_seq_length} {loader} {c.attn_implementation} {c.compile_mode}"
-    )
+    return describe(c.model_dump())
 
 
 def _pick_configs(space: Space) -> list[TrialConfig]:
@@ -133,7 +135,7 @@ def main() -> None:
         timeout_s=900,
     )
     prepared = PreparedData.model_validate(_ok(run))
-    trials: list[tuple[TrialConfig, dict, float]] = []  # config, measurement, wall_s
+    trials: list[tuple[TrialConfig, Measurement, float]] = []  # config, measurement, wall_s
     fidelity_rows = []
     repeat_rows = []
     with ForkServer(str(cache_dir)) as server:
@@ -144,10 +146,10 @@ def main() -> None:
                 timeout_s=space.trial.timeout_s,
                 server=server,
             )
-            trial = _ok(trial_run)
+            trial = _measured(trial_run)
             trials.append((config, trial, trial_run.wall_s))
-            steps = trial["measured_steps"] * args.long_factor
-            long = _ok(
+            steps = trial.measured_steps * args.long_factor
+            long = _measured(
                 run_child(
                     _request(
                         space,
@@ -171,16 +173,17 @@ def main() -> None:
                 timeout_s=space.trial.timeout_s,
                 server=server,
             )
-            measurement = _ok(repeat_run)
+            measurement = _measured(repeat_run)
             repeat_rows.append(measurement)
             trials.append((configs[0], measurement, repeat_run.wall_s))
 
-    device = trials[0][1]["env"]["device_name"]
+    env = trials[0][1].env
+    device = env.device_name
     print(f"## Trial quality on {device} ({space.hardware.name}), {datetime.now(UTC):%Y-%m-%d}\n")
     print(
         f"Command: `python {' '.join(sys.argv)}` "
-        f"(torch {trials[0][1]['env']['torch']}, Python {platform.python_version()}, "
-        f"{trials[0][1]['env']['cpu_threads']} torch threads); whole run "
+        f"(torch {env.torch}, Python {platform.python_version()}, "
+        f"{env.cpu_threads} torch threads); whole run "
         f"{time.perf_counter() - started:.0f} s.\n"
     )
     print(f"### Fidelity: trial vs a run {args.long_factor}x longer (goal: within 3%)\n")
@@ -190,11 +193,11 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|")
     for config, trial, long in fidelity_rows:
-        ratio = trial["samples_per_s"] / long["samples_per_s"]
+        ratio = trial.samples_per_s / long.samples_per_s
         print(
-            f"| {_describe(config)} | {trial['samples_per_s']:.1f} "
-            f"(±{trial['throughput_ci95_rel']:.1%}) | {trial['measured_steps']} "
-            f"| {long['samples_per_s']:.1f} | {long['measured_steps']} | {ratio:.3f} |"
+            f"| {_describe(config)} | {trial.samples_per_s:.1f} "
+            f"(±{trial.throughput_ci95_rel:.1%}) | {trial.measured_steps} "
+            f"| {long.samples_per_s:.1f} | {long.measured_steps} | {ratio:.3f} |"
         )
     print(
         "\n### Overhead: share of a trial's wall time outside the timed window "
@@ -204,13 +207,14 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     shares = []
     for config, m, wall_s in trials:
-        share = 1 - m["window_s"] / wall_s
+        share = 1 - m.window_s / wall_s
         shares.append(share)
-        phases = m["phases_s"]
-        build = sum(phases[k] for k in ("imports", "tokenizer", "data", "model", "optimizer"))
+        phases = m.phases_s
+        built = ("imports", "tokenizer", "data", "model", "optimizer")
+        build = sum(getattr(phases, k) or 0.0 for k in built)
         print(
-            f"| {_describe(config)} | {wall_s:.2f} | {m['window_s']:.2f} "
-            f"| {phases['warmup']:.2f} | {build:.2f} | {share:.0%} |"
+            f"| {_describe(config)} | {wall_s:.2f} | {m.window_s:.2f} "
+            f"| {phases.warmup or 0.0:.2f} | {build:.2f} | {share:.0%} |"
         )
     print(
         f"\nOverhead over {len(shares)} trials: mean {statistics.fmean(shares):.0%}, "
@@ -219,8 +223,8 @@ def main() -> None:
     if not repeat_rows:
         return
     print(f"### Repeatability: {_describe(configs[0])}, {args.repeats} trials\n")
-    values = [m["samples_per_s"] for m in repeat_rows]
-    cis = [m["throughput_ci95_rel"] for m in repeat_rows]
+    values = [m.samples_per_s for m in repeat_rows]
+    cis = [m.throughput_ci95_rel for m in repeat_rows]
     print("samples/s: " + ", ".join(f"{v:.1f}" for v in values))
     mean = statistics.fmean(values)
     print(
