@@ -1,0 +1,97 @@
+"""Each engine trains the tiny model in a real child through the one recipe, with the knobs the
+config asks for; the Trainer engines run transformers' Trainer and TRL's SFTTrainer themselves."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from sweeper.launcher import run_child
+from sweeper.space import Space
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import tiny_config, trial_request
+
+pytestmark = pytest.mark.torch
+
+
+def _measure(space: Space, prepared: PreparedData, cache_dir: Path, engine: str, **knobs):  # noqa: ANN202
+    engine_space = space.model_copy(
+        update={"workload": space.workload.model_copy(update={"engine": engine})}
+    )
+    config = tiny_config(**knobs)
+    run = run_child(
+        trial_request(engine_space, prepared, cache_dir, config, measure={"max_steps": 4}),
+        timeout_s=300,
+    )
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    assert run.result.payload is not None
+    return run.result.payload, config
+
+
+@pytest.mark.parametrize("engine", ["loop", "trainer", "sft"])
+def test_every_engine_feeds_the_one_recipe(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str
+) -> None:
+    m, config = _measure(tiny_space, tiny_prepared, cache_dir, engine)
+    assert m["engine"] == engine
+    assert m["measured_steps"] == 4 == len(m["step_times_s"])
+    assert 1 <= m["warmup_steps"] <= tiny_space.trial.warmup.max_steps
+    assert len(m["losses"]) == m["warmup_steps"] + m["measured_steps"]
+    assert all(math.isfinite(loss) for loss in m["losses"])
+    assert sum(m["step_times_s"]) == pytest.approx(m["window_s"], rel=0.05)
+    assert m["it_per_s"] > 0 and 0 < m["tokens_per_s"] <= m["padded_tokens_per_s"]
+    # every optimizer step saw batch × accumulation rows (Trainer's own DataLoader too)
+    assert m["rows_per_s"] == pytest.approx(m["it_per_s"] * config.effective_batch)
+    assert m["optimizer"] == "AdamW"  # adamw_torch, built by the engine or by Trainer
+    assert m["trainable_params"] == m["n_params"] > 0
+    assert m["phases_s"]["model"] > 0 and m["phases_s"]["window"] == m["window_s"]
+
+
+def test_trainer_engine_applies_the_knobs_through_training_arguments(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    m, _ = _measure(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        "trainer",
+        optim="adafactor",
+        gradient_checkpointing=True,
+        num_workers=1,
+        prefetch_factor=2,
+        persistent_workers=True,
+    )
+    assert m["optimizer"] == "Adafactor"  # what Trainer built from optim="adafactor"
+    assert m["data_wait_share"] < 1
+
+
+def test_sft_engine_packs_with_trl(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    m, config = _measure(tiny_space, tiny_prepared, cache_dir, "sft", packing=True)
+    # TRL packs best-fit without padding: every token of a packed batch is real
+    assert m["padding_share"] == pytest.approx(0.0)
+    assert m["samples_per_s"] == pytest.approx(
+        m["tokens_per_s"] / tiny_prepared.tokens_per_sample, rel=1e-6
+    )
+    assert m["phases_s"]["dataset"] > 0  # SFTTrainer tokenized and packed its rows
+
+
+def test_loop_engine_applies_optimizer_and_checkpointing(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    m, _ = _measure(
+        tiny_space, tiny_prepared, cache_dir, "loop", optim="adafactor", gradient_checkpointing=True
+    )
+    assert m["optimizer"] == "Adafactor"
+
+
+def test_a_knob_the_device_lacks_fails_as_data(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    config = tiny_config(optim="adamw_torch_fused")
+    run = run_child(trial_request(tiny_space, tiny_prepared, cache_dir, config), timeout_s=120)
+    assert run.result.status == "failed" and run.result.failure_kind == "unsupported"
+    assert "CUDA" in (run.result.failure_message or "")
