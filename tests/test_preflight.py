@@ -104,7 +104,7 @@ def test_precision_slower_than_the_limit_is_refused(
 ) -> None:
     space = _space(tiny_space, precision="bf16")  # slow_precision_factor defaults to 3
     payload = {"step_s": step_s, "fp32_step_s": fp32_step_s, "device_type": "cpu"}
-    verdict = check_precision(space, payload)
+    verdict = check_precision(space, "bf16", payload)
     if refused:
         assert verdict is not None
         assert "bf16 trains 10.0x slower than fp32 on this CPU" in verdict

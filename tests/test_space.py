@@ -100,11 +100,18 @@ def test_suggest_only_asks_prefetch_with_workers() -> None:
         trial = study.ask()
         config = suggest(trial, space.search)
         seen.append(config)
-        assert ("prefetch_factor" in trial.params) == (config.num_workers > 0)
+        # prefetch_factor is asked for only with workers; a knob with one choice never is
+        assert "prefetch_factor" not in trial.params or config.num_workers > 0
+        assert set(trial.params) == set(space.search.searched()) - (
+            {"prefetch_factor"} if config.num_workers == 0 else set()
+        )
         assert config in set(space.search.grid())
         study.tell(trial, 1.0)
     assert {c.num_workers for c in seen} == {0, 1}
     assert all(c.prefetch_factor is None for c in seen if c.num_workers == 0)
+    assert all(
+        c.prefetch_factor == 2 and c.persistent_workers is False for c in seen if c.num_workers
+    )
 
 
 def test_readme_example_space_is_valid() -> None:

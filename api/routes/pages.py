@@ -21,6 +21,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from sweeper import importance, recommend
 from sweeper.errors import ConflictError, NoResultError, SweeperError
 from sweeper.export import render
+from sweeper.knobs import KNOBS
 from sweeper.measurement import TABLE_METRICS
 from sweeper.store import Store, TrialMetrics
 
@@ -109,6 +110,7 @@ def study_page(
         "best": best,
         "exports": exports,
         "config_keys": _config_keys(trials),
+        "knob_labels": {knob.name: knob.label for knob in KNOBS},
         "color_by": COLOR_BY,
         "slice_points": figures.SLICE_POINTS_PER_VALUE,
         "table": {
@@ -216,8 +218,12 @@ def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str
 
 
 def _config_keys(trials: list[TrialSummary]) -> list[str]:
-    """Every knob that appears in any trial's config, in first-seen order."""
-    keys: dict[str, None] = {}
+    """The knobs whose values differ between trials, in the registry's order (a knob every
+    trial sets alike says nothing in a table); then unknown keys of older configs."""
+    values: dict[str, set[str]] = {}
     for trial in trials:
-        keys.update(dict.fromkeys(trial.config))
-    return list(keys)
+        for key, value in trial.config.items():
+            values.setdefault(key, set()).add(repr(value))
+    varying = [k for k, seen in values.items() if len(seen) > 1 or len(trials) == 1]
+    known = [knob.name for knob in KNOBS if knob.name in varying]
+    return known + [k for k in varying if k not in known]

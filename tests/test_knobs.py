@@ -1,0 +1,170 @@
+"""The knob registry: the config type, the search lists, the baseline, the grid, Optuna's
+parameters, preflight's machine checks and the exports all come from ``sweeper.knobs``."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from sweeper import knobs
+from sweeper.errors import SpaceError
+from sweeper.export import loop_lines, render, sft_kwargs, trainer_kwargs
+from sweeper.knobs import KNOBS, TrialConfig
+from sweeper.preflight import PreflightReport
+from sweeper.recommend import Recommendation
+from sweeper.space import Baseline, SearchSpace, parse_space, suggest
+from tests.helpers import TINY_SPACE, tiny_config
+
+TINY = TINY_SPACE.read_text()
+
+
+def test_every_type_has_one_field_per_knob() -> None:
+    names = [k.name for k in KNOBS]
+    assert list(TrialConfig.model_fields) == names
+    assert set(SearchSpace.model_fields) == {*names, "effective_batch"}
+    assert set(Baseline.model_fields) == {*names, "label"}
+    for knob in KNOBS:
+        assert knob.label and knob.help, knob.name
+        assert knob.required or knob.default is not None, knob.name
+        if knob.needs:  # a value that needs something has somewhere to fall back
+            assert knob.fallback is not None and knob.fallback not in knob.needs
+
+
+def _with_search(extra: str, base: str = TINY) -> str:
+    return base.replace("search:\n", f"search:\n{extra}", 1)
+
+
+def test_new_knobs_are_searchable_and_multiply_the_grid() -> None:
+    plain = parse_space(TINY)
+    wider = parse_space(
+        _with_search(
+            "  precision: [fp32, bf16]\n  gradient_checkpointing: [false, true]\n"
+            "  optim: [adamw_torch, adafactor]\n"
+        )
+    )
+    assert len(list(wider.search.grid())) == 8 * len(list(plain.search.grid()))
+    assert {"precision", "gradient_checkpointing", "optim"} <= set(wider.search.searched())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(40):
+        trial = study.ask()
+        config = suggest(trial, wider.search)
+        seen.add((config.precision, config.optim))
+        study.tell(trial, 1.0)
+    assert len(seen) == 4  # Optuna proposes every combination of the new knobs
+
+
+def test_conditions_live_in_the_registry() -> None:
+    space = parse_space(
+        _with_search("  persistent_workers: [false, true]\n").replace(
+            "num_workers: [0]", "num_workers: [0, 2]"
+        )
+    )
+    grid = list(space.search.grid())
+    without = [c for c in grid if c.num_workers == 0]
+    with_workers = [c for c in grid if c.num_workers == 2]
+    assert all(c.prefetch_factor is None and c.persistent_workers is None for c in without)
+    assert {c.persistent_workers for c in with_workers} == {False, True}
+    assert len(with_workers) == 2 * len(without)
+    assert space.search.runnable(without[0].model_copy(update={"persistent_workers": True}))
+    assert (
+        knobs.trainer_arguments(without[0].model_dump())
+        .keys()
+        .isdisjoint({"dataloader_prefetch_factor", "dataloader_persistent_workers"})
+    )
+
+
+def test_workload_precision_is_the_older_spelling_of_the_knob() -> None:
+    space = parse_space(TINY.replace("  epochs: 1\n", "  epochs: 1\n  precision: bf16\n"))
+    assert space.search.precision == ["bf16"] and space.known_configs()[0].precision == "bf16"
+    with pytest.raises(SpaceError, match=r"workload.precision is 'bf16' but search.precision"):
+        parse_space(
+            _with_search(
+                "  precision: [fp32]\n",
+                TINY.replace("  epochs: 1\n", "  epochs: 1\n  precision: bf16\n"),
+            )
+        )
+
+
+def test_a_bad_knob_value_names_the_file_line_and_the_choices() -> None:
+    text = _with_search("  optim: [adamw_torch, adamw_9bit]\n")
+    line = text.splitlines().index("  optim: [adamw_torch, adamw_9bit]") + 1
+    with pytest.raises(SpaceError) as error:
+        parse_space(text, source="spaces/x.yaml")
+    message = str(error.value)
+    assert f"spaces/x.yaml:{line}: search.optim[1]:" in message
+    assert "adamw_torch_fused" in message and "'adamw_9bit'" in message
+
+
+def test_a_baseline_leaving_out_a_searched_knob_must_say_its_value() -> None:
+    # the default (adamw_torch) is not listed and there are two choices: which one runs today?
+    text = _with_search("  optim: [adafactor, adamw_8bit]\n")
+    with pytest.raises(SpaceError, match="baseline: optim is left out"):
+        parse_space(text)
+    one = parse_space(_with_search("  optim: [adafactor]\n"))
+    assert one.known_configs()[0].optim == "adafactor"  # the only choice
+
+
+def test_preflight_falls_back_where_the_machine_can_run_no_listed_value() -> None:
+    space = parse_space(_with_search("  tf32: [true]\n  optim: [adamw_torch, adamw_torch_fused]\n"))
+    no_cuda = {"cuda": "the trial device is the CPU", "bitsandbytes": "no CUDA"}
+    dropped = knobs.machine_drops({"tf32": space.search.tf32, "optim": space.search.optim}, no_cuda)
+    assert dropped == {
+        "tf32": {"True": "needs a CUDA device (the trial device is the CPU)"},
+        "optim": {"adamw_torch_fused": "needs a CUDA device (the trial device is the CPU)"},
+    }
+    report = PreflightReport(dropped=dropped, fallbacks={"tf32": False})
+    search = report.search(space)
+    assert search.tf32 == [False] and {c.tf32 for c in search.grid()} == {False}
+    baseline = report.adapt(space.known_configs()[0])
+    assert baseline.tf32 is False and report.allows(baseline) is None
+    fused = baseline.model_copy(update={"optim": "adamw_torch_fused"})
+    assert "optim=adamw_torch_fused failed preflight" in (report.allows(fused) or "")
+
+
+def _rec(config: TrialConfig) -> Recommendation:
+    return Recommendation(
+        study="s", trial_number=0, completed_trials=1, config=config.model_dump(),
+        it_per_s=1.0, samples_per_s=1.0, tokens_per_s=1.0, cost_per_run_usd=1.0,
+        hours_per_run=1.0, peak_memory_bytes=None, usd_per_hour=1.0, hardware_name="CPU",
+    )  # fmt: skip
+
+
+def _changes(knob: knobs.Knob) -> list[object]:
+    """Two configs' values for ``knob`` that should read differently in some export."""
+    choices = knob.choices()
+    if choices is not None:
+        return [v for v in choices if v != knob.default][:1] + [knob.default]
+    return [knob.default or 64, (knob.default or 64) + 1]
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS], ids=lambda k: k.name)
+def test_every_knob_reaches_the_exports(knob: knobs.Knob) -> None:
+    """Changing any knob changes what a user pastes (TrainingArguments, SFTConfig, the
+    DataLoader and its loop): no knob is measured and then lost on the way to the user."""
+    gpu = TINY.replace("device: cpu", "device: cuda")
+    outputs = []
+    for value in _changes(knob):
+        values = {"num_workers": 2} | {knob.name: value}
+        config = tiny_config(**values)
+        rec = _rec(config)
+        outputs.append(
+            (
+                trainer_kwargs(rec, gpu),
+                sft_kwargs(rec, gpu),
+                render(rec, "dataloader", gpu),
+                render(rec, "trainer", gpu),
+                loop_lines(config.model_dump(), 1e-4, "cuda"),
+            )
+        )
+    assert outputs[0] != outputs[1], f"{knob.name} does not reach any export"
+
+
+def test_describe_names_every_knob_that_differs_from_its_default() -> None:
+    config = tiny_config(
+        precision="bf16", tf32=True, optim="adafactor", gradient_checkpointing=True,
+        pin_memory=True, packing=True, num_workers=2, persistent_workers=True,
+    )  # fmt: skip
+    line = knobs.describe(config.model_dump())
+    for word in ("bf16", "tf32", "adafactor", "ckpt", "pinned", "packed", "persist", "w2/pf2"):
+        assert word in line
