@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     --python) target_python=${2:?--python needs a version, e.g. 3.12}; shift 2 ;;
     --arch) arch=${2:?--arch needs x86_64 or aarch64}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
-    --tests) extras=(--extra test); shift ;;
+    --tests) extras=(--extra test --extra trainer); shift ;;
     --skip-file) skip_file=${2:?--skip-file needs a file}; shift 2 ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see $0 --help)" >&2; exit 2 ;;

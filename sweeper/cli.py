@@ -249,7 +249,7 @@ def best_command(
 def export(
     study: Annotated[str, typer.Option("--study", help="study name")],
     fmt: Annotated[
-        str, typer.Option("--format", help="trainer | dataloader | yaml | json")
+        str, typer.Option("--format", help="trainer | sft | dataloader | yaml | json")
     ] = "trainer",
     storage: StorageOption = None,
     max_hours: MaxHoursOption = None,

@@ -70,6 +70,9 @@ class Knob:
     # what the value becomes in transformers.TrainingArguments / torch DataLoader
     trainer: Callable[[Any], dict[str, Any]] = lambda value: {}
     dataloader: Callable[[Any], dict[str, Any]] = lambda value: {}
+    # why a change of this knob is more than a speed-up (the recommendation says so when the
+    # winner's value differs from the baseline's)
+    caveat: str = ""
     # what the value adds in TRL's SFTConfig (beyond TrainingArguments)
     sft: Callable[[Any], dict[str, Any]] = lambda value: {}
 
@@ -177,6 +180,8 @@ KNOBS: tuple[Knob, ...] = (
         "run's work is then counted in tokens",
         default=False,
         short=lambda v: "packed" if v else None,
+        caveat="packed rows attend across sample boundaries unless the attention kernel "
+        "separates them (TRL's padding-free packing with flash attention does)",
         sft=lambda v: {"packing": v},
     ),
     Knob(
@@ -186,6 +191,8 @@ KNOBS: tuple[Knob, ...] = (
         help="fp32, or bf16/fp16 autocast (weights stay fp32, as Trainer's bf16=True)",
         default="fp32",
         short=lambda v: None if v == "fp32" else v,
+        caveat="the arithmetic changes: compare the loss of a short run (fp16 needs loss "
+        "scaling and can overflow; bf16 keeps fp32's range with fewer mantissa bits)",
         trainer=_precision_args,
         # SFTConfig turns bf16 on by default (TrainingArguments does not): say it either way
         sft=lambda v: {"bf16": v == "bf16", "fp16": v == "fp16"},
@@ -238,6 +245,8 @@ KNOBS: tuple[Knob, ...] = (
         needs={"adamw_torch_fused": "cuda", "adamw_8bit": "bitsandbytes"},
         fallback="adamw_torch",
         short=lambda v: None if v == "adamw_torch" else v,
+        caveat="a different optimizer (or its 8-bit state) converges differently: compare the "
+        "loss of a short run before trusting the $/run, which assumes the same number of steps",
         trainer=lambda v: {"optim": v},
     ),
 )

@@ -250,6 +250,22 @@ def _meets(c: _Candidate, constraints: Constraints) -> bool:
     return floor is None or (c.headroom is not None and c.headroom >= floor)
 
 
+def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
+    """A warning for each knob that changes more than speed and differs from the baseline.
+
+    >>> knob_caveats({"optim": "adamw_torch"}, {"optim": "adafactor"})[0][:52]
+    'optim is adafactor, not the baseline’s adamw_torch: '
+    """
+    from sweeper.knobs import KNOB, normalize
+
+    before, after = normalize(baseline), normalize(winner)
+    return [
+        f"{name} is {after[name]}, not the baseline’s {before[name]}: {knob.caveat}"
+        for name, knob in KNOB.items()
+        if knob.caveat and before.get(name) != after.get(name)
+    ]
+
+
 def _describe(config: dict[str, Any]) -> str:
     return (
         f"bs{config.get('per_device_batch_size')}×ga{config.get('gradient_accumulation_steps')} "
@@ -350,6 +366,7 @@ def _decide(
                 facts.learning_rate, baseline_batch, effective_batch
             )
             warnings.append(advice)
+        warnings += knob_caveats(baseline.trial.config, config)
     saved = None if baseline is None else baseline.cost - winner.cost
     sweep_hours = facts.sweep_seconds / 3600 if facts.sweep_seconds > 0 else None
     sweep_cost = None if sweep_hours is None else sweep_hours * price
