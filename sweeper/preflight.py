@@ -110,7 +110,16 @@ def machine_fingerprint() -> dict[str, Any]:
     host and its boot (a swapped GPU means a reboot), the interpreter, the visible devices and
     the versions of the packages that decide what can run."""
     packages = {}
-    for name in ("torch", "transformers", "triton", "flash-attn", "accelerate", "kernels"):
+    for name in (
+        "torch",
+        "transformers",
+        "triton",
+        "flash-attn",
+        "accelerate",
+        "kernels",
+        "trl",
+        "bitsandbytes",
+    ):
         try:
             packages[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -293,6 +302,10 @@ def run_preflight(
             "no compile mode in search.compile_mode works here; add 'none' to the list: "
             + "; ".join(f"{m}: {r}" for m, r in dropped["compile_mode"].items())
         )
+    engine = space.workload.engine
+    missing = capabilities.get(f"engine:{engine}")
+    if missing is not None:
+        problem(f"workload.engine: {engine} cannot run here: {missing}")
     machine = knobs.machine_drops({k: search.values(k) for k in MACHINE_KNOBS}, capabilities)
     fallbacks: dict[str, Any] = {}
     for knob, values in machine.items():

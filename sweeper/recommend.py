@@ -105,15 +105,19 @@ class StudyFacts:
     coverage_percentile: float = 100.0
     learning_rate: float | None = None
     sweep_seconds: float = 0.0
+    # TRL's default packing (best-fit decreasing) cuts a sample longer than max_length, where
+    # sweeper's own packing (loop, trainer) continues it in the next block
+    packing_truncates: bool = False
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
-        coverage, learning_rate = 100.0, None
+        coverage, learning_rate, packing_truncates = 100.0, None, False
         try:
             from sweeper.space import parse_space
 
             workload = parse_space(row.space_yaml).workload
             coverage, learning_rate = workload.coverage_percentile, workload.learning_rate
+            packing_truncates = workload.engine == "sft"
         except SpaceError:
             pass  # a study written by another version, or by hand: use the defaults
         return cls(
@@ -125,6 +129,7 @@ class StudyFacts:
             coverage_percentile=coverage,
             learning_rate=learning_rate,
             sweep_seconds=row.sweep_seconds or 0.0,
+            packing_truncates=packing_truncates,
         )
 
 
@@ -229,7 +234,7 @@ def _candidates(
             continue
         seq = t.config.get("max_seq_length")
         truncated = None
-        if not t.config.get("packing") and isinstance(seq, int):
+        if (not t.config.get("packing") or facts.packing_truncates) and isinstance(seq, int):
             if seq not in cuts:
                 cuts[seq] = truncation(facts.dataset_stats, seq)
             if cover is not None and seq < cover:
@@ -428,7 +433,7 @@ def _effective_batch(config: dict[str, Any]) -> int | None:
 
 def _cut(facts: StudyFacts, config: dict[str, Any]) -> tuple[float, float] | None:
     """(samples, tokens) shares ``config`` cuts off the dataset, or None if unknown."""
-    if config.get("packing"):
+    if config.get("packing") and not facts.packing_truncates:
         return 0.0, 0.0  # packed blocks continue a long sample instead of cutting it
     seq = config.get("max_seq_length")
     return None if not isinstance(seq, int) else truncation(facts.dataset_stats, seq)

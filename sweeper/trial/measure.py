@@ -25,6 +25,7 @@ import torch
 
 from sweeper.errors import TrialError
 from sweeper.hardware import math_mode, peak_flops
+from sweeper.measurement import parse_measurement
 from sweeper.space import TrialConfig, Workload
 from sweeper.trial.engines import TrialContext, engine, timer_for
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -65,47 +66,55 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     model = run.model
     n_params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return {
-        **summary,
-        # packed rows hold several samples (and parts of them): count samples by their tokens
-        "samples_per_s": tokens_per_s / (request.prepared.tokens_per_sample or math.nan)
-        if config.packing
-        else summary["rows_per_s"],
-        "compile_s": summary["warmup_excess_s"] if config.compile_mode != "none" else 0.0,
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "losses": losses,
-        "loader_epochs": run.loader_epochs,
-        "n_params": n_params,
-        "trainable_params": trainable,
-        "engine": workload.engine,
-        # what ran, read back from torch: the optimizer class (fused kernel?), TF32 matmuls
-        "optimizer": run.optimizer_name,
-        "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
-        "effective_batch": config.effective_batch,
-        "packing": config.packing,
-        "startup_s": ctx.last_phase_end - process_started_at,
-        **checkpoint,
-        **_mfu(
-            device,
-            config,
-            model.config,
-            _matmul_params(model),
-            summary["padded_tokens_per_s"],
-            summary["mean_row_tokens"],
-        ),
-        **_peak_memory(device),
-        "phases_s": {
-            "spawn_to_start": max(0.0, process_started_at - request.spawned_at)
-            if request.spawned_at
-            else None,
-            "imports": imports_done_at - process_started_at,
-            **ctx.phases,
-            "warmup": summary["warmup_s"],
-            "window": recording.window_s,
-        },
-        "env": environment(device, config_hash(model.config), request.prepared),
-    }
+    return measurement(
+        {
+            **summary,
+            # packed rows hold several samples (and parts of them): count samples by their tokens
+            "samples_per_s": tokens_per_s / (request.prepared.tokens_per_sample or math.nan)
+            if config.packing
+            else summary["rows_per_s"],
+            "compile_s": summary["warmup_excess_s"] if config.compile_mode != "none" else 0.0,
+            "loss_first": losses[0],
+            "loss_last": losses[-1],
+            "losses": losses,
+            "loader_epochs": run.loader_epochs,
+            "n_params": n_params,
+            "trainable_params": trainable,
+            "engine": workload.engine,
+            # what ran, read back from torch: the optimizer class (fused kernel?), TF32 matmuls
+            "optimizer": run.optimizer_name,
+            "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
+            "effective_batch": config.effective_batch,
+            "packing": config.packing,
+            "startup_s": ctx.last_phase_end - process_started_at,
+            **checkpoint,
+            **_mfu(
+                device,
+                config,
+                model.config,
+                _matmul_params(model),
+                summary["padded_tokens_per_s"],
+                summary["mean_row_tokens"],
+            ),
+            **_peak_memory(device),
+            "phases_s": {
+                "spawn_to_start": max(0.0, process_started_at - request.spawned_at)
+                if request.spawned_at
+                else None,
+                "imports": imports_done_at - process_started_at,
+                **ctx.phases,
+                "warmup": summary["warmup_s"],
+                "window": recording.window_s,
+            },
+            "env": environment(device, config_hash(model.config), request.prepared),
+        }
+    )
+
+
+def measurement(values: dict[str, Any]) -> dict[str, Any]:
+    """The trial's ``Measurement``, validated here in the child (a key this module misspells
+    fails the trial, naming it) and sent as its payload."""
+    return parse_measurement(values).model_dump()
 
 
 def _time_checkpoint(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 from typing import Any
@@ -47,7 +48,13 @@ def capabilities(device: torch.device) -> dict[str, str | None]:
             import bitsandbytes  # noqa: F401
         except Exception as e:  # ImportError, or its CUDA setup failing at import
             bnb = f"bitsandbytes does not import: {e}"[:300]
-    return {"cuda": cuda, "bitsandbytes": bnb}
+    engines = {
+        f"engine:{engine}": None
+        if all(importlib.util.find_spec(m) is not None for m in modules)
+        else f"{', '.join(modules)} not installed: pip install {' '.join(modules)}"
+        for engine, modules in (("trainer", ("accelerate",)), ("sft", ("accelerate", "trl")))
+    }
+    return {"cuda": cuda, "bitsandbytes": bnb, **engines}
 
 
 def _time_steps(
