@@ -103,10 +103,10 @@ def main() -> None:
         + ".\n"
     )
     print(
-        "| config | engine | samples/s median (min–max) | × loop | data wait | step CV | "
-        "burn-in steps | optimizer |"
+        "| config | engine | samples/s median (min–max) | × loop | tokens/s | tokens per row | "
+        "data wait | step CV | burn-in steps | optimizer |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for index, config in enumerate(configs):
         loop = statistics.median(m.samples_per_s for m in results[(index, "loop")])
         for engine in engines:
@@ -116,6 +116,8 @@ def main() -> None:
             print(
                 f"| {describe(config.model_dump())} | {engine} | {median:.1f} "
                 f"({min(rates):.1f}–{max(rates):.1f}) | {median / loop:.2f} | "
+                f"{statistics.median(m.tokens_per_s for m in runs):,.0f} | "
+                f"{statistics.median(m.mean_row_tokens or 0 for m in runs):,.0f} | "
                 f"{statistics.median(m.data_wait_share for m in runs):.1%} | "
                 f"{statistics.median(m.step_time_cv for m in runs):.2f} | "
                 f"{statistics.median(m.warmup_steps for m in runs):.0f} | {runs[0].optimizer} |"

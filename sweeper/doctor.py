@@ -303,9 +303,7 @@ def _probe_findings(
     factor = preflight.precision_factor
     subject_precision = (
         next((p for p in space.search.values("precision") if p != "fp32"), None) if space else None
-    ) or next(
-        (p for p in ("bf16", "fp16") if precisions[p]["runs"]), None
-    )
+    ) or next((p for p in ("bf16", "fp16") if precisions[p]["runs"]), None)
     if factor is not None and subject_precision:
         verdict = "(faster)" if factor < 1 else "(slower: use fp32 here)" if factor > 1.5 else ""
         found.append(

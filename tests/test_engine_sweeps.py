@@ -45,9 +45,7 @@ def test_a_sweep_measures_with_the_users_trainer(
     assert "tf32=True: needs a CUDA device" in output and "trials run tf32=False" in output
     store = Store(storage_url)
     try:
-        trials = store.list_trials(
-            f"tiny-{engine}", states=["complete"], include_measurement=True
-        )
+        trials = store.list_trials(f"tiny-{engine}", states=["complete"], include_measurement=True)
         assert len(trials) >= 2, output
         for trial in trials:
             assert trial.measurement is not None

@@ -32,8 +32,15 @@ def _recorder(
         WarmupSettings(**({"min_steps": 2, "max_steps": 20, "max_seconds": 60} | (warmup or {}))),
         MeasureSettings(
             **(
-                {"min_steps": 5, "max_steps": 200, "min_seconds": 0, "max_seconds": 100,
-                 "target_ci": 0.02, "warmup_multiple": 0} | (measure or {})
+                {
+                    "min_steps": 5,
+                    "max_steps": 200,
+                    "min_seconds": 0,
+                    "max_seconds": 100,
+                    "target_ci": 0.02,
+                    "warmup_multiple": 0,
+                }
+                | (measure or {})
             )  # fmt: skip
         ),
         HostTimer(clock=clock, sync=clock.sync),
@@ -93,9 +100,10 @@ def test_window_stops_at_its_caps_and_reports_the_interval_it_reached() -> None:
     clock = FakeClock()
     recorder = _recorder(clock, measure={"max_seconds": 2.45})
     _run(recorder, clock, [0.2] * 6 + noisy)
-    assert recorder.recording.window_s == pytest.approx(2.5) and not recorder.recording.summary()[
-        "ci_met"
-    ]
+    assert (
+        recorder.recording.window_s == pytest.approx(2.5)
+        and not recorder.recording.summary()["ci_met"]
+    )
 
 
 def test_burn_in_is_capped_by_steps_and_seconds_and_says_it_never_settled() -> None:
