@@ -65,7 +65,12 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-"$host_python" scripts/requirements.py "${extras[@]}" --without torch > "$work/requirements.txt"
+# accelerate (the trainer engine) requires torch itself: it is fetched without its dependencies
+# (the rest of them are sweeper's too), and pip resolves it against the user's torch there
+"$host_python" scripts/requirements.py "${extras[@]}" --without torch accelerate \
+  > "$work/requirements.txt"
+"$host_python" scripts/requirements.py "${extras[@]}" | grep -i '^accelerate' \
+  > "$work/no-deps.txt" || true
 grep -v -i '^torch==' constraints.txt > "$work/constraints.txt"
 
 echo "wheelhouse: sweeper's wheel from this checkout"
@@ -75,6 +80,12 @@ echo "wheelhouse: dependencies for CPython $target_python on manylinux $arch (no
 "$host_python" -m pip download --quiet --disable-pip-version-check \
   --only-binary=:all: --implementation cp --python-version "$target_python" --abi "$abi" \
   "${platforms[@]}" -c "$work/constraints.txt" -r "$work/requirements.txt" -d "$out"
+
+if [ -s "$work/no-deps.txt" ]; then
+  "$host_python" -m pip download --quiet --disable-pip-version-check --no-deps \
+    --only-binary=:all: --implementation cp --python-version "$target_python" --abi "$abi" \
+    "${platforms[@]}" -c "$work/constraints.txt" -r "$work/no-deps.txt" -d "$out"
+fi
 
 # a dependency must never bring torch or its CUDA libraries along
 if ls "$out" | grep -E -i '^(torch|nvidia_|triton)-' >/dev/null; then

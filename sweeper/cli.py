@@ -7,6 +7,7 @@ inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli``
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -406,6 +407,10 @@ def study_import(
 
 
 def main() -> None:
+    # A shell starts a background job (`sweeper launch ... &`, nohup, CI runners) with SIGINT
+    # ignored, and Python then installs no KeyboardInterrupt handler: `kill -INT` would do
+    # nothing. An interrupt asked for explicitly must stop the sweep cleanly wherever it runs.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     app()
 
 

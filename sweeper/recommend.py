@@ -455,11 +455,14 @@ def _device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
 def _baseline(facts: StudyFacts, candidates: list[_Candidate]) -> _Candidate | None:
     if not facts.baseline:
         return None
-    # configs stored before a knob existed lack it; compare on the baseline's own keys
+    from sweeper.knobs import normalize
+
+    # configs stored before a knob existed lack it: both take the knob's default
+    baseline = normalize(facts.baseline)
     matches = [
         c
         for c in candidates
-        if all(c.trial.config.get(k, False) == v for k, v in facts.baseline.items())
+        if all(normalize(c.trial.config).get(k) == v for k, v in baseline.items())
     ]
     return min(matches, key=lambda c: c.trial.number) if matches else None
 

@@ -87,7 +87,9 @@ def study_fields(
         "n_trials_planned": n_trials,
         "space_yaml": space_text,
         "space_path": space_path,
-        "baseline": None if space.baseline is None else space.baseline.as_config().model_dump(),
+        "baseline": None
+        if space.baseline is None
+        else space.baseline.as_config(space.search).model_dump(),
         "workload_hash": space.workload_hash(),
     }
 
@@ -131,7 +133,12 @@ def run_sweep(
             preflight = PreflightReport()
             if space.trial.preflight:
                 preflight = _preflight(space, prepared, cache_dir, observer, server)
-                store.upsert_study(space.study, preflight=preflight.to_json())
+                fields: dict[str, Any] = {"preflight": preflight.to_json()}
+                if space.baseline is not None:  # what the baseline runs here (tf32 on a CPU)
+                    fields["baseline"] = preflight.adapt(
+                        space.baseline.as_config(space.search)
+                    ).model_dump()
+                store.upsert_study(space.study, **fields)
             loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
             counts = loop.run(n_trials, clock, deadline)
     except KeyboardInterrupt:

@@ -28,7 +28,8 @@ def _space(space: Space, *, attn: list[str] | None = None, precision: str | None
     if attn is not None:
         updates["search"] = space.search.model_copy(update={"attn_implementation": attn})
     if precision is not None:
-        updates["workload"] = space.workload.model_copy(update={"precision": precision})
+        search = updates.get("search", space.search)
+        updates["search"] = search.model_copy(update={"precision": [precision]})  # type: ignore[union-attr]
     return space.model_copy(update=updates)
 
 

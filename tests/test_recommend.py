@@ -167,6 +167,16 @@ def test_a_truncating_config_is_never_recommended_silently(guarded: Store) -> No
     assert any("truncates" in w and "allowed by request" in w for w in allowed.warnings)
 
 
+def test_trls_packing_cuts_long_samples_so_it_is_guarded_too(guarded: Store) -> None:
+    """SFTTrainer's default packing (best-fit decreasing) cuts a sample longer than
+    max_length; sweeper's own packing continues it. A packed sft config below the coverage
+    length is guarded like an unpacked one."""
+    guarded.upsert_study("guard", space_yaml=_space_yaml(learning_rate=0.0002, engine="sft"))
+    r = best(guarded, "guard")
+    assert r.trial_number == 2  # seq 1536 holds every sample
+    assert any(e.startswith("trial #3 (bs4×ga2 seq512)") and "truncates" in e for e in r.excluded)
+
+
 def test_coverage_percentile_from_the_space(guarded: Store) -> None:
     # 99%: 1024 holds p99 (990 + EOS), so it is no longer truncating in the guard's sense
     guarded.upsert_study("guard", space_yaml=_space_yaml(coverage_percentile=99))
