@@ -17,7 +17,7 @@ Adding a knob is one entry here plus its effect in the engines (``sweeper/trial/
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
@@ -280,11 +280,6 @@ class _ConfigBase(_Frozen):
     def effective_batch(self) -> int:
         return self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[attr-defined]
 
-    def active_knobs(self) -> dict[str, Any]:
-        """The knobs that apply to this config (prefetch_factor only with workers, ...)."""
-        values = self.model_dump()
-        return {k.name: values[k.name] for k in KNOBS if k.is_active(values)}
-
 
 TrialConfig: type[_ConfigBase] = create_model(  # type: ignore[call-overload]
     "TrialConfig",
@@ -357,34 +352,29 @@ def describe(config: Mapping[str, Any]) -> str:
     return " ".join(head + tail)
 
 
-def trainer_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``TrainingArguments`` keywords for every knob of ``config`` that has one."""
+def _arguments(config: Mapping[str, Any], target: str) -> dict[str, Any]:
+    """The keywords each applying knob of ``config`` adds to ``target`` (a Knob mapping)."""
     kwargs: dict[str, Any] = {}
     for knob in KNOBS:
         value = config.get(knob.name)
         if value is not None and knob.is_active(config):
-            kwargs.update(knob.trainer(value))
+            kwargs.update(getattr(knob, target)(value))
     return kwargs
+
+
+def trainer_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for every knob of ``config`` that has one."""
+    return _arguments(config, "trainer")
 
 
 def sft_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
     """``trl.SFTConfig`` keywords beyond ``TrainingArguments``' (max_length, packing)."""
-    kwargs: dict[str, Any] = {}
-    for knob in KNOBS:
-        value = config.get(knob.name)
-        if knob.is_active(config) and value is not None:
-            kwargs.update(knob.sft(value))
-    return kwargs
+    return _arguments(config, "sft")
 
 
 def dataloader_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
     """``torch.utils.data.DataLoader`` keywords for every knob of ``config`` that has one."""
-    kwargs: dict[str, Any] = {}
-    for knob in KNOBS:
-        value = config.get(knob.name)
-        if knob.is_active(config) and value is not None:
-            kwargs.update(knob.dataloader(value))
-    return kwargs
+    return _arguments(config, "dataloader")
 
 
 def machine_drops(
@@ -407,11 +397,3 @@ def machine_drops(
             if missing is not None:
                 dropped.setdefault(name, {})[str(value)] = f"{CAPABILITY_NEEDS[need]} ({missing})"
     return dropped
-
-
-def iter_values(knob: Knob, search_values: list[Any], config: Mapping[str, Any]) -> Iterator[Any]:
-    """The values ``knob`` takes in a grid given the rest of ``config`` (None when inactive)."""
-    if knob.is_active(config):
-        yield from search_values
-    else:
-        yield None
