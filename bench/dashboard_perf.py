@@ -156,7 +156,7 @@ class FakeTrial:
 def make_trials(space: Space, n_trials: int, seed: int) -> list[FakeTrial]:
     """``n_trials`` distinct configs of the space (the baseline first), measured or failed."""
     rng = random.Random(seed)
-    baseline = space.baseline.as_config() if space.baseline else None
+    baseline = space.baseline.as_config(space.search) if space.baseline else None
     grid = [c for c in space.search.grid() if c != baseline]
     rng.shuffle(grid)
     configs = ([baseline] if baseline else []) + grid

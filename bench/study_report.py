@@ -45,7 +45,7 @@ def _gib(value: float | None) -> str:
 def _named_configs(document: StudyDocument) -> list[tuple[str, dict[str, Any]]]:
     space = parse_space(document.study["space_yaml"], "the study's space")
     return [
-        (known.label or where, known.as_config().model_dump())
+        (known.label or where, known.as_config(space.search).model_dump())
         for where, known in space.named_known_configs()
     ]
 

@@ -24,6 +24,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sweeper.errors import SweeperError
 from sweeper.knobs import describe
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, parse_measurement
@@ -84,14 +85,14 @@ def _chosen_configs(space: Space, names: str, storage: str | None, study: str) -
         elif name == "baseline":
             if space.baseline is None:
                 sys.exit("--configs baseline: the space has no baseline")
-            chosen.append(space.baseline.as_config())
+            chosen.append(space.baseline.as_config(space.search))
         elif name == "also_try":
-            chosen += [c.as_config() for c in space.also_try]
+            chosen += [c.as_config(space.search) for c in space.also_try]
         elif name.startswith("also_try[") and name.endswith("]"):
             index = int(name[len("also_try[") : -1])
             if index >= len(space.also_try):
                 sys.exit(f"--configs {name}: the space has {len(space.also_try)} also_try configs")
-            chosen.append(space.also_try[index].as_config())
+            chosen.append(space.also_try[index].as_config(space.search))
         elif name == "best":
             if storage is None:
                 sys.exit("--configs best needs --storage (the study's database)")
@@ -101,6 +102,8 @@ def _chosen_configs(space: Space, names: str, storage: str | None, study: str) -
             store = Store(storage)
             try:
                 chosen.append(TrialConfig.model_validate(best(store, study).config))
+            except SweeperError as e:  # no recommendation (yet): measure the other configs
+                print(f"--configs best: skipped, {e}", file=sys.stderr)
             finally:
                 store.dispose()
         else:
@@ -123,6 +126,8 @@ def main() -> None:
     args = parser.parse_args()
     space = load_space(args.space)
     configs = _chosen_configs(space, args.configs, args.storage, args.study or space.study)
+    if not configs:
+        sys.exit(f"--configs {args.configs}: nothing to measure")
     cache_dir = Settings().cache_dir
     started = time.perf_counter()
     run = run_child(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sweeper.errors import SpaceError, SweeperError
@@ -45,7 +46,7 @@ StorageOption = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -114,7 +115,7 @@ def launch(
     if report.best is not None:
         _print_recommendation(report.best)
     elif report.no_best_reason:
-        console.print(f"\n[yellow]no recommendation:[/] {report.no_best_reason}", highlight=False)
+        console.print(f"\n[yellow]no recommendation:[/] {escape(report.no_best_reason)}", highlight=False)
 
 
 @app.command()
@@ -471,12 +472,12 @@ class RichObserver:
             )
         else:
             message = (row.failure_message or "")[:160]
-            line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {message}"
+            line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {escape(message)}"
         self.progress.console.print(line, highlight=False)
         self.progress.advance(self.task)
 
     def note(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]note:[/] {message}", highlight=False)
+        self.progress.console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -527,7 +528,7 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
     for t in failed:
         console.print(
             f"[red]failed[/] #{t.number} {_describe_dict(t.config)}: {t.failure_kind}: "
-            f"{(t.failure_message or '')[:200]}",
+            f"{escape((t.failure_message or '')[:200])}",
             highlight=False,
         )
 
@@ -541,7 +542,7 @@ def _print_recommendation(rec: Recommendation) -> None:
         highlight=False,
     )
     for key, value in config.items():
-        console.print(f"  {key}: {value}", highlight=False)
+        console.print(f"  {key}: {escape(str(value))}", highlight=False)
     console.print(
         f"  → {rec.samples_per_s:,.1f} samples/s, {_num(rec.tokens_per_s, ',.0f')} tokens/s, "
         f"{_num(rec.it_per_s, '.2f')} it/s; {_num(rec.hours_per_run, ',.1f')} h/run, "
@@ -588,11 +589,11 @@ def _print_recommendation(rec: Recommendation) -> None:
             highlight=False,
         )
     if rec.constraints != "no constraint":
-        console.print(f"  constraints: {rec.constraints}", highlight=False)
+        console.print(f"  constraints: {escape(str(rec.constraints))}", highlight=False)
     for warning in rec.warnings:
-        console.print(f"  [yellow]warning:[/] {warning}", highlight=False)
+        console.print(f"  [yellow]warning:[/] {escape(warning)}", highlight=False)
     for note in rec.excluded:
-        console.print(f"  [yellow]left out:[/] {note}", highlight=False)
+        console.print(f"  [yellow]left out:[/] {escape(note)}", highlight=False)
 
 
 def _print_doctor(report: DoctorReport) -> None:
@@ -627,11 +628,11 @@ def _print_doctor(report: DoctorReport) -> None:
         if finding.level == "ok":
             continue
         console.print(
-            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): {finding.text}",
+            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): {escape(finding.text)}",
             highlight=False,
         )
         if finding.fix:
-            console.print(f"    fix: {finding.fix}", highlight=False)
+            console.print(f"    fix: {escape(finding.fix)}", highlight=False)
     took = sum(report.phases_s.values())
     if report.space is None:
         console.print(f"\nexamined in {took:.0f} s", highlight=False)
@@ -671,7 +672,7 @@ def _print_comparison(comparison: Comparison) -> None:
         )
     console.print(table)
     for name, why in comparison.unavailable.items():
-        console.print(f"  [yellow]{name}:[/] {why}", highlight=False)
+        console.print(f"  [yellow]{escape(name)}:[/] {escape(why)}", highlight=False)
 
 
 if __name__ == "__main__":

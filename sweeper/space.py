@@ -454,13 +454,14 @@ class _KnownConfig(_Frozen):
         default=None, max_length=80, description="a name for reports, e.g. 'seed 001 after'"
     )
 
-    def as_config(self, search: SearchSpace | None = None) -> TrialConfig:
-        """The trial config; knobs left out resolved against ``search`` (see the class)."""
+    def as_config(self, search: SearchSpace) -> TrialConfig:
+        """The trial config; knobs left out resolved against ``search`` (see the class): a
+        config resolved without the space would differ from the trial the sweep ran."""
         values = self.model_dump(exclude={"label"})
         for knob in KNOBS:
             if knob.required or values.get(knob.name) is not None:
                 continue
-            listed = [] if search is None else search.values(knob.name)
+            listed = search.values(knob.name)
             if knob.default in listed or not listed:
                 values[knob.name] = knob.default
             elif len(listed) == 1:

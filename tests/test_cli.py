@@ -352,8 +352,14 @@ def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict
     store.migrate()
     _priced_study(store, "h100", "H100 SXM 80GB", 2.5, [(128, 4.0), (2048, 8.0)])
     _priced_study(store, "a100", "A100 80GB", 1.2, [(2048, 15.0)])  # $18 vs the H100's $20
+    _priced_study(store, "short", "H100 SXM 80GB", 2.5, [(128, 4.0)])
     store.dispose()
     args = ("--storage", sqlite_url)
+
+    # every trial truncates: the fix is printed whole (rich would read "[false, true]" as markup)
+    none = _sweeper("best", "--study", "short", *args, env=env)
+    assert none.returncode != 0 and "Traceback" not in none.stderr
+    assert "packing: [false, true]" in " ".join(none.stderr.split()), none.stderr
 
     guarded = _sweeper("best", "--study", "h100", *args, env=env)
     assert guarded.returncode == 0, guarded.stderr
