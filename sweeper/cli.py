@@ -115,7 +115,9 @@ def launch(
     if report.best is not None:
         _print_recommendation(report.best)
     elif report.no_best_reason:
-        console.print(f"\n[yellow]no recommendation:[/] {escape(report.no_best_reason)}", highlight=False)
+        console.print(
+            f"\n[yellow]no recommendation:[/] {escape(report.no_best_reason)}", highlight=False
+        )
 
 
 @app.command()
@@ -628,7 +630,8 @@ def _print_doctor(report: DoctorReport) -> None:
         if finding.level == "ok":
             continue
         console.print(
-            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): {escape(finding.text)}",
+            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): "
+            f"{escape(finding.text)}",
             highlight=False,
         )
         if finding.fix:
