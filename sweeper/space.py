@@ -57,7 +57,16 @@ class Hardware(_Frozen):
 class ModelSpec(_Frozen):
     """Either a Hugging Face id / local path, or an architecture built with random weights."""
 
-    id: str | None = Field(default=None, description="hub id or local path for from_pretrained")
+    id: str | None = Field(
+        default=None,
+        description="hub id or local directory (save_pretrained) for from_pretrained; the "
+        "tokenizer is read from the same place unless tokenizer.id says otherwise",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="run the model's own Python code from its directory or hub repo (only "
+        "for models that need it, and only code you trust)",
+    )
     arch: Literal["llama", "gpt2"] | None = Field(
         default=None, description="build from a transformers config with random weights"
     )
@@ -78,6 +87,8 @@ class ModelSpec(_Frozen):
     def _one_source(self) -> ModelSpec:
         if (self.id is None) == (self.arch is None):
             raise ValueError("set exactly one of 'id' (pretrained) or 'arch' (built from config)")
+        if self.id is not None and self.size is not None:
+            raise ValueError("'size' is for 'arch' (a preset); a pretrained 'id' has its own size")
         if self.arch is not None and self.size is None:
             raise ValueError(
                 f"'arch: {self.arch}' needs a 'size': {', '.join(MODEL_SIZES[self.arch])}"
@@ -86,10 +97,21 @@ class ModelSpec(_Frozen):
 
 
 class TokenizerSpec(_Frozen):
-    """A tokenizer loaded by id/path, or a byte-level BPE trained locally on the dataset."""
+    """A tokenizer loaded by id/path (default: the model's own, when model.id is set), or a
+    byte-level BPE trained locally on the dataset (models built from ``arch``)."""
 
-    id: str | None = Field(default=None, description="hub id or local path for AutoTokenizer")
-    vocab_size: int = Field(default=8192, ge=256, le=262144)
+    id: str | None = Field(
+        default=None,
+        description="hub id or local directory for AutoTokenizer (default: model.id)",
+    )
+    vocab_size: int = Field(
+        default=8192, ge=256, le=262144, description="the BPE trained here (no id)"
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="a Jinja chat template for dataset.messages_field, when the tokenizer has "
+        "none or you train with another; 'chatml' names the built-in ChatML template",
+    )
 
 
 class GeneratedCorpus(_Frozen):
@@ -105,16 +127,47 @@ class GeneratedCorpus(_Frozen):
 
 
 class DatasetSpec(_Frozen):
-    """Where the training text comes from."""
+    """Where the training text comes from: plain text (``text_field``) or chat/instruction
+    records (``messages_field``: a list of ``{role, content}`` per row, rendered with the
+    tokenizer's chat template)."""
 
-    path: str | None = Field(default=None, description="local .jsonl/.json/.parquet/.txt file")
+    path: str | None = Field(
+        default=None,
+        description="a local .jsonl/.json/.parquet/.csv/.txt file, or a directory written by "
+        "datasets' save_to_disk",
+    )
+    split: str = Field(
+        default="train", description="the split of a save_to_disk directory that holds several"
+    )
     generate: GeneratedCorpus | None = None
-    text_field: str = "text"
+    text_field: str = Field(default="text", description="the column of plain text")
+    messages_field: str | None = Field(
+        default=None,
+        description="the column of chat records (a list of {role, content} per row); rendered "
+        "with the tokenizer's chat template",
+    )
+    loss: Literal["all", "completion"] = Field(
+        default="all",
+        description="all: every token is a label; completion: only the assistant's replies "
+        "(messages_field), as TRL's assistant_only_loss",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSpec:
         if (self.path is None) == (self.generate is None):
             raise ValueError("set exactly one of 'path' (a local file) or 'generate' (demo corpus)")
+        # (not model_fields_set: a request's round trip through JSON sets every field)
+        if self.messages_field is not None and self.text_field != "text":
+            raise ValueError(
+                "set one of 'text_field' (plain text) or 'messages_field' (chat records)"
+            )
+        if self.messages_field is not None and self.generate is not None:
+            raise ValueError("'messages_field' needs a 'path'; the generated corpus is plain text")
+        if self.loss == "completion" and self.messages_field is None:
+            raise ValueError(
+                "loss: completion needs chat records (messages_field) to tell the replies "
+                "from the prompts; plain text trains on every token (loss: all)"
+            )
         return self
 
 

@@ -31,7 +31,9 @@ _HASH_BYTES = 256 << 20  # hash at most this much of a user's file (plus its siz
 
 
 def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
-    """Make the dataset and tokenizer every trial of the sweep will load."""
+    """Make the dataset and tokenizer every trial of the sweep will load. Everything a trial
+    would trip over (a missing file, column or row, a tokenizer the model cannot take, a chat
+    record the template refuses) stops the sweep here, before any trial, naming what to fix."""
     spec = workload.dataset
     if spec.generate is not None:
         path = generate_corpus(spec.generate, spec.text_field, cache_dir / "corpora")
@@ -39,36 +41,75 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
     else:
         assert spec.path is not None
         path = Path(spec.path).expanduser().resolve()
-        if not path.is_file():
+        if not path.exists():
             raise TrialError(
-                "error", f"workload.dataset.path: no such file {path}; give a .jsonl/.parquet/.txt"
+                "error",
+                f"workload.dataset.path: no such file or directory {path}; give a .jsonl, "
+                ".json, .parquet, .csv or .txt file, or a save_to_disk directory",
             )
         fmt = dataset_format(path)
     dataset_hash = file_hash(path)
-    texts = load_texts(path, fmt, spec.text_field, cache_dir)
+    rows = None  # an empty file: datasets says nothing useful about it
+    if not (path.is_file() and path.stat().st_size == 0):
+        rows = open_dataset(str(path), fmt, cache_dir, spec.split)
+    if rows is None or len(rows) == 0:
+        raise TrialError(
+            "error", f"workload.dataset.path: {path} holds no rows; point it at the training data"
+        )
 
-    if workload.tokenizer.id is not None:
-        tokenizer_path = workload.tokenizer.id
-    else:
+    trust = workload.model.trust_remote_code
+    tokenizer_path = workload.tokenizer.id or workload.model.id
+    if tokenizer_path is None:
         tokenizer_dir = (
             cache_dir / "tokenizers" / f"bpe-{dataset_hash[:16]}-{workload.tokenizer.vocab_size}"
         )
         if not (tokenizer_dir / "tokenizer.json").is_file():
+            texts = (
+                _chat_texts(rows, spec.messages_field)
+                if spec.messages_field is not None
+                else checked_texts(rows, spec.text_field, path)[:_TOKENIZER_TRAIN_SAMPLES]
+            )
             train_tokenizer(texts, workload.tokenizer.vocab_size, tokenizer_dir)
         tokenizer_path = str(tokenizer_dir)
+    tokenizer = open_tokenizer(tokenizer_path, trust)
+    if workload.model.id is not None:
+        check_model(workload.model.id, tokenizer, trust)
 
-    stats = length_stats(texts, tokenizer_path)
+    chat_template = None
+    text_field, data_path, data_fmt, split = spec.text_field, str(path), fmt, spec.split
+    if spec.messages_field is not None:
+        chat_template = resolve_chat_template(workload, tokenizer)
+        rendered = render_chats(
+            rows,
+            spec.messages_field,
+            spec.loss,
+            tokenizer,
+            chat_template,
+            path,
+            dataset_hash,
+            cache_dir,
+        )
+        rows = open_dataset(str(rendered), "disk", cache_dir, "train")
+        text_field, data_path, data_fmt, split = "text", str(rendered), "disk", "train"
+        dataset_hash = hashlib.sha256(f"{dataset_hash}:{rendered.name}".encode()).hexdigest()
+    texts = checked_texts(rows, text_field, path)
+
+    stats = length_stats(texts, tokenizer)
     stats["dataset_rows"] = len(texts)
     pretokenized_path = None
     if workload.tokenize == "pretokenized":
         pretokenized_path = str(
-            pretokenize(path, fmt, spec.text_field, tokenizer_path, dataset_hash, cache_dir)
+            pretokenize(rows, text_field, tokenizer, tokenizer_path, dataset_hash, cache_dir)
         )
     return PreparedData(
-        dataset_path=str(path),
-        dataset_format=fmt,
-        text_field=spec.text_field,
+        dataset_path=data_path,
+        dataset_format=data_fmt,
+        dataset_split=split,
+        text_field=text_field,
         tokenizer_path=tokenizer_path,
+        trust_remote_code=trust,
+        chat_template=chat_template,
+        completion_only=spec.loss == "completion",
         dataset_hash=dataset_hash,
         stats=stats,
         pretokenized_path=pretokenized_path,
@@ -76,50 +117,298 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
 
 
 def dataset_format(path: Path) -> str:
+    if path.is_dir():
+        if any((path / name).is_file() for name in _SAVED_MARKERS):
+            return "disk"
+        raise TrialError(
+            "error",
+            f"workload.dataset.path: {path} is a directory but not one datasets' save_to_disk "
+            f"wrote (no {' or '.join(_SAVED_MARKERS)}); point it at the file, or save the "
+            "dataset with save_to_disk",
+        )
     suffixes = "".join(path.suffixes).lower()
     if suffixes.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz")):
         return "json"
     if suffixes.endswith(".parquet"):
         return "parquet"
+    if suffixes.endswith((".csv", ".csv.gz")):
+        return "csv"
     if suffixes.endswith((".txt", ".txt.gz")):
         return "text"
     raise TrialError(
         "error",
-        f"workload.dataset.path: cannot read {path.name}; use .jsonl, .json, .parquet or .txt",
+        f"workload.dataset.path: cannot read {path.name}; use .jsonl, .json, .parquet, .csv or "
+        ".txt, or a save_to_disk directory",
     )
 
 
+_SAVED_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+
+
 def file_hash(path: Path) -> str:
-    """sha256 of the file's size and its first 256 MiB: a fingerprint, cheap on huge files."""
-    digest = hashlib.sha256(str(path.stat().st_size).encode())
-    with path.open("rb") as f:
-        remaining = _HASH_BYTES
-        while remaining > 0 and (chunk := f.read(min(1 << 20, remaining))):
-            digest.update(chunk)
-            remaining -= len(chunk)
+    """sha256 of the file's size and its first 256 MiB (a directory: of each file's name, size
+    and first MiB): a fingerprint, cheap on huge files."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    budget = _HASH_BYTES if not path.is_dir() else 1 << 20
+    for file in files:
+        digest.update(
+            f"{file.relative_to(path) if path.is_dir() else ''}:{file.stat().st_size}".encode()
+        )
+        with file.open("rb") as f:
+            remaining = budget
+            while remaining > 0 and (chunk := f.read(min(1 << 20, remaining))):
+                digest.update(chunk)
+                remaining -= len(chunk)
     return digest.hexdigest()
 
 
 @functools.cache
-def load_hf_dataset(path: str, fmt: str, cache_dir: Path) -> Any:
-    """``datasets.load_dataset`` on a local file (the real loading path); Arrow-cached under
-    cache_dir and kept per process, so a fork server maps it once for every trial."""
-    from datasets import load_dataset
+def open_dataset(path: str, fmt: str, cache_dir: Path, split: str = "train") -> Any:
+    """The rows: ``datasets.load_dataset`` on a local file or ``load_from_disk`` on a
+    save_to_disk directory (the real loading paths); Arrow-cached under cache_dir and kept per
+    process, so a fork server maps them once for every trial."""
+    from datasets import DatasetDict, load_dataset, load_from_disk
 
-    return load_dataset(
-        fmt, data_files=path, split="train", cache_dir=str(cache_dir / "hf-datasets")
+    try:
+        if fmt == "disk":
+            rows = load_from_disk(path)
+        else:
+            rows = load_dataset(
+                fmt, data_files=path, split="train", cache_dir=str(cache_dir / "hf-datasets")
+            )
+    except Exception as e:  # datasets wraps a parser's error; its cause says which line
+        cause = e.__cause__ or e.__context__
+        detail = str(e) or type(e).__name__
+        if cause is not None and str(cause) not in detail:
+            detail += f" ({type(cause).__name__}: {cause})"
+        raise TrialError(
+            "error",
+            f"workload.dataset.path: datasets could not read {path} as {fmt}: {detail}; fix "
+            "the file (each .jsonl line one JSON object) or point at another",
+        ) from e
+    if isinstance(rows, DatasetDict):
+        if split not in rows:
+            raise TrialError(
+                "error",
+                f"workload.dataset.split: {path} has no split {split!r} (it has "
+                f"{', '.join(rows)}); set dataset.split to one of them",
+            )
+        rows = rows[split]
+    return rows
+
+
+def _first_bad_row(rows: Any, field: str) -> int | None:
+    """The index of the first row whose ``field`` is null, else None (an Arrow scan)."""
+    import pyarrow.compute as pc
+
+    column = rows.data.column(field)
+    if column.null_count == 0:
+        return None
+    nulls = pc.is_null(column).to_numpy(zero_copy_only=False)
+    return int(nulls.argmax())
+
+
+def checked_texts(rows: Any, field: str, path: Path) -> list[str]:
+    """The text column, after checking it is there and every row holds a string."""
+    if field not in rows.column_names:
+        raise TrialError(
+            "error",
+            f"workload.dataset.text_field: {path} has no column {field!r} (columns: "
+            f"{', '.join(rows.column_names)}); set text_field to the text column, or "
+            "messages_field to a column of chat records",
+        )
+    feature = rows.features[field]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise TrialError(
+            "error",
+            f"workload.dataset.text_field: column {field!r} of {path} holds {feature}, not "
+            "text; for chat records set messages_field instead",
+        )
+    bad = _first_bad_row(rows, field)
+    if bad is not None:
+        raise TrialError(
+            "error",
+            f"workload.dataset: row {bad} of {path} has no {field!r} (null); fill or drop the row",
+        )
+    return list(rows[field])
+
+
+def _chat_texts(rows: Any, field: str) -> list[str]:
+    """The messages' contents, to train the stand-in tokenizer on (rows are checked later)."""
+    texts: list[str] = []
+    if field not in rows.column_names:
+        return texts  # render_chats says which column is missing
+    for record in rows.select(range(min(len(rows), _TOKENIZER_TRAIN_SAMPLES)))[field]:
+        if isinstance(record, list):
+            texts.append(
+                "\n".join(str(m.get("content", "")) for m in record if isinstance(m, dict))
+            )
+    return texts or ["<empty>"]
+
+
+def open_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+    """``AutoTokenizer.from_pretrained``, its failure a clear error; a missing pad token is
+    the EOS token (as Trainer's examples do)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise TrialError(
+            "error",
+            f"workload.tokenizer: cannot load a tokenizer from {path!r}: {e}; give a local "
+            "directory written by save_pretrained or a hub id this machine can reach (set "
+            "tokenizer.id if the model's directory has no tokenizer)",
+        ) from e
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def check_model(model_id: str, tokenizer: Any, trust_remote_code: bool) -> None:
+    """The model's config loads, and its embedding holds every token id of the tokenizer."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_id, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise TrialError(
+            "error",
+            f"workload.model.id: cannot load a model config from {model_id!r}: {e}; give a "
+            "local directory written by save_pretrained or a hub id this machine can reach "
+            "(offline: download it first), and trust_remote_code: true only if it needs it",
+        ) from e
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise TrialError(
+            "error",
+            f"workload.tokenizer: the tokenizer has {len(tokenizer)} tokens but {model_id}'s "
+            f"embedding has {vocab}; use the model's own tokenizer (leave tokenizer.id out)",
+        )
+
+
+CHATML = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% generation %}{{ message['content'] }}<|im_end|>\n{% endgeneration %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def resolve_chat_template(workload: Workload, tokenizer: Any) -> str:
+    """The Jinja template chat records are rendered with: tokenizer.chat_template of the
+    space, else the tokenizer's own, else ChatML for the stand-in tokenizer trained here."""
+    named = workload.tokenizer.chat_template
+    if named == "chatml":
+        return CHATML
+    if named is not None:
+        return named
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, str) and own:
+        return own
+    if workload.tokenizer.id is None and workload.model.id is None:
+        return CHATML  # the BPE trained here has no template of its own
+    raise TrialError(
+        "error",
+        "workload.dataset.messages_field: the tokenizer has no chat template; set "
+        "workload.tokenizer.chat_template to the template the run uses ('chatml' for ChatML)",
     )
 
 
-def load_texts(path: Path, fmt: str, text_field: str, cache_dir: Path) -> list[str]:
-    dataset = load_hf_dataset(str(path), fmt, cache_dir)
-    if text_field not in dataset.column_names:
+def render_chat(
+    messages: Any, tokenizer: Any, template: str, spans: bool
+) -> tuple[str, list[list[int]]]:
+    """One chat record as text, and the character spans of the assistant's replies: each
+    reply is what rendering the record up to it adds to the prompt before it."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(
+            f"expected a non-empty list of {{role, content}} messages, got {messages!r:.80}"
+        )
+    for message in messages:
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise ValueError(f"a message is not {{role: str, content: str}}: {message!r:.80}")
+    text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
+    found: list[list[int]] = []
+    if spans:
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = (
+                tokenizer.apply_chat_template(
+                    messages[:i], chat_template=template, tokenize=False, add_generation_prompt=True
+                )
+                if i
+                else ""
+            )
+            upto = tokenizer.apply_chat_template(
+                messages[: i + 1], chat_template=template, tokenize=False
+            )
+            if not (upto.startswith(before) and text.startswith(upto)):
+                raise ValueError(
+                    "the chat template does not render the conversation up to a reply as a "
+                    "prefix of the whole, so the replies cannot be told apart; use loss: all"
+                )
+            found.append([len(before), len(upto)])
+        if not found:
+            raise ValueError("the record has no assistant message, so nothing would be learnt")
+    return text, found
+
+
+def render_chats(
+    rows: Any,
+    field: str,
+    loss: str,
+    tokenizer: Any,
+    template: str,
+    path: Path,
+    dataset_hash: str,
+    cache_dir: Path,
+) -> Path:
+    """Every chat record rendered once (``text``, and ``completion_spans`` for loss:
+    completion) into a save_to_disk directory, cached by content and template."""
+    if field not in rows.column_names:
         raise TrialError(
             "error",
-            f"workload.dataset.text_field: the dataset has no column {text_field!r} "
-            f"(columns: {', '.join(dataset.column_names)})",
+            f"workload.dataset.messages_field: {path} has no column {field!r} (columns: "
+            f"{', '.join(rows.column_names)}); set messages_field to the column of chat records",
         )
-    return list(dataset[text_field])
+    key = hashlib.sha256(f"{dataset_hash}:{field}:{loss}:{template}".encode()).hexdigest()
+    out = cache_dir / "rendered" / key[:16]
+    if (out / "dataset_info.json").is_file():
+        return out
+
+    def render(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        texts, spans = [], []
+        for index, record in zip(indices, batch[field], strict=True):
+            try:
+                text, found = render_chat(record, tokenizer, template, loss == "completion")
+            except Exception as e:  # noqa: BLE001 - the template's own error, named by row
+                raise TrialError(
+                    "error",
+                    f"workload.dataset: row {index} of {path} cannot be rendered as a chat: "
+                    f"{e}; fix or drop the row (or set tokenizer.chat_template)",
+                ) from e
+            texts.append(text)
+            spans.append(found)
+        if loss != "completion":
+            return {"text": texts}
+        return {"text": texts, "completion_spans": spans}
+
+    rendered = rows.map(
+        render, batched=True, with_indices=True, remove_columns=rows.column_names, desc=None
+    )
+    partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
+    rendered.save_to_disk(str(partial))
+    if not out.exists():
+        partial.rename(out)
+    return out
 
 
 def generate_corpus(spec: GeneratedCorpus, text_field: str, out_dir: Path) -> Path:
@@ -187,11 +476,14 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path) -> None:
 
 
 def pretokenize(
-    path: Path, fmt: str, text_field: str, tokenizer_path: str, dataset_hash: str, cache_dir: Path
+    rows: Any,
+    text_field: str,
+    tokenizer: Any,
+    tokenizer_path: str,
+    dataset_hash: str,
+    cache_dir: Path,
 ) -> Path:
     """Tokenize the whole dataset once (untruncated ids) and save it; cached by content."""
-    from transformers import AutoTokenizer
-
     tokenizer_file = Path(tokenizer_path) / "tokenizer.json"
     tokenizer_id = (
         tokenizer_file.read_bytes() if tokenizer_file.is_file() else tokenizer_path.encode()
@@ -200,16 +492,23 @@ def pretokenize(
     out = cache_dir / "pretokenized" / key[:16]
     if (out / "dataset_info.json").is_file():
         return out
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    dataset = load_hf_dataset(str(path), fmt, cache_dir)
-    tokenized = dataset.map(
-        lambda rows: {
-            "input_ids": tokenizer(rows[text_field], add_special_tokens=False)["input_ids"]
-        },
-        batched=True,
-        remove_columns=dataset.column_names,
-        desc=None,
-    )
+    spans = "completion_spans" in rows.column_names
+
+    def tokenize(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        encoded = tokenizer(
+            batch[text_field], add_special_tokens=False, return_offsets_mapping=spans
+        )
+        columns = {"input_ids": encoded["input_ids"]}
+        if spans:
+            columns["label_mask"] = [
+                completion_mask(offsets, row_spans)
+                for offsets, row_spans in zip(
+                    encoded["offset_mapping"], batch["completion_spans"], strict=True
+                )
+            ]
+        return columns
+
+    tokenized = rows.map(tokenize, batched=True, remove_columns=rows.column_names, desc=None)
     partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
     tokenized.save_to_disk(str(partial))
     if not out.exists():
@@ -217,11 +516,13 @@ def pretokenize(
     return out
 
 
-def length_stats(texts: list[str], tokenizer_path: str) -> dict[str, Any]:
-    """Token-length distribution (percentiles 0..100) of up to 20k samples."""
-    from transformers import AutoTokenizer
+def completion_mask(offsets: list[Any], spans: list[list[int]]) -> list[bool]:
+    """Which tokens are labels under loss: completion: those starting inside a reply."""
+    return [any(start <= begin < end for start, end in spans) for begin, _ in offsets]
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+
+def length_stats(texts: list[str], tokenizer: Any) -> dict[str, Any]:
+    """Token-length distribution (percentiles 0..100) of up to 20k samples."""
     sample = texts
     if len(texts) > _STATS_SAMPLES:
         sample = random.Random(0).sample(texts, _STATS_SAMPLES)

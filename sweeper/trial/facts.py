@@ -160,14 +160,16 @@ def _model_size(request: ChildRequest) -> dict[str, Any]:
     spec = request.workload.model
     try:
         if spec.id is not None:
-            config = AutoConfig.from_pretrained(spec.id)
+            config = AutoConfig.from_pretrained(spec.id, trust_remote_code=spec.trust_remote_code)
         else:
             from sweeper.trial.workload import load_tokenizer, model_config
 
             assert request.prepared is not None
             config = model_config(request.workload, load_tokenizer(request.prepared), 128)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
+            model = AutoModelForCausalLM.from_config(
+                config, trust_remote_code=spec.trust_remote_code
+            )
     except Exception as e:  # offline hub id, unknown architecture: say so, do not fail
         return {"params": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
     return {

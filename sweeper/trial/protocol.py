@@ -24,9 +24,13 @@ class PreparedData(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     dataset_path: str
-    dataset_format: Literal["json", "parquet", "text"]
-    text_field: str
+    dataset_format: Literal["json", "parquet", "csv", "text", "disk"]
+    dataset_split: str = "train"  # of a save_to_disk directory
+    text_field: str  # chat records are rendered into a "text" column first
     tokenizer_path: str
+    trust_remote_code: bool = False
+    chat_template: str | None = None  # what chat records were rendered with
+    completion_only: bool = False  # loss: completion: only the replies are labels
     dataset_hash: str
     stats: dict[str, Any]
     pretokenized_path: str | None = None  # a datasets.save_to_disk dir of untruncated ids

@@ -19,7 +19,7 @@ from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.presets import MODEL_SIZES
 from sweeper.space import TrialConfig, Workload
-from sweeper.trial.corpus import load_hf_dataset
+from sweeper.trial.corpus import completion_mask, open_dataset, open_tokenizer
 from sweeper.trial.lifeline import dataloader_worker_init
 from sweeper.trial.protocol import PreparedData
 
@@ -47,6 +47,15 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+# A sample: its token ids, with which of them are labels (None: all of them; loss: completion
+# marks the replies). A plain list of ids is a sample whose every token is a label.
+Sample = tuple[list[int], list[bool] | None]
+
+
+def _parts(row: Sample | list[int]) -> Sample:
+    return (row, None) if isinstance(row, list) else row
+
+
 class PretokenizedDataset(Dataset):
     """Reads token ids saved by the prepare step: the loader only slices and pads."""
 
@@ -54,12 +63,17 @@ class PretokenizedDataset(Dataset):
         self.rows = tokenized
         self.suffix = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
         self.keep = None if max_length is None else max_length - len(self.suffix)
+        self.masked = "label_mask" in tokenized.column_names
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> list[int]:
-        return list(self.rows[index]["input_ids"][: self.keep]) + self.suffix
+    def __getitem__(self, index: int) -> Sample:
+        row = self.rows[index]
+        ids = list(row["input_ids"][: self.keep]) + self.suffix
+        if not self.masked:
+            return ids, None
+        return ids, list(row["label_mask"][: self.keep]) + [True] * len(self.suffix)
 
 
 class TokenizingDataset(Dataset):
@@ -74,22 +88,27 @@ class TokenizingDataset(Dataset):
         self.max_length = max_length
         # an EOS closes each sample, as a causal-LM fine-tune sees it; some tokenizers have none
         self.suffix = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        self.masked = "completion_spans" in hf_dataset.column_names
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> list[int]:
-        text = self.rows[index][self.text_field]
-        if self.max_length is None:  # packing: the whole sample
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        else:
-            ids = self.tokenizer(
-                text,
-                add_special_tokens=False,
-                truncation=True,
-                max_length=self.max_length - len(self.suffix),
-            )["input_ids"]
-        return ids + self.suffix
+    def __getitem__(self, index: int) -> Sample:
+        row = self.rows[index]
+        cut = {}
+        if self.max_length is not None:  # else packing: the whole sample
+            cut = {"truncation": True, "max_length": self.max_length - len(self.suffix)}
+        encoded = self.tokenizer(
+            row[self.text_field],
+            add_special_tokens=False,
+            return_offsets_mapping=self.masked,
+            **cut,
+        )
+        ids = encoded["input_ids"] + self.suffix
+        if not self.masked:
+            return ids, None
+        mask = completion_mask(encoded["offset_mapping"], row["completion_spans"])
+        return ids, mask + [True] * len(self.suffix)
 
 
 class PackedStream(IterableDataset):
@@ -106,7 +125,7 @@ class PackedStream(IterableDataset):
         self.block = block
         self.seed = seed
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[Sample | list[int]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         epoch = 0
@@ -116,11 +135,17 @@ class PackedStream(IterableDataset):
                 generator=torch.Generator().manual_seed(self.seed + epoch),
             ).tolist()
             buffer: list[int] = []
+            labels: list[bool] = []
+            masked = False
             for index in order[worker::workers]:
-                buffer.extend(self.samples[index])
+                ids, mask = _parts(self.samples[index])
+                buffer.extend(ids)
+                labels.extend([True] * len(ids) if mask is None else mask)
+                masked = masked or mask is not None
                 while len(buffer) >= self.block:
-                    yield buffer[: self.block]
-                    del buffer[: self.block]
+                    block = buffer[: self.block]
+                    yield (block, labels[: self.block]) if masked else block
+                    del buffer[: self.block], labels[: self.block]
             epoch += 1
 
 
@@ -132,30 +157,40 @@ class Collator:
     max_length: int
     pad_to_max: bool
 
-    def __call__(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
-        width = self.max_length if self.pad_to_max else max(len(r) for r in rows)
+    def __call__(self, rows: list[Sample | list[int]]) -> dict[str, torch.Tensor]:
+        samples = [_parts(row) for row in rows]
+        width = self.max_length if self.pad_to_max else max(len(ids) for ids, _ in samples)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            attention_mask[i, : len(row)] = 1
-        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        is_label = torch.zeros((len(rows), width), dtype=torch.bool)
+        for i, (ids, mask) in enumerate(samples):
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, : len(ids)] = 1
+            is_label[i, : len(ids)] = True if mask is None else torch.tensor(mask)
+        labels = input_ids.masked_fill(~is_label, -100)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 @functools.cache
-def _cached_tokenizer(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+def _cached_tokenizer(path: str, trust_remote_code: bool, chat_template: str | None) -> Any:
+    tokenizer = open_tokenizer(path, trust_remote_code)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template  # what the records were rendered with
     return tokenizer
 
 
 def load_tokenizer(prepared: PreparedData) -> Any:
     """The sweep's tokenizer; cached per process, so a fork server loads it once for all."""
-    return _cached_tokenizer(prepared.tokenizer_path)
+    return _cached_tokenizer(
+        prepared.tokenizer_path, prepared.trust_remote_code, prepared.chat_template
+    )
+
+
+def open_rows(prepared: PreparedData, cache_dir: Path) -> Any:
+    """The prepared dataset's rows (chat records already rendered to text)."""
+    return open_dataset(
+        prepared.dataset_path, prepared.dataset_format, cache_dir, prepared.dataset_split
+    )
 
 
 @functools.cache
@@ -177,7 +212,7 @@ def preload(workload: Workload, prepared: PreparedData, cache_dir: Path) -> None
     if prepared.pretokenized_path is not None:
         load_pretokenized(prepared.pretokenized_path)
     else:
-        load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
+        open_rows(prepared, cache_dir)
     if workload.model.arch is not None:
         config = model_config(workload, tokenizer, 128)
         AutoModelForCausalLM._model_mapping[type(config)]  # imports the modeling module
@@ -200,8 +235,9 @@ def build_training_dataset(
             load_pretokenized(prepared.pretokenized_path), tokenizer, keep
         )
     else:
-        hf_dataset = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, cache_dir)
-        dataset = TokenizingDataset(hf_dataset, prepared.text_field, tokenizer, keep)
+        dataset = TokenizingDataset(
+            open_rows(prepared, cache_dir), prepared.text_field, tokenizer, keep
+        )
     if config.packing:
         dataset = PackedStream(dataset, config.max_seq_length)
     return dataset
@@ -265,14 +301,19 @@ def probe_model(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if workload.model.id is not None:
-        config = AutoConfig.from_pretrained(workload.model.id)
+        config = AutoConfig.from_pretrained(
+            workload.model.id, trust_remote_code=workload.model.trust_remote_code
+        )
     else:
         config = model_config(workload, tokenizer, 128)
     config.num_hidden_layers = 1
     config.use_cache = False
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(
-        config, attn_implementation=attn_implementation, dtype=torch.float32
+        config,
+        attn_implementation=attn_implementation,
+        dtype=torch.float32,
+        trust_remote_code=workload.model.trust_remote_code,
     )
     return model.to(device)
 
@@ -292,7 +333,10 @@ def build_model(
     spec = workload.model
     if spec.id is not None:
         model = AutoModelForCausalLM.from_pretrained(
-            spec.id, attn_implementation=config.attn_implementation, dtype=torch.float32
+            spec.id,
+            attn_implementation=config.attn_implementation,
+            dtype=torch.float32,
+            trust_remote_code=spec.trust_remote_code,
         )
     else:
         model = AutoModelForCausalLM.from_config(

@@ -18,8 +18,9 @@ import torch
 
 from sweeper import knobs
 from sweeper.errors import TrialError
+from sweeper.trial.corpus import completion_mask
 from sweeper.trial.engines import EngineRun, TimedBatches, TrialContext, optimizer_name
-from sweeper.trial.workload import build_model, build_training_dataset, make_collator
+from sweeper.trial.workload import build_model, build_training_dataset, make_collator, open_rows
 
 
 def trainer_arguments(ctx: TrialContext) -> dict[str, Any]:
@@ -153,14 +154,21 @@ def train_sft(ctx: TrialContext) -> EngineRun:
     _require("trl", "sft")
     from trl import SFTConfig, SFTTrainer
 
-    from sweeper.trial.corpus import load_hf_dataset
-
     request = ctx.request
     assert request.config is not None and request.prepared is not None
     config, workload, prepared = request.config, request.workload, request.prepared
-    rows = load_hf_dataset(prepared.dataset_path, prepared.dataset_format, ctx.cache_dir)
+    rows = open_rows(prepared, ctx.cache_dir)
     rows = rows.select(range(sft_rows(ctx, len(rows))))
-    if prepared.text_field != "text":
+    if prepared.completion_only:
+        # token ids with an assistant mask: SFTTrainer takes them as they are and labels only
+        # the replies, as assistant_only_loss does from messages
+        rows = rows.map(
+            _reply_masks,
+            batched=True,
+            fn_kwargs={"tokenizer": ctx.tokenizer, "field": prepared.text_field},
+            remove_columns=rows.column_names,
+        )
+    elif prepared.text_field != "text":
         rows = rows.rename_column(prepared.text_field, "text")
     ctx.phase_done("data")
     model = build_model(workload, config, ctx.tokenizer, ctx.device)
@@ -185,6 +193,16 @@ def train_sft(ctx: TrialContext) -> EngineRun:
     trainer.sweeper_ctx = ctx
     _train(trainer)
     return _finish(ctx, trainer)
+
+
+def _reply_masks(batch: dict[str, list[Any]], tokenizer: Any, field: str) -> dict[str, Any]:
+    encoded = tokenizer(batch[field], add_special_tokens=False, return_offsets_mapping=True)
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    masks = [
+        [int(bit) for bit in completion_mask(offsets, spans)] + [1] * len(eos)
+        for offsets, spans in zip(encoded["offset_mapping"], batch["completion_spans"], strict=True)
+    ]
+    return {"input_ids": [ids + eos for ids in encoded["input_ids"]], "assistant_masks": masks}
 
 
 def _arguments(kind: type, kwargs: dict[str, Any]) -> Any:
