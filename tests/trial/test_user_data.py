@@ -202,8 +202,8 @@ def test_chat_records_are_rendered_and_only_replies_are_labels(
 def test_a_template_that_is_not_prefix_stable_is_refused() -> None:
     """If rendering the chat up to a reply is not a prefix of the whole, the replies cannot be
     found: loss: completion must not guess."""
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
     # numbers every message from the end: an earlier render is not a prefix of a later one
