@@ -29,6 +29,7 @@ CompileMode = Literal[
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"]
+Quantization = Literal["none", "4bit", "8bit"]
 
 # What a machine may lack; preflight learns each from a probe child (``capabilities``).
 Capability = Literal["cuda", "bitsandbytes"]
@@ -248,6 +249,19 @@ KNOBS: tuple[Knob, ...] = (
         caveat="a different optimizer (or its 8-bit state) converges differently: compare the "
         "loss of a short run before trusting the $/run, which assumes the same number of steps",
         trainer=lambda v: {"optim": v},
+    ),
+    Knob(
+        name="quantization",
+        value_type=Quantization,
+        label="quantization",
+        help="the frozen base weights loaded in 4-bit NF4 or 8-bit through bitsandbytes (QLoRA; "
+        "needs workload.adapter, since quantized weights cannot be trained directly)",
+        default="none",
+        needs={"4bit": "bitsandbytes", "8bit": "bitsandbytes"},
+        fallback="none",
+        short=lambda v: None if v == "none" else f"q{v}",
+        caveat="quantized base weights change the model's outputs: compare the loss of a short "
+        "run, and the memory it frees only pays if a larger batch then fits",
     ),
 )
 

@@ -306,6 +306,10 @@ def run_preflight(
     missing = capabilities.get(f"engine:{engine}")
     if missing is not None:
         problem(f"workload.engine: {engine} cannot run here: {missing}")
+    adapter = space.workload.adapter
+    missing = None if adapter is None else capabilities.get(f"adapter:{adapter.kind}")
+    if missing is not None:
+        problem(f"workload.adapter: {adapter.kind} needs peft, not installed here: {missing}")
     machine = knobs.machine_drops({k: search.values(k) for k in MACHINE_KNOBS}, capabilities)
     fallbacks: dict[str, Any] = {}
     for knob, values in machine.items():

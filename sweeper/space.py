@@ -190,10 +190,27 @@ class CheckpointSpec(_Frozen):
     )
 
 
+class AdapterSpec(_Frozen):
+    """LoRA through peft: only the adapter trains, the base weights stay frozen (and may be
+    quantized: the ``quantization`` knob)."""
+
+    kind: Literal["lora"] = "lora"
+    r: int = Field(default=16, gt=0, le=1024, description="the adapter's rank")
+    alpha: int = Field(default=32, gt=0, description="LoRA's scaling numerator (lora_alpha)")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="lora_dropout")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description="module names to adapt (e.g. [q_proj, v_proj]), or all-linear",
+    )
+
+
 class Workload(_Frozen):
     """The real training job the sweep is pricing."""
 
     model: ModelSpec
+    adapter: AdapterSpec | None = Field(
+        default=None, description="train a LoRA adapter instead of every weight (peft)"
+    )
     tokenizer: TokenizerSpec = TokenizerSpec()
     dataset: DatasetSpec
     precision: Precision | None = Field(
@@ -581,6 +598,16 @@ class Space(_Frozen):
                 )
             search[name] = [value]
         return {**data, "search": search}
+
+    @model_validator(mode="after")
+    def _quantization_needs_an_adapter(self) -> Space:
+        quantized = [q for q in self.search.values("quantization") if q != "none"]
+        if quantized and self.workload.adapter is None:
+            raise ValueError(
+                f"search.quantization {quantized}: quantized weights cannot be trained "
+                "directly; add workload.adapter (LoRA), or list only 'none'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _known_configs_in_space(self) -> Space:

@@ -64,8 +64,8 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     tokens_per_s = summary["tokens_per_s"]
     losses = [float(loss) for loss in ctx.recorder.losses()]
     model = run.model
-    n_params = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_params = sum(_numel(p) for p in model.parameters())
+    trainable = sum(_numel(p) for p in model.parameters() if p.requires_grad)
     return measurement(
         {
             **summary,
@@ -93,6 +93,7 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
                 config,
                 model.config,
                 _matmul_params(model),
+                trainable,
                 summary["padded_tokens_per_s"],
                 summary["mean_row_tokens"],
             ),
@@ -180,9 +181,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _numel(parameter: torch.Tensor) -> int:
+    """Elements of a parameter as the model uses it: a 4-bit bitsandbytes weight is stored
+    packed, two values a byte; its quant_state holds the real shape."""
+    state = getattr(parameter, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    return math.prod(shape) if shape is not None else parameter.numel()
+
+
 def _matmul_params(model: torch.nn.Module) -> int:
     """Parameters that do matmuls per token: all but embedding lookups; a tied LM head counts."""
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(_numel(p) for p in model.parameters())
     embeddings = model.get_input_embeddings().weight
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embeddings
@@ -200,12 +209,19 @@ def _mfu(
     config: TrialConfig,
     model_config: Any,
     matmul_params: int,
+    trainable_params: int,
     padded_tokens_per_s: float,
     mean_width: float,
 ) -> dict[str, Any]:
-    """Model FLOPs utilisation (PaLM appendix B: 6N + 12·L·d·T per token, fwd + bwd)."""
-    flops_per_token = 6 * matmul_params + 12 * model_config.num_hidden_layers * (
-        model_config.hidden_size * mean_width
+    """Model FLOPs utilisation (PaLM appendix B: 6N + 12·L·d·T per token, fwd + bwd), counting
+    what trains: the forward (2N) and the gradients of activations (2N) pass every weight, the
+    gradients of weights (2N) only the trainable ones: 4N + 2·N_trainable (a LoRA adapter's
+    few). Recomputed activations (gradient checkpointing) are not useful work and not counted."""
+    weight_grads = min(trainable_params, matmul_params)
+    flops_per_token = (
+        4 * matmul_params
+        + 2 * weight_grads
+        + 12 * model_config.num_hidden_layers * (model_config.hidden_size * mean_width)
     )
     achieved = flops_per_token * padded_tokens_per_s
     result: dict[str, Any] = {

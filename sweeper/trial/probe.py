@@ -54,7 +54,8 @@ def capabilities(device: torch.device) -> dict[str, str | None]:
         else f"{', '.join(modules)} not installed: pip install {' '.join(modules)}"
         for engine, modules in (("trainer", ("accelerate",)), ("sft", ("accelerate", "trl")))
     }
-    return {"cuda": cuda, "bitsandbytes": bnb, **engines}
+    lora = None if importlib.util.find_spec("peft") is not None else "pip install peft"
+    return {"cuda": cuda, "bitsandbytes": bnb, **engines, "adapter:lora": lora}
 
 
 def _time_steps(

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.presets import MODEL_SIZES
-from sweeper.space import TrialConfig, Workload
+from sweeper.space import AdapterSpec, TrialConfig, Workload
 from sweeper.trial.corpus import completion_mask, open_dataset, open_tokenizer
 from sweeper.trial.lifeline import dataloader_worker_init
 from sweeper.trial.protocol import PreparedData
@@ -324,25 +325,115 @@ def config_hash(config: Any) -> str:
 
 
 def build_model(
-    workload: Workload, config: TrialConfig, tokenizer: Any, device: torch.device
+    workload: Workload,
+    config: TrialConfig,
+    tokenizer: Any,
+    device: torch.device,
+    cache_dir: Path | None = None,
 ) -> torch.nn.Module:
-    """The model on ``device`` in fp32 (mixed precision is autocast)."""
+    """The model on ``device`` in fp32 (mixed precision is autocast); with an adapter, a peft
+    model whose base is frozen (and, with ``quantization``, loaded through bitsandbytes)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     spec = workload.model
-    if spec.id is not None:
+    if config.quantization != "none":
+        model = _quantized_model(workload, config, tokenizer, device, cache_dir)
+    elif spec.id is not None:
         model = AutoModelForCausalLM.from_pretrained(
             spec.id,
             attn_implementation=config.attn_implementation,
             dtype=torch.float32,
             trust_remote_code=spec.trust_remote_code,
-        )
+        ).to(device)
     else:
         model = AutoModelForCausalLM.from_config(
             model_config(workload, tokenizer, config.max_seq_length),
             attn_implementation=config.attn_implementation,
             dtype=torch.float32,
-        )
+        ).to(device)
     model.config.use_cache = False
-    return model.to(device)
+    if workload.adapter is not None:
+        model = with_adapter(model, workload.adapter, config)
+    return model
+
+
+def with_adapter(model: Any, adapter: AdapterSpec, config: TrialConfig) -> Any:
+    """Wrap ``model`` in a LoRA adapter (peft), as the user's run does; only it trains."""
+    try:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    except ImportError as e:
+        raise TrialError(
+            "unsupported",
+            f"workload.adapter needs peft, which does not import: {e}; pip install peft",
+        ) from e
+    if config.quantization != "none":
+        # what QLoRA recipes do: norms in fp32, input grads for checkpointing
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=bool(config.gradient_checkpointing)
+        )
+    elif config.gradient_checkpointing:
+        model.enable_input_require_grads()  # checkpointed blocks see a frozen embedding's output
+    lora = LoraConfig(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=adapter.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as e:  # e.g. target modules the model does not have
+        raise TrialError("error", f"workload.adapter: peft refuses it: {e}") from e
+
+
+def _quantized_model(
+    workload: Workload,
+    config: TrialConfig,
+    tokenizer: Any,
+    device: torch.device,
+    cache_dir: Path | None,
+) -> Any:  # pragma: no cover - needs CUDA and bitsandbytes (tests/trial/test_gpu.py)
+    """Base weights loaded in 4-bit NF4 (double quantization, bf16 compute) or 8-bit, through
+    from_pretrained's quantization_config, the only way bitsandbytes quantizes. A model built
+    from ``arch`` is saved once (random weights) and loaded back the same way."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if device.type != "cuda":
+        raise TrialError("unsupported", f"quantization {config.quantization} needs a CUDA device")
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as e:  # ImportError, or its CUDA setup failing at import
+        raise TrialError("unsupported", f"quantization needs bitsandbytes: {e}") from e
+    spec = workload.model
+    source = spec.id
+    if source is None:
+        built = model_config(workload, tokenizer, config.max_seq_length)
+        folder = (cache_dir or Path(".")) / "models" / f"{spec.arch}-{config_hash(built)}"
+        if not (folder / "config.json").is_file():
+            partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+            AutoModelForCausalLM.from_config(built, dtype=torch.bfloat16).save_pretrained(
+                str(partial)
+            )
+            if not folder.exists():
+                partial.rename(folder)
+        source = str(folder)
+    compute = torch.float16 if config.precision == "fp16" else torch.bfloat16
+    quantization = (
+        BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute,
+        )
+        if config.quantization == "4bit"
+        else BitsAndBytesConfig(load_in_8bit=True)
+    )
+    return AutoModelForCausalLM.from_pretrained(
+        source,
+        quantization_config=quantization,
+        attn_implementation=config.attn_implementation,
+        dtype=compute,
+        device_map={"": device.index or 0},
+        trust_remote_code=spec.trust_remote_code,
+    )

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from sweeper.errors import TrialError
+from sweeper.presets import MODEL_SIZES
 from sweeper.space import Space, parse_space
 from sweeper.trial.corpus import CHATML, prepare, render_chat
 from sweeper.trial.protocol import PreparedData
@@ -342,3 +343,46 @@ def test_chat_records_train_replies_only_with_every_engine(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 trials (1 complete, 0 failed)" in " ".join(result.stdout.split()), result.stdout
+
+
+def test_lora_trains_only_the_adapter_and_quantization_is_dropped_on_a_cpu(
+    tmp_path: Path, cache_dir: Path, storage_url: str
+) -> None:
+    """workload.adapter: LoRA through peft trains on the CPU; 4-bit quantization needs
+    bitsandbytes on CUDA, so preflight drops it with the reason and the sweep goes on."""
+    from sweeper.store import Store
+
+    text = yaml.safe_load(TINY_SPACE.read_text())
+    text["study"] = "tiny-lora"
+    text["workload"]["adapter"] = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    text["search"]["quantization"] = ["none", "4bit"]
+    text["search"]["gradient_checkpointing"] = [False, True]
+    text["trial"]["preflight"] = True
+    text["budget"] = {"n_trials": 3}
+    space_file = tmp_path / "lora.yaml"
+    space_file.write_text(yaml.safe_dump(text))
+    result = run_sweeper(
+        "launch", "--space", str(space_file), "--storage", storage_url,
+        cache_dir=cache_dir, timeout=600,
+    )  # fmt: skip
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, output
+    assert "quantization=4bit: needs bitsandbytes with a CUDA device" in output, output
+    store = Store(storage_url)
+    try:
+        trials = store.list_trials("tiny-lora", states=["complete"], include_measurement=True)
+    finally:
+        store.dispose()
+    assert len(trials) == 3, output
+    assert {t.config["gradient_checkpointing"] for t in trials} == {False, True}
+    for trial in trials:
+        m = trial.measurement
+        assert trial.config["quantization"] == "none"
+        # r=4 on q_proj and v_proj (each width → width here) of the tiny model's layers
+        size = MODEL_SIZES["llama"]["tiny"]
+        width, layers = size["hidden_size"], size["num_hidden_layers"]
+        assert m["trainable_params"] == layers * 2 * (width * 4 + 4 * width)
+        assert m["trainable_params"] < m["n_params"] / 20
+        # the adapter's weight gradients are a sliver: about 4 FLOPs per weight per token
+        assert m["flops_per_token"] < 4.3 * m["n_params"]
+        assert m["checkpoint_bytes"] < 200_000  # the adapter is saved, not the model

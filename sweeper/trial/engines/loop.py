@@ -23,7 +23,7 @@ def train(ctx: TrialContext) -> EngineRun:
     config, workload = request.config, request.workload
     loader = build_loader(workload, request.prepared, config, ctx.tokenizer, device, ctx.cache_dir)
     ctx.phase_done("data")
-    model = build_model(workload, config, ctx.tokenizer, device)
+    model = build_model(workload, config, ctx.tokenizer, device, ctx.cache_dir)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # as Trainer does for gradient_checkpointing=True
     model.train()

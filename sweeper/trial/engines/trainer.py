@@ -119,7 +119,7 @@ def train_trainer(ctx: TrialContext) -> EngineRun:
         workload, request.prepared, config, ctx.tokenizer, ctx.cache_dir
     )
     ctx.phase_done("data")
-    model = build_model(workload, config, ctx.tokenizer, ctx.device)
+    model = build_model(workload, config, ctx.tokenizer, ctx.device, ctx.cache_dir)
     ctx.phase_done("model")
     args = _arguments(TrainingArguments, trainer_arguments(ctx))
     trainer = _timed(Trainer)(
@@ -171,7 +171,7 @@ def train_sft(ctx: TrialContext) -> EngineRun:
     elif prepared.text_field != "text":
         rows = rows.rename_column(prepared.text_field, "text")
     ctx.phase_done("data")
-    model = build_model(workload, config, ctx.tokenizer, ctx.device)
+    model = build_model(workload, config, ctx.tokenizer, ctx.device, ctx.cache_dir)
     ctx.phase_done("model")
     args = _arguments(
         SFTConfig,
