@@ -75,8 +75,13 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
 
 
 def sft_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
-    """Keyword arguments of ``trl.SFTConfig``: TrainingArguments' plus max_length, packing."""
-    return trainer_kwargs(rec, space_yaml) | knobs.sft_arguments(full_config(rec, space_yaml))
+    """Keyword arguments of ``trl.SFTConfig``: TrainingArguments' plus max_length, packing
+    (and assistant_only_loss where the space trains on the replies of chat records)."""
+    kwargs = trainer_kwargs(rec, space_yaml) | knobs.sft_arguments(full_config(rec, space_yaml))
+    space = _space(space_yaml)
+    if space is not None and space.workload.dataset.loss == "completion":
+        kwargs["assistant_only_loss"] = True
+    return kwargs
 
 
 def _header(rec: Recommendation) -> str:
@@ -101,18 +106,51 @@ def _call(name: str, kwargs: dict[str, Any]) -> str:
 
 
 def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
+    """Loading the model as the trial did: its attention kernel, its quantized base weights
+    and its LoRA adapter."""
     space = _space(space_yaml)
     model_id = space.workload.model.id if space is not None else None
-    source = (
-        f"MODEL_ID = {model_id!r}\n"
+    adapter = space.workload.adapter if space is not None else None
+    lines = [
+        f"MODEL_ID = {model_id!r}"
         if model_id
-        else 'MODEL_ID = "your-org/your-model"  # the hub id or local path of the model you train\n'
-    )
-    return (
-        source + "model = AutoModelForCausalLM.from_pretrained(\n"
-        f"    MODEL_ID, attn_implementation={config['attn_implementation']!r}\n"
-        ")\n"
-    )
+        else 'MODEL_ID = "your-org/your-model"  # the hub id or local path of the model you train'
+    ]
+    quantization = config.get("quantization") or "none"
+    loading = [f"    MODEL_ID, attn_implementation={config['attn_implementation']!r},"]
+    if quantization != "none":
+        compute = "torch.float16" if config.get("precision") == "fp16" else "torch.bfloat16"
+        lines += [
+            "import torch",
+            "from transformers import BitsAndBytesConfig",
+            "",
+            "quantization = BitsAndBytesConfig("
+            + (
+                "\n    load_in_4bit=True,\n    bnb_4bit_quant_type='nf4',\n"
+                f"    bnb_4bit_use_double_quant=True,\n    bnb_4bit_compute_dtype={compute},\n"
+                if quantization == "4bit"
+                else "load_in_8bit=True"
+            )
+            + ")",
+        ]
+        loading.append("    quantization_config=quantization, device_map={'': 0},")
+    lines += ["model = AutoModelForCausalLM.from_pretrained(", *loading, ")"]
+    if adapter is not None:
+        lines += [
+            "from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training",
+            "",
+        ]
+        if quantization != "none":
+            lines.append(
+                "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing="
+                f"{bool(config.get('gradient_checkpointing'))})"
+            )
+        lines.append(
+            "model = get_peft_model(model, LoraConfig("
+            f"r={adapter.r}, lora_alpha={adapter.alpha}, lora_dropout={adapter.dropout}, "
+            f"target_modules={adapter.target_modules!r}, task_type='CAUSAL_LM'))"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _trainer(rec: Recommendation, space_yaml: str) -> str:

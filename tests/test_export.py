@@ -197,3 +197,43 @@ def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:
     kwargs = trainer_kwargs(packed, space_yaml)
     assert kwargs["learning_rate"] == 7.07e-05
     assert "SFTConfig(packing=True, max_length=1024)" in render(packed, "trainer", space_yaml)
+
+
+@pytest.mark.torch
+def test_lora_and_quantization_are_loaded_as_measured(url: str) -> None:
+    """The sft export of a QLoRA study: the same 4-bit BitsAndBytesConfig, the same LoRA
+    adapter, and assistant_only_loss for a space that trains on the replies; the LoraConfig
+    line builds a real peft config."""
+    from peft import LoraConfig
+
+    data = yaml.safe_load(CPU_SPACE)
+    data["hardware"]["device"] = "cuda"
+    data["workload"]["adapter"] = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+    data["workload"]["dataset"] = {
+        "path": "chats.jsonl", "messages_field": "messages", "loss": "completion",
+    }  # fmt: skip
+    data["search"]["quantization"] = ["none", "4bit"]
+    data["search"]["gradient_checkpointing"] = [True]
+    space_yaml = yaml.safe_dump(data)
+    rec, _ = _recommendation(url, "cpu")
+    qlora = rec.model_copy(
+        update={"config": rec.config | {"quantization": "4bit", "precision": "bf16"}}
+    )
+    text = render(qlora, "sft", space_yaml)
+    for part in (
+        "load_in_4bit=True", "bnb_4bit_quant_type='nf4'", "bnb_4bit_use_double_quant=True",
+        "bnb_4bit_compute_dtype=torch.bfloat16",
+    ):  # fmt: skip
+        assert part in text
+    assert "quantization_config=quantization" in text
+    assert "prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)" in text
+    lora = _call_kwargs(text, "LoraConfig")
+    assert lora == {
+        "r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "v_proj"],
+        "task_type": "CAUSAL_LM",
+    }  # fmt: skip
+    LoraConfig(**lora)
+    assert _call_kwargs(text, "SFTConfig")["assistant_only_loss"] is True
+    # the full fine-tune of the same study loads no adapter and no quantization
+    plain = render(rec, "trainer", CPU_SPACE)
+    assert "LoraConfig" not in plain and "BitsAndBytesConfig" not in plain
