@@ -152,6 +152,19 @@ KNOBS: tuple[Knob, ...] = (
         dataloader=lambda v: {"persistent_workers": v},
     ),
     Knob(
+        name="multiprocessing_context",
+        value_type=Literal["fork", "spawn", "forkserver"],
+        label="worker start",
+        help="how DataLoader workers start: fork (Linux's default) or spawn/forkserver (a "
+        "fresh interpreter per worker: slower to start, safe with threads and CUDA)",
+        default="fork",
+        active=_with_workers,
+        inactive="it only applies with num_workers > 0",
+        short=lambda v: None if v == "fork" else v,
+        # TrainingArguments has no such argument: the Trainer engines run fork only
+        dataloader=lambda v: {} if v == "fork" else {"multiprocessing_context": v},
+    ),
+    Knob(
         name="pin_memory",
         value_type=bool,
         label="pin memory",

@@ -83,6 +83,24 @@ class PreflightReport:
             return config
         return config.model_copy(update=self.fallbacks)
 
+    def nearest(self, config: TrialConfig) -> tuple[TrialConfig, list[str]]:
+        """A named config (the baseline, also_try) as near as this machine runs it: each value
+        preflight dropped becomes its knob's fallback where it has one (pinned memory on a CPU
+        runs unpinned), so the user's own config is still measured. Returns what changed."""
+        update: dict[str, Any] = {}
+        changed: list[str] = []
+        for name, values in self.dropped.items():
+            knob = knobs.KNOB.get(name)
+            value = getattr(config, name, None)
+            if knob is None or knob.fallback is None or value == knob.fallback:
+                continue
+            if str(value) in values:
+                update[name] = knob.fallback
+                changed.append(f"{name}={knob.fallback} for {value} ({values[str(value)]})")
+        if not update:
+            return config, []
+        return TrialConfig.model_validate(config.model_dump() | update), changed
+
     def search(self, space: Space) -> Any:
         """The space's search with fallen-back knobs narrowed to their fallback."""
         return space.search.narrowed({k: [v] for k, v in self.fallbacks.items()})

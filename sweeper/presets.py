@@ -34,6 +34,25 @@ MODEL_SIZES: dict[str, dict[str, dict[str, int | float | bool]]] = {
             "rope_theta": 500000.0,
         },
     },
+    # Phi-3's architecture (fused qkv_proj and gate_up_proj: LoRA targets differ from Llama's)
+    "phi3": {
+        "tiny": {
+            "hidden_size": 128,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+        },
+        # ~3.8B params: microsoft/Phi-3-mini-4k-instruct's shape (vocab 32064, 4K context)
+        "mini": {
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "original_max_position_embeddings": 4096,
+        },
+    },
     "gpt2": {
         "tiny": {"n_embd": 128, "n_layer": 2, "n_head": 4},
         "small": {"n_embd": 512, "n_layer": 8, "n_head": 8},

@@ -67,7 +67,7 @@ class ModelSpec(_Frozen):
         description="run the model's own Python code from its directory or hub repo (only "
         "for models that need it, and only code you trust)",
     )
-    arch: Literal["llama", "gpt2"] | None = Field(
+    arch: Literal["llama", "phi3", "gpt2"] | None = Field(
         default=None, description="build from a transformers config with random weights"
     )
     size: str | None = Field(default=None, description="a preset of sweeper.trial.workload")
@@ -598,6 +598,17 @@ class Space(_Frozen):
                 )
             search[name] = [value]
         return {**data, "search": search}
+
+    @model_validator(mode="after")
+    def _worker_start_needs_the_loop(self) -> Space:
+        starts = [v for v in self.search.values("multiprocessing_context") if v != "fork"]
+        if starts and self.workload.engine != "loop":
+            raise ValueError(
+                f"search.multiprocessing_context {starts}: TrainingArguments has no way to set "
+                f"it, so the {self.workload.engine} engine's DataLoader workers fork; list only "
+                "fork, or use engine: loop (your own DataLoader)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _quantization_needs_an_adapter(self) -> Space:

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
+from sweeper import knobs
 from sweeper.cost import RunPlan, project_run
 from sweeper.errors import ConflictError, SpaceError, StorageError, SweeperError
 from sweeper.launcher import ForkServer, run_child
@@ -135,9 +136,9 @@ def run_sweep(
                 preflight = _preflight(space, prepared, cache_dir, observer, server)
                 fields: dict[str, Any] = {"preflight": preflight.to_json()}
                 if space.baseline is not None:  # what the baseline runs here (tf32 on a CPU)
-                    fields["baseline"] = preflight.adapt(
-                        space.baseline.as_config(space.search)
-                    ).model_dump()
+                    fields["baseline"] = preflight.nearest(
+                        preflight.adapt(space.baseline.as_config(space.search))
+                    )[0].model_dump()
                 store.upsert_study(space.study, **fields)
             loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
             counts = loop.run(n_trials, clock, deadline)
@@ -341,6 +342,7 @@ class _TrialLoop:
         self.prepared, self.preflight = prepared, preflight
         self.cache_dir, self.observer, self.server = cache_dir, observer, server
         self.stopped = False  # a stop was requested through the API
+        self.known = set(space.known_configs())  # the user's named configs
 
     def run(
         self, n_trials: int, clock: _SweepClock | None = None, deadline: float | None = None
@@ -376,7 +378,14 @@ class _TrialLoop:
                 break
             trial = self.study.ask()
             # a known config's knob that cannot run here runs its fallback (tf32 on a CPU)
-            config = self.preflight.adapt(suggest(trial, search))
+            proposed = suggest(trial, search)
+            config = self.preflight.adapt(proposed)
+            if proposed in self.known:  # the user's own config: measured as near as runs here
+                config, changed = self.preflight.nearest(config)
+                if changed:
+                    self.observer.note(
+                        f"{knobs.describe(proposed.model_dump())} runs " + "; ".join(changed)
+                    )
             # Optuna forbids changing a categorical's choices within a study, so configs that
             # preflight ruled out (or that were measured already) are pruned without a trial.
             reason = search.admits(config) or self.preflight.allows(config)

@@ -106,3 +106,90 @@ def test_seed_001(sqlite_url: str, cache_dir: Path) -> None:
     cheaper = min((before, after), key=lambda t: (t.cost_per_run_usd, t.number))
     assert r.trial_number == cheaper.number
     assert r.speedup_vs_baseline == pytest.approx(before.hours_per_run / cheaper.hours_per_run)
+
+
+def _launch_quick(
+    name: str, tmp_path: Path, url: str, cache_dir: Path, n_trials: int
+) -> tuple[Space, str, list[TrialRow]]:
+    """`sweeper launch` on the seed's space with trials cut to a few steps and preflight on
+    (what it drops and why is part of what the space must show); returns its output."""
+    import yaml
+
+    from tests.helpers import run_sweeper
+
+    path = REPO / "spaces" / name
+    data = yaml.safe_load(path.read_text())
+    data["trial"] = {
+        "warmup": {"min_steps": 1, "max_steps": 2},
+        "measure": {"min_steps": 3, "max_steps": 3, "min_seconds": 0, "warmup_multiple": 0},
+        "timeout_s": 600,
+    }
+    quick = tmp_path / name
+    quick.write_text(yaml.safe_dump(data))
+    result = run_sweeper(
+        "launch", "--space", str(quick), "--storage", url, "--n-trials", str(n_trials),
+        cache_dir=cache_dir, timeout=1500,
+    )  # fmt: skip
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, output
+    store = Store(url)
+    try:
+        trials = store.list_trials(data["study"], include_measurement=True)
+    finally:
+        store.dispose()
+    return load_space(path), output, trials
+
+
+def test_seed_002(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
+    space, output, trials = _launch_quick("seed-002.yaml", tmp_path, sqlite_url, cache_dir, 2)
+    before, after = trials
+    assert (space.workload.samples, space.workload.epochs) == (25, 200)
+    assert space.workload.engine == "loop" and space.workload.tokenize == "on_the_fly"
+    assert (before.config["per_device_batch_size"], before.config["num_workers"]) == (1, 0)
+    assert (after.config["num_workers"], after.config["persistent_workers"]) == (4, True)
+    # pinned memory needs CUDA: preflight says so, and the "after" config runs unpinned here
+    assert "preflight drops pin_memory=True: needs a CUDA device" in output
+    # the notes' "after" is still measured, as near as this machine runs it: unpinned
+    assert "runs pin_memory=False for True (needs a CUDA device" in output
+    assert after.config == space.also_try[0].as_config(space.search).model_dump() | {
+        "pin_memory": False
+    }
+    for trial in (before, after):
+        assert trial.state == "complete", trial.failure_message
+        waits = trial.measurement["data_wait_s"]
+        assert len(waits) >= 3 and trial.measurement["data_wait_share"] >= 0
+    # batch 1 pads nothing: padding: longest
+    assert before.measurement["padding_share"] == 0
+
+
+def test_seed_003(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
+    pytest.importorskip("trl")
+    space, output, trials = _launch_quick("seed-003.yaml", tmp_path, sqlite_url, cache_dir, 3)
+    assert space.workload.engine == "sft" and space.workload.adapter is not None
+    assert space.workload.model.arch == "phi3"
+    # flash-attn does not import here: the sweep says so and goes on with sdpa
+    assert "preflight drops attn_implementation=flash_attention_2" in output
+    assert "preflight drops quantization=4bit: needs bitsandbytes with a CUDA device" in output
+    assert "trials run quantization='none' instead" in output
+    assert "preflight drops optim=adamw_torch_fused: needs a CUDA device" in output
+    complete = [t for t in trials if t.state == "complete"]
+    assert len(complete) >= 2, [(t.config, t.failure_message) for t in trials]
+    for trial in complete:
+        m = trial.measurement
+        assert trial.config["attn_implementation"] == "sdpa"
+        assert trial.config["quantization"] == "none" and trial.config["gradient_checkpointing"]
+        assert m["engine"] == "sft" and 0 < m["trainable_params"] < m["n_params"] / 10
+
+
+def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
+    space, output, trials = _launch_quick("seed-004.yaml", tmp_path, sqlite_url, cache_dir, 2)
+    assert space.workload.tokenize == "pretokenized" and space.workload.engine == "loop"
+    before, after = trials
+    assert after.config["multiprocessing_context"] == "spawn"
+    assert after.config["persistent_workers"] is True
+    for trial in (before, after):
+        assert trial.state == "complete", trial.failure_message
+        m = trial.measurement
+        # packed chunks: the headline is tokens/s, and samples are counted by their tokens
+        assert m["packing"] and m["tokens_per_s"] > 0
+        assert m["padding_share"] == 0
