@@ -65,7 +65,7 @@ stage_install() {
     >> "$out/install.log" 2>&1 || log "install: could not rebuild sweeper's wheel; using $wheelhouse's"
   # a dry run first: stop if pip would install or replace torch
   "$py" -m pip install --dry-run --quiet --no-index --find-links "$wheelhouse" \
-    --report "$out/pip-report.json" "sweeper[test,trainer]" >> "$out/install.log" 2>&1
+    --report "$out/pip-report.json" "sweeper[test,trainer,sft,lora]" >> "$out/install.log" 2>&1
   "$py" - "$out/pip-report.json" <<'EOF'
 import json, sys
 report = json.load(open(sys.argv[1]))
@@ -74,7 +74,7 @@ print("pip would install:", ", ".join(names))
 if any(n == "torch" or n.startswith("nvidia-") or n == "triton" for n in names):
     sys.exit("error: pip would install torch or its CUDA libraries; stopping")
 EOF
-  "$py" -m pip install --quiet --no-index --find-links "$wheelhouse" "sweeper[test,trainer]" \
+  "$py" -m pip install --quiet --no-index --find-links "$wheelhouse" "sweeper[test,trainer,sft,lora]" \
     >> "$out/install.log" 2>&1
   "$py" -c 'import torch, sys; print(torch.__version__, torch.__file__)' > "$out/torch-after.txt"
   if ! cmp -s "$out/torch-before.txt" "$out/torch-after.txt"; then

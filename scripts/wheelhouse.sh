@@ -7,7 +7,8 @@
 #   --python X.Y    the target's Python (3.11, 3.12 or 3.13; default: this machine's python3)
 #   --arch A        x86_64 (default) or aarch64; wheels are manylinux
 #   --out DIR       where the wheels go (default: wheelhouse/); existing wheels are kept
-#   --tests         also the test tools (pytest, httpx, hypothesis): for scripts/gpu-record.sh
+#   --tests         also the test tools and the engines' extras (pytest, httpx, hypothesis, trl,
+#                   peft): for scripts/gpu-record.sh
 #   --skip-file F   leave out packages the target already has (one name per line, '#' comments);
 #                   pip then uses the target's own copy, so each must be in sweeper's ranges
 #
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --python) target_python=${2:?--python needs a version, e.g. 3.12}; shift 2 ;;
     --arch) arch=${2:?--arch needs x86_64 or aarch64}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
-    --tests) extras=(--extra test --extra trainer); shift ;;
+    --tests) extras=(--extra test --extra trainer --extra sft --extra lora); shift ;;
     --skip-file) skip_file=${2:?--skip-file needs a file}; shift 2 ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see $0 --help)" >&2; exit 2 ;;
@@ -65,11 +66,12 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# accelerate (the trainer engine) requires torch itself: it is fetched without its dependencies
-# (the rest of them are sweeper's too), and pip resolves it against the user's torch there
-"$host_python" scripts/requirements.py "${extras[@]}" --without torch accelerate \
+# accelerate (the trainer engine), trl (sft) and peft (adapters) require torch, directly or
+# through accelerate: they are fetched without their dependencies (the rest of them are
+# sweeper's too, or the GPU image's), and pip resolves them against the user's torch there
+"$host_python" scripts/requirements.py "${extras[@]}" --without torch accelerate trl peft \
   > "$work/requirements.txt"
-"$host_python" scripts/requirements.py "${extras[@]}" | grep -i '^accelerate' \
+"$host_python" scripts/requirements.py "${extras[@]}" | grep -i -E '^(accelerate|trl|peft)\b' \
   > "$work/no-deps.txt" || true
 grep -v -i '^torch==' constraints.txt > "$work/constraints.txt"
 
