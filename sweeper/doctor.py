@@ -385,15 +385,25 @@ def _probe_findings(
 def _known_config_findings(space: Space, preflight: PreflightReport) -> list[Finding]:
     found = []
     for where, known in space.named_known_configs():
-        reason = preflight.allows(preflight.adapt(known.as_config(space.search)))
+        config, changed = preflight.nearest(preflight.adapt(known.as_config(space.search)))
+        if changed:
+            found.append(
+                Finding(
+                    level="warning",
+                    topic="baseline",
+                    text=f"{where} runs here with {'; '.join(changed)}"[:400],
+                    fix=None,
+                )
+            )
+        reason = preflight.allows(config)
         if reason is not None:
             found.append(
                 Finding(
                     level="problem",
                     topic="baseline",
                     text=f"{where} cannot run here: {reason[:300]}",
-                    fix=f"change {where} to a value that trains here (the sweep would record "
-                    "it as a failed trial, with nothing to compare against)",
+                    fix=f"change {where} to a value that trains here (the sweep would skip "
+                    "it, with nothing to compare against)",
                 )
             )
     return found
