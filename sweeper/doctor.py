@@ -385,7 +385,7 @@ def _probe_findings(
 def _known_config_findings(space: Space, preflight: PreflightReport) -> list[Finding]:
     found = []
     for where, known in space.named_known_configs():
-        config, changed = preflight.nearest(preflight.adapt(known.as_config(space.search)))
+        config, changed = preflight.nearest(known.as_config(space.search))
         if changed:
             found.append(
                 Finding(

@@ -86,7 +86,9 @@ class PreflightReport:
     def nearest(self, config: TrialConfig) -> tuple[TrialConfig, list[str]]:
         """A named config (the baseline, also_try) as near as this machine runs it: each value
         preflight dropped becomes its knob's fallback where it has one (pinned memory on a CPU
-        runs unpinned), so the user's own config is still measured. Returns what changed."""
+        runs unpinned), so the user's own config is still measured; knobs with no runnable
+        value at all take their fallback as in ``adapt``. Returns what changed beyond that."""
+        config = self.adapt(config)
         update: dict[str, Any] = {}
         changed: list[str] = []
         for name, values in self.dropped.items():

@@ -136,9 +136,9 @@ def run_sweep(
                 preflight = _preflight(space, prepared, cache_dir, observer, server)
                 fields: dict[str, Any] = {"preflight": preflight.to_json()}
                 if space.baseline is not None:  # what the baseline runs here (tf32 on a CPU)
-                    fields["baseline"] = preflight.nearest(
-                        preflight.adapt(space.baseline.as_config(space.search))
-                    )[0].model_dump()
+                    fields["baseline"] = preflight.nearest(space.baseline.as_config(space.search))[
+                        0
+                    ].model_dump()
                 store.upsert_study(space.study, **fields)
             loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
             counts = loop.run(n_trials, clock, deadline)
@@ -381,7 +381,7 @@ class _TrialLoop:
             proposed = suggest(trial, search)
             config = self.preflight.adapt(proposed)
             if proposed in self.known:  # the user's own config: measured as near as runs here
-                config, changed = self.preflight.nearest(config)
+                config, changed = self.preflight.nearest(proposed)
                 if changed:
                     self.observer.note(
                         f"{knobs.describe(proposed.model_dump())} runs " + "; ".join(changed)

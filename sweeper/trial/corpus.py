@@ -57,6 +57,8 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
             "error", f"workload.dataset.path: {path} holds no rows; point it at the training data"
         )
 
+    # plain text is read (and checked) once; chat records become text when rendered below
+    texts = None if spec.messages_field is not None else checked_texts(rows, spec.text_field, path)
     trust = workload.model.trust_remote_code
     tokenizer_path = workload.tokenizer.id or workload.model.id
     if tokenizer_path is None:
@@ -64,12 +66,12 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
             cache_dir / "tokenizers" / f"bpe-{dataset_hash[:16]}-{workload.tokenizer.vocab_size}"
         )
         if not (tokenizer_dir / "tokenizer.json").is_file():
-            texts = (
+            sample = (
                 _chat_texts(rows, spec.messages_field)
-                if spec.messages_field is not None
-                else checked_texts(rows, spec.text_field, path)[:_TOKENIZER_TRAIN_SAMPLES]
+                if texts is None
+                else texts[:_TOKENIZER_TRAIN_SAMPLES]
             )
-            train_tokenizer(texts, workload.tokenizer.vocab_size, tokenizer_dir)
+            train_tokenizer(sample, workload.tokenizer.vocab_size, tokenizer_dir)
         tokenizer_path = str(tokenizer_dir)
     tokenizer = open_tokenizer(tokenizer_path, trust)
     if workload.model.id is not None:
@@ -77,7 +79,8 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
 
     chat_template = None
     text_field, data_path, data_fmt, split = spec.text_field, str(path), fmt, spec.split
-    if spec.messages_field is not None:
+    if texts is None:
+        assert spec.messages_field is not None
         chat_template = resolve_chat_template(workload, tokenizer)
         rendered = render_chats(
             rows,
@@ -92,7 +95,7 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
         rows = open_dataset(str(rendered), "disk", cache_dir, "train")
         text_field, data_path, data_fmt, split = "text", str(rendered), "disk", "train"
         dataset_hash = hashlib.sha256(f"{dataset_hash}:{rendered.name}".encode()).hexdigest()
-    texts = checked_texts(rows, text_field, path)
+        texts = checked_texts(rows, text_field, path)
 
     stats = length_stats(texts, tokenizer)
     stats["dataset_rows"] = len(texts)
@@ -492,21 +495,10 @@ def pretokenize(
     out = cache_dir / "pretokenized" / key[:16]
     if (out / "dataset_info.json").is_file():
         return out
-    spans = "completion_spans" in rows.column_names
 
     def tokenize(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        encoded = tokenizer(
-            batch[text_field], add_special_tokens=False, return_offsets_mapping=spans
-        )
-        columns = {"input_ids": encoded["input_ids"]}
-        if spans:
-            columns["label_mask"] = [
-                completion_mask(offsets, row_spans)
-                for offsets, row_spans in zip(
-                    encoded["offset_mapping"], batch["completion_spans"], strict=True
-                )
-            ]
-        return columns
+        ids, masks = encode(tokenizer, batch[text_field], batch.get("completion_spans"))
+        return {"input_ids": ids} if masks is None else {"input_ids": ids, "label_mask": masks}
 
     tokenized = rows.map(tokenize, batched=True, remove_columns=rows.column_names, desc=None)
     partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
@@ -519,6 +511,23 @@ def pretokenize(
 def completion_mask(offsets: list[Any], spans: list[list[int]]) -> list[bool]:
     """Which tokens are labels under loss: completion: those starting inside a reply."""
     return [any(start <= begin < end for start, end in spans) for begin, _ in offsets]
+
+
+def encode(
+    tokenizer: Any, texts: list[str], spans: list[list[list[int]]] | None, **cut: Any
+) -> tuple[list[list[int]], list[list[bool]] | None]:
+    """Token ids of ``texts`` (no special tokens; ``cut``: truncation keywords) and, with the
+    replies' character ``spans``, which ids are labels (loss: completion)."""
+    encoded = tokenizer(
+        texts, add_special_tokens=False, return_offsets_mapping=spans is not None, **cut
+    )
+    if spans is None:
+        return encoded["input_ids"], None
+    masks = [
+        completion_mask(offsets, row_spans)
+        for offsets, row_spans in zip(encoded["offset_mapping"], spans, strict=True)
+    ]
+    return encoded["input_ids"], masks
 
 
 def length_stats(texts: list[str], tokenizer: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.presets import MODEL_SIZES
 from sweeper.space import AdapterSpec, TrialConfig, Workload
-from sweeper.trial.corpus import completion_mask, open_dataset, open_tokenizer
+from sweeper.trial.corpus import encode, open_dataset, open_tokenizer
 from sweeper.trial.lifeline import dataloader_worker_init
 from sweeper.trial.protocol import PreparedData
 
@@ -99,17 +99,11 @@ class TokenizingDataset(Dataset):
         cut = {}
         if self.max_length is not None:  # else packing: the whole sample
             cut = {"truncation": True, "max_length": self.max_length - len(self.suffix)}
-        encoded = self.tokenizer(
-            row[self.text_field],
-            add_special_tokens=False,
-            return_offsets_mapping=self.masked,
-            **cut,
-        )
-        ids = encoded["input_ids"] + self.suffix
-        if not self.masked:
-            return ids, None
-        mask = completion_mask(encoded["offset_mapping"], row["completion_spans"])
-        return ids, mask + [True] * len(self.suffix)
+        spans = [row["completion_spans"]] if self.masked else None
+        (ids,), masks = encode(self.tokenizer, [row[self.text_field]], spans, **cut)
+        if masks is None:
+            return ids + self.suffix, None
+        return ids + self.suffix, masks[0] + [True] * len(self.suffix)
 
 
 class PackedStream(IterableDataset):
@@ -136,17 +130,19 @@ class PackedStream(IterableDataset):
                 generator=torch.Generator().manual_seed(self.seed + epoch),
             ).tolist()
             buffer: list[int] = []
-            labels: list[bool] = []
-            masked = False
+            labels: list[bool] = []  # kept only for masked samples (a dataset masks all or none)
             for index in order[worker::workers]:
                 ids, mask = _parts(self.samples[index])
                 buffer.extend(ids)
-                labels.extend([True] * len(ids) if mask is None else mask)
-                masked = masked or mask is not None
+                if mask is not None:
+                    labels.extend(mask)
                 while len(buffer) >= self.block:
-                    block = buffer[: self.block]
-                    yield (block, labels[: self.block]) if masked else block
-                    del buffer[: self.block], labels[: self.block]
+                    if mask is None:
+                        yield buffer[: self.block]
+                    else:
+                        yield buffer[: self.block], labels[: self.block]
+                        del labels[: self.block]
+                    del buffer[: self.block]
             epoch += 1
 
 
@@ -163,12 +159,13 @@ class Collator:
         width = self.max_length if self.pad_to_max else max(len(ids) for ids, _ in samples)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        is_label = torch.zeros((len(rows), width), dtype=torch.bool)
-        for i, (ids, mask) in enumerate(samples):
+        for i, (ids, _) in enumerate(samples):
             input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             attention_mask[i, : len(ids)] = 1
-            is_label[i, : len(ids)] = True if mask is None else torch.tensor(mask)
-        labels = input_ids.masked_fill(~is_label, -100)
+        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        for i, (_, mask) in enumerate(samples):
+            if mask is not None:  # loss: completion: prompts are not labels either
+                labels[i, : len(mask)].masked_fill_(~torch.tensor(mask), -100)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -329,7 +326,7 @@ def build_model(
     config: TrialConfig,
     tokenizer: Any,
     device: torch.device,
-    cache_dir: Path | None = None,
+    cache_dir: Path,
 ) -> torch.nn.Module:
     """The model on ``device`` in fp32 (mixed precision is autocast); with an adapter, a peft
     model whose base is frozen (and, with ``quantization``, loaded through bitsandbytes)."""
@@ -392,7 +389,7 @@ def _quantized_model(
     config: TrialConfig,
     tokenizer: Any,
     device: torch.device,
-    cache_dir: Path | None,
+    cache_dir: Path,
 ) -> Any:  # pragma: no cover - needs CUDA and bitsandbytes (tests/trial/test_gpu.py)
     """Base weights loaded in 4-bit NF4 (double quantization, bf16 compute) or 8-bit, through
     from_pretrained's quantization_config, the only way bitsandbytes quantizes. A model built
@@ -409,7 +406,7 @@ def _quantized_model(
     source = spec.id
     if source is None:
         built = model_config(workload, tokenizer, config.max_seq_length)
-        folder = (cache_dir or Path(".")) / "models" / f"{spec.arch}-{config_hash(built)}"
+        folder = cache_dir / "models" / f"{spec.arch}-{config_hash(built)}"
         if not (folder / "config.json").is_file():
             partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
             AutoModelForCausalLM.from_config(built, dtype=torch.bfloat16).save_pretrained(

@@ -18,7 +18,7 @@ import torch
 
 from sweeper import knobs
 from sweeper.errors import TrialError
-from sweeper.trial.corpus import completion_mask
+from sweeper.trial.corpus import encode
 from sweeper.trial.engines import EngineRun, TimedBatches, TrialContext, optimizer_name
 from sweeper.trial.workload import build_model, build_training_dataset, make_collator, open_rows
 
@@ -196,13 +196,13 @@ def train_sft(ctx: TrialContext) -> EngineRun:
 
 
 def _reply_masks(batch: dict[str, list[Any]], tokenizer: Any, field: str) -> dict[str, Any]:
-    encoded = tokenizer(batch[field], add_special_tokens=False, return_offsets_mapping=True)
+    ids, masks = encode(tokenizer, batch[field], batch["completion_spans"])
+    assert masks is not None
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    masks = [
-        [int(bit) for bit in completion_mask(offsets, spans)] + [1] * len(eos)
-        for offsets, spans in zip(encoded["offset_mapping"], batch["completion_spans"], strict=True)
-    ]
-    return {"input_ids": [ids + eos for ids in encoded["input_ids"]], "assistant_masks": masks}
+    return {
+        "input_ids": [row + eos for row in ids],
+        "assistant_masks": [[int(bit) for bit in mask] + [1] * len(eos) for mask in masks],
+    }
 
 
 def _arguments(kind: type, kwargs: dict[str, Any]) -> Any:
