@@ -546,7 +546,7 @@ def _print_recommendation(rec: Recommendation) -> None:
     for key, value in config.items():
         console.print(f"  {key}: {escape(str(value))}", highlight=False)
     console.print(
-        f"  → {rec.samples_per_s:,.1f} samples/s, {_num(rec.tokens_per_s, ',.0f')} tokens/s, "
+        f"  → {rec.throughput_text()}, "
         f"{_num(rec.it_per_s, '.2f')} it/s; {_num(rec.hours_per_run, ',.1f')} h/run, "
         f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
         highlight=False,
@@ -566,6 +566,8 @@ def _print_recommendation(rec: Recommendation) -> None:
         details.append(f"truncates {rec.truncated_tokens_share:.1%} of tokens")
     if rec.memory_headroom is not None:
         details.append(f"memory headroom {rec.memory_headroom:.0%}")
+    if rec.trainable_text():
+        details.append(str(rec.trainable_text()))
     if rec.measured_on:
         details.append(f"measured on {rec.measured_on}")
     if details:
@@ -574,7 +576,8 @@ def _print_recommendation(rec: Recommendation) -> None:
         console.print(
             f"  vs baseline (trial #{rec.baseline_trial_number}): "
             f"{_num(rec.baseline_hours_per_run, ',.1f')} h, "
-            f"${_num(rec.baseline_cost_per_run_usd, ',.2f')}/run → "
+            f"${_num(rec.baseline_cost_per_run_usd, ',.2f')}/run, "
+            f"{rec.baseline_throughput_text()} → "
             f"{rec.speedup_vs_baseline:.2f}× faster, ${rec.usd_saved_per_run:,.2f} saved per run",
             highlight=False,
         )

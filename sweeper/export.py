@@ -87,7 +87,7 @@ def sft_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
 def _header(rec: Recommendation) -> str:
     lines = [
         f"# sweeper: study {rec.study!r}, trial #{rec.trial_number} of {rec.completed_trials}: "
-        f"{rec.samples_per_s:,.1f} samples/s, {rec.hours_per_run or 0:,.1f} h and "
+        f"{rec.throughput_text()}, {rec.hours_per_run or 0:,.1f} h and "
         f"${rec.cost_per_run_usd:,.2f} per run on {rec.hardware_name} at "
         f"${rec.usd_per_hour:.2f}/h"
     ]

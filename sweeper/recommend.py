@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -70,6 +70,57 @@ class Recommendation(BaseModel):
     sweep_cost_usd: float | None = None
     payback_runs: int | None = None  # runs of the job until the sweep has paid for itself
     constraints: str = "no constraint"
+    headline: Literal["samples", "tokens"] = "samples"  # the throughput to lead with
+    baseline_samples_per_s: float | None = None
+    baseline_tokens_per_s: float | None = None
+    n_params: int | None = None  # the model's parameters (4-bit weights unpacked)
+    trainable_params: int | None = None  # what trains: fewer than n_params with an adapter
+
+    def throughput_text(self) -> str:
+        """'12,193 tokens/s (1.7 samples/s)' or '17.1 samples/s (12,193 tokens/s)': the
+        headline first."""
+        return _throughput_text(self.headline, self.samples_per_s, self.tokens_per_s)
+
+    def baseline_throughput_text(self) -> str | None:
+        """The baseline's headline throughput and the recommended one: 'tokens/s 22,089 →
+        40,310', or None without a baseline."""
+        if self.baseline_samples_per_s is None:
+            return None
+        if self.headline == "tokens" and self.tokens_per_s and self.baseline_tokens_per_s:
+            return f"{self.baseline_tokens_per_s:,.0f} → {self.tokens_per_s:,.0f} tokens/s"
+        return f"{self.baseline_samples_per_s:,.1f} → {self.samples_per_s:,.1f} samples/s"
+
+    def trainable_text(self) -> str | None:
+        """'trains 1.6M of 3.82B parameters (0.04%)' when fewer than all of them train."""
+        if self.n_params is None or self.trainable_params is None:
+            return None
+        if self.trainable_params >= self.n_params:
+            return f"trains all {_count(self.n_params)} parameters"
+        share = self.trainable_params / self.n_params
+        return (
+            f"trains {_count(self.trainable_params)} of {_count(self.n_params)} parameters "
+            f"({share:.2%})"
+        )
+
+
+def _count(n: int) -> str:
+    """A parameter count in three figures.
+
+    >>> _count(3_821_079_552), _count(1_572_864), _count(950)
+    ('3.82B', '1.57M', '950')
+    """
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
+def _throughput_text(headline: str, samples_per_s: float, tokens_per_s: float | None) -> str:
+    samples = f"{samples_per_s:,.1f} samples/s"
+    if tokens_per_s is None:
+        return samples
+    tokens = f"{tokens_per_s:,.0f} tokens/s"
+    return f"{tokens} ({samples})" if headline == "tokens" else f"{samples} ({tokens})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,16 +159,19 @@ class StudyFacts:
     # TRL's default packing (best-fit decreasing) cuts a sample longer than max_length, where
     # sweeper's own packing (loop, trainer) continues it in the next block
     packing_truncates: bool = False
+    headline: Literal["samples", "tokens"] = "samples"
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
         coverage, learning_rate, packing_truncates = 100.0, None, False
+        headline: Literal["samples", "tokens"] = "samples"
         try:
             from sweeper.space import parse_space
 
             workload = parse_space(row.space_yaml).workload
             coverage, learning_rate = workload.coverage_percentile, workload.learning_rate
             packing_truncates = workload.engine == "sft"
+            headline = workload.headline
         except SpaceError:
             pass  # a study written by another version, or by hand: use the defaults
         return cls(
@@ -130,6 +184,7 @@ class StudyFacts:
             learning_rate=learning_rate,
             sweep_seconds=row.sweep_seconds or 0.0,
             packing_truncates=packing_truncates,
+            headline=headline,
         )
 
 
@@ -417,6 +472,9 @@ def _decide(
         payback_runs=payback,
         constraints=constraints.describe()
         + (" (truncation allowed)" if constraints.allow_truncation else ""),
+        headline=facts.headline,
+        baseline_samples_per_s=None if baseline is None else baseline.trial.samples_per_s,
+        baseline_tokens_per_s=None if baseline is None else baseline.trial.tokens_per_s,
     )
     return recommendation, eligible
 
@@ -470,7 +528,18 @@ def _baseline(facts: StudyFacts, candidates: list[_Candidate]) -> _Candidate | N
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
-    return choose(facts, store.trial_metrics(study, states=["complete"]), constraints)
+    recommendation = choose(facts, store.trial_metrics(study, states=["complete"]), constraints)
+    winner = store.get_trial(study, recommendation.trial_number)
+    measured = (winner.measurement if winner is not None else None) or {}
+    n_params, trainable = measured.get("n_params"), measured.get("trainable_params")
+    if not isinstance(n_params, int):
+        return recommendation
+    return recommendation.model_copy(
+        update={
+            "n_params": n_params,
+            "trainable_params": trainable if isinstance(trainable, int) else n_params,
+        }
+    )
 
 
 # ------------------------------------------------------------------ across hardware

@@ -249,6 +249,11 @@ class Workload(_Frozen):
         description="a max_seq_length shorter than this percentile of the samples' token "
         "lengths truncates, and is never recommended silently (100: the longest sample)",
     )
+    headline: Literal["samples", "tokens"] = Field(
+        default="samples",
+        description="the throughput the CLI and dashboard lead with: samples/s, or tokens/s "
+        "for a job counted in tokens (packed pre-training); the ranking is $/run either way",
+    )
 
 
 def _choices(kind: Any) -> Any:

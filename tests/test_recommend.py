@@ -70,6 +70,28 @@ def test_compared_with_the_baseline(store: Store) -> None:
     assert r.usd_saved_per_run == pytest.approx((SAMPLES / 20 - SAMPLES / 24) / 3600 * 2.5)
 
 
+def test_headline_throughput_and_what_trains(store: Store) -> None:
+    r = best(store, "seed")
+    # the trials above stored no measurement: no parameter counts are made up
+    assert (r.n_params, r.trainable_params, r.trainable_text()) == (None, None, None)
+    assert r.throughput_text() == "24.0 samples/s" and r.headline == "samples"
+    assert r.baseline_throughput_text() == "20.0 → 24.0 samples/s"
+    tokens = r.model_copy(
+        update={
+            "headline": "tokens",
+            "tokens_per_s": 40_310.0,
+            "baseline_tokens_per_s": 22_089.0,
+            "n_params": 3_821_079_552,
+            "trainable_params": 1_572_864,
+        }
+    )
+    assert tokens.throughput_text() == "40,310 tokens/s (24.0 samples/s)"
+    assert tokens.baseline_throughput_text() == "22,089 → 40,310 tokens/s"
+    assert tokens.trainable_text() == "trains 1.57M of 3.82B parameters (0.04%)"
+    full = tokens.model_copy(update={"trainable_params": 3_821_079_552})
+    assert full.trainable_text() == "trains all 3.82B parameters"
+
+
 def test_repricing_moves_dollars_not_hours(store: Store) -> None:
     at_list = best(store, "seed")
     cheaper = best(store, "seed", Constraints(usd_per_hour=1.25))

@@ -5,6 +5,7 @@ decision says what the notes could not."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,10 @@ def test_seed_003(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
         assert trial.config["attn_implementation"] == "sdpa"
         assert trial.config["quantization"] == "none" and trial.config["gradient_checkpointing"]
         assert m["engine"] == "sft" and 0 < m["trainable_params"] < m["n_params"] / 10
+    # what trains is reported with the recommendation: the LoRA adapter, not the whole model
+    share = re.search(r"trains ([\d.]+[KMB]?) of ([\d.]+[KMB]?) parameters \(([\d.]+)%\)", output)
+    assert share is not None, output
+    assert 0 < float(share[3]) < 10
 
 
 def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
@@ -193,3 +198,7 @@ def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
         # packed chunks: the headline is tokens/s, and samples are counted by their tokens
         assert m["packing"] and m["tokens_per_s"] > 0
         assert m["padding_share"] == 0
+    # tokens/s leads the recommendation and its comparison with the notes' "before"
+    assert space.workload.headline == "tokens"
+    assert re.search(r"→ [\d,]+ tokens/s \([\d,.]+ samples/s\), [\d.]+ it/s", output), output
+    assert re.search(r"/run, [\d,]+ → [\d,]+ tokens/s → [\d.]+× faster", output), output
