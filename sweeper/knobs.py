@@ -40,6 +40,8 @@ CAPABILITY_NEEDS = {
 
 _PositiveInt = Annotated[int, Field(gt=0)]
 
+FREE = "free"  # a knob's ``memory``: its value does not change the device's peak memory
+
 
 def _with_workers(config: Mapping[str, Any]) -> bool:
     return bool(config.get("num_workers"))
@@ -76,6 +78,11 @@ class Knob:
     caveat: str = ""
     # what the value adds in TRL's SFTConfig (beyond TrainingArguments)
     sft: Callable[[Any], dict[str, Any]] = lambda value: {}
+    # how the value weighs on the device's peak memory: a rank (higher: at least as much
+    # memory, the rest of the config equal), FREE (it does not change peak memory), or None
+    # (unknown: only the same value is known to weigh the same). A config that is at least as
+    # heavy as one that ran out of memory on every knob is not run (``sweeper.search``).
+    memory: Callable[[Any], float] | str | None = None
 
     def is_active(self, config: Mapping[str, Any]) -> bool:
         return self.active is None or self.active(config)
@@ -107,6 +114,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: f"b{v}",
         trainer=lambda v: {"per_device_train_batch_size": v},
         dataloader=lambda v: {"batch_size": v},
+        memory=lambda v: v,
     ),
     Knob(
         name="gradient_accumulation_steps",
@@ -116,6 +124,7 @@ KNOBS: tuple[Knob, ...] = (
         required=True,
         short=lambda v: f"×{v}",
         trainer=lambda v: {"gradient_accumulation_steps": v},
+        memory=FREE,  # micro-batches reuse the same activation and gradient buffers
     ),
     Knob(
         name="num_workers",
@@ -126,6 +135,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: f"w{v}",
         trainer=lambda v: {"dataloader_num_workers": v},
         dataloader=lambda v: {"num_workers": v},
+        memory=FREE,
     ),
     Knob(
         name="prefetch_factor",
@@ -138,6 +148,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: f"pf{v}",
         trainer=lambda v: {"dataloader_prefetch_factor": v},
         dataloader=lambda v: {"prefetch_factor": v},
+        memory=FREE,
     ),
     Knob(
         name="persistent_workers",
@@ -150,6 +161,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: "persist" if v else None,
         trainer=lambda v: {"dataloader_persistent_workers": v},
         dataloader=lambda v: {"persistent_workers": v},
+        memory=FREE,
     ),
     Knob(
         name="multiprocessing_context",
@@ -163,6 +175,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: None if v == "fork" else v,
         # TrainingArguments has no such argument: the Trainer engines run fork only
         dataloader=lambda v: {} if v == "fork" else {"multiprocessing_context": v},
+        memory=FREE,
     ),
     Knob(
         name="pin_memory",
@@ -176,6 +189,7 @@ KNOBS: tuple[Knob, ...] = (
         # TrainingArguments pins by default: say it either way
         trainer=lambda v: {"dataloader_pin_memory": v},
         dataloader=lambda v: {"pin_memory": v},
+        memory=FREE,
     ),
     Knob(
         name="max_seq_length",
@@ -185,6 +199,7 @@ KNOBS: tuple[Knob, ...] = (
         required=True,
         short=lambda v: f"seq{v}",
         sft=lambda v: {"max_length": v},
+        memory=lambda v: v,
     ),
     Knob(
         name="packing",
@@ -197,6 +212,7 @@ KNOBS: tuple[Knob, ...] = (
         caveat="packed rows attend across sample boundaries unless the attention kernel "
         "separates them (TRL's padding-free packing with flash attention does)",
         sft=lambda v: {"packing": v},
+        memory=lambda v: int(bool(v)),  # packed rows are all full length
     ),
     Knob(
         name="precision",
@@ -210,6 +226,7 @@ KNOBS: tuple[Knob, ...] = (
         trainer=_precision_args,
         # SFTConfig turns bf16 on by default (TrainingArguments does not): say it either way
         sft=lambda v: {"bf16": v == "bf16", "fp16": v == "fp16"},
+        memory=lambda v: 1 if v == "fp32" else 0,  # fp32 activations weigh twice as much
     ),
     Knob(
         name="tf32",
@@ -221,6 +238,7 @@ KNOBS: tuple[Knob, ...] = (
         fallback=False,
         short=lambda v: "tf32" if v else None,
         trainer=lambda v: {"tf32": True} if v else {},
+        memory=FREE,
     ),
     Knob(
         name="compile_mode",
@@ -238,6 +256,7 @@ KNOBS: tuple[Knob, ...] = (
         help="the model's attention kernel (from_pretrained's attn_implementation)",
         default="sdpa",
         short=lambda v: v,
+        memory=lambda v: 1 if v == "eager" else 0,  # eager materializes the score matrix
     ),
     Knob(
         name="gradient_checkpointing",
@@ -248,6 +267,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: "ckpt" if v else None,
         # every transformers 5.x takes this name (5.23 also calls it activation_checkpointing)
         trainer=lambda v: {"gradient_checkpointing": True} if v else {},
+        memory=lambda v: 0 if v else 1,
     ),
     Knob(
         name="optim",
@@ -262,6 +282,7 @@ KNOBS: tuple[Knob, ...] = (
         caveat="a different optimizer (or its 8-bit state) converges differently: compare the "
         "loss of a short run before trusting the $/run, which assumes the same number of steps",
         trainer=lambda v: {"optim": v},
+        memory=lambda v: {"adamw_torch": 2, "adamw_torch_fused": 2, "adamw_8bit": 1}.get(v, 0),
     ),
     Knob(
         name="quantization",
@@ -275,6 +296,7 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: None if v == "none" else f"q{v}",
         caveat="quantized base weights change the model's outputs: compare the loss of a short "
         "run, and the memory it frees only pays if a larger batch then fits",
+        memory=lambda v: {"none": 2, "8bit": 1, "4bit": 0}[v],
     ),
 )
 

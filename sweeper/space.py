@@ -31,6 +31,7 @@ from sweeper import knobs
 from sweeper.errors import SpaceError
 from sweeper.knobs import KNOBS, AttnImplementation, CompileMode, Precision, TrialConfig
 from sweeper.presets import MODEL_SIZES
+from sweeper.search import DEFAULT_SAMPLER, SamplerName
 
 if TYPE_CHECKING:
     import optuna
@@ -302,6 +303,12 @@ class _SearchRules(_Frozen):
     """
 
     effective_batch: EffectiveBatch | None = None
+    sampler: SamplerName = Field(
+        default=DEFAULT_SAMPLER,
+        description="how the sweep picks the next config: bayes (sweeper's own: Thompson "
+        "sampling over the space's grid; the default, chosen by bench/search_replay.py), tpe, "
+        "tpe-multivariate, gp (Optuna's), random, or grid (every config once, in random order)",
+    )
 
     @field_validator(*knobs.NAMES, check_fields=False)
     @classmethod

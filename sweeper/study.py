@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,15 @@ from sweeper.launcher import ForkServer, run_child
 from sweeper.measurement import Measurement, MeasurementError, parse_measurement
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
 from sweeper.recommend import Recommendation, best
+from sweeper.search import (
+    CONSTRAINT,
+    INFEASIBLE_KINDS,
+    REPEAT_ATTR,
+    make_sampler,
+    oom_dominated,
+    runnable_params,
+    worker_seed,
+)
 from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
 from sweeper.store import Store, TrialRow, redact
 from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
@@ -105,10 +114,12 @@ def run_sweep(
     n_trials: int | None = None,
     max_minutes: float | None = None,
     observer: SweepObserver | None = None,
+    worker: str = "0",
 ) -> SweepReport:
     """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
     ``max_minutes`` (default: the space's ``budget.max_minutes``), start no trial that the
-    time left cannot hold. Preparation and preflight count against that time."""
+    time left cannot hold. Preparation and preflight count against that time. ``worker``:
+    which of the study's workers this is (each samples with its own seed)."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
     max_minutes = max_minutes or space.budget.max_minutes
@@ -140,7 +151,11 @@ def run_sweep(
                         0
                     ].model_dump()
                 store.upsert_study(space.study, **fields)
-            loop = _TrialLoop(space, study, store, prepared, preflight, cache_dir, observer, server)
+            executor = _ChildExecutor(space, store, prepared, cache_dir, observer, server)
+            loop = SearchLoop(
+                space, study, executor, preflight, observer,
+                earlier=executor.earlier(), seed=worker_seed(space.budget.seed, worker),
+            )  # fmt: skip
             counts = loop.run(n_trials, clock, deadline)
     except KeyboardInterrupt:
         store.set_study_state(space.study, "interrupted")
@@ -247,7 +262,8 @@ def _optuna_study(space: Space, storage: optuna.storages.RDBStorage) -> optuna.S
             study_name=space.study,
             storage=storage,
             direction="minimize",
-            sampler=optuna.samplers.TPESampler(seed=space.budget.seed),
+            # the search loop sets the space's sampler once preflight says what can run
+            sampler=optuna.samplers.RandomSampler(seed=space.budget.seed),
             load_if_exists=True,
         )
     except SQLAlchemyError as e:
@@ -324,25 +340,78 @@ class _SweepClock:
         self.since = now
 
 
-class _TrialLoop:
-    """Ask, skip what cannot teach anything new, run, tell — until the budget is spent."""
+@dataclass(frozen=True)
+class Outcome:
+    """What one config gave: its $/run, or how it failed (``failure_kind``: FAILURE_KINDS)."""
+
+    number: int
+    cost: float | None = None
+    failure_kind: str | None = None
+    predicted: bool = False  # not run: known to fail from another trial (out of memory)
+
+    @property
+    def feasible(self) -> bool:
+        return self.cost is not None
+
+    @property
+    def infeasible(self) -> bool:
+        return self.failure_kind in INFEASIBLE_KINDS
+
+
+class TrialExecutor(Protocol):
+    """Runs one config as Optuna trial ``trial`` and records it; ``sweeper launch`` runs a
+    child process (``_ChildExecutor``), bench/search_replay.py looks the config up in a table."""
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome: ...
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None: ...
+
+    def stop_requested(self) -> bool: ...
+
+
+class SearchLoop:
+    """Ask, decide what a proposal is worth, run it (or not), tell — until the budget is spent.
+
+    What Optuna is told (``sweeper.search``): a measured config its $/run; a config proposed
+    again its earlier result again; a config that failed by its own doing (out of memory,
+    unsupported) or that the space's rules or preflight rule out, a completed trial with the
+    constraint violated; a config at least as heavy as one that ran out of memory is not run.
+    """
 
     def __init__(
         self,
         space: Space,
         study: optuna.Study,
-        store: Store,
-        prepared: PreparedData,
+        executor: TrialExecutor,
         preflight: PreflightReport,
-        cache_dir: Path,
         observer: SweepObserver,
-        server: ForkServer | None = None,
+        *,
+        earlier: Mapping[TrialConfig, Outcome] | None = None,
+        seed: int | None = None,
     ) -> None:
-        self.space, self.study, self.store = space, study, store
-        self.prepared, self.preflight = prepared, preflight
-        self.cache_dir, self.observer, self.server = cache_dir, observer, server
+        self.space, self.study, self.executor = space, study, executor
+        self.preflight, self.observer = preflight, observer
         self.stopped = False  # a stop was requested through the API
         self.known = set(space.known_configs())  # the user's named configs
+        self.search = preflight.search(space)  # knobs that fell back have one value
+        self.runnable = [c for c in self.search.grid() if preflight.allows(c) is None]
+        runnable = set(self.runnable)
+        # what this study measured before (a resumed sweep): told again if proposed again
+        self.results: dict[TrialConfig, Outcome] = {
+            c: o for c, o in (earlier or {}).items() if c in runnable
+        }
+        study.sampler = make_sampler(
+            self.search.sampler,
+            space.budget.seed if seed is None else seed,
+            runnable_params(self.runnable, lambda c: optuna_params(c, self.search)),
+        )
+
+    def oom_configs(self) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (o.number, c.model_dump())
+            for c, o in self.results.items()
+            if o.failure_kind == "oom" and not o.predicted
+        ]
 
     def run(
         self, n_trials: int, clock: _SweepClock | None = None, deadline: float | None = None
@@ -350,21 +419,16 @@ class _TrialLoop:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
         at the time left."""
-        counts = {"run": 0, "complete": 0, "failed": 0}
+        counts = {"run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0}
         longest_s = 0.0
-        search = self.preflight.search(self.space)  # knobs that fell back have one value
-        runnable = {c for c in search.grid() if self.preflight.allows(c) is None}
-        measured = {
-            TrialConfig.model_validate(t.config)
-            for t in self.store.list_trials(self.space.study, states=["complete", "failed"])
-        } & runnable
+        runnable = set(self.runnable)
         skipped_in_a_row = 0
         while counts["run"] < n_trials:
-            if self.store.stop_requested(self.space.study):
+            if self.executor.stop_requested():
                 self.observer.note("stop requested (REST); the sweep ends here")
                 self.stopped = True
                 break
-            if measured >= runnable:
+            if runnable <= self.results.keys():
                 self.observer.note(
                     f"all {len(runnable)} runnable configs of the space are measured; stopping"
                 )
@@ -378,7 +442,7 @@ class _TrialLoop:
                 break
             trial = self.study.ask()
             # a known config's knob that cannot run here runs its fallback (tf32 on a CPU)
-            proposed = suggest(trial, search)
+            proposed = suggest(trial, self.search)
             config = self.preflight.adapt(proposed)
             if proposed in self.known:  # the user's own config: measured as near as runs here
                 config, changed = self.preflight.nearest(proposed)
@@ -386,34 +450,123 @@ class _TrialLoop:
                     self.observer.note(
                         f"{knobs.describe(proposed.model_dump())} runs " + "; ".join(changed)
                     )
-            # Optuna forbids changing a categorical's choices within a study, so configs that
-            # preflight ruled out (or that were measured already) are pruned without a trial.
-            reason = search.admits(config) or self.preflight.allows(config)
-            if reason is None and config in measured:
-                reason = "already measured"
+            # Optuna forbids changing a categorical's choices within a study: a config that
+            # preflight or the space's rules rule out is told as infeasible without a trial
+            reason = self.search.admits(config) or self.preflight.allows(config)
             if reason is not None:
                 trial.set_user_attr("skipped", reason)
-                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                skipped_in_a_row += 1
-                if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
-                    self.observer.note("the sampler keeps proposing skipped configs; stopping")
-                    break
+                self._tell(trial, Outcome(number=trial.number, failure_kind="unsupported"))
+            elif config in self.results:
+                earlier = self.results[config]
+                trial.set_user_attr(REPEAT_ATTR, earlier.number)
+                self._tell(trial, earlier)
+                counts["repeats"] += 1
+            else:
+                oom = oom_dominated(config.model_dump(), self.oom_configs())
+                if oom is not None:
+                    self._predicted_oom(trial, config, oom)
+                    counts["predicted"] += 1
+                    continue
+                skipped_in_a_row = 0
+                started = time.monotonic()
+                outcome = self.executor.execute(trial, config, left_s)
+                self.results[config] = outcome
+                self._tell(trial, outcome)
+                longest_s = max(longest_s, time.monotonic() - started)
+                if clock is not None:
+                    clock.charge()
+                counts["run"] += 1
+                counts["complete" if outcome.feasible else "failed"] += 1
                 continue
-            skipped_in_a_row = 0
-            measured.add(config)
-            started = time.monotonic()
-            row = self._run_one(trial, config, left_s)
-            longest_s = max(longest_s, time.monotonic() - started)
-            if clock is not None:
-                clock.charge()
-            counts["run"] += 1
-            counts["complete" if row.state == "complete" else "failed"] += 1
+            skipped_in_a_row += 1
+            if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
+                self.observer.note("the sampler keeps proposing measured or ruled-out configs; stopping")
+                break
         return counts
+
+    def _predicted_oom(self, trial: optuna.Trial, config: TrialConfig, oom: int) -> None:
+        heavier = knobs.describe(config.model_dump())
+        message = (
+            f"not run: out of memory predicted, {heavier} needs at least the memory of trial "
+            f"{oom}, which ran out of memory (batch, sequence length and the other memory "
+            "knobs the same or heavier)"
+        )
+        outcome = Outcome(number=trial.number, failure_kind="oom", predicted=True)
+        self.results[config] = outcome
+        trial.set_user_attr("skipped", message)
+        self.executor.record_predicted(trial, config, message)
+        self._tell(trial, outcome)
+        self.observer.note(f"#{trial.number} {message}")
+
+    def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
+        if outcome.feasible:
+            trial.set_constraint(CONSTRAINT, 0.0)
+            self.study.tell(trial, outcome.cost)
+        elif outcome.infeasible:
+            if outcome.failure_kind is not None:
+                trial.set_user_attr("failure_kind", outcome.failure_kind)
+            trial.set_constraint(CONSTRAINT, 1.0)
+            # a value is required; samplers that read constraints rank it below every
+            # feasible trial whatever it is: the worst $/run so far keeps it in scale
+            self.study.tell(trial, self._worst_cost())
+        else:  # timed out, killed, a bug: nothing the sampler should learn from
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _worst_cost(self) -> float:
+        costs = [o.cost for o in self.results.values() if o.cost is not None]
+        return max(costs) if costs else 1.0
+
+
+class _ChildExecutor:
+    """Runs each trial in a child process (forked from the workload server) and records it
+    in our tables."""
+
+    def __init__(
+        self,
+        space: Space,
+        store: Store,
+        prepared: PreparedData,
+        cache_dir: Path,
+        observer: SweepObserver,
+        server: ForkServer | None = None,
+    ) -> None:
+        self.space, self.store = space, store
+        self.prepared, self.cache_dir, self.observer, self.server = (
+            prepared, cache_dir, observer, server,
+        )  # fmt: skip
+
+    def stop_requested(self) -> bool:
+        return self.store.stop_requested(self.space.study)
+
+    def earlier(self) -> dict[TrialConfig, Outcome]:
+        """What the study's earlier trials gave (a resumed sweep)."""
+        results = {}
+        for t in self.store.list_trials(self.space.study, states=["complete", "failed", "pruned"]):
+            cost = t.cost_per_run_usd if t.state == "complete" else None
+            results[TrialConfig.model_validate(t.config)] = Outcome(
+                number=t.number,
+                cost=cost,
+                failure_kind=None if cost is not None else (t.failure_kind or "error"),
+                predicted=t.state == "pruned",
+            )
+        return results
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
+        self.store.start_trial(self.space.study, trial.number, config.model_dump())
+        self.store.finish_trial(
+            self.space.study, trial.number, "pruned", failure_kind="oom", failure_message=message
+        )
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        row = self._run_one(trial, config, left_s)
+        if row.state == "complete" and row.cost_per_run_usd is not None:
+            return Outcome(number=row.number, cost=row.cost_per_run_usd)
+        return Outcome(number=row.number, failure_kind=row.failure_kind or "error")
 
     def _run_one(
         self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
     ) -> TrialRow:
-        space, study, store, observer = self.space, self.study, self.store, self.observer
+        space, store, observer = self.space, self.store, self.observer
         store.start_trial(space.study, trial.number, config.model_dump())
         observer.trial_started(trial.number, config)
         request = ChildRequest.for_space(
@@ -427,8 +580,9 @@ class _TrialLoop:
             run = run_child(request, timeout_s=timeout_s, server=self.server)
         except KeyboardInterrupt:
             _record_failure(
-                store, study, trial, space.study, "interrupted", "the sweep was stopped by the user"
+                store, trial, space.study, "interrupted", "the sweep was stopped by the user"
             )
+            trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         result = run.result
         measurement, invalid = _measurement_of(result.payload if result.status == "ok" else None)
@@ -448,7 +602,6 @@ class _TrialLoop:
                 trial.set_user_attr(key, value)
             trial.set_user_attr("hours_per_run", projection.hours_per_run)
             trial.set_user_attr("effective_batch", config.effective_batch)
-            study.tell(trial, projection.cost_per_run_usd)
             row = store.finish_trial(
                 space.study,
                 trial.number,
@@ -464,7 +617,6 @@ class _TrialLoop:
             # a child of another version, or an engine's typo: this trial fails, the sweep goes on
             row = _record_failure(
                 store,
-                study,
                 trial,
                 space.study,
                 "error",
@@ -478,7 +630,6 @@ class _TrialLoop:
                 message += f" (cut to {timeout_s:.0f} s by the sweep's time budget)"
             row = _record_failure(
                 store,
-                study,
                 trial,
                 space.study,
                 result.failure_kind or "error",
@@ -492,7 +643,6 @@ class _TrialLoop:
 
 def _record_failure(
     store: Store,
-    study: optuna.Study,
     trial: optuna.Trial,
     study_name: str,
     kind: str,
@@ -503,7 +653,6 @@ def _record_failure(
 ) -> TrialRow:
     trial.set_user_attr("failure_kind", kind)
     trial.set_user_attr("failure_message", message[:2000])
-    study.tell(trial, state=optuna.trial.TrialState.FAIL)
     return store.finish_trial(
         study_name,
         trial.number,

@@ -21,7 +21,7 @@ TINY = TINY_SPACE.read_text()
 def test_every_type_has_one_field_per_knob() -> None:
     names = [k.name for k in KNOBS]
     assert list(TrialConfig.model_fields) == names
-    assert set(SearchSpace.model_fields) == {*names, "effective_batch"}
+    assert set(SearchSpace.model_fields) == {*names, "effective_batch", "sampler"}
     assert set(Baseline.model_fields) == {*names, "label"}
     for knob in KNOBS:
         assert knob.label and knob.help, knob.name

@@ -56,7 +56,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
         parse_space(SPACE_TEXT), storage_url=url, cache_dir=cache_dir, space_text=SPACE_TEXT,
         n_trials=3,
     )  # fmt: skip
-    assert (report.completed, report.failed) == (2, 1), report
+    # the baseline runs, flash_attention_2 fails (as data), the sampled third either
+    assert report.trials_run == 3 and report.completed >= 1 and report.failed >= 1, report
     store = Store(url)
     path = folder / "tiny.json"
     write_study_file(export_study(store, "tiny"), path)
@@ -66,8 +67,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
 
 def test_round_trip_is_lossless(recorded: Path, storage_url: str) -> None:
     original = read_study_file(recorded)
-    states = {t.state for t in original.optuna.trials}  # type: ignore[union-attr]
-    assert {"COMPLETE", "FAIL"} <= states
+    told = original.optuna.trials  # type: ignore[union-attr]
+    # flash_attention_2 failed here: Optuna was told it as a completed, infeasible trial
+    assert {t.state for t in told} == {"COMPLETE"}
+    assert any(v == 1.0 for t in told for k, v in t.system_attrs.items() if "constraints" in k)
     assert {t["state"] for t in original.trials} == {"complete", "failed"}
     store = Store(storage_url)
     store.migrate()

@@ -1,0 +1,318 @@
+"""How a sweep picks its next config: the sampler (``search.sampler``), what it is told about
+each config, and which configs are not worth running.
+
+- **Every config tells the sampler something true.** A measured config is told with its $/run;
+  a config proposed again is told its measured value again (never "pruned", which Optuna's
+  samplers rank below every completed trial: a re-proposed good config would teach the sampler
+  that its best region is bad).
+- **Config-caused failures are constraints, not failures.** An out-of-memory trial (or another
+  failure the config itself causes: ``INFEASIBLE_KINDS``) is told as a completed, infeasible
+  trial (Optuna's ``Trial.set_constraint``), so the samplers that read constraints (TPE, GP,
+  ``bayes``) learn the feasible region; Optuna's samplers ignore FAIL trials, so a failed
+  config's neighbours were proposed again and again.
+- **A config at least as heavy as one that ran out of memory is not run** (``oom_dominated``).
+- **The sampler is chosen by measurement**: ``bench/search_replay.py`` replays the sweep's own
+  loop on measured and synthetic tables; ``DEFAULT_SAMPLER`` is the one that needs the fewest
+  trials there (bench/RESULTS.md). Each worker gets its own seed (``worker_seed``).
+
+``bayes`` is sweeper's own: Thompson sampling over the space's finite grid with a Bayesian
+linear model of log $/run (one-hot main effects, log-scaled numeric knobs, pairwise
+interactions). It never proposes a measured or running config, and it picks among the unmeasured
+configs the one a plausible model of the measurements says is cheapest, so it explores where the
+model is unsure and exploits where it is sure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, get_args
+
+import numpy as np
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from sweeper import knobs
+
+SamplerName = Literal["bayes", "tpe", "tpe-multivariate", "gp", "random", "grid"]
+SAMPLERS: tuple[str, ...] = get_args(SamplerName)
+DEFAULT_SAMPLER: SamplerName = "bayes"  # the replay benchmark's winner (bench/RESULTS.md)
+
+# failures the config itself causes: told to the sampler as infeasible, not as failed
+INFEASIBLE_KINDS = frozenset({"oom", "unsupported", "compile", "nonfinite", "dataloader"})
+
+CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasible, 0 feasible
+REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
+
+
+def infeasible(trial: FrozenTrial) -> bool:
+    """Whether the trial was told as a config that cannot run here."""
+    return any(v > 0 for v in trial.constraints.values())
+
+
+def worker_seed(seed: int, worker: str) -> int:
+    """The sampler seed of one worker of a study: the space's seed for the first (``worker``
+    "0"), a different one, stable across restarts, for every other.
+
+    >>> worker_seed(0, "0"), worker_seed(0, "1") == worker_seed(0, "1"), worker_seed(0, "1") != 0
+    (0, True, True)
+    """
+    if worker == "0":
+        return seed
+    digest = hashlib.sha256(f"{seed}:{worker}".encode()).digest()
+    return int.from_bytes(digest[:4], "big")
+
+
+# ------------------------------------------------------------------ out of memory
+
+
+def oom_dominated(
+    config: Mapping[str, Any], known_oom: Iterable[tuple[int, Mapping[str, Any]]]
+) -> int | None:
+    """The number of a trial that ran out of memory with a config ``config`` weighs at least as
+    much as on every knob (``knobs.Knob.memory``), or None.
+
+    >>> oom = [(3, {"per_device_batch_size": 8, "max_seq_length": 1024, "num_workers": 0,
+    ...             "compile_mode": "none", "gradient_checkpointing": False})]
+    >>> heavier = {"per_device_batch_size": 16, "max_seq_length": 1024, "num_workers": 4,
+    ...            "compile_mode": "none", "gradient_checkpointing": False}
+    >>> oom_dominated(heavier, oom)
+    3
+    >>> oom_dominated(heavier | {"gradient_checkpointing": True}, oom) is None  # lighter
+    True
+    >>> oom_dominated(heavier | {"compile_mode": "default"}, oom) is None  # unknown effect
+    True
+    """
+    for number, oom in known_oom:
+        if all(_at_least_as_heavy(name, config.get(name), oom.get(name)) for name in knobs.NAMES):
+            return number
+    return None
+
+
+def _at_least_as_heavy(name: str, value: Any, than: Any) -> bool:
+    memory = knobs.KNOB[name].memory
+    if memory == knobs.FREE or value == than:
+        return True
+    if memory is None or isinstance(memory, str) or value is None or than is None:
+        return False
+    return memory(value) >= memory(than)
+
+
+# ------------------------------------------------------------------ samplers
+
+
+def make_sampler(
+    name: str, seed: int, candidates: Sequence[Mapping[str, Any]]
+) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler ``search.sampler`` names. ``candidates``: the Optuna parameters of
+    every config the sweep may run (``optuna_params`` of the runnable grid)."""
+    if name == "bayes":
+        return ThompsonGridSampler(candidates, seed=seed)
+    if name == "grid":
+        return ShuffledGridSampler(candidates, seed=seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if name == "tpe-multivariate":
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, warn_independent_sampling=False
+        )
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
+
+
+def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
+class _CandidateSampler(BaseSampler):
+    """A sampler that picks a whole config from a finite list before the trial asks for its
+    parameters (``before_trial``), then answers each ``suggest_categorical`` from it. Configs
+    that are measured or running (in any worker's trials) are never picked."""
+
+    def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
+        self.candidates = [dict(c) for c in candidates]
+        self.rng = np.random.default_rng(seed)
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+        self._picked: dict[int, dict[str, Any]] = {}
+
+    def reseed_rng(self) -> None:
+        self.rng = np.random.default_rng()
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        if trial.params or trial.system_attrs.get("fixed_params"):
+            return  # an enqueued config (the baseline, also_try, a REST request)
+        trials = study.get_trials(deepcopy=False)
+        taken = {_key(t.params) for t in trials if t.state != TrialState.WAITING and t.params}
+        free = [i for i, c in enumerate(self.candidates) if _key(c) not in taken]
+        if free:
+            self._picked[trial._trial_id] = self.candidates[self.pick(free, trials)]
+
+    def pick(self, free: list[int], trials: list[FrozenTrial]) -> int:
+        raise NotImplementedError
+
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        picked = self._picked.get(trial._trial_id, {})
+        if param_name in picked and param_distribution._contains(
+            param_distribution.to_internal_repr(picked[param_name])
+        ):
+            return picked[param_name]
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._picked.pop(trial._trial_id, None)
+
+
+class ShuffledGridSampler(_CandidateSampler):
+    """Every config once, in a seeded random order (random search without repeats)."""
+
+    def pick(self, free: list[int], trials: list[FrozenTrial]) -> int:
+        return int(self.rng.choice(free))
+
+
+class ThompsonGridSampler(_CandidateSampler):
+    """Thompson sampling with Bayesian linear regression of log $/run over the grid.
+
+    Features of a config: an intercept; a one-hot per (knob, value); log2 of each numeric knob;
+    pairwise products of the one-hots of different knobs (interactions, with a tighter prior).
+    Each pick draws one weight vector from the posterior and takes the free config it predicts
+    cheapest. A config that failed by its own doing enters the regression at twice the worst
+    measured $/run; configs that weigh at least as much as an out-of-memory one are never
+    picked (out-of-memory trials do not enter the regression: the wall is sharp, and the best
+    config often sits next to it).
+    """
+
+    main_prior_sd = 1.0  # log $/run: a knob value may change the cost e-fold
+    interaction_prior_sd = 0.35
+    noise_sd = 0.1  # ~10% run-to-run spread of a short trial; the data can raise it
+
+    def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
+        super().__init__(candidates, seed=seed)
+        self.features, self.prior_precision = _design(self.candidates)
+        self._index = {_key(c): i for i, c in enumerate(self.candidates)}
+
+    def pick(self, free: list[int], trials: list[FrozenTrial]) -> int:
+        rows, values, oom, failed = [], [], [], []
+        for t in trials:
+            if t.state != TrialState.COMPLETE or REPEAT_ATTR in t.user_attrs:
+                continue
+            index = self._index.get(_key(t.params))
+            if index is None:
+                continue
+            if infeasible(t):
+                if t.user_attrs.get("failure_kind") == "oom":
+                    oom.append((t.number, self.candidates[index]))
+                else:  # unsupported, compile error...: a value that fails here
+                    failed.append(index)
+                continue
+            if t.value is not None and t.value > 0 and math.isfinite(t.value):
+                rows.append(index)
+                values.append(math.log(t.value))
+        if oom:
+            free = [i for i in free if oom_dominated(self.candidates[i], oom) is None] or free
+        if not rows:
+            return int(self.rng.choice(free))
+        # a config that fails by its own doing counts as twice the worst measured $/run:
+        # its knob values look costly until a measurement says otherwise
+        penalty = max(values) + math.log(2)
+        rows += failed
+        values += [penalty] * len(failed)
+        weights = self._posterior_draw(np.array(rows), np.array(values))
+        predicted = self.features[free] @ weights
+        return free[int(np.argmin(predicted))]
+
+    def _posterior_draw(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+        x = self.features[rows]
+        center = float(y.mean())
+        residual = y - center
+        noise = self.noise_sd**2
+        if len(y) >= 8:  # the data's own spread about a ridge fit, once there is enough of it
+            fit = np.linalg.solve(
+                x.T @ x / noise + np.diag(self.prior_precision), x.T @ residual / noise
+            )
+            noise = max(noise, float(np.mean((residual - x @ fit) ** 2)))
+        precision = x.T @ x / noise + np.diag(self.prior_precision)
+        chol = np.linalg.cholesky(precision)
+        mean = np.linalg.solve(precision, x.T @ residual / noise)
+        # w = mean + L^-T z has covariance (L L^T)^-1 = precision^-1
+        z = self.rng.standard_normal(len(mean))
+        return mean + np.linalg.solve(chol.T, z)
+
+
+def _design(candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """The feature matrix of the candidates and the prior precision of each feature."""
+    names = sorted({name for c in candidates for name in c})
+    levels = {
+        name: sorted({repr(c.get(name)) for c in candidates}) for name in names
+    }  # a knob absent from a config (inactive) is its own level
+    varying = [name for name in names if len(levels[name]) > 1]
+    columns: list[np.ndarray] = []
+    precisions: list[float] = []
+    onehots: dict[str, list[np.ndarray]] = {}
+    main = 1 / ThompsonGridSampler.main_prior_sd**2
+    pair = 1 / ThompsonGridSampler.interaction_prior_sd**2
+    for name in varying:
+        values = [repr(c.get(name)) for c in candidates]
+        onehots[name] = [
+            np.array([v == level for v in values], dtype=float) for level in levels[name]
+        ]
+        columns += onehots[name]
+        precisions += [main] * len(onehots[name])
+        numeric = [c.get(name) for c in candidates]
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in numeric):
+            logs = np.log2(np.array(numeric, dtype=float))
+            spread = logs.max() - logs.min()
+            columns.append((logs - logs.mean()) / spread)
+            precisions.append(main)
+    for i, first in enumerate(varying):
+        for second in varying[i + 1 :]:
+            for a in onehots[first]:
+                for b in onehots[second]:
+                    product = a * b
+                    if product.any() and not product.all():
+                        columns.append(product)
+                        precisions.append(pair)
+    if not columns:
+        return np.zeros((len(candidates), 1)), np.ones(1)
+    return np.stack(columns, axis=1), np.array(precisions)
+
+
+def runnable_params(
+    configs: Iterable[Any], params_of: Callable[[Any], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The distinct Optuna parameter sets of ``configs`` (configs that differ only in a knob
+    with one choice are the same parameters)."""
+    seen: dict[tuple[tuple[str, Any], ...], dict[str, Any]] = {}
+    for config in configs:
+        params = params_of(config)
+        seen.setdefault(_key(params), params)
+    return list(seen.values())
