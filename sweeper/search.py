@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
@@ -117,11 +118,11 @@ def make_sampler(
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if name == "tpe-multivariate":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, group=True, warn_independent_sampling=False
-        )
+        with warnings.catch_warnings():  # multivariate and group are "experimental" in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+        return optuna.samplers.GPSampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
@@ -202,26 +203,35 @@ class ShuffledGridSampler(_CandidateSampler):
 class ThompsonGridSampler(_CandidateSampler):
     """Thompson sampling with Bayesian linear regression of log $/run over the grid.
 
-    Features of a config: an intercept; a one-hot per (knob, value); log2 of each numeric knob;
-    pairwise products of the one-hots of different knobs (interactions, with a tighter prior).
-    Each pick draws one weight vector from the posterior and takes the free config it predicts
+    Features of a config: a one-hot per (knob, value); log2 of each numeric knob; pairwise
+    products of the one-hots of different knobs (interactions, with a tighter prior). Each pick
+    draws one weight vector from the posterior (Matheron's rule: a prior draw corrected by the
+    data, O(n^3 + nF) for n trials and F features) and takes the free config it predicts
     cheapest. A config that failed by its own doing enters the regression at twice the worst
     measured $/run; configs that weigh at least as much as an out-of-memory one are never
     picked (out-of-memory trials do not enter the regression: the wall is sharp, and the best
     config often sits next to it).
     """
 
-    main_prior_sd = 1.0  # log $/run: a knob value may change the cost e-fold
-    interaction_prior_sd = 0.35
-    noise_sd = 0.1  # ~10% run-to-run spread of a short trial; the data can raise it
+    main_prior_sd = 0.5  # log $/run: one knob value may halve or double the cost
+    numeric_prior_sd = 2.0  # log2(batch) from its smallest to largest value: up to ~7-fold
+    interaction_prior_sd = 0.15
+    noise_sd = 0.1  # ~10% run-to-run spread of a short trial
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
-        self.features, self.prior_precision = _design(self.candidates)
+        self.features, kinds = _design(self.candidates)
+        sd = {"main": self.main_prior_sd, "numeric": self.numeric_prior_sd,
+              "pair": self.interaction_prior_sd}  # fmt: skip
+        self.prior_var = np.array([sd[k] for k in kinds]) ** 2
+        # log peak memory: mostly batch x sequence length, which the numeric features carry
+        memory_sd = {"main": 0.2, "numeric": 3.0, "pair": 0.05}
+        self.memory_prior_var = np.array([memory_sd[k] for k in kinds]) ** 2
         self._index = {_key(c): i for i, c in enumerate(self.candidates)}
+        self._memory = _MemoryOrder(self.candidates)
 
     def pick(self, free: list[int], trials: list[FrozenTrial]) -> int:
-        rows, values, oom, failed = [], [], [], []
+        rows, values, oom, failed, memory = [], [], [], [], []
         for t in trials:
             if t.state != TrialState.COMPLETE or REPEAT_ATTR in t.user_attrs:
                 continue
@@ -230,15 +240,20 @@ class ThompsonGridSampler(_CandidateSampler):
                 continue
             if infeasible(t):
                 if t.user_attrs.get("failure_kind") == "oom":
-                    oom.append((t.number, self.candidates[index]))
+                    oom.append(index)
                 else:  # unsupported, compile error...: a value that fails here
                     failed.append(index)
                 continue
             if t.value is not None and t.value > 0 and math.isfinite(t.value):
                 rows.append(index)
                 values.append(math.log(t.value))
+            peak = t.user_attrs.get("peak_memory_bytes")
+            if isinstance(peak, (int, float)) and peak > 0:
+                memory.append((index, math.log(peak)))
         if oom:
-            free = [i for i in free if oom_dominated(self.candidates[i], oom) is None] or free
+            heavy = self._memory.dominated(oom)
+            free = [i for i in free if not heavy[i]] or free
+            free = self._fits(free, oom, memory)
         if not rows:
             return int(self.rng.choice(free))
         # a config that fails by its own doing counts as twice the worst measured $/run:
@@ -250,49 +265,90 @@ class ThompsonGridSampler(_CandidateSampler):
         predicted = self.features[free] @ weights
         return free[int(np.argmin(predicted))]
 
-    def _posterior_draw(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def _fits(
+        self, free: list[int], oom: list[int], memory: list[tuple[int, float]]
+    ) -> list[int]:
+        """The free configs a plausible model of the measured peak memory says fit: lighter
+        than the lightest config that ran out of memory (and at least as heavy as the
+        heaviest that did not: the model may not say less)."""
+        if len(memory) < 2:
+            return free
+        rows = np.array([i for i, _ in memory])
+        log_peak = np.array([m for _, m in memory])
+        weights = self._posterior_draw(rows, log_peak, self.memory_prior_var, 0.05)
+        predicted = self.features @ weights + log_peak.mean()
+        limit = max(float(predicted[oom].min()), float(log_peak.max()))
+        return [i for i in free if predicted[i] < limit] or free
+
+    def _posterior_draw(
+        self, rows: np.ndarray, y: np.ndarray, prior_var: np.ndarray | None = None,
+        noise_sd: float | None = None,
+    ) -> np.ndarray:  # fmt: skip
+        """One draw of the weights from the posterior of y ~ features[rows] (centered)."""
+        prior_var = self.prior_var if prior_var is None else prior_var
+        noise_sd = self.noise_sd if noise_sd is None else noise_sd
         x = self.features[rows]
-        center = float(y.mean())
-        residual = y - center
-        noise = self.noise_sd**2
-        if len(y) >= 8:  # the data's own spread about a ridge fit, once there is enough of it
-            fit = np.linalg.solve(
-                x.T @ x / noise + np.diag(self.prior_precision), x.T @ residual / noise
+        residual = y - y.mean()
+        prior_draw = np.sqrt(prior_var) * self.rng.standard_normal(len(prior_var))
+        epsilon = noise_sd * self.rng.standard_normal(len(y))
+        gram = (x * prior_var) @ x.T + noise_sd**2 * np.eye(len(y))
+        correction = np.linalg.solve(gram, residual - x @ prior_draw - epsilon)
+        return prior_draw + prior_var * (x.T @ correction)
+
+
+class _MemoryOrder:
+    """The candidates' memory-relevant knobs as arrays, for ``oom_dominated`` at grid scale."""
+
+    def __init__(self, candidates: Sequence[Mapping[str, Any]]) -> None:
+        ranked, exact = [], []
+        for name in sorted({n for c in candidates for n in c}):
+            memory = knobs.KNOB[name].memory if name in knobs.KNOB else None
+            values = [c.get(name) for c in candidates]
+            if memory == knobs.FREE:
+                continue
+            if callable(memory) and all(v is not None for v in values):
+                ranked.append([float(memory(v)) for v in values])
+            else:
+                codes = {r: i for i, r in enumerate(sorted(set(map(repr, values))))}
+                exact.append([codes[repr(v)] for v in values])
+        n = len(candidates)
+        self.ranked = np.array(ranked, dtype=float).T if ranked else np.zeros((n, 0))
+        self.exact = np.array(exact, dtype=int).T if exact else np.zeros((n, 0), dtype=int)
+
+    def dominated(self, oom: Sequence[int]) -> np.ndarray:
+        """Which candidates weigh at least as much as one of the ``oom`` candidates."""
+        heavy = np.zeros(len(self.ranked), dtype=bool)
+        for j in oom:
+            heavy |= np.all(self.ranked >= self.ranked[j], axis=1) & np.all(
+                self.exact == self.exact[j], axis=1
             )
-            noise = max(noise, float(np.mean((residual - x @ fit) ** 2)))
-        precision = x.T @ x / noise + np.diag(self.prior_precision)
-        chol = np.linalg.cholesky(precision)
-        mean = np.linalg.solve(precision, x.T @ residual / noise)
-        # w = mean + L^-T z has covariance (L L^T)^-1 = precision^-1
-        z = self.rng.standard_normal(len(mean))
-        return mean + np.linalg.solve(chol.T, z)
+        return heavy
 
 
-def _design(candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """The feature matrix of the candidates and the prior precision of each feature."""
+def _design(candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, list[str]]:
+    """The feature matrix of the candidates and each feature's kind: main (a one-hot),
+    numeric (log2 of a numeric knob, scaled to a range of 1) or pair (an interaction)."""
     names = sorted({name for c in candidates for name in c})
     levels = {
         name: sorted({repr(c.get(name)) for c in candidates}) for name in names
     }  # a knob absent from a config (inactive) is its own level
     varying = [name for name in names if len(levels[name]) > 1]
     columns: list[np.ndarray] = []
-    precisions: list[float] = []
+    kinds: list[str] = []
     onehots: dict[str, list[np.ndarray]] = {}
-    main = 1 / ThompsonGridSampler.main_prior_sd**2
-    pair = 1 / ThompsonGridSampler.interaction_prior_sd**2
     for name in varying:
         values = [repr(c.get(name)) for c in candidates]
         onehots[name] = [
             np.array([v == level for v in values], dtype=float) for level in levels[name]
         ]
         columns += onehots[name]
-        precisions += [main] * len(onehots[name])
+        kinds += ["main"] * len(onehots[name])
         numeric = [c.get(name) for c in candidates]
         if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in numeric):
             logs = np.log2(np.array(numeric, dtype=float))
             spread = logs.max() - logs.min()
             columns.append((logs - logs.mean()) / spread)
-            precisions.append(main)
+            kinds.append("numeric")
     for i, first in enumerate(varying):
         for second in varying[i + 1 :]:
             for a in onehots[first]:
@@ -300,10 +356,10 @@ def _design(candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.nda
                     product = a * b
                     if product.any() and not product.all():
                         columns.append(product)
-                        precisions.append(pair)
+                        kinds.append("pair")
     if not columns:
-        return np.zeros((len(candidates), 1)), np.ones(1)
-    return np.stack(columns, axis=1), np.array(precisions)
+        return np.zeros((len(candidates), 1)), ["main"]
+    return np.stack(columns, axis=1), kinds
 
 
 def runnable_params(

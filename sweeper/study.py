@@ -134,9 +134,7 @@ def run_sweep(
         state="running",
         **study_fields(space, n_trials=n_trials, space_text=space_text, space_path=space_path),
     )
-    # the user's current config runs first (every result is compared with it), then also_try
-    for known in space.known_configs():
-        study.enqueue_trial(optuna_params(known, space.search), skip_if_exists=True)
+    enqueue_known(study, space)
     clock = _SweepClock(store, space.study)
     try:
         prepared = prepare_workload(space, cache_dir, observer)
@@ -183,6 +181,13 @@ def run_sweep(
         best=recommendation,
         no_best_reason=no_best_reason,
     )
+
+
+def enqueue_known(study: optuna.Study, space: Space) -> None:
+    """The user's current config runs first (every result is compared with it), then
+    also_try's, before the sampler proposes anything."""
+    for known in space.known_configs():
+        study.enqueue_trial(optuna_params(known, space.search), skip_if_exists=True)
 
 
 # ------------------------------------------------------------------ control (REST writes)

@@ -1,0 +1,116 @@
+"""Synthetic tables for bench/search_replay.py, written next to this file:
+
+    .venv/bin/python bench/replay/make_tables.py
+
+- oom-wall.jsonl (space oom-wall.yaml, 448 configs): throughput grows with tokens per batch
+  until the device saturates; memory grows with batch x sequence length (less with gradient
+  checkpointing, more with eager attention at long sequences), and every config past 80 GB is
+  an ``oom``. The best configs sit next to the wall.
+- interactions.jsonl (space interactions.yaml, 1,728 configs): knobs that only matter together:
+  DataLoader workers only at small batches (data-bound), packing only with long sequences and
+  padding, torch.compile only from batch 8 and max-autotune failing (``compile``) with packing,
+  pinned memory only with workers; accumulation amortizes the optimizer step.
+- noisy.jsonl (space interactions.yaml): the same table, each measurement with 10% spread.
+
+Each config also gets a fixed +-4% idiosyncrasy (what no model of the knobs explains). The
+numbers are made up; the shapes are the ones measured sweeps show (bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).parent
+MEAN_SAMPLE_TOKENS = 700  # the data's mean sample length, in tokens
+
+
+def _samples_per_s(tokens_per_s: float, seq: int, packing: bool) -> float:
+    # unpacked: each row is one sample cut at seq; packed: rows are full of whole samples
+    per_sample = MEAN_SAMPLE_TOKENS if packing else min(seq, MEAN_SAMPLE_TOKENS)
+    return tokens_per_s / per_sample
+
+
+def oom_wall(rng: random.Random) -> list[dict]:
+    rows = []
+    for batch, seq, ckpt, compile_mode, attn, workers in itertools.product(
+        [1, 2, 4, 8, 16, 32, 64], [512, 1024, 2048, 4096], [False, True],
+        ["none", "default"], ["sdpa", "eager"], [0, 4],
+    ):  # fmt: skip
+        tokens = batch * seq
+        memory_gb = 6 + tokens * (0.0035 if ckpt else 0.011) * (
+            1 + seq / 2048 if attn == "eager" else 1
+        )
+        row = {
+            "per_device_batch_size": batch, "max_seq_length": seq, "gradient_checkpointing": ckpt,
+            "compile_mode": compile_mode, "attn_implementation": attn, "num_workers": workers,
+            "peak_memory_bytes": int(memory_gb * 2**30),
+        }  # fmt: skip
+        if memory_gb > 80:
+            rows.append(row | {"status": "oom", "samples_per_s": None, "tokens_per_s": None})
+            continue
+        saturation = tokens / (tokens + 6000)  # small batches leave the GPU idle
+        speed = 30000 * saturation
+        speed *= 0.74 if ckpt else 1.0  # recompute in the backward pass
+        speed *= 1.18 if compile_mode == "default" else 1.0
+        speed *= 0.85 * (1024 / seq) ** 0.15 if attn == "eager" else 1.0
+        speed *= 0.9 if workers == 0 and batch <= 4 else 1.0  # data wait
+        speed *= 1 + rng.uniform(-0.04, 0.04)
+        rows.append(
+            row | {"status": "ok", "tokens_per_s": speed,
+                   "samples_per_s": _samples_per_s(speed, seq, False)}
+        )  # fmt: skip
+    return rows
+
+
+def interactions(rng: random.Random, noise: float = 0.0) -> list[dict]:
+    rows = []
+    for batch, accumulation, workers, pin, packing, seq, compile_mode in itertools.product(
+        [2, 4, 8, 16], [1, 2, 4], [0, 1, 2, 4], [False, True], [False, True],
+        [256, 512, 1024], ["none", "default", "max-autotune"],
+    ):  # fmt: skip
+        row = {
+            "per_device_batch_size": batch, "gradient_accumulation_steps": accumulation,
+            "num_workers": workers, "pin_memory": pin, "packing": packing,
+            "max_seq_length": seq, "compile_mode": compile_mode,
+        }  # fmt: skip
+        if noise:
+            row["noise"] = noise
+        if compile_mode == "max-autotune" and packing:
+            rows.append(row | {"status": "compile", "samples_per_s": None, "tokens_per_s": None})
+            continue
+        tokens = batch * seq
+        compute = 20000 * tokens / (tokens + 3000)
+        # padding: unpacked rows of long sequences are mostly padding (samples ~700 tokens)
+        real_share = 1.0 if packing else min(1.0, MEAN_SAMPLE_TOKENS / seq * 0.8)
+        # data: each worker tokenizes ~9k tokens/s; the main thread ~6k, while training
+        feed = 6000 + 9000 * workers * (1.15 if pin and workers else 1.0)
+        speed = 1 / (1 / compute + (0.6 / feed if batch <= 4 else 0.15 / feed))
+        if compile_mode != "none" and batch >= 8:
+            speed *= 1.25 if compile_mode == "max-autotune" else 1.15
+        elif compile_mode != "none":
+            speed *= 0.95  # compiled small batches: overhead without the gain
+        speed *= 1 + 0.05 * (1 - 1 / accumulation)  # the optimizer step, amortized
+        speed *= 1 + rng.uniform(-0.04, 0.04)
+        tokens_per_s = speed * real_share
+        rows.append(
+            row | {"status": "ok", "tokens_per_s": tokens_per_s,
+                   "samples_per_s": _samples_per_s(tokens_per_s, seq, packing)}
+        )  # fmt: skip
+    return rows
+
+
+def write(name: str, rows: list[dict]) -> None:
+    path = HERE / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    ok = [r for r in rows if r["status"] == "ok"]
+    best = max(r["tokens_per_s"] for r in ok)
+    print(f"{path}: {len(rows)} configs, {len(rows) - len(ok)} failing, best {best:,.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    write("oom-wall", oom_wall(random.Random(1)))
+    write("interactions", interactions(random.Random(2)))
+    write("noisy", interactions(random.Random(2), noise=0.10))

@@ -1,0 +1,337 @@
+"""How many trials does each search need? The sweep's own loop, replayed on measured tables.
+
+    .venv/bin/python bench/search_replay.py --space bench/replay/cpu-grid.yaml \\
+        --table bench/replay/cpu-grid.jsonl [--seeds 200] [--samplers default,random,tpe]
+
+The search runs exactly the code `sweeper launch` runs (``sweeper.study.SearchLoop``: the
+sampler the space names, what each proposal tells it, the out-of-memory rule), on an in-memory
+Optuna study; only the trial executor is replaced by a lookup in the table.
+
+The table is JSONL, one object per config: the space's knob names as keys, ``samples_per_s``,
+``tokens_per_s``, optionally ``peak_memory_bytes`` and ``noise`` (the relative spread of one
+measurement: each lookup then draws a log-normal measurement around the value), and ``status``
+(``ok``, or a failure kind such as ``oom``). A knob the table leaves out takes the space's
+value. A config the space allows but the table lacks is a failed trial.
+
+For each metric (samples/s, tokens/s) the search minimizes $/run computed from that metric, and
+the bench prints, over the seeds, the number of distinct configs run until one within 5% and
+10% of the table's best (median and p90, with 95% bootstrap intervals), and the regret (1 -
+best found / best) after 10, 20 and 40 trials. A config not run because it would run out of
+memory costs nothing and is not counted.
+
+    .venv/bin/python bench/search_replay.py --export-study NAME --storage URL --out FILE.jsonl
+
+writes a study's measured trials as such a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+from sweeper import knobs
+from sweeper.preflight import PreflightReport
+from sweeper.search import DEFAULT_SAMPLER, SAMPLERS
+from sweeper.space import Space, TrialConfig, load_space
+from sweeper.study import Outcome, SearchLoop, SilentObserver, enqueue_known
+
+METRICS = ("samples_per_s", "tokens_per_s")
+THRESHOLDS = (0.05, 0.10)
+REGRET_AT = (10, 20, 40)
+
+
+# ------------------------------------------------------------------ the table
+
+
+@dataclass(frozen=True)
+class Row:
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    status: str
+    noise: float = 0.0
+
+    peak_memory_bytes: int | None = None
+
+    def value(self, metric: str) -> float | None:
+        return self.samples_per_s if metric == "samples_per_s" else self.tokens_per_s
+
+
+def read_table(path: Path, space: Space) -> dict[TrialConfig, Row]:
+    """The table's rows by config (knobs it leaves out take the space's single value)."""
+    defaults = {name: space.search.values(name)[0] for name in knobs.NAMES}
+    rows: dict[TrialConfig, Row] = {}
+    for line_number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            values = {name: data.get(name, defaults[name]) for name in knobs.NAMES}
+            config = TrialConfig.model_validate(knobs.normalize(values))
+        except (ValueError, TypeError) as e:
+            sys.exit(f"{path}:{line_number}: not a config of the space's knobs: {e}")
+        rows[config] = Row(
+            samples_per_s=data.get("samples_per_s"),
+            tokens_per_s=data.get("tokens_per_s"),
+            status=data.get("status", "ok"),
+            noise=float(data.get("noise", 0.0)),
+            peak_memory_bytes=data.get("peak_memory_bytes"),
+        )
+    return rows
+
+
+class LookupExecutor:
+    """The replay's trial executor: a table lookup (with the row's noise, if any)."""
+
+    def __init__(
+        self, table: dict[TrialConfig, Row], metric: str, price: float, units: float, seed: int
+    ) -> None:
+        self.table, self.metric, self.price, self.units = table, metric, price, units
+        self.rng = np.random.default_rng(seed)
+        self.run: list[TrialConfig] = []  # distinct configs, in the order they ran
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
+        pass
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        self.run.append(config)
+        row = self.table.get(config)
+        if row is None:
+            return Outcome(number=trial.number, failure_kind="error")
+        value = row.value(self.metric)
+        if row.status != "ok" or value is None or value <= 0:
+            return Outcome(number=trial.number, failure_kind=row.status or "error")
+        if row.noise:
+            value *= math.exp(self.rng.normal(0.0, row.noise))
+        if row.peak_memory_bytes:  # as a launched trial carries it (Measurement.optuna_attrs)
+            trial.set_user_attr("peak_memory_bytes", row.peak_memory_bytes)
+        # $/run of the job counted in this metric's units (samples or tokens)
+        return Outcome(number=trial.number, cost=self.price * self.units / value / 3600)
+
+
+# ------------------------------------------------------------------ one replay
+
+
+def replay(
+    space: Space, table: dict[TrialConfig, Row], sampler: str, metric: str, seed: int
+) -> list[float | None]:
+    """The true metric value of each distinct config the search ran, in order (None: failed)."""
+    space = space.model_copy(
+        update={"search": space.search.model_copy(update={"sampler": sampler})}
+    )
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler())
+    enqueue_known(study, space)
+    executor = LookupExecutor(
+        table, metric, space.hardware.usd_per_hour, space.workload.samples, seed
+    )
+    loop = SearchLoop(space, study, executor, PreflightReport(), SilentObserver(), seed=seed)
+    best = max(v for r in table.values() if r.status == "ok" for v in [r.value(metric)] if v)
+    target = (1 - max(THRESHOLDS)) * best
+    reached_at = None
+    while True:
+        counts = loop.run(1)
+        if counts["run"] == 0:
+            break  # every config ran, or the sampler keeps proposing what it has seen
+        run = executor.run
+        last = table.get(run[-1])
+        value = None if last is None or last.status != "ok" else last.value(metric)
+        if reached_at is None and value is not None and value >= target:
+            reached_at = len(run)
+        strict = [r for r in run if r in table and table[r].status == "ok"]
+        found_5 = any((table[r].value(metric) or 0) >= 0.95 * best for r in strict)
+        if found_5 and len(run) >= max(REGRET_AT):
+            break
+    return [
+        None if c not in table or table[c].status != "ok" else table[c].value(metric)
+        for c in executor.run
+    ]
+
+
+def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, list[float | None]]:
+    space_path, table_path, sampler, metric, seed = args
+    space = load_space(Path(space_path))
+    table = read_table(Path(table_path), space)
+    return sampler, metric, seed, replay(space, table, sampler, metric, seed)
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def trials_until(values: Sequence[float | None], target: float) -> float:
+    """Distinct configs run until one reached ``target`` (inf: never)."""
+    for i, value in enumerate(values, 1):
+        if value is not None and value >= target:
+            return float(i)
+    return math.inf
+
+
+def regret_after(values: Sequence[float | None], best: float, n: int) -> float:
+    found = [v for v in values[:n] if v is not None]
+    return 1 - max(found) / best if found else 1.0
+
+
+def bootstrap(
+    samples: Sequence[float], statistic: Any, rng: np.random.Generator, n: int = 2000
+) -> tuple[float, float, float]:
+    """The statistic and its 95% percentile-bootstrap interval."""
+    data = np.array(samples, dtype=float)
+    estimates = [statistic(rng.choice(data, size=len(data))) for _ in range(n)]
+    low, high = np.percentile(estimates, [2.5, 97.5])
+    return float(statistic(data)), float(low), float(high)
+
+
+def _fmt(value: float) -> str:
+    return "never" if math.isinf(value) else f"{value:.1f}".rstrip("0").rstrip(".")
+
+
+def summarize(
+    results: dict[tuple[str, str], list[list[float | None]]],
+    table: dict[TrialConfig, Row],
+    samplers: Sequence[str],
+    size: int,
+) -> str:
+    rng = np.random.default_rng(0)
+    median = lambda a: float(np.median(a))  # noqa: E731
+    p90 = lambda a: float(np.percentile(a, 90, method="inverted_cdf"))  # noqa: E731
+    lines = []
+    for metric in METRICS:
+        oks = [r.value(metric) for r in table.values() if r.status == "ok"]
+        best = max(v for v in oks if v)
+        within = {
+            t: sum(1 for v in oks if v and v >= (1 - t) * best) for t in THRESHOLDS
+        }
+        lines += [
+            f"\n**{metric}** (best {best:,.4g}; configs within 5%: {within[0.05]}, within 10%: "
+            f"{within[0.10]}, of {size})\n",
+            "| search | seeds | to 5%: median [95% CI] | p90 [95% CI] | to 10%: median [95% CI] "
+            "| p90 [95% CI] | regret @10 | @20 | @40 |",
+            "|---|---:|---|---|---|---|---:|---:|---:|",
+        ]
+        medians = {}
+        for sampler in samplers:
+            runs = results.get((sampler, metric), [])
+            if not runs:
+                continue
+            cells = []
+            for t in THRESHOLDS:
+                counts = [trials_until(r, (1 - t) * best) for r in runs]
+                m, ml, mh = bootstrap(counts, median, rng)
+                q, ql, qh = bootstrap(counts, p90, rng)
+                if t == 0.05:
+                    medians[sampler] = m
+                cells += [
+                    f"{_fmt(m)} [{_fmt(ml)}, {_fmt(mh)}]",
+                    f"{_fmt(q)} [{_fmt(ql)}, {_fmt(qh)}]",
+                ]
+            regrets = [
+                f"{statistics.mean(regret_after(r, best, n) for r in runs):.1%}" for n in REGRET_AT
+            ]
+            name = f"{sampler} (default)" if sampler == DEFAULT_SAMPLER else sampler
+            lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells + regrets) + " |")
+        if DEFAULT_SAMPLER in medians and "random" in medians:
+            ratio = medians[DEFAULT_SAMPLER] / medians["random"]
+            verdict = "meets" if ratio <= 0.5 else "misses"
+            lines.append(
+                f"\nmedian trials to 5%, {DEFAULT_SAMPLER} ÷ random: {ratio:.2f} ({verdict} the "
+                "goal of at most 0.5)"
+            )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ export
+
+
+def export_study(name: str, storage: str, out: Path) -> None:
+    from sweeper.store import Store
+
+    store = Store(storage)
+    try:
+        trials = store.list_trials(name)
+    finally:
+        store.dispose()
+    searched = [k.name for k in knobs.KNOBS]
+    with out.open("w") as f:
+        for t in trials:
+            if t.state not in ("complete", "failed"):
+                continue
+            row = {k: t.config.get(k) for k in searched if t.config.get(k) is not None}
+            row |= {
+                "samples_per_s": t.samples_per_s,
+                "tokens_per_s": t.tokens_per_s,
+                "peak_memory_bytes": t.peak_memory_bytes,
+                "status": "ok" if t.state == "complete" else (t.failure_kind or "error"),
+            }
+            f.write(json.dumps(row) + "\n")
+    print(f"wrote {len([t for t in trials if t.state in ('complete', 'failed')])} rows to {out}")
+
+
+# ------------------------------------------------------------------ main
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--space", type=Path)
+    parser.add_argument("--table", type=Path)
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument(
+        "--samplers", default=f"{DEFAULT_SAMPLER},random,tpe",
+        help=f"comma-separated, of {', '.join(SAMPLERS)}",
+    )  # fmt: skip
+    parser.add_argument("--metrics", default=",".join(METRICS))
+    parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
+    parser.add_argument("--export-study")
+    parser.add_argument("--storage")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if args.export_study:
+        if not args.storage or not args.out:
+            sys.exit("--export-study needs --storage URL and --out FILE.jsonl")
+        export_study(args.export_study, args.storage, args.out)
+        return
+    if not args.space or not args.table:
+        sys.exit("give --space FILE.yaml and --table FILE.jsonl (or --export-study)")
+    space = load_space(args.space)
+    table = read_table(args.table, space)
+    samplers = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    unknown = [s for s in samplers if s not in SAMPLERS]
+    if unknown:
+        sys.exit(f"unknown sampler {', '.join(unknown)}; use {', '.join(SAMPLERS)}")
+    metrics = [m for m in args.metrics.split(",") if m]
+    grid = list(space.search.grid())
+    missing = sum(1 for c in grid if c not in table)
+    jobs = [
+        (str(args.space), str(args.table), sampler, metric, seed)
+        for sampler in samplers
+        for metric in metrics
+        for seed in range(args.seeds)
+    ]
+    started = time.perf_counter()
+    results: dict[tuple[str, str], list[list[float | None]]] = {}
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        for sampler, metric, _seed, values in pool.imap_unordered(_job, jobs, chunksize=4):
+            results.setdefault((sampler, metric), []).append(values)
+    print(
+        f"### {args.table.name}: {len(grid)} configs in the space, {len(table)} in the table "
+        f"({missing} missing: failed trials), {sum(r.status != 'ok' for r in table.values())} "
+        f"failing; {args.seeds} seeds, {time.perf_counter() - started:.0f} s"
+    )
+    print(summarize(results, table, samplers, len(grid)))
+
+
+if __name__ == "__main__":
+    main()

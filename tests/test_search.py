@@ -1,0 +1,153 @@
+"""The search loop (``sweeper.study.SearchLoop``) with every sampler: what each proposal tells
+Optuna, out-of-memory as a constraint, and a sampler per worker.
+
+The trials here are a table of throughputs (the trial child is tested elsewhere; what is under
+test is what the loop asks, skips and tells), on a real Optuna study in a real SQLite file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweeper.errors import SpaceError
+from sweeper.preflight import PreflightReport
+from sweeper.search import (
+    CONSTRAINT,
+    DEFAULT_SAMPLER,
+    REPEAT_ATTR,
+    SAMPLERS,
+    oom_dominated,
+    worker_seed,
+)
+from sweeper.space import Space, TrialConfig, parse_space
+from sweeper.store import Store
+from sweeper.study import Outcome, SearchLoop, SilentObserver, _ChildExecutor, enqueue_known
+from tests.helpers import STUDY_FIELDS, tiny_space_without_baseline
+
+SPACE = tiny_space_without_baseline().replace(
+    "per_device_batch_size: [2, 4]", "per_device_batch_size: [1, 2, 4, 8, 16]"
+).replace("max_seq_length: [64]", "max_seq_length: [64, 128]")
+
+
+def _space(sampler: str, text: str = SPACE) -> Space:
+    return parse_space(text.replace("search:\n", f"search:\n  sampler: {sampler}\n"))
+
+
+def _samples_per_s(config: TrialConfig) -> float:
+    """Throughput grows with the batch; eager attention is slower; seq 128 does half the
+    samples of seq 64. Batch 8 at seq 128 and batch 16 run out of memory (None)."""
+    batch, seq = config.per_device_batch_size, config.max_seq_length
+    if batch * seq >= 1024:
+        return -1.0
+    speed = 100 * batch / (batch + 2) * (0.8 if config.attn_implementation == "eager" else 1.0)
+    return speed * 64 / seq * (1 + 0.01 * config.gradient_accumulation_steps)
+
+
+class _Table:
+    """Looks each config up instead of running a child."""
+
+    def __init__(self) -> None:
+        self.ran: list[TrialConfig] = []
+        self.predicted: list[tuple[int, str]] = []
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
+        self.predicted.append((trial.number, message))
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        self.ran.append(config)
+        speed = _samples_per_s(config)
+        if speed < 0:
+            return Outcome(number=trial.number, failure_kind="oom")
+        return Outcome(number=trial.number, cost=1000 / speed)
+
+
+def _loop(space: Space, url: str, seed: int = 0) -> tuple[SearchLoop, optuna.Study, _Table]:
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
+    enqueue_known(study, space)
+    table = _Table()
+    loop = SearchLoop(space, study, table, PreflightReport(), SilentObserver(), seed=seed)
+    return loop, study, table
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_every_sampler_runs_distinct_configs_and_tells_the_truth(
+    sampler: str, sqlite_url: str
+) -> None:
+    space = _space(sampler)
+    loop, study, table = _loop(space, sqlite_url)
+    counts = loop.run(12)
+    assert counts["run"] == len(table.ran) == len(set(table.ran)) > 0
+    for trial in study.trials:
+        # never "pruned": Optuna's samplers rank a pruned trial below every measured one
+        assert trial.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+        if trial.state != optuna.trial.TrialState.COMPLETE:
+            continue
+        if trial.constraints[CONSTRAINT] > 0:  # out of memory, measured or predicted
+            assert trial.user_attrs["failure_kind"] == "oom"
+            continue
+        config = TrialConfig.model_validate(
+            {**_space_defaults(space), **trial.params}
+        )
+        # a measured config, or one proposed again: told its own measured $/run either way
+        assert trial.value == pytest.approx(1000 / _samples_per_s(config))
+        if REPEAT_ATTR in trial.user_attrs:
+            first = study.trials[trial.user_attrs[REPEAT_ATTR]]
+            assert first.params == trial.params and REPEAT_ATTR not in first.user_attrs
+
+
+def _space_defaults(space: Space) -> dict:
+    from sweeper import knobs
+
+    return {name: space.search.values(name)[0] for name in knobs.NAMES}
+
+
+def test_a_config_as_heavy_as_an_oom_is_not_run_and_says_why(sqlite_url: str) -> None:
+    loop, study, table = _loop(_space("grid"), sqlite_url)
+    counts = loop.run(100)  # until every config is measured, run or predicted
+    ooms = [c for c in table.ran if _samples_per_s(c) < 0]
+    assert ooms and counts["predicted"] == len(table.predicted) > 0
+    for i, config in enumerate(table.ran):  # nothing ran that an earlier OOM ruled out
+        earlier = [(n, c.model_dump()) for n, c in enumerate(table.ran[:i]) if c in ooms]
+        assert oom_dominated(config.model_dump(), earlier) is None, config
+    number, message = table.predicted[0]
+    assert message.startswith("not run: out of memory predicted")
+    assert "which ran out of memory" in message
+    told = study.trials[number]
+    assert told.state == optuna.trial.TrialState.COMPLETE and told.constraints[CONSTRAINT] == 1
+    assert told.user_attrs["skipped"] == message
+    # every config of the grid was either measured or ruled out, each once
+    assert len(table.ran) + len(table.predicted) == len(list(loop.search.grid()))
+
+
+def test_predicted_oom_is_a_pruned_row_with_the_reason(sqlite_url: str, tmp_path: Path) -> None:
+    """What `sweeper launch` records for a config it did not run, and reads back on resume."""
+    space = _space("bayes")
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study(space.study, **STUDY_FIELDS)
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    study = optuna.create_study(study_name=space.study, storage=storage)
+    executor = _ChildExecutor(space, store, None, tmp_path, SilentObserver())  # type: ignore[arg-type]
+    trial = study.ask()
+    config = TrialConfig.model_validate(_space_defaults(space) | {"per_device_batch_size": 16})
+    executor.record_predicted(trial, config, "not run: out of memory predicted, because")
+    (row,) = store.list_trials(space.study)
+    assert (row.state, row.failure_kind) == ("pruned", "oom")
+    assert row.failure_message == "not run: out of memory predicted, because"
+    assert executor.earlier() == {config: Outcome(number=0, failure_kind="oom", predicted=True)}
+    store.dispose()
+
+
+def test_the_default_sampler_and_a_seed_per_worker() -> None:
+    assert parse_space(SPACE).search.sampler == DEFAULT_SAMPLER
+    seeds = {worker_seed(7, str(w)) for w in range(8)}
+    assert len(seeds) == 8 and worker_seed(7, "0") == 7
+    with pytest.raises(SpaceError, match=r"search\.sampler.*'bayes'.*'random'"):
+        _space("simulated-annealing")
