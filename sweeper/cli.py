@@ -109,7 +109,12 @@ def launch(
     _print_leaderboard(url, parsed.study)
     console.print(
         f"{report.trials_run} trials ({report.completed} complete, {report.failed} failed) "
-        f"in {report.wall_s:.0f} s",
+        f"in {report.wall_s:.0f} s"
+        + (
+            f"; {report.predicted_oom} not run (as heavy as a config that ran out of memory)"
+            if report.predicted_oom
+            else ""
+        ),
         highlight=False,
     )
     if report.best is not None:

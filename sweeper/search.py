@@ -220,13 +220,13 @@ class ThompsonGridSampler(_CandidateSampler):
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
-        self.features, kinds = _design(self.candidates)
+        self.design = _Design(self.candidates)
         sd = {"main": self.main_prior_sd, "numeric": self.numeric_prior_sd,
               "pair": self.interaction_prior_sd}  # fmt: skip
-        self.prior_var = np.array([sd[k] for k in kinds]) ** 2
+        self.prior_var = np.array([sd[k] for k in self.design.kinds]) ** 2
         # log peak memory: mostly batch x sequence length, which the numeric features carry
         memory_sd = {"main": 0.2, "numeric": 3.0, "pair": 0.05}
-        self.memory_prior_var = np.array([memory_sd[k] for k in kinds]) ** 2
+        self.memory_prior_var = np.array([memory_sd[k] for k in self.design.kinds]) ** 2
         self._index = {_key(c): i for i, c in enumerate(self.candidates)}
         self._memory = _MemoryOrder(self.candidates)
 
@@ -262,8 +262,7 @@ class ThompsonGridSampler(_CandidateSampler):
         rows += failed
         values += [penalty] * len(failed)
         weights = self._posterior_draw(np.array(rows), np.array(values))
-        predicted = self.features[free] @ weights
-        return free[int(np.argmin(predicted))]
+        return free[int(np.argmin(self.design.predict(free, weights)))]
 
     def _fits(
         self, free: list[int], oom: list[int], memory: list[tuple[int, float]]
@@ -275,22 +274,27 @@ class ThompsonGridSampler(_CandidateSampler):
             return free
         rows = np.array([i for i, _ in memory])
         log_peak = np.array([m for _, m in memory])
-        weights = self._posterior_draw(rows, log_peak, self.memory_prior_var, 0.05)
-        predicted = self.features @ weights + log_peak.mean()
-        limit = max(float(predicted[oom].min()), float(log_peak.max()))
-        return [i for i in free if predicted[i] < limit] or free
+        weights = self._posterior_draw(rows, log_peak, self.memory_prior_var, 0.05, mean=True)
+        # predictions are of the centered log peak
+        heaviest_ran = float(log_peak.max() - log_peak.mean())
+        limit = max(float(self.design.predict(oom, weights).min()), heaviest_ran)
+        predicted = self.design.predict(free, weights)
+        return [i for i, p in zip(free, predicted, strict=True) if p < limit] or free
 
     def _posterior_draw(
         self, rows: np.ndarray, y: np.ndarray, prior_var: np.ndarray | None = None,
-        noise_sd: float | None = None,
+        noise_sd: float | None = None, mean: bool = False,
     ) -> np.ndarray:  # fmt: skip
-        """One draw of the weights from the posterior of y ~ features[rows] (centered)."""
+        """One draw of the weights from the posterior of y ~ features[rows] (centered), or
+        with ``mean`` the posterior mean."""
         prior_var = self.prior_var if prior_var is None else prior_var
         noise_sd = self.noise_sd if noise_sd is None else noise_sd
-        x = self.features[rows]
+        x = self.design.matrix(rows)
         residual = y - y.mean()
         prior_draw = np.sqrt(prior_var) * self.rng.standard_normal(len(prior_var))
         epsilon = noise_sd * self.rng.standard_normal(len(y))
+        if mean:
+            prior_draw, epsilon = np.zeros_like(prior_draw), np.zeros_like(epsilon)
         gram = (x * prior_var) @ x.T + noise_sd**2 * np.eye(len(y))
         correction = np.linalg.solve(gram, residual - x @ prior_draw - epsilon)
         return prior_draw + prior_var * (x.T @ correction)
@@ -325,41 +329,58 @@ class _MemoryOrder:
         return heavy
 
 
-def _design(candidates: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, list[str]]:
-    """The feature matrix of the candidates and each feature's kind: main (a one-hot),
-    numeric (log2 of a numeric knob, scaled to a range of 1) or pair (an interaction)."""
-    names = sorted({name for c in candidates for name in c})
-    levels = {
-        name: sorted({repr(c.get(name)) for c in candidates}) for name in names
-    }  # a knob absent from a config (inactive) is its own level
-    varying = [name for name in names if len(levels[name]) > 1]
-    columns: list[np.ndarray] = []
-    kinds: list[str] = []
-    onehots: dict[str, list[np.ndarray]] = {}
-    for name in varying:
-        values = [repr(c.get(name)) for c in candidates]
-        onehots[name] = [
-            np.array([v == level for v in values], dtype=float) for level in levels[name]
-        ]
-        columns += onehots[name]
-        kinds += ["main"] * len(onehots[name])
-        numeric = [c.get(name) for c in candidates]
-        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in numeric):
-            logs = np.log2(np.array(numeric, dtype=float))
-            spread = logs.max() - logs.min()
-            columns.append((logs - logs.mean()) / spread)
-            kinds.append("numeric")
-    for i, first in enumerate(varying):
-        for second in varying[i + 1 :]:
-            for a in onehots[first]:
-                for b in onehots[second]:
-                    product = a * b
-                    if product.any() and not product.all():
-                        columns.append(product)
-                        kinds.append("pair")
-    if not columns:
-        return np.zeros((len(candidates), 1)), ["main"]
-    return np.stack(columns, axis=1), kinds
+class _Design:
+    """The features of the candidates, built on demand (a grid of 75,000 configs with ~500
+    features would not fit in memory as one matrix): a one-hot per (knob, value), log2 of each
+    numeric knob scaled to a range of 1, and a one-hot per pair of values of two knobs."""
+
+    def __init__(self, candidates: Sequence[Mapping[str, Any]]) -> None:
+        names = sorted({name for c in candidates for name in c})
+        self.codes: list[np.ndarray] = []  # per varying knob: each candidate's level
+        self.kinds: list[str] = []  # per feature: main, numeric or pair
+        self.numeric: list[tuple[int, np.ndarray]] = []  # (column, scaled log2 values)
+        self.offsets: list[int] = []
+        sizes: list[int] = []
+        for name in names:
+            # a knob absent from a config (inactive) is its own level
+            values = [c.get(name) for c in candidates]
+            levels = {r: i for i, r in enumerate(sorted(set(map(repr, values))))}
+            if len(levels) < 2:
+                continue
+            self.codes.append(np.array([levels[repr(v)] for v in values]))
+            self.offsets.append(len(self.kinds))
+            sizes.append(len(levels))
+            self.kinds += ["main"] * len(levels)
+            if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+                logs = np.log2(np.array(values, dtype=float))
+                self.numeric.append((len(self.kinds), (logs - logs.mean()) / np.ptp(logs)))
+                self.kinds.append("numeric")
+        self.pairs: list[tuple[int, int, int, int]] = []  # (knob a, knob b, offset, size of b)
+        for a in range(len(self.codes)):
+            for b in range(a + 1, len(self.codes)):
+                self.pairs.append((a, b, len(self.kinds), sizes[b]))
+                self.kinds += ["pair"] * (sizes[a] * sizes[b])
+        self.size = max(1, len(self.kinds))
+        if not self.kinds:
+            self.kinds = ["main"]
+
+    def matrix(self, rows: np.ndarray) -> np.ndarray:
+        """The features of the candidates ``rows``."""
+        out = np.zeros((len(rows), self.size))
+        at = np.arange(len(rows))
+        for codes, offset in zip(self.codes, self.offsets, strict=True):
+            out[at, offset + codes[rows]] = 1.0
+        for column, values in self.numeric:
+            out[:, column] = values[rows]
+        for a, b, offset, size_b in self.pairs:
+            out[at, offset + self.codes[a][rows] * size_b + self.codes[b][rows]] = 1.0
+        return out
+
+    def predict(self, rows: Sequence[int], weights: np.ndarray, chunk: int = 8192) -> np.ndarray:
+        rows = np.asarray(rows)
+        return np.concatenate(
+            [self.matrix(rows[i : i + chunk]) @ weights for i in range(0, len(rows), chunk)]
+        )
 
 
 def runnable_params(

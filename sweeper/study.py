@@ -78,6 +78,7 @@ class SweepReport:
     wall_s: float
     best: Recommendation | None
     no_best_reason: str | None = None  # why there is no recommendation, when there is none
+    predicted_oom: int = 0  # configs not run: as heavy as one that ran out of memory
 
 
 class PrepareError(SweeperError):
@@ -180,6 +181,7 @@ def run_sweep(
         wall_s=time.perf_counter() - started,
         best=recommendation,
         no_best_reason=no_best_reason,
+        predicted_oom=counts["predicted"],
     )
 
 
