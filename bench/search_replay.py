@@ -120,7 +120,11 @@ class LookupExecutor:
         if row.peak_memory_bytes:  # as a launched trial carries it (Measurement.optuna_attrs)
             trial.set_user_attr("peak_memory_bytes", row.peak_memory_bytes)
         # $/run of the job counted in this metric's units (samples or tokens)
-        return Outcome(number=trial.number, cost=self.price * self.units / value / 3600)
+        return Outcome(
+            number=trial.number,
+            cost=self.price * self.units / value / 3600,
+            spread=1.96 * row.noise,  # one measurement's 95% interval
+        )
 
 
 # ------------------------------------------------------------------ one replay

@@ -114,7 +114,8 @@ def launch(
             f"; {report.predicted_oom} not run (as heavy as a config that ran out of memory)"
             if report.predicted_oom
             else ""
-        ),
+        )
+        + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
         highlight=False,
     )
     if report.best is not None:

@@ -517,6 +517,10 @@ class TrialSettings(_Frozen):
 
 
 class Budget(_Frozen):
+    """What the sweep may spend: trials, minutes, device-hours or dollars (the first spent
+    stops it), and when it stops early: no trial beyond noise has improved for ``patience``
+    trials."""
+
     n_trials: int = Field(gt=0)
     max_minutes: float | None = Field(
         default=None,
@@ -524,7 +528,35 @@ class Budget(_Frozen):
         description="stop starting trials after this many minutes (preparation and preflight "
         "count); no trial starts with less time left than the longest so far took",
     )
+    max_device_hours: float | None = Field(
+        default=None, gt=0, description="the same limit in hours of this machine"
+    )
+    max_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="the same limit in dollars of this machine's time (hardware.usd_per_hour)",
+    )
+    patience: int | None = Field(
+        default=None,
+        gt=0,
+        description="stop after this many measured trials in a row without a $/run better "
+        "than the best so far by more than both trials' 95% intervals",
+    )
     seed: int = 0
+
+    def minutes(self, usd_per_hour: float) -> float | None:
+        """The tightest of the time limits, in minutes (None: no limit).
+
+        >>> Budget(n_trials=9, max_minutes=90, max_usd=2.5).minutes(2.5)
+        60.0
+        """
+        limits = [
+            self.max_minutes,
+            None if self.max_device_hours is None else 60 * self.max_device_hours,
+            None if self.max_usd is None else 60 * self.max_usd / usd_per_hour,
+        ]
+        known = [m for m in limits if m is not None]
+        return min(known) if known else None
 
 
 class _KnownConfig(_Frozen):

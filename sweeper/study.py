@@ -7,6 +7,7 @@ into our tables in the same database. The objective is $/run (minimize), never i
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -79,6 +80,7 @@ class SweepReport:
     best: Recommendation | None
     no_best_reason: str | None = None  # why there is no recommendation, when there is none
     predicted_oom: int = 0  # configs not run: as heavy as one that ran out of memory
+    stop_reason: str = ""  # why the sweep ended
 
 
 class PrepareError(SweeperError):
@@ -118,12 +120,12 @@ def run_sweep(
     worker: str = "0",
 ) -> SweepReport:
     """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
-    ``max_minutes`` (default: the space's ``budget.max_minutes``), start no trial that the
+    ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial that the
     time left cannot hold. Preparation and preflight count against that time. ``worker``:
     which of the study's workers this is (each samples with its own seed)."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
-    max_minutes = max_minutes or space.budget.max_minutes
+    max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
     store = Store(storage_url)
@@ -182,6 +184,7 @@ def run_sweep(
         best=recommendation,
         no_best_reason=no_best_reason,
         predicted_oom=counts["predicted"],
+        stop_reason=loop.stop_reason,
     )
 
 
@@ -355,6 +358,7 @@ class Outcome:
     cost: float | None = None
     failure_kind: str | None = None
     predicted: bool = False  # not run: known to fail from another trial (out of memory)
+    spread: float = 0.0  # the 95% interval of the measurement, relative (0: exact)
 
     @property
     def feasible(self) -> bool:
@@ -399,6 +403,7 @@ class SearchLoop:
         self.space, self.study, self.executor = space, study, executor
         self.preflight, self.observer = preflight, observer
         self.stopped = False  # a stop was requested through the API
+        self.stop_reason = ""
         self.known = set(space.known_configs())  # the user's named configs
         self.search = preflight.search(space)  # knobs that fell back have one value
         self.runnable = [c for c in self.search.grid() if preflight.allows(c) is None]
@@ -407,6 +412,10 @@ class SearchLoop:
         self.results: dict[TrialConfig, Outcome] = {
             c: o for c, o in (earlier or {}).items() if c in runnable
         }
+        measured = [o for o in self.results.values() if o.cost is not None]
+        # the best measured so far, beyond noise (a resumed sweep starts from its earlier best)
+        self.best: Outcome | None = min(measured, key=lambda o: o.cost or 0.0, default=None)
+        self.since_best = 0  # measured trials since it
         study.sampler = make_sampler(
             self.search.sampler,
             space.budget.seed if seed is None else seed,
@@ -432,19 +441,17 @@ class SearchLoop:
         skipped_in_a_row = 0
         while counts["run"] < n_trials:
             if self.executor.stop_requested():
-                self.observer.note("stop requested (REST); the sweep ends here")
+                self._stop("stop requested (REST); the sweep ends here")
                 self.stopped = True
                 break
             if runnable <= self.results.keys():
-                self.observer.note(
-                    f"all {len(runnable)} runnable configs of the space are measured; stopping"
-                )
+                self._stop(f"all {len(runnable)} runnable configs of the space are measured")
                 break
             left_s = None if deadline is None else deadline - time.monotonic()
             if left_s is not None and (left_s <= 0 or left_s < longest_s):
-                self.observer.note(
+                self._stop(
                     f"the sweep's time budget is spent ({max(0.0, left_s):.0f} s left, the "
-                    f"longest trial took {longest_s:.0f} s); stopping"
+                    f"longest trial took {longest_s:.0f} s)"
                 )
                 break
             trial = self.study.ask()
@@ -484,12 +491,44 @@ class SearchLoop:
                     clock.charge()
                 counts["run"] += 1
                 counts["complete" if outcome.feasible else "failed"] += 1
+                if self._out_of_patience(outcome):
+                    break
                 continue
             skipped_in_a_row += 1
             if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
-                self.observer.note("the sampler keeps proposing measured or ruled-out configs; stopping")
+                self._stop("the sampler keeps proposing measured or ruled-out configs")
                 break
+        if not self.stop_reason and counts["run"] >= n_trials:
+            self.stop_reason = f"{n_trials} trials run, the number asked for"
         return counts
+
+    def _stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        self.observer.note(f"{reason}; stopping")
+
+    def _out_of_patience(self, outcome: Outcome) -> bool:
+        """Whether ``budget.patience`` measured trials in a row have not beaten the best $/run
+        by more than both measurements' 95% intervals."""
+        patience = self.space.budget.patience
+        if not outcome.feasible:
+            return False
+        assert outcome.cost is not None
+        best = self.best
+        if best is None or best.cost is None or (
+            outcome.cost < best.cost * (1 - max(outcome.spread, best.spread))
+        ):
+            self.best, self.since_best = outcome, 0
+            return False
+        if outcome.cost < best.cost:  # cheaper, but within the noise: same best, kept
+            self.best = outcome
+        self.since_best += 1
+        if patience is not None and self.since_best >= patience:
+            self._stop(
+                f"no trial in the last {patience} beat the best $/run (trial {best.number}) "
+                "by more than the measurements' noise (budget.patience)"
+            )
+            return True
+        return False
 
     def _predicted_oom(self, trial: optuna.Trial, config: TrialConfig, oom: int) -> None:
         heavier = knobs.describe(config.model_dump())
@@ -567,7 +606,12 @@ class _ChildExecutor:
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
         row = self._run_one(trial, config, left_s)
         if row.state == "complete" and row.cost_per_run_usd is not None:
-            return Outcome(number=row.number, cost=row.cost_per_run_usd)
+            spread = (row.measurement or {}).get("throughput_ci95_rel")
+            return Outcome(
+                number=row.number,
+                cost=row.cost_per_run_usd,
+                spread=spread if isinstance(spread, float) and math.isfinite(spread) else 0.0,
+            )
         return Outcome(number=row.number, failure_kind=row.failure_kind or "error")
 
     def _run_one(

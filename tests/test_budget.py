@@ -39,6 +39,7 @@ def test_a_spent_budget_starts_no_trial(
     )
     assert report.trials_run == 0
     assert any("time budget is spent" in n for n in observer.notes), observer.notes
+    assert report.stop_reason.startswith("the sweep's time budget is spent")
     store = Store(sqlite_url)
     assert store.get_study("tiny").state == "finished"
     assert store.list_trials("tiny") == []

@@ -151,3 +151,23 @@ def test_the_default_sampler_and_a_seed_per_worker() -> None:
     assert len(seeds) == 8 and worker_seed(7, "0") == 7
     with pytest.raises(SpaceError, match=r"search\.sampler.*'bayes'.*'random'"):
         _space("simulated-annealing")
+
+
+def test_patience_stops_when_nothing_beats_the_best_beyond_noise(sqlite_url: str) -> None:
+    text = SPACE.replace("n_trials: 3", "n_trials: 40\n  patience: 4")
+    space = _space("grid", text)
+    loop, study, table = _loop(space, sqlite_url)
+    counts = loop.run(space.budget.n_trials)
+    assert counts["run"] < len(list(loop.search.grid()))
+    assert "no trial in the last 4 beat the best $/run" in loop.stop_reason
+    costs = [1000 / s if (s := _samples_per_s(c)) > 0 else None for c in table.ran]
+    measured = [c for c in costs if c is not None]
+    # the last 4 measured trials are no cheaper than the best before them
+    assert min(measured[-4:]) >= min(measured[:-4])
+
+
+def test_a_budget_in_dollars_or_device_hours_is_a_time_limit() -> None:
+    space = parse_space(SPACE.replace("n_trials: 3", "n_trials: 3\n  max_usd: 0.05"))
+    assert space.budget.minutes(space.hardware.usd_per_hour) == pytest.approx(30)  # $0.10/h
+    both = SPACE.replace("n_trials: 3", "n_trials: 3\n  max_device_hours: 0.25\n  max_usd: 1")
+    assert parse_space(both).budget.minutes(0.10) == pytest.approx(15)
