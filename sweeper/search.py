@@ -254,6 +254,7 @@ class ThompsonGridSampler(_CandidateSampler):
             heavy = self._memory.dominated(oom)
             free = [i for i in free if not heavy[i]] or free
             free = self._fits(free, oom, memory)
+            free = self._unlike_oom(free, oom, rows)
         if not rows:
             return int(self.rng.choice(free))
         # a config that fails by its own doing counts as twice the worst measured $/run:
@@ -280,6 +281,17 @@ class ThompsonGridSampler(_CandidateSampler):
         limit = max(float(self.design.predict(oom, weights).min()), heaviest_ran)
         predicted = self.design.predict(free, weights)
         return [i for i, p in zip(free, predicted, strict=True) if p < limit] or free
+
+    def _unlike_oom(self, free: list[int], oom: list[int], ran: list[int]) -> list[int]:
+        """The free configs a linear model of "ran out of memory" (1) against "ran" (0), over
+        the same features, puts below even odds."""
+        if not ran:
+            return free
+        rows = np.array(oom + ran)
+        label = np.array([1.0] * len(oom) + [0.0] * len(ran))
+        weights = self._posterior_draw(rows, label, self.memory_prior_var, 0.3, mean=True)
+        predicted = self.design.predict(free, weights) + label.mean()
+        return [i for i, p in zip(free, predicted, strict=True) if p < 0.5] or free
 
     def _posterior_draw(
         self, rows: np.ndarray, y: np.ndarray, prior_var: np.ndarray | None = None,
