@@ -171,3 +171,28 @@ def test_a_budget_in_dollars_or_device_hours_is_a_time_limit() -> None:
     assert space.budget.minutes(space.hardware.usd_per_hour) == pytest.approx(30)  # $0.10/h
     both = SPACE.replace("n_trials: 3", "n_trials: 3\n  max_device_hours: 0.25\n  max_usd: 1")
     assert parse_space(both).budget.minutes(0.10) == pytest.approx(15)
+
+
+def test_the_replay_benchmark_runs_the_sweeps_loop_on_a_table(tmp_path: Path) -> None:
+    """bench/search_replay.py end to end on a cut-down table: a config the space allows but the
+    table lacks is a failed trial, and the summary compares the default with random search."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    table = REPO / "bench" / "replay" / "oom-wall.jsonl"
+    rows = table.read_text().splitlines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(rows[:-40]) + "\n")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "search_replay.py"),
+         "--space", str(REPO / "bench" / "replay" / "oom-wall.yaml"), "--table", str(cut),
+         "--seeds", "3", "--jobs", "1", "--samplers", f"{DEFAULT_SAMPLER},random"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "448 configs in the space, 408 in the table (40 missing: failed trials)" in out
+    assert f"| {DEFAULT_SAMPLER} (default) | 3 |" in out and "| random | 3 |" in out
+    assert out.count(f"median trials to 5%, {DEFAULT_SAMPLER} ÷ random:") == 2
