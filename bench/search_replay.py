@@ -215,9 +215,7 @@ def summarize(
     for metric in METRICS:
         oks = [r.value(metric) for r in table.values() if r.status == "ok"]
         best = max(v for v in oks if v)
-        within = {
-            t: sum(1 for v in oks if v and v >= (1 - t) * best) for t in THRESHOLDS
-        }
+        within = {t: sum(1 for v in oks if v and v >= (1 - t) * best) for t in THRESHOLDS}
         lines += [
             f"\n**{metric}** (best {best:,.4g}; configs within 5%: {within[0.05]}, within 10%: "
             f"{within[0.10]}, of {size})\n",

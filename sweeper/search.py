@@ -265,9 +265,7 @@ class ThompsonGridSampler(_CandidateSampler):
         weights = self._posterior_draw(np.array(rows), np.array(values))
         return free[int(np.argmin(self.design.predict(free, weights)))]
 
-    def _fits(
-        self, free: list[int], oom: list[int], memory: list[tuple[int, float]]
-    ) -> list[int]:
+    def _fits(self, free: list[int], oom: list[int], memory: list[tuple[int, float]]) -> list[int]:
         """The free configs a plausible model of the measured peak memory says fit: lighter
         than the lightest config that ran out of memory (and at least as heavy as the
         heaviest that did not: the model may not say less)."""

@@ -120,8 +120,8 @@ def run_sweep(
     worker: str = "0",
 ) -> SweepReport:
     """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
-    ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial that the
-    time left cannot hold. Preparation and preflight count against that time. ``worker``:
+    ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial
+    that the time left cannot hold. Preparation and preflight count against that time. ``worker``:
     which of the study's workers this is (each samples with its own seed)."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
@@ -373,7 +373,9 @@ class TrialExecutor(Protocol):
     """Runs one config as Optuna trial ``trial`` and records it; ``sweeper launch`` runs a
     child process (``_ChildExecutor``), bench/search_replay.py looks the config up in a table."""
 
-    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome: ...
+    def execute(
+        self, trial: optuna.Trial, config: TrialConfig, left_s: float | None
+    ) -> Outcome: ...
 
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None: ...
 
@@ -514,8 +516,10 @@ class SearchLoop:
             return False
         assert outcome.cost is not None
         best = self.best
-        if best is None or best.cost is None or (
-            outcome.cost < best.cost * (1 - max(outcome.spread, best.spread))
+        if (
+            best is None
+            or best.cost is None
+            or (outcome.cost < best.cost * (1 - max(outcome.spread, best.spread)))
         ):
             self.best, self.since_best = outcome, 0
             return False

@@ -150,9 +150,7 @@ def test_trials_show_our_cost_and_measurement(
     # every trial we measured is there; any other Optuna trial is a config the loop did not
     # run: proposed again (told its earlier $/run) or ruled out (told as infeasible)
     assert set(our_trials) <= set(trials)
-    completed = [
-        n for n, t in trials.items() if t["state"] == "Complete" and not t["constraints"]
-    ]
+    completed = [n for n, t in trials.items() if t["state"] == "Complete" and not t["constraints"]]
     measured = [n for n, r in our_trials.items() if r.state == "complete"]
     assert set(measured) <= set(completed) and len(measured) == N_TRIALS
 

@@ -27,9 +27,11 @@ from sweeper.store import Store
 from sweeper.study import Outcome, SearchLoop, SilentObserver, _ChildExecutor, enqueue_known
 from tests.helpers import STUDY_FIELDS, tiny_space_without_baseline
 
-SPACE = tiny_space_without_baseline().replace(
-    "per_device_batch_size: [2, 4]", "per_device_batch_size: [1, 2, 4, 8, 16]"
-).replace("max_seq_length: [64]", "max_seq_length: [64, 128]")
+SPACE = (
+    tiny_space_without_baseline()
+    .replace("per_device_batch_size: [2, 4]", "per_device_batch_size: [1, 2, 4, 8, 16]")
+    .replace("max_seq_length: [64]", "max_seq_length: [64, 128]")
+)
 
 
 def _space(sampler: str, text: str = SPACE) -> Space:
@@ -92,9 +94,7 @@ def test_every_sampler_runs_distinct_configs_and_tells_the_truth(
         if trial.constraints[CONSTRAINT] > 0:  # out of memory, measured or predicted
             assert trial.user_attrs["failure_kind"] == "oom"
             continue
-        config = TrialConfig.model_validate(
-            {**_space_defaults(space), **trial.params}
-        )
+        config = TrialConfig.model_validate({**_space_defaults(space), **trial.params})
         # a measured config, or one proposed again: told its own measured $/run either way
         assert trial.value == pytest.approx(1000 / _samples_per_s(config))
         if REPEAT_ATTR in trial.user_attrs:
