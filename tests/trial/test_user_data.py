@@ -357,6 +357,8 @@ def test_lora_trains_only_the_adapter_and_quantization_is_dropped_on_a_cpu(
     text["workload"]["adapter"] = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
     text["search"]["quantization"] = ["none", "4bit"]
     text["search"]["gradient_checkpointing"] = [False, True]
+    # the baseline without checkpointing, then the same with it, whatever the sampler picks
+    text["also_try"] = [text["baseline"] | {"gradient_checkpointing": True}]
     text["trial"]["preflight"] = True
     text["budget"] = {"n_trials": 3}
     space_file = tmp_path / "lora.yaml"
