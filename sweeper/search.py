@@ -310,6 +310,12 @@ class ThompsonGridSampler(_CandidateSampler):
         return prior_draw + prior_var * (x.T @ correction)
 
 
+def _levels(values: Sequence[Any]) -> tuple[int, np.ndarray]:
+    """How many distinct values there are, and each value's level (None is a level too)."""
+    levels = {r: i for i, r in enumerate(sorted(set(map(repr, values))))}
+    return len(levels), np.array([levels[repr(v)] for v in values])
+
+
 class _MemoryOrder:
     """The candidates' memory-relevant knobs as arrays, for ``oom_dominated`` at grid scale."""
 
@@ -323,8 +329,7 @@ class _MemoryOrder:
             if callable(memory) and all(v is not None for v in values):
                 ranked.append([float(memory(v)) for v in values])
             else:
-                codes = {r: i for i, r in enumerate(sorted(set(map(repr, values))))}
-                exact.append([codes[repr(v)] for v in values])
+                exact.append(list(_levels(values)[1]))
         n = len(candidates)
         self.ranked = np.array(ranked, dtype=float).T if ranked else np.zeros((n, 0))
         self.exact = np.array(exact, dtype=int).T if exact else np.zeros((n, 0), dtype=int)
@@ -354,13 +359,13 @@ class _Design:
         for name in names:
             # a knob absent from a config (inactive) is its own level
             values = [c.get(name) for c in candidates]
-            levels = {r: i for i, r in enumerate(sorted(set(map(repr, values))))}
-            if len(levels) < 2:
+            count, codes = _levels(values)
+            if count < 2:
                 continue
-            self.codes.append(np.array([levels[repr(v)] for v in values]))
+            self.codes.append(codes)
             self.offsets.append(len(self.kinds))
-            sizes.append(len(levels))
-            self.kinds += ["main"] * len(levels)
+            sizes.append(count)
+            self.kinds += ["main"] * count
             if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
                 logs = np.log2(np.array(values, dtype=float))
                 self.numeric.append((len(self.kinds), (logs - logs.mean()) / np.ptp(logs)))
