@@ -90,6 +90,16 @@ class TrialSummary(_MeasuredTrial):
     )
     failure_kind: str | None
     failure_message: str | None
+    contended: bool | None = Field(
+        default=None,
+        description="every measurement of the config was taken while the machine was shared "
+        "(other processes' CPU, steal, another process on the GPU)",
+    )
+    remeasures: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="each measurement of the config when it was measured more than once "
+        "(kind: trial, rerun, final or drift); the metric fields then hold their pooled estimate",
+    )
 
 
 class TrialDetail(TrialSummary):

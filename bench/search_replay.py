@@ -33,7 +33,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ import numpy as np
 import optuna
 
 from sweeper import knobs
+from sweeper.noise import Estimate, Sample, SampleKind
 from sweeper.preflight import PreflightReport
 from sweeper.search import DEFAULT_SAMPLER, SAMPLERS
 from sweeper.space import Space, TrialConfig, load_space
@@ -115,15 +116,46 @@ class LookupExecutor:
         value = row.value(self.metric)
         if row.status != "ok" or value is None or value <= 0:
             return Outcome(number=trial.number, failure_kind=row.status or "error")
-        if row.noise:
-            value *= math.exp(self.rng.normal(0.0, row.noise))
         if row.peak_memory_bytes:  # as a launched trial carries it (Measurement.optuna_attrs)
             trial.set_user_attr("peak_memory_bytes", row.peak_memory_bytes)
-        # $/run of the job counted in this metric's units (samples or tokens)
+        sample = self._sample(row, "trial")
+        assert sample is not None
         return Outcome(
             number=trial.number,
-            cost=self.price * self.units / value / 3600,
-            spread=1.96 * row.noise,  # one measurement's 95% interval
+            cost=sample.cost_per_run_usd,
+            spread=sample.ci95_rel or 0.0,
+            sample=sample,
+        )
+
+    def remeasure(
+        self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None
+    ) -> Sample | None:
+        row = self.table.get(config)
+        return None if row is None else self._sample(row, kind)
+
+    def record_estimates(
+        self, estimates: Mapping[int, tuple[Estimate, Sequence[Sample] | None]]
+    ) -> None:
+        pass
+
+    def _sample(self, row: Row, kind: SampleKind) -> Sample | None:
+        """One measurement of the row: its value, with the row's noise drawn afresh."""
+        value = row.value(self.metric)
+        if row.status != "ok" or value is None or value <= 0:
+            return None
+        if row.noise:
+            value *= math.exp(self.rng.normal(0.0, row.noise))
+        # $/run of the job counted in this metric's units (samples or tokens)
+        cost = self.price * self.units / value / 3600
+        return Sample(
+            kind=kind,
+            cost_per_run_usd=cost,
+            hours_per_run=cost / self.price,
+            samples_per_s=value if self.metric == "samples_per_s" else None,
+            tokens_per_s=value if self.metric == "tokens_per_s" else None,
+            it_per_s=None,
+            ci95_rel=1.96 * row.noise,  # one measurement's 95% interval
+            peak_memory_bytes=row.peak_memory_bytes,
         )
 
 

@@ -516,7 +516,7 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
     )
     table = Table(title=f"{study}: cheapest per run", title_justify="left")
     headers = ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run")
-    for header in (*headers, "$/run"):
+    for header in (*headers, "$/run", "±95%"):
         table.add_column(header, justify="left" if header == "config" else "right")
     for t in completed[:top]:
         padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
@@ -530,8 +530,20 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
             _num(None if padding is None else padding * 100, ".0f") + "%",
             _num(t.hours_per_run, ",.1f"),
             _num(t.cost_per_run_usd, ",.2f"),
+            _num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
+            + "%"
+            + (f" ×{len(t.remeasures)}" if t.remeasures else "")
+            + (" [yellow]*[/]" if t.contended else ""),
         )
     console.print(table)
+    if any(t.remeasures for t in completed[:top]):
+        console.print("  ×N: measured N times, pooled (sweeper.noise)", highlight=False)
+    contended = [f"#{t.number}" for t in completed[:top] if t.contended]
+    if contended:
+        console.print(
+            f"  [yellow]*[/] measured only while the machine was shared: {', '.join(contended)}",
+            highlight=False,
+        )
     failed = [t for t in trials if t.state == "failed"]
     for t in failed:
         console.print(
@@ -545,8 +557,9 @@ def _print_recommendation(rec: Recommendation) -> None:
     config = rec.config
     console.print(
         f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
-        f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, the cheapest of "
-        f"{rec.completed_trials} completed",
+        f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, "
+        + ("picked among ties" if rec.ties else "the cheapest")
+        + f" of {rec.completed_trials} completed",
         highlight=False,
     )
     for key, value in config.items():
@@ -554,9 +567,11 @@ def _print_recommendation(rec: Recommendation) -> None:
     console.print(
         f"  → {rec.throughput_text()}, "
         f"{_num(rec.it_per_s, '.2f')} it/s; {_num(rec.hours_per_run, ',.1f')} h/run, "
-        f"[bold]${rec.cost_per_run_usd:,.2f}/run[/]",
+        f"[bold]{rec.interval_text()}[/]",
         highlight=False,
     )
+    if rec.tie_note:
+        console.print(f"    {rec.tie_note}", highlight=False)
     part = rec.projection
     if part:
         console.print(

@@ -240,6 +240,22 @@ class Measurement(_Strict):
     window_s: float = Field(description="s: wall time of the timed window")
     step_times_s: list[float] = Field(description="s: each step of the window")
 
+    # ---------------------------------------------------------------- the machine meanwhile
+    # (sweeper.trial.contention; None: could not be read, or stored before it was measured)
+    host_others_cpu: float | None = Field(
+        default=None, description="CPUs' worth of time other processes used during the window"
+    )
+    cpu_steal_share: float | None = Field(
+        default=None, description="share (0..1) of CPU time the hypervisor stole in the window"
+    )
+    gpu_other_processes: int | None = Field(
+        default=None, description="compute processes on the trial's GPU besides the child"
+    )
+    contended: bool = Field(
+        default=False, description="the machine was shared during the window (sweeper.noise)"
+    )
+    contention: str | None = Field(default=None, description="why it counts as contended")
+
     # ---------------------------------------------------------------- burn-in
     warmup_steps: int = Field(description="optimizer steps of the burn-in")
     warmup_steady: bool = Field(description="the burn-in ended steady, not at its cap")
@@ -405,6 +421,17 @@ _PROJECTED = (
         table=True,
         value_type=float,
         description="USD: the real job's projected price at the study's $/h (the objective)",
+    ),
+    Metric(
+        "$/run ±",
+        "share",
+        name="cost_ci95_rel",
+        column=True,
+        table=True,
+        value_type=float,
+        description="half-width of the $/run's 95% interval, relative to it: the window's "
+        "interval, widened by the machine's run-to-run noise once configs were measured again "
+        "(sweeper.noise)",
     ),
     Metric(
         "hours/run",

@@ -9,7 +9,9 @@
 3. the training-semantics guard: a config whose max_seq_length is below the dataset's coverage
    length (the longest sample, or the space's coverage percentile) truncates, and is left out
    unless truncation is allowed — the answer then says what it left out and why;
-4. the cheapest per run wins; ties go to the lower trial number;
+4. the cheapest per run wins, unless other configs tie with it: when their $/run 95%
+   intervals overlap its interval (``sweeper.noise``), the one with the least peak memory
+   wins, then the cheaper; the answer names the ties;
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
    with what the sweep itself cost (payback in runs).
 
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sweeper.errors import NoResultError, SpaceError
 from sweeper.hardware import peak_flops
+from sweeper.noise import Sample, drift, machine_noise, overlaps
 from sweeper.store import Store, StudyRow, TrialMetrics
 
 
@@ -75,6 +78,15 @@ class Recommendation(BaseModel):
     baseline_tokens_per_s: float | None = None
     n_params: int | None = None  # the model's parameters (4-bit weights unpacked)
     trainable_params: int | None = None  # what trains: fewer than n_params with an adapter
+    cost_ci95_rel: float | None = None  # half-width of the $/run's 95% interval, relative
+    measurements: int = 1  # of the winning config, pooled (sweeper.noise)
+    ties: tuple[int, ...] = ()  # other trials whose $/run intervals overlap the winner's
+    tie_note: str | None = None  # why the winner was picked among them
+    contended: bool = False  # every measurement of the winner was on a shared machine
+
+    def interval_text(self) -> str:
+        """'$12.50 ±2.1%/run (3 measurements)': the $/run with its 95% interval."""
+        return cost_text(self.cost_per_run_usd, self.cost_ci95_rel, self.measurements)
 
     def throughput_text(self) -> str:
         """'12,193 tokens/s (1.7 samples/s)' or '17.1 samples/s (12,193 tokens/s)': the
@@ -101,6 +113,17 @@ class Recommendation(BaseModel):
             f"trains {_count(self.trainable_params)} of {_count(self.n_params)} parameters "
             f"({share:.2%})"
         )
+
+
+def cost_text(cost: float, ci95_rel: float | None, measurements: int = 1) -> str:
+    """A $/run with its 95% interval, as the CLI and the dashboard show it.
+
+    >>> cost_text(12.5, 0.021, 3), cost_text(12.5, None)
+    ('$12.50 ±2.1%/run (3 measurements)', '$12.50/run')
+    """
+    interval = f" ±{ci95_rel:.1%}" if ci95_rel else ""
+    many = f" ({measurements} measurements)" if measurements > 1 else ""
+    return f"${cost:,.2f}{interval}/run{many}"
 
 
 def _count(n: int) -> str:
@@ -188,6 +211,22 @@ class StudyFacts:
         )
 
 
+def truncates(facts: StudyFacts, config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` cuts samples that the study's coverage percentile needs whole (the
+    training-semantics guard: such a config is cheaper partly because it trains on less text).
+
+    >>> facts = StudyFacts(name="s", hardware_name="H100", usd_per_hour=2.5,
+    ...                    dataset_stats={"token_percentiles": [99] * 101, "tokens_max": 99})
+    >>> truncates(facts, {"max_seq_length": 64}), truncates(facts, {"max_seq_length": 128})
+    (True, False)
+    """
+    if config.get("packing") and not facts.packing_truncates:
+        return False  # packed blocks continue a long sample instead of cutting it
+    seq = config.get("max_seq_length")
+    cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
+    return cover is not None and isinstance(seq, int) and seq < cover
+
+
 def truncation(stats: dict[str, Any] | None, max_seq_length: int) -> tuple[float, float] | None:
     """(share of samples, share of tokens) cut off at ``max_seq_length``, or None if unknown.
 
@@ -263,6 +302,7 @@ class _Candidate:
     cost: float
     truncated: tuple[float, float] | None  # (samples, tokens) cut, when it truncates at all
     headroom: float | None
+    spread: float = 0.0  # half-width of the $/run's 95% interval, relative (0: unknown)
 
     @property
     def key(self) -> tuple[float, int]:
@@ -277,7 +317,6 @@ def _candidates(
     facts: StudyFacts, trials: Iterable[TrialMetrics], price: float
 ) -> list[_Candidate]:
     """Completed trials with a usable projection, re-priced at ``price``."""
-    cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
     cuts: dict[int, tuple[float, float] | None] = {}  # per max_seq_length: a space has few
     out = []
     for t in trials:
@@ -289,15 +328,15 @@ def _candidates(
             continue
         seq = t.config.get("max_seq_length")
         truncated = None
-        if (not t.config.get("packing") or facts.packing_truncates) and isinstance(seq, int):
+        if truncates(facts, t.config) and isinstance(seq, int):
             if seq not in cuts:
                 cuts[seq] = truncation(facts.dataset_stats, seq)
-            if cover is not None and seq < cover:
-                truncated = cuts[seq] or (math.nan, math.nan)
+            truncated = cuts[seq] or (math.nan, math.nan)
         headroom = None
         if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
-        out.append(_Candidate(t, hours, hours * price, truncated, headroom))
+        spread = t.cost_ci95_rel if _finite(t.cost_ci95_rel) else 0.0
+        out.append(_Candidate(t, hours, hours * price, truncated, headroom, spread or 0.0))
     return out
 
 
@@ -396,11 +435,19 @@ def _decide(
     if not candidates:
         raise NoResultError(f"study {facts.name!r} has no completed trial yet")
     eligible, excluded = _eligible(facts, candidates, constraints, price)
-    winner = min(eligible, key=lambda c: c.key)
+    winner, ties, tie_note = _pick(eligible)
     t = winner.trial
     config = dict(t.config)
     effective_batch = _effective_batch(config)
     warnings: list[str] = []
+    if t.contended:
+        reasons = sorted({s.get("contention") or "" for s in t.remeasures or []} - {""})
+        warnings.append(
+            "every measurement of this config was taken while the machine was shared"
+            + (f" ({'; '.join(reasons)})" if reasons else "")
+            + ": its numbers may be low; measure again on a quiet machine"
+        )
+    warnings += _drift_warnings(candidates)
     if winner.truncated is not None:
         share = winner.truncated[1]
         warnings.append(
@@ -475,8 +522,67 @@ def _decide(
         headline=facts.headline,
         baseline_samples_per_s=None if baseline is None else baseline.trial.samples_per_s,
         baseline_tokens_per_s=None if baseline is None else baseline.trial.tokens_per_s,
+        cost_ci95_rel=winner.spread or None,
+        measurements=len(t.remeasures or []) or 1,
+        ties=tuple(c.trial.number for c in ties if c is not winner),
+        tie_note=tie_note,
+        contended=bool(t.contended),
     )
     return recommendation, eligible
+
+
+def _pick(eligible: list[_Candidate]) -> tuple[_Candidate, list[_Candidate], str | None]:
+    """The winner, the candidates that tie with the cheapest (their $/run intervals overlap
+    its interval), and why the winner was picked among them: the least peak memory, then
+    the lower $/run."""
+    cheapest = min(eligible, key=lambda c: c.key)
+    ties = sorted(
+        (c for c in eligible if overlaps(cheapest.cost, cheapest.spread, c.cost, c.spread)),
+        key=lambda c: c.key,
+    )
+    if len(ties) < 2:
+        return cheapest, [], None
+    winner = min(
+        ties,
+        key=lambda c: (
+            c.trial.peak_memory_bytes if c.trial.peak_memory_bytes is not None else math.inf,
+            *c.key,
+        ),
+    )
+    others = ", ".join(
+        f"#{c.trial.number} ({cost_text(c.cost, c.spread or None)}"
+        + (f", {_gb(c.trial.peak_memory_bytes)} peak" if c.trial.peak_memory_bytes else "")
+        + ")"
+        for c in ties
+        if c is not winner
+    )
+    why = (
+        "the least peak memory"
+        + (f" ({_gb(winner.trial.peak_memory_bytes)})" if winner.trial.peak_memory_bytes else "")
+        if winner.trial.peak_memory_bytes is not None
+        else "the lowest $/run"
+    )
+    return winner, ties, f"ties within the noise with {others}; picked for {why}"
+
+
+def _gb(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def _drift_warnings(candidates: list[_Candidate]) -> list[str]:
+    """A warning for each config whose drift re-measures moved beyond the noise."""
+    groups = {
+        c.trial.number: [Sample.from_json(s) for s in c.trial.remeasures]
+        for c in candidates
+        if c.trial.remeasures
+    }
+    noise = machine_noise(groups.values())
+    found = []
+    for number, samples in groups.items():
+        moved = drift(samples, noise)
+        if moved is not None:
+            found.append(moved.describe(number))
+    return found
 
 
 def _effective_batch(config: dict[str, Any]) -> int | None:

@@ -516,6 +516,31 @@ class TrialSettings(_Frozen):
     )
 
 
+class Remeasure(_Frozen):
+    """Measuring configs again (``sweeper.noise``): a config measured once knows its window's
+    noise, not the run-to-run noise of the machine, nor whether the machine drifted."""
+
+    rounds: int = Field(
+        default=2,
+        ge=0,
+        description="at the end, re-measure the best configs whose $/run intervals overlap, "
+        "interleaved (A, B, A, B ...), at most this many rounds, until they separate (0: never)",
+    )
+    top: int = Field(default=3, ge=2, description="at most this many configs take part")
+    drift_every: int | None = Field(
+        default=10,
+        gt=0,
+        description="re-measure the reference config (the baseline, else the first measured) "
+        "after every this many measured trials, to see whether the machine drifted (null: never)",
+    )
+    contended_reruns: int = Field(
+        default=1,
+        ge=0,
+        description="measure a config again, at once, up to this many times while the machine "
+        "was shared during its window (other processes' CPU, steal, another GPU process)",
+    )
+
+
 class Budget(_Frozen):
     """What the sweep may spend: trials, minutes, device-hours or dollars (the first spent
     stops it), and when it stops early: no trial beyond noise has improved for ``patience``
@@ -542,6 +567,13 @@ class Budget(_Frozen):
         description="stop after this many measured trials in a row without a $/run better "
         "than the best so far by more than both trials' 95% intervals",
     )
+    planned_runs: int | None = Field(
+        default=None,
+        gt=0,
+        description="how many times the real job will run: stop when the next trial is expected "
+        "to cost more than it would save over these runs (null: no such stop)",
+    )
+    remeasure: Remeasure = Remeasure()
     seed: int = 0
 
     def minutes(self, usd_per_hour: float) -> float | None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,12 +20,23 @@ import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
 from sweeper import knobs
-from sweeper.cost import RunPlan, project_run
+from sweeper.cost import RunPlan, RunProjection, project_run
 from sweeper.errors import ConflictError, SpaceError, StorageError, SweeperError
-from sweeper.launcher import ForkServer, run_child
+from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, MeasurementError, parse_measurement
+from sweeper.noise import (
+    Drift,
+    Estimate,
+    Sample,
+    SampleKind,
+    drift,
+    machine_noise,
+    now_iso,
+    overlaps,
+    pool,
+)
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
-from sweeper.recommend import Recommendation, best
+from sweeper.recommend import Recommendation, StudyFacts, best, truncates
 from sweeper.search import (
     CONSTRAINT,
     INFEASIBLE_KINDS,
@@ -153,11 +165,16 @@ def run_sweep(
                     ].model_dump()
                 store.upsert_study(space.study, **fields)
             executor = _ChildExecutor(space, store, prepared, cache_dir, observer, server)
+            facts = StudyFacts.of(store.get_study(space.study))
             loop = SearchLoop(
                 space, study, executor, preflight, observer,
-                earlier=executor.earlier(), seed=worker_seed(space.budget.seed, worker),
+                earlier=executor.earlier(), earlier_samples=executor.earlier_samples(),
+                seed=worker_seed(space.budget.seed, worker),
+                eligible=lambda config: not truncates(facts, config.model_dump()),
             )  # fmt: skip
             counts = loop.run(n_trials, clock, deadline)
+            if not loop.stopped:
+                loop.settle(clock)
     except KeyboardInterrupt:
         store.set_study_state(space.study, "interrupted")
         raise
@@ -358,7 +375,8 @@ class Outcome:
     cost: float | None = None
     failure_kind: str | None = None
     predicted: bool = False  # not run: known to fail from another trial (out of memory)
-    spread: float = 0.0  # the 95% interval of the measurement, relative (0: exact)
+    spread: float = 0.0  # half-width of the $/run's 95% interval, relative (0: unknown)
+    sample: Sample | None = None  # the measurement (``sweeper.noise``), when it was measured
 
     @property
     def feasible(self) -> bool:
@@ -379,16 +397,33 @@ class TrialExecutor(Protocol):
 
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None: ...
 
+    def remeasure(
+        self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None
+    ) -> Sample | None:
+        """Measure trial ``number``'s config again (no new trial); None if it failed."""
+        ...
+
+    def record_estimates(
+        self, estimates: Mapping[int, tuple[Estimate, Sequence[Sample] | None]]
+    ) -> None: ...
+
     def stop_requested(self) -> bool: ...
 
 
 class SearchLoop:
-    """Ask, decide what a proposal is worth, run it (or not), tell — until the budget is spent.
+    """Ask, decide what a proposal is worth, run it (or not), tell — until the budget is spent;
+    then measure the best configs again until they separate (``budget.remeasure``).
 
     What Optuna is told (``sweeper.search``): a measured config its $/run; a config proposed
     again its earlier result again; a config that failed by its own doing (out of memory,
     unsupported) or that the space's rules or preflight rule out, a completed trial with the
     constraint violated; a config at least as heavy as one that ran out of memory is not run.
+
+    What is measured again (``sweeper.noise``): a trial taken while the machine was shared, at
+    once; a reference config every ``drift_every`` trials, to see drift; and at the end the
+    configs whose $/run intervals overlap the best's, interleaved, so that the recommendation
+    can tell a real winner from noise. ``eligible`` says which configs the recommendation may
+    pick (it leaves out configs that truncate the data): only those are re-measured at the end.
     """
 
     def __init__(
@@ -400,10 +435,13 @@ class SearchLoop:
         observer: SweepObserver,
         *,
         earlier: Mapping[TrialConfig, Outcome] | None = None,
+        earlier_samples: Mapping[TrialConfig, Sequence[Sample]] | None = None,
         seed: int | None = None,
+        eligible: Callable[[TrialConfig], bool] | None = None,
     ) -> None:
         self.space, self.study, self.executor = space, study, executor
         self.preflight, self.observer = preflight, observer
+        self.eligible = eligible or (lambda config: True)
         self.stopped = False  # a stop was requested through the API
         self.stop_reason = ""
         self.known = set(space.known_configs())  # the user's named configs
@@ -414,10 +452,21 @@ class SearchLoop:
         self.results: dict[TrialConfig, Outcome] = {
             c: o for c, o in (earlier or {}).items() if c in runnable
         }
+        # every measurement of each measured config, in order (sweeper.noise)
+        self.samples: dict[TrialConfig, list[Sample]] = {
+            c: list(v) for c, v in (earlier_samples or {}).items() if c in self.results and v
+        }
+        self.noise = machine_noise(self.samples.values())
+        self.drift: Drift | None = None
+        self.remeasured = 0  # measurements of configs already measured, this sweep
         measured = [o for o in self.results.values() if o.cost is not None]
         # the best measured so far, beyond noise (a resumed sweep starts from its earlier best)
         self.best: Outcome | None = min(measured, key=lambda o: o.cost or 0.0, default=None)
         self.since_best = 0  # measured trials since it
+        self.gains: list[tuple[int, float]] = []  # (measured trials so far, relative gain)
+        self.measured = 0  # measured trials (feasible or not) of this sweep
+        self.trial_seconds: list[float] = []
+        self.longest_s = 0.0
         study.sampler = make_sampler(
             self.search.sampler,
             space.budget.seed if seed is None else seed,
@@ -436,11 +485,11 @@ class SearchLoop:
     ) -> dict[str, int]:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
-        at the time left."""
+        at the time left. ``settle`` then measures the best configs again."""
         counts = {"run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0}
-        longest_s = 0.0
         runnable = set(self.runnable)
         skipped_in_a_row = 0
+        self.deadline = deadline
         while counts["run"] < n_trials:
             if self.executor.stop_requested():
                 self._stop("stop requested (REST); the sweep ends here")
@@ -449,11 +498,11 @@ class SearchLoop:
             if runnable <= self.results.keys():
                 self._stop(f"all {len(runnable)} runnable configs of the space are measured")
                 break
-            left_s = None if deadline is None else deadline - time.monotonic()
-            if left_s is not None and (left_s <= 0 or left_s < longest_s):
+            left_s = self._left_s()
+            if left_s is not None and (left_s <= 0 or left_s < self.longest_s):
                 self._stop(
                     f"the sweep's time budget is spent ({max(0.0, left_s):.0f} s left, the "
-                    f"longest trial took {longest_s:.0f} s)"
+                    f"longest trial took {self.longest_s:.0f} s)"
                 )
                 break
             trial = self.study.ask()
@@ -486,15 +535,20 @@ class SearchLoop:
                 skipped_in_a_row = 0
                 started = time.monotonic()
                 outcome = self.executor.execute(trial, config, left_s)
+                self._took(time.monotonic() - started)
                 self.results[config] = outcome
                 self._tell(trial, outcome)
-                longest_s = max(longest_s, time.monotonic() - started)
+                if outcome.sample is not None:
+                    self.samples[config] = [outcome.sample]
+                    self._rerun_if_contended(config)
                 if clock is not None:
                     clock.charge()
                 counts["run"] += 1
                 counts["complete" if outcome.feasible else "failed"] += 1
-                if self._out_of_patience(outcome):
+                self.measured += 1
+                if self._out_of_patience(self.results[config]) or self._not_worth_it():
                     break
+                self._check_drift(clock)
                 continue
             skipped_in_a_row += 1
             if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
@@ -503,6 +557,148 @@ class SearchLoop:
         if not self.stop_reason and counts["run"] >= n_trials:
             self.stop_reason = f"{n_trials} trials run, the number asked for"
         return counts
+
+    # ------------------------------------------------------------------ measuring again
+
+    def _left_s(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def _took(self, seconds: float) -> None:
+        self.trial_seconds.append(seconds)
+        self.longest_s = max(self.longest_s, seconds)
+
+    def _remeasure(self, config: TrialConfig, kind: SampleKind) -> Sample | None:
+        """Measure a config again if the time left holds it; fold it into the estimates."""
+        left_s = self._left_s()
+        if left_s is not None and (left_s <= 0 or left_s < self.longest_s):
+            return None
+        if self.executor.stop_requested():
+            return None
+        number = self.results[config].number
+        started = time.monotonic()
+        sample = self.executor.remeasure(number, config, kind, left_s)
+        self._took(time.monotonic() - started)
+        self.remeasured += 1
+        if sample is not None:
+            self.samples.setdefault(config, []).append(sample)
+            self._update_estimates(changed=config)
+        return sample
+
+    def _update_estimates(self, changed: TrialConfig) -> None:
+        """Pool again: the changed config's estimate, and every interval (the machine's noise
+        is pooled over all configs, so one more measurement moves each of them)."""
+        self.noise = machine_noise(self.samples.values())
+        estimates: dict[int, tuple[Estimate, Sequence[Sample] | None]] = {}
+        for config, samples in self.samples.items():
+            estimate = pool(samples, self.noise)
+            outcome = self.results[config]
+            self.results[config] = replace(
+                outcome, cost=estimate.cost_per_run_usd, spread=estimate.ci95_rel
+            )
+            estimates[outcome.number] = (estimate, samples if config == changed else None)
+        self.executor.record_estimates(estimates)
+
+    def _rerun_if_contended(self, config: TrialConfig) -> None:
+        """A measurement taken on a shared machine is taken again, at once, while reruns last."""
+        for _ in range(self.space.budget.remeasure.contended_reruns):
+            last = self.samples[config][-1]
+            if not last.contended:
+                return
+            self.observer.note(
+                f"#{self.results[config].number} was measured while {last.contention}: "
+                "measuring it again"
+            )
+            if self._remeasure(config, "rerun") is None:
+                return
+        if self.samples[config][-1].contended and all(s.contended for s in self.samples[config]):
+            self.observer.note(
+                f"#{self.results[config].number}: every measurement was contended; it is kept, "
+                "flagged"
+            )
+
+    def _reference(self) -> TrialConfig | None:
+        """The config re-measured for drift: the baseline as run here if it was measured,
+        else the first config measured."""
+        measured = [(o.number, c) for c, o in self.results.items() if c in self.samples]
+        if not measured:
+            return None
+        baseline = self.space.known_configs()[:1] if self.space.baseline is not None else []
+        if baseline:
+            ran, _ = self.preflight.nearest(baseline[0])
+            if ran in self.samples:
+                return ran
+        return min(measured, key=lambda pair: pair[0])[1]
+
+    def _check_drift(self, clock: _SweepClock | None) -> None:
+        every = self.space.budget.remeasure.drift_every
+        if every is None or self.measured % every != 0:
+            return
+        reference = self._reference()
+        if reference is None or self._remeasure(reference, "drift") is None:
+            return
+        if clock is not None:
+            clock.charge()
+        found = drift(self.samples[reference], self.noise)
+        if found is not None and (self.drift is None or found.change != self.drift.change):
+            self.drift = found
+            self.observer.note(found.describe(self.results[reference].number))
+
+    def contenders(self) -> list[TrialConfig]:
+        """The eligible measured configs whose $/run intervals overlap the best's, cheapest
+        first, at most ``remeasure.top`` of them (one alone: nothing to separate)."""
+        feasible = sorted(
+            (
+                (o.cost, c)
+                for c, o in self.results.items()
+                if o.cost is not None and c in self.samples and self.eligible(c)
+            ),
+            key=lambda pair: pair[0],
+        )
+        if not feasible:
+            return []
+        best_cost, best = feasible[0]
+        best_spread = self.results[best].spread
+        near = [
+            c
+            for cost, c in feasible
+            if overlaps(best_cost, best_spread, cost, self.results[c].spread)
+        ]
+        return near[: self.space.budget.remeasure.top]
+
+    def settle(self, clock: _SweepClock | None = None) -> None:
+        """Measure the best configs again, interleaved, until their intervals separate or
+        ``remeasure.rounds`` rounds are spent."""
+        rounds = self.space.budget.remeasure.rounds
+        for done in range(rounds):
+            contenders = self.contenders()
+            if len(contenders) < 2:
+                if done:
+                    self.observer.note(f"after {done} round(s) the best config stands clear")
+                return
+            numbers = ", ".join(f"#{self.results[c].number}" for c in contenders)
+            self.observer.note(
+                f"measuring {numbers} again (round {done + 1} of {rounds}): their $/run "
+                "intervals overlap"
+            )
+            for config in contenders:  # interleaved: A, B, C, then A, B, C again
+                if self._remeasure(config, "final") is None and (
+                    self.executor.stop_requested() or self._out_of_time()
+                ):
+                    return
+            if clock is not None:
+                clock.charge()
+        left = self.contenders()
+        if len(left) > 1:
+            self.observer.note(
+                f"{', '.join(f'#{self.results[c].number}' for c in left)} still tie within the "
+                "noise; the recommendation picks the one with the least peak memory"
+            )
+
+    def _out_of_time(self) -> bool:
+        left_s = self._left_s()
+        return left_s is not None and (left_s <= 0 or left_s < self.longest_s)
+
+    # ------------------------------------------------------------------ stopping
 
     def _stop(self, reason: str) -> None:
         self.stop_reason = reason
@@ -521,6 +717,8 @@ class SearchLoop:
             or best.cost is None
             or (outcome.cost < best.cost * (1 - max(outcome.spread, best.spread)))
         ):
+            if best is not None and best.cost:
+                self.gains.append((self.measured, 1 - outcome.cost / best.cost))
             self.best, self.since_best = outcome, 0
             return False
         if outcome.cost < best.cost:  # cheaper, but within the noise: same best, kept
@@ -533,6 +731,29 @@ class SearchLoop:
             )
             return True
         return False
+
+    def _not_worth_it(self) -> bool:
+        """Whether the next trial is expected to cost more than it would save over
+        ``budget.planned_runs`` runs of the real job (see ``expected_saving``)."""
+        runs = self.space.budget.planned_runs
+        if runs is None or self.best is None or self.best.cost is None:
+            return False
+        window = max(_SAVING_WINDOW, self.space.budget.patience or 0)
+        if self.measured < window or not self.gains:
+            return False  # no improvement seen yet: nothing to expect from (budget.patience is)
+        saving = expected_saving(self.gains, self.measured, window, self.best.cost, runs)
+        trial_usd = statistics.median(self.trial_seconds) / 3600 * self.space.hardware.usd_per_hour
+        if saving >= trial_usd:
+            return False
+        recent = sum(1 for at, _ in self.gains if at > self.measured - window)
+        self._stop(
+            f"the next trial is expected to save ${saving:,.4g} over {runs} planned run(s) "
+            f"({recent} improvement(s) beyond noise in the last {window} trials) and to cost "
+            f"${trial_usd:,.4g} of machine time (budget.planned_runs)"
+        )
+        return True
+
+    # ------------------------------------------------------------------ Optuna
 
     def _predicted_oom(self, trial: optuna.Trial, config: TrialConfig, oom: int) -> None:
         heavier = knobs.describe(config.model_dump())
@@ -567,6 +788,27 @@ class SearchLoop:
         return max(costs) if costs else 1.0
 
 
+# The stopping rule of budget.planned_runs looks at improvements over at least this many trials.
+_SAVING_WINDOW = 10
+
+
+def expected_saving(
+    gains: Sequence[tuple[int, float]], measured: int, window: int, best_cost: float, runs: int
+) -> float:
+    """Dollars the next trial is expected to save over ``runs`` runs: the chance that it
+    improves on the best (improvements beyond noise in the last ``window`` trials, with one
+    success and one failure added so that a quiet stretch never reads as certainty) times the
+    mean relative gain of the improvements so far times the best $/run times ``runs``.
+
+    >>> round(expected_saving([(3, 0.2), (8, 0.1)], 20, 10, 2.0, 5), 4)  # 1 in 10: (1+1)/(10+2)
+    0.25
+    """
+    recent = sum(1 for at, _ in gains if at > measured - window)
+    chance = (recent + 1) / (window + 2)
+    gain = statistics.fmean(g for _, g in gains) if gains else 0.0
+    return chance * gain * best_cost * runs
+
+
 class _ChildExecutor:
     """Runs each trial in a child process (forked from the workload server) and records it
     in our tables."""
@@ -598,8 +840,32 @@ class _ChildExecutor:
                 cost=cost,
                 failure_kind=None if cost is not None else (t.failure_kind or "error"),
                 predicted=t.state == "pruned",
+                spread=t.cost_ci95_rel or 0.0,
             )
         return results
+
+    def earlier_samples(self) -> dict[TrialConfig, list[Sample]]:
+        """Each measurement of the study's earlier completed trials (a resumed sweep)."""
+        samples: dict[TrialConfig, list[Sample]] = {}
+        for t in self.store.list_trials(self.space.study, states=["complete"]):
+            config = TrialConfig.model_validate(t.config)
+            if t.remeasures:
+                samples[config] = [Sample.from_json(s) for s in t.remeasures]
+            elif t.cost_per_run_usd is not None and t.hours_per_run is not None:
+                samples[config] = [
+                    Sample(
+                        kind="trial",
+                        cost_per_run_usd=t.cost_per_run_usd,
+                        hours_per_run=t.hours_per_run,
+                        samples_per_s=t.samples_per_s,
+                        tokens_per_s=t.tokens_per_s,
+                        it_per_s=t.it_per_s,
+                        ci95_rel=t.cost_ci95_rel,
+                        contended=bool(t.contended),
+                        peak_memory_bytes=t.peak_memory_bytes,
+                    )
+                ]
+        return samples
 
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
         self.store.start_trial(self.space.study, trial.number, config.model_dump())
@@ -607,23 +873,47 @@ class _ChildExecutor:
             self.space.study, trial.number, "pruned", failure_kind="oom", failure_message=message
         )
 
+    def record_estimates(
+        self, estimates: Mapping[int, tuple[Estimate, Sequence[Sample] | None]]
+    ) -> None:
+        self.store.record_estimates(self.space.study, estimates)
+
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
-        row = self._run_one(trial, config, left_s)
-        if row.state == "complete" and row.cost_per_run_usd is not None:
-            spread = (row.measurement or {}).get("throughput_ci95_rel")
+        row, sample = self._run_one(trial, config, left_s)
+        if row.state == "complete" and row.cost_per_run_usd is not None and sample is not None:
             return Outcome(
                 number=row.number,
                 cost=row.cost_per_run_usd,
-                spread=spread if isinstance(spread, float) and math.isfinite(spread) else 0.0,
+                spread=row.cost_ci95_rel or 0.0,
+                sample=sample,
             )
         return Outcome(number=row.number, failure_kind=row.failure_kind or "error")
 
-    def _run_one(
-        self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
-    ) -> TrialRow:
-        space, store, observer = self.space, self.store, self.observer
-        store.start_trial(space.study, trial.number, config.model_dump())
-        observer.trial_started(trial.number, config)
+    def remeasure(
+        self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None
+    ) -> Sample | None:
+        measured = self._measure(config, left_s)
+        if measured.measurement is None or measured.projection is None:
+            reason = measured.invalid or measured.run.result.failure_message or "no message"
+            self.observer.note(
+                f"#{number} could not be measured again ({kind}): "
+                f"{measured.run.result.failure_kind or 'error'}: {reason}"
+            )
+            return None
+        sample = measured.sample(kind)
+        if not math.isfinite(sample.cost_per_run_usd):
+            self.observer.note(f"#{number} measured again ({kind}): no usable throughput")
+            return None
+        self.observer.note(
+            f"#{number} measured again ({_KIND_WORDS[kind]}): {sample.samples_per_s or 0:,.1f} "
+            f"samples/s, ${sample.cost_per_run_usd:,.2f}/run"
+            + (f" (contended: {sample.contention})" if sample.contended else "")
+        )
+        return sample
+
+    def _measure(self, config: TrialConfig, left_s: float | None) -> _Measured:
+        """Run ``config`` in a child and project its run; no trial is recorded."""
+        space = self.space
         request = ChildRequest.for_space(
             "trial", space, self.cache_dir, prepared=self.prepared, config=config,
             settings=space.trial,
@@ -631,32 +921,49 @@ class _ChildExecutor:
         timeout_s = space.trial.timeout_s
         if left_s is not None and left_s < timeout_s:
             timeout_s = max(30.0, left_s)
+        run = run_child(request, timeout_s=timeout_s, server=self.server)
+        result = run.result
+        measurement, invalid = _measurement_of(result.payload if result.status == "ok" else None)
+        if measurement is None:
+            return _Measured(run, timeout_s, None, invalid, None)
+        measurement = measurement.with_inherited_startup(run.inherited_startup_s)
+        projection = project_run(
+            run_plan(space, self.prepared.stats),
+            samples_per_s=measurement.samples_per_s,
+            it_per_s=measurement.it_per_s,
+            tokens_per_s=measurement.tokens_per_s,
+            packing=config.packing,
+            startup_s=measurement.startup_s,
+            compile_s=measurement.compile_s,
+            checkpoint_save_s=measurement.checkpoint_save_s,
+        )
+        return _Measured(run, timeout_s, measurement, None, projection)
+
+    def _run_one(
+        self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
+    ) -> tuple[TrialRow, Sample | None]:
+        space, store, observer = self.space, self.store, self.observer
+        store.start_trial(space.study, trial.number, config.model_dump())
+        observer.trial_started(trial.number, config)
         try:
-            run = run_child(request, timeout_s=timeout_s, server=self.server)
+            measured = self._measure(config, left_s)
         except KeyboardInterrupt:
             _record_failure(
                 store, trial, space.study, "interrupted", "the sweep was stopped by the user"
             )
             trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
-        result = run.result
-        measurement, invalid = _measurement_of(result.payload if result.status == "ok" else None)
-        if measurement is not None:
-            measurement = measurement.with_inherited_startup(run.inherited_startup_s)
-            projection = project_run(
-                run_plan(space, self.prepared.stats),
-                samples_per_s=measurement.samples_per_s,
-                it_per_s=measurement.it_per_s,
-                tokens_per_s=measurement.tokens_per_s,
-                packing=config.packing,
-                startup_s=measurement.startup_s,
-                compile_s=measurement.compile_s,
-                checkpoint_save_s=measurement.checkpoint_save_s,
-            )
+        run, measurement, projection = measured.run, measured.measurement, measured.projection
+        sample = None
+        if measurement is not None and projection is not None:
+            if math.isfinite(projection.cost_per_run_usd):
+                sample = measured.sample("trial")
             for key, value in measurement.optuna_attrs().items():
                 trial.set_user_attr(key, value)
             trial.set_user_attr("hours_per_run", projection.hours_per_run)
             trial.set_user_attr("effective_batch", config.effective_batch)
+            if measurement.contended:
+                trial.set_user_attr("contention", measurement.contention)
             row = store.finish_trial(
                 space.study,
                 trial.number,
@@ -666,23 +973,26 @@ class _ChildExecutor:
                 cost_per_run_usd=projection.cost_per_run_usd,
                 projection=projection.breakdown(),
                 measurement=measurement.model_dump(),
+                cost_ci95_rel=None if sample is None else sample.ci95_rel,
+                contended=measurement.contended,
                 **measurement.columns(),
             )
-        elif invalid is not None:
+        elif measured.invalid is not None:
             # a child of another version, or an engine's typo: this trial fails, the sweep goes on
             row = _record_failure(
                 store,
                 trial,
                 space.study,
                 "error",
-                invalid,
+                measured.invalid,
                 wall_s=run.wall_s,
-                details={"payload": result.payload, "log_tail": run.log_tail},
+                details={"payload": run.result.payload, "log_tail": run.log_tail},
             )
         else:
+            result = run.result
             message = result.failure_message or "no message"
-            if result.failure_kind == "timeout" and timeout_s < space.trial.timeout_s:
-                message += f" (cut to {timeout_s:.0f} s by the sweep's time budget)"
+            if result.failure_kind == "timeout" and measured.timeout_s < space.trial.timeout_s:
+                message += f" (cut to {measured.timeout_s:.0f} s by the sweep's time budget)"
             row = _record_failure(
                 store,
                 trial,
@@ -693,7 +1003,44 @@ class _ChildExecutor:
                 details={"traceback": result.traceback, "log_tail": run.log_tail},
             )
         observer.trial_done(row)
-        return row
+        return row, sample
+
+
+_KIND_WORDS = {
+    "trial": "first measurement",
+    "rerun": "the machine was shared",
+    "final": "to separate the best",
+    "drift": "drift reference",
+}
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """One child run of a config: its measurement and projection, or why there is none."""
+
+    run: ChildRun
+    timeout_s: float
+    measurement: Measurement | None
+    invalid: str | None  # the payload was not a Measurement
+    projection: RunProjection | None
+
+    def sample(self, kind: SampleKind) -> Sample:
+        m, p = self.measurement, self.projection
+        assert m is not None and p is not None
+        ci = m.throughput_ci95_rel
+        return Sample(
+            kind=kind,
+            cost_per_run_usd=p.cost_per_run_usd,
+            hours_per_run=p.hours_per_run,
+            samples_per_s=m.samples_per_s,
+            tokens_per_s=m.tokens_per_s,
+            it_per_s=m.it_per_s,
+            ci95_rel=ci if math.isfinite(ci) else None,
+            contended=m.contended,
+            contention=m.contention,
+            peak_memory_bytes=m.peak_memory_bytes,
+            at=now_iso(),
+        )
 
 
 def _record_failure(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Float, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Float, Integer, String, Text
 from sqlalchemy.exc import SQLAlchemyError
 
 import sweeper
@@ -91,6 +91,10 @@ def _load_value(column: Column[Any], value: Any, where: str) -> Any:
         length = getattr(kind, "length", None)
         if length is not None and len(value) > length:
             raise StudyFileError(f"{where}: longer than {length} characters")
+        return value
+    if isinstance(kind, Boolean):
+        if not isinstance(value, bool):
+            raise StudyFileError(f"{where}: expected true or false, got {value!r}")
         return value
     if isinstance(kind, JSON):
         return value
@@ -281,7 +285,8 @@ def import_study(store: Store, document: StudyDocument, *, name: str | None = No
         ) from None
     study = _load_row(StudyRow, document.study | {"name": target}, f"{source}: study")
     trials = [
-        _load_row(TrialRow, t, f"{source}: trials[{i}]") for i, t in enumerate(document.trials)
+        _with_interval(_load_row(TrialRow, t, f"{source}: trials[{i}]"))
+        for i, t in enumerate(document.trials)
     ]
     numbers = [t.get("number") for t in trials]
     if len(set(numbers)) != len(numbers):
@@ -307,6 +312,17 @@ def import_study(store: Store, document: StudyDocument, *, name: str | None = No
                 storage.engine.dispose()
         raise
     return target
+
+
+def _with_interval(trial: dict[str, Any]) -> dict[str, Any]:
+    """A completed trial of a file written before $/run intervals were stored takes its
+    window's interval, as migration 0006 gives a stored one."""
+    if trial.get("state") != "complete" or trial.get("cost_ci95_rel") is not None:
+        return trial
+    ci = (trial.get("measurement") or {}).get("throughput_ci95_rel")
+    if isinstance(ci, int | float) and not isinstance(ci, bool) and 0 <= ci < math.inf:
+        return trial | {"cost_ci95_rel": float(ci)}
+    return trial
 
 
 def _create_optuna_study(

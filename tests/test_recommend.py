@@ -307,3 +307,40 @@ def test_cheapest_and_pareto_front_across_hardware(sqlite_url: str) -> None:
     within = compare(store, "4090", Constraints(max_hours=20))
     assert within.cheapest.study == "h100" and set(within.unavailable) == {"a100", "4090"}
     store.dispose()
+
+
+def _intervals(store: Store, spreads: dict[int, float], peaks: dict[int, int]) -> None:
+    """Give trials $/run intervals and peak memory, as a sweep's estimates would."""
+    from sweeper.noise import Estimate
+
+    trials = {t.number: t for t in store.list_trials("seed")}
+    estimates = {}
+    for number, spread in spreads.items():
+        t = trials[number]
+        estimates[number] = (
+            Estimate(
+                t.cost_per_run_usd, t.hours_per_run, t.samples_per_s, None, t.it_per_s,
+                spread, 1, False, 0,
+            ),
+            None,
+        )  # fmt: skip
+    store.record_estimates("seed", estimates)
+    for number, peak in peaks.items():
+        store.finish_trial("seed", number, "complete", peak_memory_bytes=peak)
+
+
+def test_configs_within_the_noise_tie_and_the_least_memory_wins(store: Store) -> None:
+    # trial 2 (24 samples/s) and trial 3 (23.2) are 3.4% apart: with ±2% each they tie
+    _intervals(store, {0: 0.02, 1: 0.02, 2: 0.02, 3: 0.02}, {2: 9_000_000_000, 3: 6_000_000_000})
+    r = best(store, "seed")
+    assert r.trial_number == 3 and r.ties == (2,)
+    assert r.tie_note is not None and r.tie_note.startswith("ties within the noise with #2 (")
+    assert "picked for the least peak memory (6.00 GB)" in r.tie_note
+    assert r.cost_ci95_rel == pytest.approx(0.02)
+    assert r.interval_text() == f"${r.cost_per_run_usd:,.2f} ±2.0%/run"
+
+
+def test_configs_apart_beyond_the_noise_do_not_tie(store: Store) -> None:
+    _intervals(store, {2: 0.01, 3: 0.01}, {2: 9_000_000_000, 3: 6_000_000_000})
+    r = best(store, "seed")
+    assert r.trial_number == 2 and r.ties == () and r.tie_note is None

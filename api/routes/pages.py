@@ -63,7 +63,7 @@ def overview(request: Request, store: StoreDep) -> HTMLResponse:
 
 # Columns of the trials table that sort, and the direction a first click sorts them in (the
 # better end first).
-SORTABLE = {"number": False} | {m.name: m.better == "higher" for m in TABLE_METRICS}
+SORTABLE = {"number": False} | {m.name: m.better == "higher" for m in TABLE_METRICS if m.sortable}
 PAGE_SIZE = 100
 
 

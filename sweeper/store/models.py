@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -99,6 +99,17 @@ class TrialRow(Base):
     failure_kind: Mapped[str | None] = mapped_column(String(32))
     failure_message: Mapped[str | None] = mapped_column(Text)
     measurement: Mapped[dict[str, Any] | None] = mapped_column(JsonType)
+    # How sure the $/run is (sweeper.noise): with more than one measurement of the config, the
+    # throughput and cost columns above hold their pooled estimate and ``remeasures`` each one
+    cost_ci95_rel: Mapped[float | None] = mapped_column(
+        Float, doc="half-width of the $/run's 95% interval, relative to it"
+    )
+    contended: Mapped[bool | None] = mapped_column(
+        Boolean, doc="every measurement of the config was taken on a shared machine"
+    )
+    remeasures: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JsonType, doc="each measurement of the config (sweeper.noise.Sample), the first included"
+    )
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
 
@@ -123,3 +134,6 @@ class TrialMetrics(Protocol):
     projection: dict[str, Any] | None
     device_name: str | None
     failure_kind: str | None
+    cost_ci95_rel: float | None
+    contended: bool | None
+    remeasures: list[dict[str, Any]] | None

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 
 from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
+from sweeper.noise import Estimate, Sample
 from sweeper.store.models import StudyRow, TrialMetrics, TrialRow
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -299,6 +300,41 @@ class Store:
                 setattr(row, key, value)
             s.flush()
             return row
+
+    def record_estimates(
+        self, study: str, estimates: Mapping[int, tuple[Estimate, Sequence[Sample] | None]]
+    ) -> None:
+        """Write configs' pooled estimates (``sweeper.noise``) onto their trials, in one
+        transaction: the throughput and cost columns, the $/run interval, whether every
+        measurement was contended, and, when given, each measurement."""
+        if not estimates:
+            return
+        with self.session() as s:
+            study_row = self._study(s, study)
+            rows = s.scalars(
+                select(TrialRow).where(
+                    TrialRow.study_id == study_row.id, TrialRow.number.in_(list(estimates))
+                )
+            ).all()
+            for row in rows:
+                estimate, samples = estimates[row.number]
+                row.cost_ci95_rel = finite_or_none(estimate.ci95_rel)
+                row.contended = estimate.contended
+                if samples is None:
+                    continue
+                row.remeasures = json_safe([sample.to_json() for sample in samples])
+                row.samples_per_s = finite_or_none(estimate.samples_per_s)
+                row.tokens_per_s = finite_or_none(estimate.tokens_per_s)
+                row.it_per_s = finite_or_none(estimate.it_per_s)
+                row.hours_per_run = finite_or_none(estimate.hours_per_run)
+                row.cost_per_run_usd = finite_or_none(estimate.cost_per_run_usd)
+                if row.projection and math.isfinite(estimate.hours_per_run):
+                    # the one-time costs stay the first measurement's; training takes the rest
+                    one_time_s = float(row.projection.get("one_time_s") or 0.0)
+                    row.projection = {
+                        **row.projection,
+                        "train_hours": max(0.0, estimate.hours_per_run - one_time_s / 3600),
+                    }
 
     def list_trials(
         self,

@@ -27,6 +27,7 @@ from sweeper.errors import TrialError
 from sweeper.hardware import math_mode, peak_flops
 from sweeper.measurement import parse_measurement
 from sweeper.space import TrialConfig, Workload
+from sweeper.trial.contention import HostWatch
 from sweeper.trial.engines import TrialContext, engine, timer_for
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.recipe import Recorder, ci95_rel, is_steady, percentile, t95
@@ -48,7 +49,9 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         request=request,
         device=device,
         tokenizer=tokenizer,
-        recorder=Recorder(settings.warmup, settings.measure, timer_for(device)),
+        recorder=Recorder(
+            settings.warmup, settings.measure, timer_for(device), HostWatch(_cuda_index(device))
+        ),
         cache_dir=Path(request.cache_dir),
         last_phase_end=imports_done_at,
     )
@@ -110,6 +113,12 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             "env": environment(device, config_hash(model.config), request.prepared),
         }
     )
+
+
+def _cuda_index(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def measurement(values: dict[str, Any]) -> dict[str, Any]:

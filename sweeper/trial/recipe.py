@@ -29,21 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sweeper.noise import t95
 from sweeper.space import MeasureSettings, WarmupSettings
-
-# Two-sided 95% Student t quantiles by degrees of freedom; beyond the table, the normal value.
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-        9: 2.262, 10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021,
-        60: 2.000, 120: 1.980}  # fmt: skip
-
-
-def t95(df: int) -> float:
-    """Conservative t quantile: the table value at the largest tabulated df not above ``df``."""
-    if df < 1:
-        return math.inf
-    if df > 120:
-        return 1.960
-    return _T95[max(k for k in _T95 if k <= df)]
 
 
 def ci95_rel(step_times: list[float]) -> float:
@@ -146,6 +133,7 @@ class Recording:
     window_s: float = 0.0
     steady: bool = False
     target_ci: float = 0.0
+    host: dict[str, Any] = field(default_factory=dict)  # the window's contention (HostWatch)
 
     @property
     def burn_in_times(self) -> list[float]:
@@ -190,7 +178,16 @@ class Recording:
             "step_times_s": times,
             "data_wait_s": [s.data_wait_s for s in self.burn_in + self.window],
             "mean_row_tokens": padded / rows if rows else 0.0,
+            **self.host,
         }
+
+
+class Watch(Protocol):
+    """Reads the machine at the window's edges (``sweeper.trial.contention.HostWatch``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> dict[str, Any]: ...
 
 
 class Recorder:
@@ -201,8 +198,15 @@ class Recorder:
     after each optimizer step; ``step_end`` returns True when the measurement is done.
     """
 
-    def __init__(self, warmup: WarmupSettings, measure: MeasureSettings, timer: Timer) -> None:
+    def __init__(
+        self,
+        warmup: WarmupSettings,
+        measure: MeasureSettings,
+        timer: Timer,
+        watch: Watch | None = None,
+    ) -> None:
         self.warmup, self.measure, self.timer = warmup, measure, timer
+        self.watch = watch
         self.phase = "idle"  # idle → burn_in → window → done
         self.recording = Recording(target_ci=measure.target_ci)
         self._current = Step()
@@ -266,6 +270,10 @@ class Recorder:
                 self.measure.min_steps, math.ceil(self.measure.warmup_multiple * len(steps))
             )
             self.phase = "window"
+            if self.watch is not None:
+                # read the host before the window opens, so the reading is not timed
+                self.watch.start()
+                now = self._step_started = self.timer.now()
             self._phase_started = now
             self._marks = [self.timer.mark()]
             self._known = 0
@@ -290,6 +298,8 @@ class Recorder:
             self.timer.sync()
             self.recording.window_s = self.timer.now() - self._phase_started
             self._resolve(wait=True)
+            if self.watch is not None:
+                self.recording.host = self.watch.stop()
             self.phase = "done"
 
     def _resolve(self, *, wait: bool) -> None:

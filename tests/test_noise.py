@@ -1,0 +1,451 @@
+"""How sure a $/run is (``sweeper.noise``) and what the search loop measures again because of
+it: a trial on a shared machine is re-run, a reference config shows drift, the best configs are
+re-measured interleaved until their intervals separate, ties go to the least peak memory.
+
+The loop's trials here are scripted measurements (what is under test is what the loop measures
+again and what it concludes, on a real Optuna study in a real SQLite file); the readings of a
+shared machine are real: busy processes, read through /proc by the child's own watch.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import optuna
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sweeper.noise import (
+    Estimate,
+    Noise,
+    Sample,
+    SampleKind,
+    contention,
+    drift,
+    machine_noise,
+    overlaps,
+    pool,
+)
+from sweeper.preflight import PreflightReport
+from sweeper.space import Space, TrialConfig, parse_space
+from sweeper.study import Outcome, SearchLoop, enqueue_known, expected_saving
+from tests.helpers import TINY_SPACE, tiny_space_without_baseline
+
+
+def _sample(cost: float, kind: SampleKind = "trial", ci: float = 0.01, **kw: object) -> Sample:
+    return Sample(
+        kind=kind,
+        cost_per_run_usd=cost,
+        hours_per_run=cost / 2,
+        samples_per_s=100 / cost,
+        tokens_per_s=None,
+        it_per_s=None,
+        ci95_rel=ci,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+# ------------------------------------------------------------------ pooling
+
+
+costs = st.floats(min_value=0.01, max_value=1e4, allow_nan=False)
+cis = st.floats(min_value=0.0, max_value=0.5, allow_nan=False)
+
+
+@given(st.lists(st.tuples(costs, cis, st.booleans()), min_size=1, max_size=8))
+def test_pooled_estimate_stays_within_what_it_pooled(
+    measured: list[tuple[float, float, bool]],
+) -> None:
+    samples = [_sample(c, ci=ci, contended=busy) for c, ci, busy in measured]
+    estimate = pool(samples, machine_noise([samples]))
+    calm = [s for s in samples if not s.contended]
+    kept = calm or [min(samples, key=lambda s: s.cost_per_run_usd)]
+    assert estimate.n == len(kept) and estimate.dropped == len(samples) - len(kept)
+    assert estimate.contended == (not calm)
+    lo = min(s.cost_per_run_usd for s in kept)
+    hi = max(s.cost_per_run_usd for s in kept)
+    assert lo * (1 - 1e-9) <= estimate.cost_per_run_usd <= hi * (1 + 1e-9)
+    assert estimate.ci95_rel >= 0 and math.isfinite(estimate.ci95_rel)
+
+
+def test_the_machines_noise_widens_a_window_that_claims_too_little() -> None:
+    # five trials of one config on this CPU spread with a CV of 4.5% while each window
+    # claimed ±2% (bench/RESULTS.md, trial quality): the pooled interval must say so
+    runs = [_sample(c, ci=0.02) for c in (92.1, 93.1, 95.3, 103.1, 95.8)]
+    noise = machine_noise([runs])
+    assert noise.df == 4 and 0.04 < noise.cv < 0.05
+    single = pool(runs[:1], noise)
+    assert single.ci95_rel > 0.02 * 4  # t(4) × 4.5%, not the window's ±2%
+    assert pool(runs, noise).ci95_rel < single.ci95_rel  # five measurements narrow it
+
+
+def test_overlap_is_symmetric_and_separates_beyond_both_intervals() -> None:
+    assert overlaps(1.0, 0.05, 1.09, 0.05) and overlaps(1.09, 0.05, 1.0, 0.05)
+    assert not overlaps(1.0, 0.01, 1.05, 0.01) and not overlaps(1.05, 0.01, 1.0, 0.01)
+
+
+def test_drift_is_a_move_beyond_the_noise_of_the_reference() -> None:
+    first = _sample(1.0, ci=0.01)
+    assert drift([first, _sample(1.005, "drift", ci=0.01)]) is None
+    moved = drift([first, _sample(1.005, "drift"), _sample(1.15, "drift", at="t2")])
+    assert moved is not None and moved.kind_of == "slower" and moved.at == "t2"
+    assert "15.0% slower" in moved.describe(0)
+    # a contended drift measurement is not drift: the machine was shared, not changed
+    assert drift([first, _sample(1.5, "drift", contended=True)]) is None
+    # nor is a move that the machine's own run-to-run noise explains
+    assert drift([first, _sample(1.05, "drift")], Noise(0.04**2, 20)) is None
+
+
+def test_contention_names_what_was_shared() -> None:
+    quiet = contention(others_cpu=0.1, cpu_count=2, steal_share=0.0, gpu_other_processes=0)
+    assert quiet is None
+    busy = contention(others_cpu=3.0, cpu_count=16, steal_share=0.08, gpu_other_processes=2)
+    assert busy == (
+        "other processes used 3.0 of the 16 CPUs; the hypervisor stole 8% of CPU time; "
+        "2 other processes computed on the GPU"
+    )
+    # unreadable is not contended
+    assert (
+        contention(others_cpu=None, cpu_count=None, steal_share=None, gpu_other_processes=None)
+        is None
+    )
+
+
+def test_expected_saving_never_reads_a_quiet_stretch_as_certainty() -> None:
+    assert expected_saving([], 30, 10, 5.0, 10) == 0.0
+    quiet = expected_saving([(2, 0.3)], 30, 10, 5.0, 10)  # nothing in the last 10
+    busy = expected_saving([(2, 0.3), (25, 0.3), (28, 0.3)], 30, 10, 5.0, 10)
+    assert 0 < quiet < busy
+    assert quiet == pytest.approx(1 / 12 * 0.3 * 5.0 * 10)
+
+
+# ------------------------------------------------------------------ the child's watch
+
+
+_BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+
+
+@pytest.fixture
+def busy_processes() -> Iterator[int]:
+    """As many busy processes as this machine has CPUs, for the test's duration."""
+    import os
+
+    n = os.cpu_count() or 2
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY]) for _ in range(n)]
+    time.sleep(0.5)
+    yield n
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+_WATCH = textwrap.dedent(
+    """
+    import json, subprocess, sys, time
+    from sweeper.trial.contention import HostWatch, _tree_ticks
+    import os
+    own = int(sys.argv[1])
+    kids = [subprocess.Popen([sys.executable, "-c", {busy!r}]) for _ in range(own)]
+    time.sleep(0.3)
+    watch = HostWatch()
+    before = _tree_ticks(os.getpid())
+    watch.start()
+    time.sleep(2.0)
+    result = watch.stop()
+    result["own_cpu"] = (_tree_ticks(os.getpid()) - before) / os.sysconf("SC_CLK_TCK") / 2.0
+    for kid in kids:
+        kid.kill()
+    print(json.dumps(result))
+    """
+).format(busy=_BUSY)
+
+
+def _watch(own_children: int = 0) -> dict:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", _WATCH, str(own_children)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return json.loads(out)
+
+
+def test_the_watch_flags_other_processes_busy_during_the_window(busy_processes: int) -> None:
+    reading = _watch()
+    # the busy processes are not the watcher's: they are others, whatever else runs here
+    assert reading["host_others_cpu"] >= min(1.0, 0.5 * busy_processes), reading
+    assert reading["contended"] and "other processes used" in reading["contention"]
+
+
+def test_the_watch_counts_its_own_workers_as_its_own() -> None:
+    reading = _watch(own_children=1)
+    # a DataLoader worker burning a CPU is the trial's own work, not contention
+    assert reading["own_cpu"] >= 0.5, reading
+    assert reading["cpu_steal_share"] is None or 0 <= reading["cpu_steal_share"] <= 1
+    assert reading["gpu_other_processes"] is None  # no GPU asked for
+
+
+# ------------------------------------------------------------------ the loop
+
+SPACE = tiny_space_without_baseline().replace(
+    "per_device_batch_size: [2, 4]", "per_device_batch_size: [1, 2, 4, 8]"
+)
+
+
+TINY_REMEASURE = "  remeasure: {rounds: 0, drift_every: null, contended_reruns: 0}\n"
+
+
+def _space(extra: str = "", text: str = SPACE) -> Space:
+    """The space with ``extra`` in its budget (the tiny space's own re-measuring replaced)."""
+    assert TINY_REMEASURE in text
+    return parse_space(text.replace(TINY_REMEASURE, extra))
+
+
+class _Script:
+    """Measurements by config: each call takes the next cost of the config's list (the last
+    one repeats), contended where the cost is negative."""
+
+    def __init__(
+        self, script: Mapping[int, Sequence[float]], seconds: float = 0.0, ci: float = 0.01
+    ) -> None:
+        self.script = script  # by per_device_batch_size
+        self.ci = ci  # each window's 95% interval
+        self.calls: list[tuple[int, str]] = []  # (batch, kind), in order
+        self.estimates: dict[int, Estimate] = {}
+        self.seconds = seconds
+        self.peak = {1: 4e9, 2: 3e9, 4: 2e9, 8: 1e9}
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
+        raise AssertionError("nothing runs out of memory here")
+
+    def _next(self, config: TrialConfig, kind: SampleKind) -> Sample:
+        batch = config.per_device_batch_size
+        done = sum(1 for b, _ in self.calls if b == batch)
+        self.calls.append((batch, kind))
+        costs = self.script[batch]
+        cost = costs[min(done, len(costs) - 1)]
+        time.sleep(self.seconds)
+        busy = cost < 0
+        return _sample(
+            abs(cost),
+            kind,
+            ci=self.ci,
+            contended=busy,
+            contention="other processes used 2.0 of the 2 CPUs" if busy else None,
+            peak_memory_bytes=int(self.peak[batch]),
+        )
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        sample = self._next(config, "trial")
+        return Outcome(
+            number=trial.number, cost=sample.cost_per_run_usd, spread=self.ci, sample=sample
+        )
+
+    def remeasure(
+        self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None
+    ) -> Sample | None:
+        return self._next(config, kind)
+
+    def record_estimates(
+        self, estimates: Mapping[int, tuple[Estimate, Sequence[Sample] | None]]
+    ) -> None:
+        self.estimates.update({n: e for n, (e, _) in estimates.items()})
+
+
+class _Notes:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+    def __getattr__(self, name: str):  # the rest of SweepObserver: nothing to show
+        return lambda *args, **kwargs: None
+
+
+@pytest.fixture
+def storage(sqlite_url: str) -> Iterator[optuna.storages.RDBStorage]:
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    yield storage
+    storage.engine.dispose()
+
+
+def _loop(
+    space: Space, storage: optuna.storages.RDBStorage, script: _Script
+) -> tuple[SearchLoop, _Notes]:
+    study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
+    # the batches in order, eager attention, accumulation 1: the script decides the rest
+    for batch in sorted(script.script):
+        study.enqueue_trial(
+            {
+                "per_device_batch_size": batch,
+                "gradient_accumulation_steps": 1,
+                "attn_implementation": "eager",
+            }
+        )
+    enqueue_known(study, space)
+    notes = _Notes()
+    loop = SearchLoop(space, study, script, PreflightReport(), notes, seed=0)  # type: ignore[arg-type]
+    return loop, notes
+
+
+def test_a_trial_on_a_shared_machine_is_measured_again_at_once(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    space = _space("  remeasure: {rounds: 0, drift_every: null, contended_reruns: 2}\n")
+    script = _Script({1: [-9.0, -8.0, 4.0], 2: [5.0], 4: [6.0], 8: [7.0]})
+    loop, notes = _loop(space, storage, script)
+    loop.run(4)
+    assert script.calls[:3] == [(1, "trial"), (1, "rerun"), (1, "rerun")]
+    assert [kind for _, kind in script.calls[3:]] == ["trial"] * 3
+    first = _config(loop, 1)
+    # the calm measurement decides; the contended ones are left out
+    assert loop.results[first].cost == pytest.approx(4.0)
+    estimate = script.estimates[loop.results[first].number]
+    assert estimate.n == 1 and estimate.dropped == 2 and not estimate.contended
+    assert sum("measuring it again" in n for n in notes.notes) == 2
+
+
+def test_a_config_contended_every_time_keeps_its_fastest_measurement_flagged(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    space = _space("  remeasure: {rounds: 0, drift_every: null, contended_reruns: 1}\n")
+    script = _Script({1: [-9.0, -6.0], 2: [5.0], 4: [6.0], 8: [7.0]})
+    loop, notes = _loop(space, storage, script)
+    loop.run(1)
+    (config,) = loop.results
+    assert loop.results[config].cost == pytest.approx(6.0)
+    assert script.estimates[loop.results[config].number].contended
+    assert any("every measurement was contended" in n for n in notes.notes)
+
+
+def test_the_reference_is_measured_again_and_drift_is_reported(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    space = _space("  remeasure: {rounds: 0, drift_every: 2, contended_reruns: 0}\n")
+    # the first config (the reference) measures 10.0, then 10.0 again, then 13.0: drift
+    script = _Script({1: [10.0, 10.0, 13.0], 2: [5.0], 4: [6.0], 8: [7.0]})
+    loop, notes = _loop(space, storage, script)
+    loop.run(4)
+    drift_calls = [(b, k) for b, k in script.calls if k == "drift"]
+    assert drift_calls == [(1, "drift"), (1, "drift")]  # after trial 2 and trial 4
+    assert loop.drift is not None and loop.drift.kind_of == "slower"
+    assert any("measured 30.0% slower" in n for n in notes.notes)
+
+
+def test_the_best_configs_are_measured_again_interleaved_until_they_separate(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    space = _space("  remeasure: {rounds: 4, top: 3, drift_every: null, contended_reruns: 0}\n")
+    # batches 2 and 4 first measure 5.00 and 5.15, ±2% each: their intervals overlap; measured
+    # again, both intervals narrow and part; batches 8 (9.0) and 1 (12.0) are never in the race
+    script = _Script({1: [12.0], 2: [5.0, 4.95], 4: [5.15, 5.2], 8: [9.0]}, ci=0.02)
+    loop, notes = _loop(space, storage, script)
+    loop.run(4)
+    assert len(loop.contenders()) == 2
+    loop.settle()
+    final = [(b, k) for b, k in script.calls if k == "final"]
+    assert final == [(2, "final"), (4, "final")]  # one round, cheapest first, then done
+    assert len(loop.contenders()) == 1
+    assert any("after 1 round(s) the best config stands clear" in n for n in notes.notes)
+    assert script.estimates[loop.results[_config(loop, 2)].number].n == 2
+
+
+def test_configs_that_stay_tied_are_named_and_the_rounds_end(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    space = _space("  remeasure: {rounds: 2, top: 3, drift_every: null, contended_reruns: 0}\n")
+    script = _Script({1: [12.0], 2: [5.0, 5.01, 4.99], 4: [5.0, 4.99, 5.01], 8: [9.0]}, ci=0.02)
+    loop, notes = _loop(space, storage, script)
+    loop.run(4)
+    loop.settle()
+    final = [(b, k) for b, k in script.calls if k == "final"]
+    assert sorted(final) == [(2, "final"), (2, "final"), (4, "final"), (4, "final")]
+    assert final[0][0] != final[1][0] and final[2][0] != final[3][0]  # A, B, A, B
+    assert any("still tie within the noise" in n for n in notes.notes)
+
+
+def _config(loop: SearchLoop, batch: int) -> TrialConfig:
+    return next(c for c in loop.results if c.per_device_batch_size == batch)
+
+
+def test_planned_runs_stop_the_sweep_when_the_next_trial_costs_more_than_it_saves(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    # each trial takes 0.05 s of a $3,600/h machine ($0.05); the best run costs $5.00 and
+    # improvements were rare and small: one planned run cannot pay for another trial
+    text = SPACE.replace("usd_per_hour: 0.10", "usd_per_hour: 3600").replace(
+        "per_device_batch_size: [2, 4]", "per_device_batch_size: [1, 2, 4, 8]"
+    )
+    space = _space(
+        "  planned_runs: 1\n" + TINY_REMEASURE,
+        text.replace("max_seq_length: [64]", "max_seq_length: [64, 128, 256]").replace(
+            "num_workers: [0]", "num_workers: [0, 1]"
+        ),
+    )
+    script = _Script({1: [5.1], 2: [5.0], 4: [5.2], 8: [5.3]}, seconds=0.05)
+    loop, _ = _loop(space, storage, script)
+    loop.run(40)
+    assert loop.stop_reason.startswith("the next trial is expected to save $")
+    assert "budget.planned_runs" in loop.stop_reason
+    assert loop.measured < 40
+
+
+# ------------------------------------------------------------------ a real sweep
+
+
+@pytest.mark.torch
+def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
+    sqlite_url: str, cache_dir: Path, busy_processes: int
+) -> None:
+    """Real children on a machine kept busy by other processes: every trial is measured while
+    the machine is shared, so it is measured again at once, stays flagged, and the
+    recommendation says so; the baseline (the reference) is measured again for drift."""
+    from sweeper.recommend import best
+    from sweeper.store import Store
+    from sweeper.study import run_sweep
+
+    text = TINY_SPACE.read_text().replace(
+        TINY_REMEASURE, "  remeasure: {rounds: 0, drift_every: 2, contended_reruns: 1}\n"
+    )
+    notes = _Notes()
+    report = run_sweep(
+        parse_space(text), storage_url=sqlite_url, cache_dir=cache_dir, space_text=text,
+        n_trials=2, observer=notes,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert report.completed == 2
+    store = Store(sqlite_url)
+    rows = {t.number: t for t in store.list_trials("tiny", include_measurement=True)}
+    for row in rows.values():
+        assert row.measurement is not None and row.measurement["contended"], row.measurement
+        assert "other processes used" in row.measurement["contention"]
+        assert row.contended is True
+        kinds = [s["kind"] for s in row.remeasures or []]
+        assert kinds[:2] == ["trial", "rerun"], kinds
+        # the columns hold the pooled estimate: all contended, so the fastest measurement
+        assert row.cost_per_run_usd == pytest.approx(
+            min(s["cost_per_run_usd"] for s in row.remeasures or [])
+        )
+        assert row.cost_ci95_rel is not None and row.cost_ci95_rel > 0
+    # trial 0 is the baseline: the drift reference, measured again after the second trial
+    assert [s["kind"] for s in rows[0].remeasures or []] == ["trial", "rerun", "drift"]
+    assert sum("measuring it again" in n for n in notes.notes) == 2
+    recommendation = best(store, "tiny")
+    store.dispose()
+    assert recommendation.contended
+    assert any("while the machine was shared" in w for w in recommendation.warnings)
+    assert recommendation.measurements >= 2 and recommendation.cost_ci95_rel
+    assert recommendation.interval_text().startswith(f"${recommendation.cost_per_run_usd:,.2f} ±")
