@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -99,3 +101,21 @@ def trial_request(
             }
         ),
     )
+
+
+def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
+    """The recommendation is the cheapest trial, or, when others tie with the cheapest within
+    the noise (their $/run intervals overlap), the tied one with the least peak memory.
+    ``trials``: rows (or dicts) with number, cost_per_run_usd and peak_memory_bytes; returns the
+    chosen one."""
+
+    def get(t: Any, key: str) -> Any:
+        return t[key] if isinstance(t, dict) else getattr(t, key)
+
+    cheapest = min(trials, key=lambda t: (get(t, "cost_per_run_usd"), get(t, "number")))
+    chosen = next(t for t in trials if get(t, "number") == recommendation.trial_number)
+    if chosen is not cheapest:
+        assert get(cheapest, "number") in recommendation.ties, recommendation
+        assert (get(chosen, "peak_memory_bytes") or 0) <= (get(cheapest, "peak_memory_bytes") or 0)
+        assert recommendation.tie_note and "least peak memory" in recommendation.tie_note
+    return chosen

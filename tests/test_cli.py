@@ -20,8 +20,15 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.recommend import best as best_of
 from sweeper.store import Store
-from tests.helpers import REPO, TINY_SPACE, run_sweeper, tiny_space_without_baseline
+from tests.helpers import (
+    REPO,
+    TINY_SPACE,
+    assert_cheapest_or_tied,
+    run_sweeper,
+    tiny_space_without_baseline,
+)
 
 
 def _sweeper(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -108,7 +115,9 @@ def test_sweep_stores_trials_and_api_reads_them(
         hours = train_hours + (part["startup_s"] + part["checkpoint_s"]) / 3600
         assert t.hours_per_run == pytest.approx(hours)
         assert t.cost_per_run_usd == pytest.approx(hours * 0.10)
-    cheapest = min(trials, key=lambda t: (t.cost_per_run_usd, t.number))
+    store = Store(storage_url)
+    chosen = assert_cheapest_or_tied(best_of(store, "tiny"), trials)
+    store.dispose()
 
     # Optuna's tables, same database: ordinary trials with values and user attributes
     optuna_storage = optuna.storages.RDBStorage(storage_url)
@@ -127,21 +136,21 @@ def test_sweep_stores_trials_and_api_reads_them(
         listed = client.get("/api/studies/tiny/trials").json()
         assert [t["number"] for t in listed] == [t.number for t in trials]
         api_best = client.get("/api/studies/tiny/best").json()
-        assert api_best["trial_number"] == cheapest.number
-        assert api_best["cost_per_run_usd"] == pytest.approx(cheapest.cost_per_run_usd)
+        assert api_best["trial_number"] == chosen.number
+        assert api_best["cost_per_run_usd"] == pytest.approx(chosen.cost_per_run_usd)
         assert api_best["baseline_trial_number"] == 0
         assert api_best["usd_saved_per_run"] == pytest.approx(
-            trials[0].cost_per_run_usd - cheapest.cost_per_run_usd
+            trials[0].cost_per_run_usd - chosen.cost_per_run_usd
         )
         repriced = client.get("/api/studies/tiny/best", params={"usd_per_hour": 0.2}).json()
-        assert repriced["cost_per_run_usd"] == pytest.approx(2 * cheapest.cost_per_run_usd)
+        assert repriced["cost_per_run_usd"] == pytest.approx(2 * chosen.cost_per_run_usd)
         impossible = client.get("/api/studies/tiny/best", params={"max_hours": 1e-9})
         assert impossible.status_code == 409 and "fastest takes" in impossible.json()["detail"]
 
     # `sweeper best --json` prints the same recommendation
     best = _sweeper("best", "--study", "tiny", "--json", *args, env=env)
     assert best.returncode == 0, best.stderr
-    assert json.loads(best.stdout)["trial_number"] == cheapest.number
+    assert json.loads(best.stdout)["trial_number"] == chosen.number
 
     # and a real server answers the same
     port = _free_port()
@@ -165,7 +174,7 @@ def test_sweep_stores_trials_and_api_reads_them(
                 assert time.monotonic() < deadline, "server did not come up in 30 s"
                 time.sleep(0.2)
         assert response.status_code == 200
-        assert response.json()["trial_number"] == cheapest.number
+        assert response.json()["trial_number"] == chosen.number
         page = httpx.get(f"http://127.0.0.1:{port}/studies/tiny", timeout=5)
         assert page.status_code == 200 and "/static/plotly.min.js" in page.text
     finally:
