@@ -115,6 +115,12 @@ def launch(
             if report.predicted_oom
             else ""
         )
+        + (
+            f"; {report.remeasured} re-measure{'s' if report.remeasured != 1 else ''} of "
+            "measured configs (shared machine, drift, the best configs' noise)"
+            if report.remeasured
+            else ""
+        )
         + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
         highlight=False,
     )

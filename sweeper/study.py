@@ -93,6 +93,7 @@ class SweepReport:
     no_best_reason: str | None = None  # why there is no recommendation, when there is none
     predicted_oom: int = 0  # configs not run: as heavy as one that ran out of memory
     stop_reason: str = ""  # why the sweep ended
+    remeasured: int = 0  # measurements of configs measured before (sweeper.noise)
 
 
 class PrepareError(SweeperError):
@@ -202,6 +203,7 @@ def run_sweep(
         no_best_reason=no_best_reason,
         predicted_oom=counts["predicted"],
         stop_reason=loop.stop_reason,
+        remeasured=loop.remeasured,
     )
 
 
