@@ -427,6 +427,7 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
         n_trials=2, observer=notes,  # type: ignore[arg-type]
     )  # fmt: skip
     assert report.completed == 2
+    assert report.remeasured == 3  # a rerun of each trial, one drift check
     store = Store(sqlite_url)
     rows = {t.number: t for t in store.list_trials("tiny", include_measurement=True)}
     for row in rows.values():
