@@ -86,7 +86,6 @@ def _gpu_others(device_index: int | None) -> int | None:
     """Compute processes on the GPU other than this one, or None when it cannot be read."""
     if device_index is None:
         return None
-    me = os.getpid()
     with contextlib.suppress(Exception):  # NVML raises its own error types
         import pynvml  # type: ignore[import-not-found]
 
@@ -94,7 +93,7 @@ def _gpu_others(device_index: int | None) -> int | None:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
             processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            return sum(1 for p in processes if p.pid != me)
+            return _others(len(processes))
         finally:
             pynvml.nvmlShutdown()
     smi = shutil.which("nvidia-smi")
@@ -105,8 +104,19 @@ def _gpu_others(device_index: int | None) -> int | None:
             [smi, f"--id={device_index}", "--query-compute-apps=pid", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout  # fmt: skip
-        return sum(1 for line in out.split() if line.strip().isdigit() and int(line) != me)
+        return _others(sum(1 for line in out.split() if line.strip().isdigit()))
     return None
+
+
+def _others(listed: int) -> int:
+    """Compute processes on the GPU besides the trial. The trial holds a context on it while
+    its window runs, so it is always one of those listed; inside a container NVML lists host
+    PIDs, which never equal ours, so it is discounted by count, not by PID.
+
+    >>> _others(1), _others(3), _others(0)
+    (0, 2, 0)
+    """
+    return max(0, listed - 1)
 
 
 class HostWatch:
