@@ -132,6 +132,9 @@ def _launch_quick(
         "measure": {"min_steps": 3, "max_steps": 3, "min_seconds": 0, "warmup_multiple": 0},
         "timeout_s": 600,
     }
+    # one final round of re-measuring, no reruns: the seeds' sweeps stay a few children long
+    # on a loaded machine (tests/test_noise.py covers reruns and drift)
+    data["budget"]["remeasure"] = {"rounds": 1, "contended_reruns": 0, "drift_every": None}
     quick = tmp_path / name
     quick.write_text(yaml.safe_dump(data))
     result = run_sweeper(
