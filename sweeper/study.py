@@ -802,7 +802,9 @@ def expected_saving(
     success and one failure added so that a quiet stretch never reads as certainty) times the
     mean relative gain of the improvements so far times the best $/run times ``runs``.
 
-    >>> round(expected_saving([(3, 0.2), (8, 0.1)], 20, 10, 2.0, 5), 4)  # 1 in 10: (1+1)/(10+2)
+    >>> round(expected_saving([(3, 0.2), (8, 0.1)], 20, 10, 2.0, 5), 4)  # 0 in 10: (0+1)/(10+2)
+    0.125
+    >>> round(expected_saving([(3, 0.2), (18, 0.1)], 20, 10, 2.0, 5), 4)  # 1 in 10: (1+1)/(10+2)
     0.25
     """
     recent = sum(1 for at, _ in gains if at > measured - window)

@@ -215,5 +215,8 @@ def test_dataloader_worker_crash_is_a_classified_failure(
     assert killed, "no DataLoader worker appeared"
     thread.join(timeout=120)
     run = result["run"]
-    assert (run.result.status, run.result.failure_kind) == ("failed", "dataloader")
+    assert (run.result.status, run.result.failure_kind) == ("failed", "dataloader"), (
+        run.result.failure_message,
+        run.result.traceback,
+    )
     assert "DataLoader worker" in (run.result.failure_message or "")
