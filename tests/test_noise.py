@@ -129,7 +129,7 @@ def test_expected_saving_never_reads_a_quiet_stretch_as_certainty() -> None:
 # ------------------------------------------------------------------ the child's watch
 
 
-_BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
+_BUSY = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
 
 
 @pytest.fixture
