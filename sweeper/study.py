@@ -461,6 +461,8 @@ class SearchLoop:
         self.noise = machine_noise(self.samples.values())
         self.drift: Drift | None = None
         self.remeasured = 0  # measurements of configs already measured, this sweep
+        # what the store holds for each config's interval: rows that did not move are not written
+        self._written: dict[TrialConfig, tuple[float, bool]] = {}
         measured = [o for o in self.results.values() if o.cost is not None]
         # the best measured so far, beyond noise (a resumed sweep starts from its earlier best)
         self.best: Outcome | None = min(measured, key=lambda o: o.cost or 0.0, default=None)
@@ -597,8 +599,11 @@ class SearchLoop:
             self.results[config] = replace(
                 outcome, cost=estimate.cost_per_run_usd, spread=estimate.ci95_rel
             )
-            estimates[outcome.number] = (estimate, samples if config == changed else None)
-        self.executor.record_estimates(estimates)
+            written = (estimate.ci95_rel, estimate.contended)
+            if config == changed or self._written.get(config) != written:
+                estimates[outcome.number] = (estimate, samples if config == changed else None)
+                self._written[config] = written
+        self.executor.record_estimates(estimates)  # only what moved: one write per row changed
 
     def _rerun_if_contended(self, config: TrialConfig) -> None:
         """A measurement taken on a shared machine is taken again, at once, while reruns last."""
