@@ -541,10 +541,12 @@ class SearchLoop:
                 outcome = self.executor.execute(trial, config, left_s)
                 self._took(time.monotonic() - started)
                 self.results[config] = outcome
-                self._tell(trial, outcome)
                 if outcome.sample is not None:
                     self.samples[config] = [outcome.sample]
                     self._rerun_if_contended(config)
+                # told after the reruns: the sampler learns the calm measurement, not the
+                # one a shared machine slowed (which would mark a good region as bad)
+                self._tell(trial, self.results[config])
                 if clock is not None:
                     clock.charge()
                 counts["run"] += 1

@@ -317,6 +317,9 @@ def test_a_trial_on_a_shared_machine_is_measured_again_at_once(
     estimate = script.estimates[loop.results[first].number]
     assert estimate.n == 1 and estimate.dropped == 2 and not estimate.contended
     assert sum("measuring it again" in n for n in notes.notes) == 2
+    # and the sampler was told the calm $/run, not the slowed one
+    (told,) = [t for t in loop.study.trials if t.number == loop.results[first].number]
+    assert told.value == pytest.approx(4.0)
 
 
 def test_a_config_contended_every_time_keeps_its_fastest_measurement_flagged(
