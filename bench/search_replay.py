@@ -9,9 +9,12 @@ Optuna study; only the trial executor is replaced by a lookup in the table.
 
 The table is JSONL, one object per config: the space's knob names as keys, ``samples_per_s``,
 ``tokens_per_s``, optionally ``peak_memory_bytes`` and ``noise`` (the relative spread of one
-measurement: each lookup then draws a log-normal measurement around the value), and ``status``
-(``ok``, or a failure kind such as ``oom``). A knob the table leaves out takes the space's
-value. A config the space allows but the table lacks is a failed trial.
+measurement: each lookup then draws a log-normal measurement around the value), optionally
+``contended_share`` and ``slowdown`` (a machine shared with other work: each lookup is, with
+that probability, slowed by that factor and flagged contended, as the child's host watch flags
+it; the loop then measures it again), and ``status`` (``ok``, or a failure kind such as
+``oom``). A knob the table leaves out takes the space's value. A config the space allows but
+the table lacks is a failed trial.
 
 For each metric (samples/s, tokens/s) the search minimizes $/run computed from that metric, and
 the bench prints, over the seeds, the number of distinct configs run until one within 5% and
@@ -62,7 +65,8 @@ class Row:
     tokens_per_s: float | None
     status: str
     noise: float = 0.0
-
+    contended_share: float = 0.0  # the chance that a measurement is taken under load
+    slowdown: float = 1.0  # what the load does to a measurement
     peak_memory_bytes: int | None = None
 
     def value(self, metric: str) -> float | None:
@@ -87,6 +91,8 @@ def read_table(path: Path, space: Space) -> dict[TrialConfig, Row]:
             tokens_per_s=data.get("tokens_per_s"),
             status=data.get("status", "ok"),
             noise=float(data.get("noise", 0.0)),
+            contended_share=float(data.get("contended_share", 0.0)),
+            slowdown=float(data.get("slowdown", 1.0)),
             peak_memory_bytes=data.get("peak_memory_bytes"),
         )
     return rows
@@ -139,12 +145,15 @@ class LookupExecutor:
         pass
 
     def _sample(self, row: Row, kind: SampleKind) -> Sample | None:
-        """One measurement of the row: its value, with the row's noise drawn afresh."""
+        """One measurement of the row: its value, with the row's noise and load drawn afresh."""
         value = row.value(self.metric)
         if row.status != "ok" or value is None or value <= 0:
             return None
         if row.noise:
             value *= math.exp(self.rng.normal(0.0, row.noise))
+        loaded = bool(row.contended_share) and self.rng.random() < row.contended_share
+        if loaded:
+            value *= row.slowdown
         # $/run of the job counted in this metric's units (samples or tokens)
         cost = self.price * self.units / value / 3600
         return Sample(
@@ -155,6 +164,8 @@ class LookupExecutor:
             tokens_per_s=value if self.metric == "tokens_per_s" else None,
             it_per_s=None,
             ci95_rel=1.96 * row.noise,  # one measurement's 95% interval
+            contended=loaded,
+            contention="the table's load" if loaded else None,
             peak_memory_bytes=row.peak_memory_bytes,
         )
 

@@ -15,11 +15,11 @@ each config, and which configs are not worth running.
   loop on measured and synthetic tables; ``DEFAULT_SAMPLER`` is the one that needs the fewest
   trials there (bench/RESULTS.md). Each worker gets its own seed (``worker_seed``).
 
-``bayes`` is sweeper's own: Thompson sampling over the space's finite grid with a Bayesian
-linear model of log $/run (one-hot main effects, log-scaled numeric knobs, pairwise
-interactions). It never proposes a measured or running config, and it picks among the unmeasured
-configs the one a plausible model of the measurements says is cheapest, so it explores where the
-model is unsure and exploits where it is sure.
+``bayes`` is sweeper's own: a Bayesian linear model of log $/run over the space's finite grid
+(one-hot main effects, log-scaled numeric knobs, pairwise interactions). It never proposes a
+measured or running config; among the others it picks the one most likely to beat the best
+$/run by more than the noise, so it explores where the model is unsure and exploits where it
+is sure.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ INFEASIBLE_KINDS = frozenset({"oom", "unsupported", "compile", "nonfinite", "dat
 
 CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasible, 0 feasible
 REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
+CONTENDED_ATTR = "contended"  # user attr: every measurement was taken on a shared machine
 
 
 def infeasible(trial: FrozenTrial) -> bool:
@@ -112,7 +113,7 @@ def make_sampler(
     """The Optuna sampler ``search.sampler`` names. ``candidates``: the Optuna parameters of
     every config the sweep may run (``optuna_params`` of the runnable grid)."""
     if name == "bayes":
-        return ThompsonGridSampler(candidates, seed=seed)
+        return ImprovementGridSampler(candidates, seed=seed)
     if name == "grid":
         return ShuffledGridSampler(candidates, seed=seed)
     if name == "tpe":
@@ -200,23 +201,30 @@ class ShuffledGridSampler(_CandidateSampler):
         return int(self.rng.choice(free))
 
 
-class ThompsonGridSampler(_CandidateSampler):
-    """Thompson sampling with Bayesian linear regression of log $/run over the grid.
+class ImprovementGridSampler(_CandidateSampler):
+    """Bayesian linear regression of log $/run over the grid; each pick is the free config most
+    likely to beat the best measured $/run by more than the noise (probability of improvement).
 
     Features of a config: a one-hot per (knob, value); log2 of each numeric knob; pairwise
-    products of the one-hots of different knobs (interactions, with a tighter prior). Each pick
-    draws one weight vector from the posterior (Matheron's rule: a prior draw corrected by the
-    data, O(n^3 + nF) for n trials and F features) and takes the free config it predicts
-    cheapest. A config that failed by its own doing enters the regression at twice the worst
-    measured $/run; configs that weigh at least as much as an out-of-memory one are never
-    picked (out-of-memory trials do not enter the regression: the wall is sharp, and the best
-    config often sits next to it).
+    products of the one-hots of different knobs (interactions, with a tighter prior). The
+    posterior's mean and spread of each free config are exact (a Gaussian prior on the
+    weights, O(n^3 + n F m) for n trials, F features and m free configs). Measured trials enter
+    the regression; trials slowed by a shared machine (``CONTENDED_ATTR``) do not. Failures
+    stay out of the cost regression: a config a linear model of "failed" against "ran" puts at
+    even odds or worse is not picked, and neither is a config at least as heavy as one that ran
+    out of memory or one a model of peak memory says will not fit (the wall is sharp and the
+    best config often sits next to it, so a failure must not make its knob values look slow).
+
+    On the replay tables this needs about half the trials that Thompson sampling with the same
+    model needed (bench/RESULTS.md); the first pick is random.
     """
 
     main_prior_sd = 0.5  # log $/run: one knob value may halve or double the cost
     numeric_prior_sd = 2.0  # log2(batch) from its smallest to largest value: up to ~7-fold
     interaction_prior_sd = 0.05  # chosen on the replay tables (0.02-0.3 tried, 40 seeds)
     noise_sd = 0.1  # ~10% run-to-run spread of a short trial
+    improvement = 0.05  # log $/run: the gain a pick must be likely to bring (beyond the noise)
+    chunk = 4096  # free configs scored at once
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
@@ -241,9 +249,11 @@ class ThompsonGridSampler(_CandidateSampler):
             if infeasible(t):
                 if t.user_attrs.get("failure_kind") == "oom":
                     oom.append(index)
-                else:  # unsupported, compile error...: a value that fails here
+                else:  # unsupported, compile error...: a config that fails here
                     failed.append(index)
                 continue
+            if t.user_attrs.get(CONTENDED_ATTR):
+                continue  # slowed by other work by an unknown factor: it says little
             if t.value is not None and t.value > 0 and math.isfinite(t.value):
                 rows.append(index)
                 values.append(math.log(t.value))
@@ -254,60 +264,68 @@ class ThompsonGridSampler(_CandidateSampler):
             heavy = self._memory.dominated(oom)
             free = [i for i in free if not heavy[i]] or free
             free = self._fits(free, oom, memory)
-            free = self._unlike_oom(free, oom, rows)
+        if oom or failed:
+            free = self._unlike(free, oom + failed, rows)
         if not rows:
             return int(self.rng.choice(free))
-        # a config that fails by its own doing counts as twice the worst measured $/run:
-        # its knob values look costly until a measurement says otherwise
-        penalty = max(values) + math.log(2)
-        rows += failed
-        values += [penalty] * len(failed)
-        weights = self._posterior_draw(np.array(rows), np.array(values))
-        return free[int(np.argmin(self.design.predict(free, weights)))]
+        return free[self._most_likely_to_improve(np.array(rows), np.array(values), free)]
+
+    def _most_likely_to_improve(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> int:
+        """The index into ``free`` of the config most likely to beat the best measured log
+        $/run by more than ``improvement``: the largest (best - improvement - mean) / sd of the
+        posterior (the probability of improvement is monotone in it)."""
+        x = self.design.matrix(rows)
+        prior_x = x * self.prior_var
+        gram = prior_x @ x.T + self.noise_sd**2 * np.eye(len(y))
+        cholesky = np.linalg.cholesky(gram)
+        alpha = np.linalg.solve(cholesky.T, np.linalg.solve(cholesky, y - y.mean()))
+        target = float(y.min()) - self.improvement - float(y.mean())
+        best, best_score = 0, -math.inf
+        for start in range(0, len(free), self.chunk):
+            features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
+            covariance = prior_x @ features.T  # trials x configs
+            mean = covariance.T @ alpha
+            reduced = np.linalg.solve(cholesky, covariance)
+            variance = (features**2) @ self.prior_var - np.sum(reduced**2, axis=0)
+            score = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
+            at = int(np.argmax(score))
+            if score[at] > best_score:
+                best, best_score = start + at, float(score[at])
+        return best
 
     def _fits(self, free: list[int], oom: list[int], memory: list[tuple[int, float]]) -> list[int]:
-        """The free configs a plausible model of the measured peak memory says fit: lighter
-        than the lightest config that ran out of memory (and at least as heavy as the
-        heaviest that did not: the model may not say less)."""
+        """The free configs a model of the measured peak memory says fit: lighter than the
+        lightest config that ran out of memory (and at least as heavy as the heaviest that did
+        not: the model may not say less)."""
         if len(memory) < 2:
             return free
         rows = np.array([i for i, _ in memory])
         log_peak = np.array([m for _, m in memory])
-        weights = self._posterior_draw(rows, log_peak, self.memory_prior_var, 0.05, mean=True)
+        weights = self._posterior_mean(rows, log_peak, self.memory_prior_var, 0.05)
         # predictions are of the centered log peak
         heaviest_ran = float(log_peak.max() - log_peak.mean())
         limit = max(float(self.design.predict(oom, weights).min()), heaviest_ran)
         predicted = self.design.predict(free, weights)
         return [i for i, p in zip(free, predicted, strict=True) if p < limit] or free
 
-    def _unlike_oom(self, free: list[int], oom: list[int], ran: list[int]) -> list[int]:
-        """The free configs a linear model of "ran out of memory" (1) against "ran" (0), over
-        the same features, puts below even odds."""
+    def _unlike(self, free: list[int], failed: list[int], ran: list[int]) -> list[int]:
+        """The free configs a linear model of "failed" (1: out of memory or another failure
+        of the config's own) against "ran" (0), over the same features, puts below even odds."""
         if not ran:
             return free
-        rows = np.array(oom + ran)
-        label = np.array([1.0] * len(oom) + [0.0] * len(ran))
-        weights = self._posterior_draw(rows, label, self.memory_prior_var, 0.3, mean=True)
+        rows = np.array(failed + ran)
+        label = np.array([1.0] * len(failed) + [0.0] * len(ran))
+        weights = self._posterior_mean(rows, label, self.memory_prior_var, 0.3)
         predicted = self.design.predict(free, weights) + label.mean()
         return [i for i, p in zip(free, predicted, strict=True) if p < 0.5] or free
 
-    def _posterior_draw(
-        self, rows: np.ndarray, y: np.ndarray, prior_var: np.ndarray | None = None,
-        noise_sd: float | None = None, mean: bool = False,
-    ) -> np.ndarray:  # fmt: skip
-        """One draw of the weights from the posterior of y ~ features[rows] (centered), or
-        with ``mean`` the posterior mean."""
-        prior_var = self.prior_var if prior_var is None else prior_var
-        noise_sd = self.noise_sd if noise_sd is None else noise_sd
+    def _posterior_mean(
+        self, rows: np.ndarray, y: np.ndarray, prior_var: np.ndarray, noise_sd: float
+    ) -> np.ndarray:
+        """The posterior mean of the weights of y ~ features[rows] (y centered)."""
         x = self.design.matrix(rows)
-        residual = y - y.mean()
-        prior_draw = np.sqrt(prior_var) * self.rng.standard_normal(len(prior_var))
-        epsilon = noise_sd * self.rng.standard_normal(len(y))
-        if mean:
-            prior_draw, epsilon = np.zeros_like(prior_draw), np.zeros_like(epsilon)
         gram = (x * prior_var) @ x.T + noise_sd**2 * np.eye(len(y))
-        correction = np.linalg.solve(gram, residual - x @ prior_draw - epsilon)
-        return prior_draw + prior_var * (x.T @ correction)
+        return prior_var * (x.T @ np.linalg.solve(gram, y - y.mean()))
 
 
 def _levels(values: Sequence[Any]) -> tuple[int, np.ndarray]:
@@ -378,9 +396,18 @@ class _Design:
         self.size = max(1, len(self.kinds))
         if not self.kinds:
             self.kinds = ["main"]
+        self._all: np.ndarray | None = None
+        if len(candidates) * self.size <= self.CACHED:
+            self._all = self._build(np.arange(len(candidates)))
+
+    CACHED = 4_000_000  # features held for the whole grid when they take at most 32 MB
 
     def matrix(self, rows: np.ndarray) -> np.ndarray:
         """The features of the candidates ``rows``."""
+        rows = np.asarray(rows, dtype=int)
+        return self._all[rows] if self._all is not None else self._build(rows)
+
+    def _build(self, rows: np.ndarray) -> np.ndarray:
         out = np.zeros((len(rows), self.size))
         at = np.arange(len(rows))
         for codes, offset in zip(self.codes, self.offsets, strict=True):

@@ -39,6 +39,7 @@ from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_pre
 from sweeper.recommend import Recommendation, StudyFacts, best, truncates
 from sweeper.search import (
     CONSTRAINT,
+    CONTENDED_ATTR,
     INFEASIBLE_KINDS,
     REPEAT_ATTR,
     make_sampler,
@@ -546,6 +547,8 @@ class SearchLoop:
                     self._rerun_if_contended(config)
                 # told after the reruns: the sampler learns the calm measurement, not the
                 # one a shared machine slowed (which would mark a good region as bad)
+                if all(s.contended for s in self.samples.get(config, [])) and outcome.sample:
+                    trial.set_user_attr(CONTENDED_ATTR, True)
                 self._tell(trial, self.results[config])
                 if clock is not None:
                     clock.charge()
