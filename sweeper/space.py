@@ -305,8 +305,9 @@ class _SearchRules(_Frozen):
     effective_batch: EffectiveBatch | None = None
     sampler: SamplerName = Field(
         default=DEFAULT_SAMPLER,
-        description="how the sweep picks the next config: bayes (sweeper's own: Thompson "
-        "sampling over the space's grid; the default, chosen by bench/search_replay.py), tpe, "
+        description="how the sweep picks the next config: bayes (sweeper's own: the config "
+        "most likely to beat the best beyond the noise, from a Bayesian model over the space's "
+        "grid; the default, chosen by bench/search_replay.py), tpe, "
         "tpe-multivariate, gp (Optuna's), random, or grid (every config once, in random order)",
     )
 
