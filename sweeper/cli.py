@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sweeper.errors import SpaceError, SweeperError
+from sweeper.errors import SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
     from sweeper.doctor import DoctorReport
@@ -98,6 +98,11 @@ def launch(
                 max_minutes=max_minutes,
                 observer=observer,
             )
+    except Terminated:
+        raise _fail(
+            "terminated (SIGTERM); finished trials are kept, the running one is marked interrupted",
+            143,
+        ) from None
     except KeyboardInterrupt:
         raise _fail(
             "interrupted; finished trials are kept, the running one is marked", 130
@@ -426,7 +431,14 @@ def main() -> None:
     # ignored, and Python then installs no KeyboardInterrupt handler: `kill -INT` would do
     # nothing. An interrupt asked for explicitly must stop the sweep cleanly wherever it runs.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGTERM (docker stop, Kubernetes, and PID 1 in a container, where a signal without a
+    # handler is ignored) stops the sweep the same way, with its own exit code
+    signal.signal(signal.SIGTERM, _terminate)
     app()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
 
 
 # ---------------------------------------------------------------------------- output

@@ -32,6 +32,12 @@ class SweeperError(Exception):
     """Root of every error sweeper raises on purpose."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``docker stop``, Kubernetes, systemd): stopped as Ctrl-C stops, so the
+    running trial's process group is killed and the trial is marked interrupted; the exit
+    code is 143 (128 + SIGTERM) instead of 130."""
+
+
 class SpaceError(SweeperError):
     """A space file cannot be used; the message names the file, the field and the line."""
 

@@ -215,8 +215,11 @@ def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
     return slow
 
 
-def _launch(space: Path, storage: str, env: dict[str, str], *extra: str) -> subprocess.Popen[str]:
-    """``sweeper launch`` of ``space`` as a child process with pipes, not waited for."""
+def _launch(
+    space: Path, storage: str, env: dict[str, str], *extra: str, background: bool = False
+) -> subprocess.Popen[str]:
+    """``sweeper launch`` of ``space`` as a child process with pipes, not waited for; with
+    ``background``, started as a shell starts a background job (SIGINT ignored)."""
     return subprocess.Popen(
         [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
         + ["--storage", storage, *extra],
@@ -225,6 +228,7 @@ def _launch(space: Path, storage: str, env: dict[str, str], *extra: str) -> subp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
     )
 
 
@@ -258,18 +262,33 @@ def _communicate_or_dump_stacks(process: subprocess.Popen[str], timeout: float) 
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize(
+    ("sent", "background", "code", "said"),
+    [
+        (signal.SIGINT, False, 130, "interrupted"),
+        (signal.SIGINT, True, 130, "interrupted"),
+        (signal.SIGTERM, False, 143, "terminated (SIGTERM)"),
+    ],
+    ids=["SIGINT", "SIGINT-to-a-background-job", "SIGTERM"],
+)
 def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
-    tmp_path: Path, sqlite_url: str, env: dict[str, str]
+    tmp_path: Path,
+    sqlite_url: str,
+    env: dict[str, str],
+    sent: int,
+    background: bool,
+    code: int,
+    said: str,
 ) -> None:
-    process = _launch(_slow_space(tmp_path), sqlite_url, env)
+    process = _launch(_slow_space(tmp_path), sqlite_url, env, background=background)
     store = Store(sqlite_url)
     try:
         trials = _wait_for_a_running_trial(process, store)
         time.sleep(2)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(sent)
         stderr = _communicate_or_dump_stacks(process, timeout=30)
-        assert process.returncode == 130, stderr
-        assert "interrupted" in stderr
+        assert process.returncode == code, stderr
+        assert said in stderr
         (trial,) = store.list_trials("tiny")
         assert (trial.state, trial.failure_kind) == ("failed", "interrupted")
         assert store.get_study("tiny").state == "interrupted"
