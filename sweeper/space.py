@@ -844,7 +844,16 @@ def load_space(path: str | Path) -> Space:
     """Read and validate a space file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise SpaceError(f"{path}: cannot read space file: {e.strerror}") from e
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SpaceError(
+            f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the "
+            f"file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed.yaml"
+        ) from None
     return parse_space(text, source=str(path))

@@ -59,6 +59,19 @@ def test_invalid_space_exits_2_and_writes_nothing(tmp_path: Path, env: dict[str,
     assert not db.exists()
 
 
+def test_a_space_file_that_is_not_utf8_exits_2_with_where_and_the_fix(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(TINY_SPACE.read_bytes().replace(b"study: tiny", b"study: tiny # caf\xe9"))
+    db = tmp_path / "never.db"
+    result = _sweeper("launch", "--space", str(latin1), "--storage", f"sqlite:///{db}", env=env)
+    assert result.returncode == 2, result.stderr
+    assert f"{latin1}:" in result.stderr and "not UTF-8 text (byte 0xe9)" in result.stderr
+    assert "iconv" in result.stderr and "Traceback" not in result.stderr
+    assert not db.exists()
+
+
 def test_unreachable_storage_exits_1(env: dict[str, str]) -> None:
     result = _sweeper(
         "launch",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import optuna
 import pytest
@@ -86,6 +87,13 @@ def test_not_yaml_and_not_a_mapping() -> None:
 def test_missing_file() -> None:
     with pytest.raises(SpaceError, match="cannot read space file"):
         load_space("/nonexistent/space.yaml")
+
+
+def test_a_file_that_is_not_utf8_names_line_column_and_byte(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"study: a\nhardware:\n  name: Caf\xe9\n")
+    with pytest.raises(SpaceError, match=r"latin1.yaml:3:12: not UTF-8 text \(byte 0xe9\)"):
+        load_space(path)
 
 
 def test_space_is_frozen() -> None:
