@@ -14,7 +14,7 @@ from typing import Any, Literal
 import yaml
 
 from sweeper import knobs
-from sweeper.errors import SpaceError
+from sweeper.errors import ConflictError, SpaceError
 from sweeper.recommend import Recommendation
 from sweeper.space import Space, parse_space
 
@@ -310,8 +310,17 @@ class _Raw(str):
 
 
 def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
+    """The recommendation in ``fmt``; ConflictError when its stored config lacks a knob that
+    every config must set (a study recorded by an older sweeper)."""
     if fmt == "json":
         return rec.model_dump_json(indent=2) + "\n"
+    missing = [k.name for k in knobs.KNOBS if k.required and k.name not in rec.config]
+    if missing:
+        raise ConflictError(
+            f"trial #{rec.trial_number} of study {rec.study!r} was stored without "
+            f"{', '.join(missing)} (an older sweeper's record): it cannot be exported as "
+            f"{fmt}; measure the config again, or export it as json"
+        )
     if fmt == "yaml":
         document = {
             "study": rec.study,

@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
 from api.cache import EncodedJSON
-from api.deps import CacheDep, StoreDep
+from api.deps import INT32_MAX, CacheDep, StoreDep, StudyName
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
 from dashboards import figures, path_segment, plotly_js_path
@@ -69,13 +69,13 @@ PAGE_SIZE = 100
 
 @router.get("/studies/{name}", response_class=HTMLResponse)
 def study_page(
-    name: str,
+    name: StudyName,
     request: Request,
     store: StoreDep,
     cache: CacheDep,
     sort: str = "number",
     descending: bool = False,
-    page: Annotated[int, Query(ge=1)] = 1,
+    page: Annotated[int, Query(ge=1, le=INT32_MAX)] = 1,
 ) -> HTMLResponse:
     study = study_detail(store, name)
     if sort not in SORTABLE:
@@ -136,7 +136,9 @@ def study_page(
 
 
 @router.get("/studies/{name}/figures.json")
-def study_figures_json(name: str, request: Request, store: StoreDep, cache: CacheDep) -> Response:
+def study_figures_json(
+    name: StudyName, request: Request, store: StoreDep, cache: CacheDep
+) -> Response:
     """The study page's charts but importance, as Plotly JSON (fetched after first paint)."""
     body = cache.get(store, name, "figures", lambda: EncodedJSON.of(study_figures(name, store)))
     return body.response(request)
@@ -144,7 +146,7 @@ def study_figures_json(name: str, request: Request, store: StoreDep, cache: Cach
 
 @router.get("/studies/{name}/importance-figure.json")
 def importance_figure_json(
-    name: str, request: Request, store: StoreDep, cache: CacheDep
+    name: StudyName, request: Request, store: StoreDep, cache: CacheDep
 ) -> Response:
     """The importance chart alone: the slowest to compute (seconds at 10,000 trials), so the
     page draws the others first."""

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import TypeAdapter, ValidationError
 
-from api.deps import CacheDep, StoreDep
+from api.deps import INT32_MAX, CacheDep, Offset, StoreDep, StudyName, TrialNumber
 from api.schemas import (
     BestConfig,
     EnqueueRequest,
@@ -82,18 +82,19 @@ def list_studies(store: StoreDep) -> list[StudySummary]:
 
 
 @router.get("/{name}", response_model=StudyDetail)
-def get_study(name: str, store: StoreDep) -> StudyDetail:
+def get_study(name: StudyName, store: StoreDep) -> StudyDetail:
     """One study: its summary, the space YAML it ran, and its dataset statistics."""
     return study_detail(store, name)
 
 
 @router.get("/{name}/trials", response_model=list[TrialSummary])
 def list_trials(
-    name: str,
+    name: StudyName,
     store: StoreDep,
     response: Response,
     after: Annotated[
-        int | None, Query(description="only trials numbered above this (for polling)")
+        int | None,
+        Query(ge=-1, le=INT32_MAX, description="only trials numbered above this (for polling)"),
     ] = None,
     state: Annotated[
         list[TrialState] | None, Query(description="keep these states; repeat to give several")
@@ -113,7 +114,7 @@ def list_trials(
     ] = "number",
     descending: bool = False,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> list[TrialSummary]:
     """Trials (default: in number order, 100 per page), without the raw measurement (see
     /trials/{number}). ``X-Total-Count`` says how many match the filters in all."""
@@ -151,7 +152,7 @@ def _config_filter(items: list[str]) -> dict[str, Any]:
 
 
 @router.get("/{name}/trials/{number}", response_model=TrialDetail)
-def get_trial(name: str, number: int, store: StoreDep) -> TrialDetail:
+def get_trial(name: StudyName, number: TrialNumber, store: StoreDep) -> TrialDetail:
     """One trial with its raw measurement (per-step times, stats)."""
     trial = store.get_trial(name, number)
     if trial is None:
@@ -161,13 +162,23 @@ def get_trial(name: str, number: int, store: StoreDep) -> TrialDetail:
 
 def _constraints(
     usd_per_hour: Annotated[
-        float | None, Query(gt=0, description="re-price at this $/h (no new measurement)")
+        float | None,
+        Query(gt=0, allow_inf_nan=False, description="re-price at this $/h (no new measurement)"),
     ] = None,
-    max_hours: Annotated[float | None, Query(gt=0, description="deadline for the run")] = None,
-    max_cost_usd: Annotated[float | None, Query(gt=0, description="budget for the run")] = None,
+    max_hours: Annotated[
+        float | None, Query(gt=0, allow_inf_nan=False, description="deadline for the run")
+    ] = None,
+    max_cost_usd: Annotated[
+        float | None, Query(gt=0, allow_inf_nan=False, description="budget for the run")
+    ] = None,
     min_memory_headroom: Annotated[
         float | None,
-        Query(ge=0, lt=1, description="share of device memory that must stay free at peak"),
+        Query(
+            ge=0,
+            lt=1,
+            allow_inf_nan=False,
+            description="share of device memory that must stay free at peak",
+        ),
     ] = None,
     allow_truncation: Annotated[
         bool, Query(description="consider configs whose max_seq_length truncates the data")
@@ -191,7 +202,7 @@ ConstraintsDep = Annotated[recommend.Constraints, Depends(_constraints)]
     responses={409: {"description": "no completed trial yet, or none meets the constraints"}},
 )
 def get_best(
-    name: str, store: StoreDep, cache: CacheDep, constraints: ConstraintsDep
+    name: StudyName, store: StoreDep, cache: CacheDep, constraints: ConstraintsDep
 ) -> BestConfig:
     """The recommended config: the cheapest completed trial ($/run) within the constraints
     that does not truncate the data (unless allowed), ties to the earlier one, compared with
@@ -207,7 +218,7 @@ def get_best(
     responses={409: {"description": "no study of this workload has an eligible trial"}},
 )
 def compare_hardware(
-    name: str, store: StoreDep, constraints: ConstraintsDep
+    name: StudyName, store: StoreDep, constraints: ConstraintsDep
 ) -> recommend.Comparison:
     """Every study of the same workload (other hardware at its own price): the cheapest
     option and the Pareto front of $ against hours. ``usd_per_hour`` is ignored here."""
@@ -220,7 +231,7 @@ def compare_hardware(
     responses={409: {"description": "the study has no completed trial yet"}},
 )
 def export_best(
-    name: str,
+    name: StudyName,
     store: StoreDep,
     fmt: Annotated[ExportFormat, Query(alias="format")] = "trainer",
 ) -> PlainTextResponse:
@@ -236,7 +247,7 @@ def export_best(
     responses={409: {"description": "no study of this workload has an eligible trial"}},
 )
 def pareto_front(
-    name: str, store: StoreDep, constraints: ConstraintsDep
+    name: StudyName, store: StoreDep, constraints: ConstraintsDep
 ) -> list[recommend.ParetoPoint]:
     """The Pareto front of $/run against hours/run over every study of this workload (each
     hardware at its own price): no point on it is both cheaper and faster than another."""
@@ -249,7 +260,7 @@ def pareto_front(
     responses={409: {"description": "fewer than two completed trials that differ"}},
 )
 def knob_importance(
-    name: str,
+    name: StudyName,
     store: StoreDep,
     cache: CacheDep,
     target: importance.Target = "cost_per_run_usd",
@@ -282,7 +293,7 @@ _WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
     responses=_WRITE_RESPONSES
     | {409: {"description": "already measured"}, 422: {"description": "not in the space"}},
 )
-def enqueue_trial(name: str, body: EnqueueRequest, store: StoreDep) -> EnqueueResponse:
+def enqueue_trial(name: StudyName, body: EnqueueRequest, store: StoreDep) -> EnqueueResponse:
     """Queue a config to measure: the running sweep runs it next (or the next ``sweeper
     launch`` of this study does). It must be a config of the study's space."""
     params = study.enqueue_config(store, name, body.config)
@@ -303,7 +314,7 @@ def enqueue_trial(name: str, body: EnqueueRequest, store: StoreDep) -> EnqueueRe
     dependencies=[WriteAccess],
     responses=_WRITE_RESPONSES | {409: {"description": "the study is not running"}},
 )
-def stop_study(name: str, store: StoreDep) -> StopResponse:
+def stop_study(name: StudyName, store: StoreDep) -> StopResponse:
     """Ask the running sweep to stop: its running trial finishes and is recorded, then the
     sweep ends with state ``stopped``. Finished trials and the recommendation stay."""
     if not store.request_stop(name):
@@ -320,7 +331,7 @@ def stop_study(name: str, store: StoreDep) -> StopResponse:
     dependencies=[WriteAccess],
     responses=_WRITE_RESPONSES | {409: {"description": "the study is running"}},
 )
-def delete_study(name: str, store: StoreDep) -> Response:
+def delete_study(name: StudyName, store: StoreDep) -> Response:
     """Delete a study that is not running, with its trials (ours and Optuna's)."""
     study.delete_study(store, name)
     return Response(status_code=204)
