@@ -6,6 +6,8 @@ into our tables in the same database. The objective is $/run (minimize), never i
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import statistics
@@ -49,6 +51,7 @@ from sweeper.search import (
 )
 from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
 from sweeper.store import Store, TrialRow, redact
+from sweeper.store.retry import retried
 from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
 
 # Stop asking after this many consecutive configs that were measured or ruled out already.
@@ -142,9 +145,9 @@ def run_sweep(
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
-    store = Store(storage_url)
+    store = Store(storage_url, retry_s=DATABASE_RETRY_S)
     store.migrate()
-    storage = optuna_storage(storage_url)
+    storage = optuna_storage(storage_url, retry_s=DATABASE_RETRY_S)
     study = _optuna_study(space, storage)
     store.upsert_study(
         space.study,
@@ -277,13 +280,38 @@ def delete_optuna_study(storage: optuna.storages.RDBStorage, name: str) -> None:
         raise StorageError(f"cannot delete Optuna's study {name!r}: {e}") from e
 
 
-def optuna_storage(storage_url: str) -> optuna.storages.RDBStorage:
-    """Optuna's storage in the same database as our tables (dispose its engine when done)."""
+# How long a sweep waits out a lost database connection (a Postgres restart or failover)
+# before it gives up: the running trial's measurement is written once the database is back.
+DATABASE_RETRY_S = 120.0
+
+
+class _RetryingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose calls ride out a lost connection for ``retry_s`` seconds
+    (``sweeper.store.retry``); its pooled connections are checked before use."""
+
+    retry_s = 0.0
+
+
+for _name in [n for n in vars(optuna.storages.BaseStorage) if not n.startswith("_")]:
+    _method = getattr(optuna.storages.RDBStorage, _name, None)
+    if inspect.isfunction(_method):
+
+        def _call(self: _RetryingRDBStorage, *args: Any, _m: Any = _method, **kwargs: Any) -> Any:
+            return retried(_m, lambda: self.retry_s, f"optuna.{_m.__name__}")(self, *args, **kwargs)
+
+        setattr(_RetryingRDBStorage, _name, functools.wraps(_method)(_call))
+
+
+def optuna_storage(storage_url: str, retry_s: float = 0.0) -> optuna.storages.RDBStorage:
+    """Optuna's storage in the same database as our tables (dispose its engine when done);
+    ``retry_s`` as ``Store``'s."""
     optuna.logging.set_verbosity(logging.WARNING)
     try:
-        return optuna.storages.RDBStorage(storage_url)
+        storage = _RetryingRDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
     except SQLAlchemyError as e:
         raise StorageError(f"Optuna cannot use the storage {redact(storage_url)}: {e}") from e
+    storage.retry_s = retry_s
+    return storage
 
 
 def _optuna_study(space: Space, storage: optuna.storages.RDBStorage) -> optuna.Study:

@@ -40,13 +40,20 @@ def pg_admin() -> Iterator[psycopg.Connection]:
     conn.close()
 
 
+def admin_execute(sql: str) -> None:
+    """One statement on a connection of its own (a test may restart the server, which would
+    break a connection kept for the session)."""
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def postgres_url(pg_admin: psycopg.Connection) -> Iterator[str]:
     """A new empty database, dropped after the test."""
     name = f"sweeper_t_{uuid.uuid4().hex[:10]}"
-    pg_admin.execute(f'CREATE DATABASE "{name}"')
+    admin_execute(f'CREATE DATABASE "{name}"')
     yield f"postgresql+psycopg://{_pg_base().split('://', 1)[1]}/{name}"
-    pg_admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

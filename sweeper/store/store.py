@@ -5,8 +5,10 @@ Foreign database errors become ``StorageError`` here, with the URL's password hi
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +35,7 @@ from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample
 from sweeper.store.models import StudyRow, TrialMetrics, TrialRow
+from sweeper.store.retry import retried
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any 64-bit constant: serialises concurrent schema upgrades of one Postgres database.
@@ -77,8 +80,11 @@ def json_safe(value: Any) -> Any:
 class Store:
     """Our tables in one database (SQLite file or Postgres), created on first use."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, retry_s: float = 0.0) -> None:
+        """``retry_s``: how long a call that lost its connection is tried again (a sweep
+        rides out a database restart; the API answers 503 at once instead)."""
         self.url = url
+        self.retry_s = retry_s
         try:
             self.engine: Engine = _make_engine(url)
         except (ArgumentError, ImportError, SQLAlchemyError) as e:
@@ -469,3 +475,22 @@ def _make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def _retrying_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Store, *args: Any, **kwargs: Any) -> Any:
+        if not self.retry_s:
+            return method(self, *args, **kwargs)
+        return retried(method, lambda: self.retry_s, f"store.{method.__name__}")(
+            self, *args, **kwargs
+        )
+
+    return call
+
+
+# every public method of the store rides out a lost connection when the store has retry_s
+for _name, _member in list(vars(Store).items()):
+    plain = inspect.isfunction(_member) and not inspect.isgeneratorfunction(_member)
+    if plain and not _name.startswith("_") and _name not in ("dispose", "session"):
+        setattr(Store, _name, _retrying_method(_member))

@@ -1,0 +1,65 @@
+"""Riding out a database restart: a call that failed because the connection was lost is
+tried again, with backoff, for a bounded time.
+
+A sweep's trial can take many minutes; Postgres restarting under it (a failover, an upgrade,
+``pg_ctl restart``) must not lose the measurement. Connections are checked before use
+(``pool_pre_ping``), and a call that still fails on a lost connection is retried until
+``retry_s`` has passed; any other database error is raised at once.
+
+A retried write that had committed before the connection dropped runs twice: the writes
+retried here are idempotent upserts and updates by trial number, except Optuna's
+``create_new_trial``, where the worst case is one extra WAITING-free trial number.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+logger = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+FIRST_WAIT_S = 0.25
+LONGEST_WAIT_S = 4.0
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the database connection went away."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OperationalError | InterfaceError):
+            return True
+        if isinstance(current, DBAPIError) and current.connection_invalidated:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def retried(function: F, retry_s: Callable[[], float], what: str) -> F:
+    """``function``, called again while it fails on a lost connection and ``retry_s()``
+    seconds have not passed since the first try."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        wait = FIRST_WAIT_S
+        while True:
+            try:
+                return function(*args, **kwargs)
+            except Exception as e:
+                left = retry_s() - (time.monotonic() - started)
+                if left <= 0 or not connection_lost(e):
+                    raise
+                logger.warning("%s: the database connection was lost; retrying", what)
+                time.sleep(min(wait, left))
+                wait = min(wait * 2, LONGEST_WAIT_S)
+
+    return call  # type: ignore[return-value]
