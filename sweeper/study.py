@@ -52,6 +52,7 @@ from sweeper.search import (
 from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
 from sweeper.store import Store, TrialRow, redact
 from sweeper.store.retry import retried
+from sweeper.store.store import schema_lock
 from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
 
 # Stop asking after this many consecutive configs that were measured or ruled out already.
@@ -307,7 +308,8 @@ def optuna_storage(storage_url: str, retry_s: float = 0.0) -> optuna.storages.RD
     ``retry_s`` as ``Store``'s."""
     optuna.logging.set_verbosity(logging.WARNING)
     try:
-        storage = _RetryingRDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
+        with schema_lock(storage_url):  # Optuna creates its tables here
+            storage = _RetryingRDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
     except SQLAlchemyError as e:
         raise StorageError(f"Optuna cannot use the storage {redact(storage_url)}: {e}") from e
     storage.retry_s = retry_s

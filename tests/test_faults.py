@@ -3,8 +3,10 @@ under a running sweep."""
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import time
+from typing import Any
 
 import optuna
 import pytest
@@ -57,3 +59,38 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def _start_worker(url: str, barrier: Any, results: Any) -> None:
+    """What a worker does first on a database: our tables, then Optuna's."""
+    from sweeper.store import Store
+    from sweeper.study import optuna_storage
+
+    barrier.wait()
+    try:
+        store = Store(url)
+        store.migrate()
+        optuna_storage(url).engine.dispose()
+        store.dispose()
+        results.put("ok")
+    except Exception as e:  # reported to the test, which shows it
+        results.put(f"{type(e).__name__}: {e}")
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_workers_starting_together_on_an_empty_database_do_not_race(
+    postgres_url: str, attempt: int
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(6), context.Queue()
+    workers = [
+        context.Process(target=_start_worker, args=(postgres_url, barrier, results))
+        for _ in range(6)
+    ]
+    for worker in workers:
+        worker.start()
+    outcomes = [results.get(timeout=120) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    assert outcomes == ["ok"] * 6, outcomes

@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
@@ -75,6 +76,29 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+@contextmanager
+def schema_lock(url: str) -> Iterator[None]:
+    """Hold the lock our migrations take while creating someone else's tables (Optuna's):
+    workers starting together on an empty Postgres database would race on CREATE TYPE.
+    SQLite serializes its own DDL."""
+    if not url.startswith("postgresql"):
+        yield
+        return
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+            try:
+                yield
+            finally:
+                connection.execute(
+                    text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID}
+                )
+                connection.commit()
+    finally:
+        engine.dispose()
 
 
 class Store:
