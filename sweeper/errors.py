@@ -24,6 +24,7 @@ FAILURE_KINDS = (
     "timeout",  # the trial ran past its timeout and was killed
     "killed",  # the child died by a signal it did not send itself (e.g. host OOM-killer)
     "interrupted",  # the user stopped the sweep during this trial
+    "lost",  # its worker died (kill -9, a lost machine): no heartbeat within the grace period
     "error",  # anything else: the message says what
 )
 

@@ -29,6 +29,15 @@ class Settings(BaseSettings):
         description="bearer token for the write endpoints (enqueue, stop, delete); unset = "
         "the server is read-only",
     )
+    heartbeat_s: float = Field(
+        default=10.0, gt=0, description="how often a sweep worker says it is alive, seconds"
+    )
+    worker_grace_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a worker silent this long is lost: its running trial is marked lost and "
+        "its config tried once more",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="origins allowed to call the API from a browser, comma-separated; none "

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import math
+import os
+import socket
 import statistics
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -49,6 +54,7 @@ from sweeper.search import (
     runnable_params,
     worker_seed,
 )
+from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig, optuna_params, parse_space, suggest
 from sweeper.store import Store, TrialRow, redact
 from sweeper.store.retry import retried
@@ -157,6 +163,9 @@ def run_sweep(
     )
     enqueue_known(study, space)
     clock = _SweepClock(store, space.study)
+    settings = Settings()
+    member = _Worker(store, study, space, settings.heartbeat_s, settings.worker_grace_s)
+    member.start()
     try:
         prepared = prepare_workload(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)
@@ -170,7 +179,9 @@ def run_sweep(
                         0
                     ].model_dump()
                 store.upsert_study(space.study, **fields)
-            executor = _ChildExecutor(space, store, prepared, cache_dir, observer, server)
+            executor = _ChildExecutor(
+                space, store, prepared, cache_dir, observer, server, worker_id=member.id
+            )
             facts = StudyFacts.of(store.get_study(space.study))
             loop = SearchLoop(
                 space, study, executor, preflight, observer,
@@ -182,15 +193,15 @@ def run_sweep(
             if not loop.stopped:
                 loop.settle(clock)
     except KeyboardInterrupt:
-        store.set_study_state(space.study, "interrupted")
+        member.stop("interrupted")
         raise
     except BaseException:
-        store.set_study_state(space.study, "failed")
+        member.stop("failed")
         raise
     finally:
         clock.charge()
         storage.engine.dispose()
-    store.set_study_state(space.study, "stopped" if loop.stopped else "finished")
+    member.stop("stopped" if loop.stopped else "finished")
     no_best_reason = None
     try:
         recommendation: Recommendation | None = best(store, space.study)
@@ -257,6 +268,16 @@ def enqueue_config(store: Store, name: str, config: TrialConfig) -> dict[str, An
 
 def delete_study(store: Store, name: str) -> None:
     """Delete a study that is not running: our rows and Optuna's."""
+    row = store.get_study(name)
+    grace_s = Settings().worker_grace_s
+    store.reap(name, grace_s)  # workers that died mark their trials lost first
+    alive = store.live_workers(name, grace_s)
+    if alive:
+        raise ConflictError(
+            f"study {name!r} has {len(alive)} live worker(s) "
+            f"({', '.join(f'{w.host} pid {w.pid}' for w in alive)}); stop the study first "
+            "(POST .../stop) and delete it once they have ended"
+        )
     row = store.get_study(name)
     if row.state in ("running", "stopping"):
         raise ConflictError(
@@ -381,6 +402,68 @@ def _preflight(
         + "; ".join(f"{knob} {', '.join(map(str, values))}" for knob, values in kept.items())
     )
     return report
+
+
+def json_key(config: Mapping[str, Any]) -> str:
+    """A config as a comparable key (its JSON with sorted keys)."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+class _Worker:
+    """This sweep process as one worker of its study: registered, beating from a thread, and
+    reaping the study's workers that went silent (their running trials are marked ``lost``
+    in both stores, and each such config is queued once more). The study's state follows its
+    live workers: the last one to end sets it."""
+
+    def __init__(
+        self, store: Store, study: optuna.Study, space: Space, heartbeat_s: float, grace_s: float
+    ) -> None:
+        self.store, self.study, self.space = store, study, space
+        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        self.id = str(uuid.uuid4())
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="sweeper-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.reap()
+        self.store.register_worker(self.space.study, self.id, socket.gethostname(), os.getpid())
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self.heartbeat_s):
+            try:
+                self.store.beat(self.id)
+                self.reap()
+            except SweeperError:
+                continue  # the database is away: the next beat tries again
+
+    def reap(self) -> None:
+        for trial in self.store.reap(self.space.study, self.grace_s):
+            self._fail_in_optuna(trial.number)
+            lost = self.store.list_trials(self.space.study, failure_kinds=["lost"])
+            if sum(json_key(t.config) == json_key(trial.config) for t in lost) < 2:
+                config = TrialConfig.model_validate(trial.config)
+                self.study.enqueue_trial(
+                    optuna_params(config, self.space.search), user_attrs={"retry_of": trial.number}
+                )
+
+    def _fail_in_optuna(self, number: int) -> None:
+        storage = self.study._storage
+        try:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number)
+            storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+        except (KeyError, RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            pass  # Optuna never had it running, or it already ended
+
+    def stop(self, state: str) -> None:
+        """End this worker; the study takes ``state`` unless another worker is still alive."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.store.end_worker(self.id)
+        others = [w for w in self.store.live_workers(self.space.study, self.grace_s)]
+        if not others:
+            self.store.set_study_state(self.space.study, state)
 
 
 class _SweepClock:
@@ -865,8 +948,9 @@ class _ChildExecutor:
         cache_dir: Path,
         observer: SweepObserver,
         server: ForkServer | None = None,
+        worker_id: str | None = None,
     ) -> None:
-        self.space, self.store = space, store
+        self.space, self.store, self.worker_id = space, store, worker_id
         self.prepared, self.cache_dir, self.observer, self.server = (
             prepared, cache_dir, observer, server,
         )  # fmt: skip
@@ -877,7 +961,11 @@ class _ChildExecutor:
     def earlier(self) -> dict[TrialConfig, Outcome]:
         """What the study's earlier trials gave (a resumed sweep)."""
         results = {}
-        for t in self.store.list_trials(self.space.study, states=["complete", "failed", "pruned"]):
+        trials = self.store.list_trials(self.space.study, states=["complete", "failed", "pruned"])
+        lost = [json_key(t.config) for t in trials if t.failure_kind == "lost"]
+        for t in trials:
+            if t.failure_kind == "lost" and lost.count(json_key(t.config)) < 2:
+                continue  # its worker died: the config is tried once more
             cost = t.cost_per_run_usd if t.state == "complete" else None
             results[TrialConfig.model_validate(t.config)] = Outcome(
                 number=t.number,
@@ -987,7 +1075,7 @@ class _ChildExecutor:
         self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
     ) -> tuple[TrialRow, Sample | None]:
         space, store, observer = self.space, self.store, self.observer
-        store.start_trial(space.study, trial.number, config.model_dump())
+        store.start_trial(space.study, trial.number, config.model_dump(), self.worker_id)
         observer.trial_started(trial.number, config)
         try:
             measured = self._measure(config, left_s)

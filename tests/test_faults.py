@@ -6,14 +6,26 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 import pytest
+from fastapi.testclient import TestClient
 
+from api.app import create_app
 from sweeper.store import Store
-from tests.helpers import TINY_SPACE
-from tests.test_cli import _launch, _wait_for_a_running_trial, env  # noqa: F401 (fixture)
+from tests.helpers import TINY_SPACE, tiny_space_without_baseline
+from tests.test_cli import (  # noqa: F401 (env is a fixture)
+    _launch,
+    _slow_space,
+    _wait_for_a_running_trial,
+    env,
+)
+
+TOKEN = "a-test-token-of-16+-chars"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 PG_CTL = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main"]
 
@@ -94,3 +106,53 @@ def test_workers_starting_together_on_an_empty_database_do_not_race(
     for worker in workers:
         worker.join(timeout=60)
     assert outcomes == ["ok"] * 6, outcomes
+
+
+@pytest.mark.torch
+@pytest.mark.postgres
+def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_running(
+    tmp_path: Path,
+    postgres_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    beats = env | {"SWEEPER_HEARTBEAT_S": "0.5", "SWEEPER_WORKER_GRACE_S": "4"}
+    process = _launch(_slow_space(tmp_path), postgres_url, beats)
+    store = Store(postgres_url)
+    try:
+        children = _wait_for_a_running_trial(process, store)
+        (running,) = store.list_trials("tiny", states=["running"])
+        with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
+            refused = client.delete("/api/studies/tiny", headers=AUTH)
+            assert refused.status_code == 409 and "live worker" in refused.text
+        process.kill()  # kill -9: no handler runs
+        process.communicate()
+        psutil.wait_procs(children, timeout=30)
+        time.sleep(5)  # past the grace period
+        # the next sweep of the study reaps the dead worker and runs the lost config again
+        quick = tmp_path / "quick.yaml"  # the same space, with short trials
+        quick.write_text(tiny_space_without_baseline())
+        again = _launch(quick, postgres_url, beats, "--n-trials", "1")
+        _, stderr = again.communicate(timeout=600)
+        assert again.returncode == 0, stderr[-4000:]
+        trials = {t.number: t for t in store.list_trials("tiny")}
+        lost = trials[running.number]
+        assert (lost.state, lost.failure_kind) == ("failed", "lost")
+        assert "stopped sending heartbeats" in (lost.failure_message or "")
+        retried = [t for n, t in trials.items() if n != running.number]
+        assert [t.config for t in retried] == [running.config]
+        assert retried[0].state == "complete"
+        assert store.get_study("tiny").state == "finished"
+        storage = optuna.storages.RDBStorage(postgres_url)
+        try:
+            optuna_trials = optuna.load_study(study_name="tiny", storage=storage).trials
+        finally:
+            storage.engine.dispose()
+        assert optuna_trials[running.number].state == optuna.trial.TrialState.FAIL
+        assert optuna.trial.TrialState.RUNNING not in [t.state for t in optuna_trials]
+        with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
+            assert client.delete("/api/studies/tiny", headers=AUTH).status_code == 204
+    finally:
+        store.dispose()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

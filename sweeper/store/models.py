@@ -110,8 +110,26 @@ class TrialRow(Base):
     remeasures: Mapped[list[dict[str, Any]] | None] = mapped_column(
         JsonType, doc="each measurement of the config (sweeper.noise.Sample), the first included"
     )
+    worker_id: Mapped[str | None] = mapped_column(String(36), doc="the worker that ran it")
 
     study: Mapped[StudyRow] = relationship(back_populates="trials")
+
+
+class WorkerRow(Base):
+    """One sweep process working on a study: alive while its heartbeat is fresh."""
+
+    __tablename__ = "sweeper_workers"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    study_id: Mapped[int] = mapped_column(
+        ForeignKey("sweeper_studies.id", ondelete="CASCADE"), index=True
+    )
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int]
+    state: Mapped[str] = mapped_column(String(16), doc="alive, done or lost")
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class TrialMetrics(Protocol):

@@ -10,7 +10,7 @@ import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from sqlalchemy.pool import NullPool
 from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample
-from sweeper.store.models import StudyRow, TrialMetrics, TrialRow
+from sweeper.store.models import StudyRow, TrialMetrics, TrialRow, WorkerRow
 from sweeper.store.retry import retried
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -298,11 +298,109 @@ class Store:
 
     # ------------------------------------------------------------------ trials
 
-    def start_trial(self, study: str, number: int, config: dict[str, Any]) -> None:
+    # ------------------------------------------------------------------ workers
+
+    def register_worker(self, study: str, worker_id: str, host: str, pid: int) -> None:
+        """A sweep process starts working on ``study``; it is alive while it beats."""
+        now = utcnow()
+        with self.session() as s:
+            s.add(
+                WorkerRow(
+                    id=worker_id, study_id=self._study(s, study).id, host=host, pid=pid,
+                    state="alive", started_at=now, heartbeat_at=now,
+                )
+            )  # fmt: skip
+
+    def beat(self, worker_id: str) -> None:
+        with self.session() as s:
+            s.execute(
+                update(WorkerRow)
+                .where(WorkerRow.id == worker_id, WorkerRow.state == "alive")
+                .values(heartbeat_at=utcnow())
+            )
+
+    def end_worker(self, worker_id: str) -> None:
+        with self.session() as s:
+            s.execute(
+                update(WorkerRow)
+                .where(WorkerRow.id == worker_id)
+                .values(state="done", finished_at=utcnow())
+            )
+
+    def live_workers(self, study: str, grace_s: float) -> list[WorkerRow]:
+        """The study's workers that beat within the last ``grace_s`` seconds."""
+        since = utcnow() - timedelta(seconds=grace_s)
+        with self.session() as s:
+            study_id = self._study(s, study).id
+            return list(
+                s.scalars(
+                    select(WorkerRow).where(
+                        WorkerRow.study_id == study_id,
+                        WorkerRow.state == "alive",
+                        WorkerRow.heartbeat_at >= since,
+                    )
+                )
+            )
+
+    def reap(self, study: str, grace_s: float) -> list[TrialRow]:
+        """Mark the study's workers silent for more than ``grace_s`` seconds ``lost``, and
+        their running trials failed with kind ``lost``; the trials marked. A study left
+        ``running`` with no live worker becomes ``interrupted``."""
+        now = utcnow()
+        since = now - timedelta(seconds=grace_s)
+        with self.session() as s:
+            row = self._study(s, study)
+            dead = list(
+                s.scalars(
+                    select(WorkerRow)
+                    .where(
+                        WorkerRow.study_id == row.id,
+                        WorkerRow.state == "alive",
+                        WorkerRow.heartbeat_at < since,
+                    )
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            by_id = {w.id: w for w in dead}
+            lost: list[TrialRow] = []
+            for trial in s.scalars(
+                select(TrialRow).where(TrialRow.study_id == row.id, TrialRow.state == "running")
+            ):
+                worker = by_id.get(trial.worker_id or "")
+                if worker is None:
+                    continue
+                trial.state, trial.failure_kind, trial.finished_at = "failed", "lost", now
+                trial.failure_message = (
+                    f"its worker ({worker.host}, pid {worker.pid}) stopped sending heartbeats "
+                    f"at {worker.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC (killed, or its machine "
+                    "was lost); the config is tried once more"
+                )
+                lost.append(trial)
+            for worker in dead:
+                worker.state, worker.finished_at = "lost", now
+            alive = s.scalar(
+                select(func.count())
+                .select_from(WorkerRow)
+                .where(
+                    WorkerRow.study_id == row.id,
+                    WorkerRow.state == "alive",
+                    WorkerRow.heartbeat_at >= since,
+                )
+            )
+            if dead and not alive and row.state in ("running", "stopping"):
+                row.state, row.updated_at = "interrupted", now
+            return lost
+
+    # ------------------------------------------------------------------ trials
+
+    def start_trial(
+        self, study: str, number: int, config: dict[str, Any], worker_id: str | None = None
+    ) -> None:
         with self.session() as s:
             study_row = self._study(s, study)
             s.add(
                 TrialRow(
+                    worker_id=worker_id,
                     study_id=study_row.id,
                     number=number,
                     state="running",
