@@ -114,6 +114,9 @@ class LookupExecutor:
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
         pass
 
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        return None  # one worker: every config is its own
+
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
         self.run.append(config)
         row = self.table.get(config)

@@ -7,7 +7,9 @@ inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli``
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -66,21 +68,165 @@ def launch(
             "space's budget.max_minutes)",
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="sweep with this many worker processes on one study (one per visible GPU, "
+            "or N on a CPU); the trials are shared out among them",
+        ),
+    ] = 1,
 ) -> None:
     """Run a sweep: each trial trains the workload with one config in a child process."""
-    from sweeper.preflight import PreflightError
-    from sweeper.settings import Settings, resolve_storage
     from sweeper.space import load_space
-    from sweeper.study import run_sweep
 
     try:
         parsed = load_space(space)
     except SpaceError as e:
         raise _fail(f"invalid space file\n{e}", code=2) from None
-    url = resolve_storage(storage, parsed.storage)
-    observer = RichObserver(parsed.study, n_trials or parsed.budget.n_trials)
-    from sweeper.store import redact
+    from sweeper.settings import resolve_storage
 
+    url = resolve_storage(storage, parsed.storage)
+    if workers > 1:
+        _launch_workers(space, url, workers, n_trials or parsed.budget.n_trials, max_minutes)
+        _print_leaderboard(url, parsed.study)
+        return
+    index = os.environ.get("SWEEPER_WORKER_INDEX", "0")  # set by --workers for each worker
+    _sweep_and_report(
+        parsed, url, space.read_text(encoding="utf-8"), str(space), n_trials, max_minutes,
+        worker=index if index == "0" else f"{socket.gethostname()}-{os.getpid()}",
+    )  # fmt: skip
+
+
+@app.command()
+def worker(
+    study: Annotated[str, typer.Option("--study", help="the study to join")],
+    storage: StorageOption = None,
+    n_trials: Annotated[
+        int | None, typer.Option("--n-trials", min=1, help="trials this worker runs")
+    ] = None,
+    max_minutes: Annotated[
+        float | None, typer.Option("--max-minutes", min=0.1, help="this worker's time budget")
+    ] = None,
+) -> None:
+    """Join a study that `sweeper launch` created (on this machine or another one, through
+    the same Postgres URL): run trials of its space until its budget is spent. Workers never
+    run a config another worker runs or ran."""
+    from sweeper.errors import StudyNotFoundError
+    from sweeper.settings import resolve_storage
+    from sweeper.space import parse_space
+    from sweeper.store import Store
+
+    url = resolve_storage(storage)
+    store = Store(url)
+    try:
+        row = store.get_study(study)
+    except StudyNotFoundError as e:
+        raise _fail(f"{e}; create it first with `sweeper launch --space FILE`", code=2) from None
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    finally:
+        store.dispose()
+    try:
+        parsed = parse_space(row.space_yaml, source=row.space_path or f"study {study}")
+    except SpaceError as e:
+        raise _fail(f"the study's stored space no longer loads\n{e}", code=2) from None
+    _sweep_and_report(
+        parsed, url, row.space_yaml, row.space_path, n_trials, max_minutes,
+        worker=f"{socket.gethostname()}-{os.getpid()}",
+    )  # fmt: skip
+
+
+def _launch_workers(
+    space: Path, url: str, workers: int, n_trials: int, max_minutes: float | None
+) -> None:
+    """``workers`` processes of ``sweeper launch`` on one study, each with its share of the
+    trials and, on a machine with GPUs, its own GPU; their output goes to log files."""
+    import subprocess
+    import sys
+
+    from sweeper.settings import Settings
+
+    gpus = _visible_gpus()
+    if gpus and workers > len(gpus):
+        raise _fail(f"--workers {workers}: only {len(gpus)} GPU(s) are visible ({gpus})", 2)
+    logs = Settings().cache_dir / "workers"
+    logs.mkdir(parents=True, exist_ok=True)
+    share = -(-n_trials // workers)
+    processes = []
+    for index in range(workers):
+        env = dict(os.environ, SWEEPER_WORKER_INDEX=str(index))
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[index]
+        log = logs / f"{space.stem}-{index}.log"
+        command = [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
+        command += ["--storage", url, "--n-trials", str(share)]
+        if max_minutes is not None:
+            command += ["--max-minutes", str(max_minutes)]
+        with log.open("w") as out:
+            processes.append(
+                (log, subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
+            )
+        console.print(
+            f"worker {index}"
+            + (f" on GPU {gpus[index]}" if gpus else "")
+            + f": {share} trials, log {log}",
+            highlight=False,
+        )
+    failed = []
+    try:
+        for log, process in processes:
+            if process.wait() != 0:
+                failed.append((log, process.returncode))
+    except KeyboardInterrupt:
+        for _, process in processes:
+            process.send_signal(signal.SIGINT)
+        for _, process in processes:
+            process.wait()
+        raise _fail("interrupted; each worker marked its running trial", 130) from None
+    if failed:
+        raise _fail(
+            "; ".join(f"a worker exited {code} (see {log})" for log, code in failed), code=1
+        )
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs a worker may take: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    import shutil
+    import subprocess
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def _sweep_and_report(
+    parsed: Any,
+    url: str,
+    space_text: str,
+    space_path: str | None,
+    n_trials: int | None,
+    max_minutes: float | None,
+    worker: str,
+) -> None:
+    """Run this process's share of the sweep and print what it found. ``worker`` names it
+    among the study's workers (its sampler seed): "0" for the first."""
+    from sweeper.preflight import PreflightError
+    from sweeper.settings import Settings
+    from sweeper.store import redact
+    from sweeper.study import run_sweep
+
+    observer = RichObserver(parsed.study, n_trials or parsed.budget.n_trials)
     console.print(
         f"sweep [bold]{parsed.study}[/] on {parsed.hardware.name} "
         f"(${parsed.hardware.usd_per_hour:.2f}/h) → {redact(url)}",
@@ -92,11 +238,12 @@ def launch(
                 parsed,
                 storage_url=url,
                 cache_dir=Settings().cache_dir,
-                space_text=space.read_text(encoding="utf-8"),
-                space_path=str(space),
+                space_text=space_text,
+                space_path=space_path,
                 n_trials=n_trials,
                 max_minutes=max_minutes,
                 observer=observer,
+                worker=worker,
             )
     except Terminated:
         raise _fail(

@@ -7,6 +7,7 @@ into our tables in the same database. The objective is $/run (minimize), never i
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import json
 import logging
@@ -525,6 +526,11 @@ class TrialExecutor(Protocol):
 
     def stop_requested(self) -> bool: ...
 
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        """Take ``config`` for trial ``number`` before running it; None when it is ours, else
+        the trial (of any worker of the study) that took it first."""
+        ...
+
 
 class SearchLoop:
     """Ask, decide what a proposal is worth, run it (or not), tell — until the budget is spent;
@@ -604,7 +610,7 @@ class SearchLoop:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
         at the time left. ``settle`` then measures the best configs again."""
-        counts = {"run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0}
+        counts = {"run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0}
         runnable = set(self.runnable)
         skipped_in_a_row = 0
         self.deadline = deadline
@@ -649,6 +655,17 @@ class SearchLoop:
                 if oom is not None:
                     self._predicted_oom(trial, config, oom)
                     counts["predicted"] += 1
+                    continue
+                taken_by = self.executor.claim(trial.number, config)
+                if taken_by is not None:  # another worker proposed it first
+                    if taken_by != trial.number:  # (the same queued trial, popped twice:
+                        trial.set_user_attr("claimed_by", taken_by)  # it is the other's)
+                        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    counts["claimed"] += 1
+                    skipped_in_a_row += 1
+                    if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
+                        self._stop("the other workers have taken every config proposed")
+                        break
                     continue
                 skipped_in_a_row = 0
                 started = time.monotonic()
@@ -998,6 +1015,10 @@ class _ChildExecutor:
                     )
                 ]
         return samples
+
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        key = hashlib.sha256(json_key(config.model_dump()).encode()).hexdigest()
+        return self.store.claim(self.space.study, key, number, self.worker_id)
 
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
         self.store.start_trial(self.space.study, trial.number, config.model_dump())

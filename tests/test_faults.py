@@ -3,8 +3,10 @@ under a running sweep."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from sweeper.store import Store
-from tests.helpers import TINY_SPACE, tiny_space_without_baseline
+from tests.helpers import REPO, TINY_SPACE, tiny_space_without_baseline
 from tests.test_cli import (  # noqa: F401 (env is a fixture)
     _launch,
     _slow_space,
@@ -156,3 +158,43 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_three_workers_on_one_study_run_distinct_configs(
+    request: pytest.FixtureRequest,
+    backend: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    """`launch --workers 3`: each worker its share, no config run twice, no lock errors."""
+    if backend == "postgres":
+        request.applymarker(pytest.mark.postgres)
+    url = request.getfixturevalue(f"{backend}_url")
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(TINY_SPACE)]
+        + ["--storage", url, "--workers", "3", "--n-trials", "6"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    logs = Path(env["SWEEPER_CACHE_DIR"]) / "workers"
+    worker_logs = "\n".join(p.read_text()[-2000:] for p in sorted(logs.glob("tiny-*.log")))
+    assert done.returncode == 0, done.stderr[-3000:] + worker_logs
+    assert done.stdout.count("worker ") >= 3
+    store = Store(url)
+    try:
+        trials = store.list_trials("tiny")
+        state = store.get_study("tiny").state
+    finally:
+        store.dispose()
+    configs = [json.dumps(t.config, sort_keys=True) for t in trials]
+    assert len(trials) == 6 and len(set(configs)) == 6, [(t.number, t.config) for t in trials]
+    assert len({t.number for t in trials}) == 6
+    assert [t.state for t in trials] == ["complete"] * 6, [t.failure_message for t in trials]
+    assert len({t.worker_id for t in trials}) == 3  # every worker ran its share
+    assert state == "finished"
+    for marker in ("locked", "Traceback", "UniqueViolation"):
+        assert marker not in worker_logs + done.stderr

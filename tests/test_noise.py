@@ -248,6 +248,9 @@ class _Script:
             peak_memory_bytes=int(self.peak[batch]),
         )
 
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        return None  # one worker: every config is its own
+
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
         sample = self._next(config, "trial")
         return Outcome(

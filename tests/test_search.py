@@ -62,6 +62,9 @@ class _Table:
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
         self.predicted.append((trial.number, message))
 
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        return None  # one worker: every config is its own
+
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
         self.ran.append(config)
         speed = _samples_per_s(config)

@@ -155,3 +155,17 @@ class TrialMetrics(Protocol):
     cost_ci95_rel: float | None
     contended: bool | None
     remeasures: list[dict[str, Any]] | None
+
+
+class ClaimRow(Base):
+    """A config taken by one trial of the study: a second worker proposing it finds it here
+    (the primary key makes the claim atomic) and does not run it."""
+
+    __tablename__ = "sweeper_claims"
+
+    study_id: Mapped[int] = mapped_column(
+        ForeignKey("sweeper_studies.id", ondelete="CASCADE"), primary_key=True
+    )
+    config_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    trial_number: Mapped[int]
+    worker_id: Mapped[str | None] = mapped_column(String(36))

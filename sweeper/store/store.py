@@ -21,6 +21,7 @@ from sqlalchemy import (
     Engine,
     Select,
     create_engine,
+    delete,
     event,
     func,
     make_url,
@@ -28,14 +29,14 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample
-from sweeper.store.models import StudyRow, TrialMetrics, TrialRow, WorkerRow
+from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
 from sweeper.store.retry import retried
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -296,6 +297,36 @@ class Store:
             raise StudyNotFoundError(f"no study named {name!r} in this storage")
         return row
 
+    def claim(
+        self, study: str, config_key: str, number: int, worker_id: str | None = None
+    ) -> int | None:
+        """Take ``config_key`` for trial ``number`` of ``worker_id``: None if it is ours now
+        (or already was), else the number of the trial that took it first. That number can
+        be ``number`` itself: on SQLite two workers can pop the same queued Optuna trial."""
+        try:
+            with self.session() as s:
+                study_id = self._study(s, study).id
+                s.add(
+                    ClaimRow(
+                        study_id=study_id, config_key=config_key, trial_number=number,
+                        worker_id=worker_id,
+                    )
+                )  # fmt: skip
+            return None
+        except StorageError as e:
+            if not isinstance(e.__cause__, IntegrityError):
+                raise
+        with self.session() as s:
+            owner = s.scalar(
+                select(ClaimRow).where(
+                    ClaimRow.study_id == self._study(s, study).id,
+                    ClaimRow.config_key == config_key,
+                )
+            )
+            if owner is None or (owner.trial_number, owner.worker_id) == (number, worker_id):
+                return None
+            return owner.trial_number
+
     # ------------------------------------------------------------------ trials
 
     # ------------------------------------------------------------------ workers
@@ -376,6 +407,11 @@ class Store:
                     "was lost); the config is tried once more"
                 )
                 lost.append(trial)
+                s.execute(  # the config may run again
+                    delete(ClaimRow).where(
+                        ClaimRow.study_id == row.id, ClaimRow.trial_number == trial.number
+                    )
+                )
             for worker in dead:
                 worker.state, worker.finished_at = "lost", now
             alive = s.scalar(

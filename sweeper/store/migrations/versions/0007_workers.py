@@ -1,4 +1,5 @@
-"""Workers of a study and their heartbeats; which worker ran each trial
+"""Workers of a study and their heartbeats; which worker ran each trial; claims (one trial
+per config, whichever worker proposed it first)
 
 Revision ID: 0007
 Revises: 0006
@@ -31,9 +32,22 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("sweeper_trials") as batch:
         batch.add_column(sa.Column("worker_id", sa.String(36)))
+    op.create_table(
+        "sweeper_claims",
+        sa.Column(
+            "study_id",
+            sa.Integer(),
+            sa.ForeignKey("sweeper_studies.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("config_key", sa.String(64), primary_key=True),
+        sa.Column("trial_number", sa.Integer(), nullable=False),
+        sa.Column("worker_id", sa.String(36)),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("sweeper_claims")
     with op.batch_alter_table("sweeper_trials") as batch:
         batch.drop_column("worker_id")
     op.drop_table("sweeper_workers")
