@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -92,11 +91,9 @@ def launch(
         _launch_workers(space, url, workers, n_trials or parsed.budget.n_trials, max_minutes)
         _print_leaderboard(url, parsed.study)
         return
-    index = os.environ.get("SWEEPER_WORKER_INDEX", "0")  # set by --workers for each worker
     _sweep_and_report(
-        parsed, url, space.read_text(encoding="utf-8"), str(space), n_trials, max_minutes,
-        worker=index if index == "0" else f"{socket.gethostname()}-{os.getpid()}",
-    )  # fmt: skip
+        parsed, url, space.read_text(encoding="utf-8"), str(space), n_trials, max_minutes
+    )
 
 
 @app.command()
@@ -132,10 +129,7 @@ def worker(
         parsed = parse_space(row.space_yaml, source=row.space_path or f"study {study}")
     except SpaceError as e:
         raise _fail(f"the study's stored space no longer loads\n{e}", code=2) from None
-    _sweep_and_report(
-        parsed, url, row.space_yaml, row.space_path, n_trials, max_minutes,
-        worker=f"{socket.gethostname()}-{os.getpid()}",
-    )  # fmt: skip
+    _sweep_and_report(parsed, url, row.space_yaml, row.space_path, n_trials, max_minutes)
 
 
 def _launch_workers(
@@ -156,7 +150,7 @@ def _launch_workers(
     share = -(-n_trials // workers)
     processes = []
     for index in range(workers):
-        env = dict(os.environ, SWEEPER_WORKER_INDEX=str(index))
+        env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[index]
         log = logs / f"{space.stem}-{index}.log"
@@ -217,10 +211,9 @@ def _sweep_and_report(
     space_path: str | None,
     n_trials: int | None,
     max_minutes: float | None,
-    worker: str,
 ) -> None:
-    """Run this process's share of the sweep and print what it found. ``worker`` names it
-    among the study's workers (its sampler seed): "0" for the first."""
+    """Run this process's share of the sweep (as one worker of the study) and print what it
+    found."""
     from sweeper.preflight import PreflightError
     from sweeper.settings import Settings
     from sweeper.store import redact
@@ -243,7 +236,6 @@ def _sweep_and_report(
                 n_trials=n_trials,
                 max_minutes=max_minutes,
                 observer=observer,
-                worker=worker,
             )
     except Terminated:
         raise _fail(

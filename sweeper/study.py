@@ -142,12 +142,13 @@ def run_sweep(
     n_trials: int | None = None,
     max_minutes: float | None = None,
     observer: SweepObserver | None = None,
-    worker: str = "0",
+    worker: str | None = None,
 ) -> SweepReport:
     """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
     ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial
     that the time left cannot hold. Preparation and preflight count against that time. ``worker``:
-    which of the study's workers this is (each samples with its own seed)."""
+    which of the study's workers this is (each samples with its own seed; by default the first
+    live worker is "0" and the others are named by their worker id)."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
@@ -167,6 +168,11 @@ def run_sweep(
     settings = Settings()
     member = _Worker(store, study, space, settings.heartbeat_s, settings.worker_grace_s)
     member.start()
+    # the study's first live worker samples with the space's seed; one that joins others
+    # (launch --workers, sweeper worker, compose replicas) with one of its own
+    live = store.live_workers(space.study, settings.worker_grace_s)
+    first = min(live, key=lambda w: (w.started_at, w.id)).id if live else member.id
+    worker = worker or ("0" if first == member.id else member.id)
     try:
         prepared = prepare_workload(space, cache_dir, observer)
         store.upsert_study(space.study, dataset_stats=prepared.stats)
