@@ -91,11 +91,14 @@ def _start_worker(url: str, barrier: Any, results: Any) -> None:
         results.put(f"{type(e).__name__}: {e}")
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("attempt", [1, 2])
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_workers_starting_together_on_an_empty_database_do_not_race(
-    postgres_url: str, attempt: int
+    request: pytest.FixtureRequest, backend: str, attempt: int
 ) -> None:
+    if backend == "postgres":
+        request.applymarker(pytest.mark.postgres)
+    postgres_url = request.getfixturevalue(f"{backend}_url")  # (or SQLite's)
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(6), context.Queue()
     workers = [

@@ -5,11 +5,12 @@ Foreign database errors become ``StorageError`` here, with the URL's password hi
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -82,10 +83,21 @@ def json_safe(value: Any) -> Any:
 @contextmanager
 def schema_lock(url: str) -> Iterator[None]:
     """Hold the lock our migrations take while creating someone else's tables (Optuna's):
-    workers starting together on an empty Postgres database would race on CREATE TYPE.
-    SQLite serializes its own DDL."""
+    workers starting together on an empty database would race (CREATE TYPE on Postgres,
+    alembic_version on SQLite). On an SQLite file the lock is an flock beside it."""
     if not url.startswith("postgresql"):
-        yield
+        database = make_url(url).database
+        if not database or database == ":memory:":
+            yield
+            return
+        lock = Path(f"{database}.lock")
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
         return
     engine = create_engine(url, poolclass=NullPool)
     try:
@@ -140,7 +152,12 @@ class Store:
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR))
         try:
-            with self.engine.begin() as connection:
+            # Postgres: the transaction's advisory lock below; SQLite: the file lock
+            sqlite = self.engine.dialect.name == "sqlite"
+            with (
+                schema_lock(self.url) if sqlite else nullcontext(),
+                self.engine.begin() as connection,
+            ):
                 if connection.dialect.name == "postgresql":
                     connection.execute(
                         text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID}
