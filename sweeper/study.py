@@ -416,6 +416,15 @@ def json_key(config: Mapping[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, default=str)
 
 
+LOST_RETRIES = 1  # a config whose worker died runs again this many times
+
+
+def times_lost(trials: Sequence[TrialRow], config: Mapping[str, Any]) -> int:
+    """How many of ``trials`` ran ``config`` and were lost with their worker."""
+    key = json_key(config)
+    return sum(t.failure_kind == "lost" and json_key(t.config) == key for t in trials)
+
+
 class _Worker:
     """This sweep process as one worker of its study: registered, beating from a thread, and
     reaping the study's workers that went silent (their running trials are marked ``lost``
@@ -448,7 +457,7 @@ class _Worker:
         for trial in self.store.reap(self.space.study, self.grace_s):
             self._fail_in_optuna(trial.number)
             lost = self.store.list_trials(self.space.study, failure_kinds=["lost"])
-            if sum(json_key(t.config) == json_key(trial.config) for t in lost) < 2:
+            if times_lost(lost, trial.config) < LOST_RETRIES + 1:
                 config = TrialConfig.model_validate(trial.config)
                 self.study.enqueue_trial(
                     optuna_params(config, self.space.search), user_attrs={"retry_of": trial.number}
@@ -985,9 +994,8 @@ class _ChildExecutor:
         """What the study's earlier trials gave (a resumed sweep)."""
         results = {}
         trials = self.store.list_trials(self.space.study, states=["complete", "failed", "pruned"])
-        lost = [json_key(t.config) for t in trials if t.failure_kind == "lost"]
         for t in trials:
-            if t.failure_kind == "lost" and lost.count(json_key(t.config)) < 2:
+            if t.failure_kind == "lost" and times_lost(trials, t.config) <= LOST_RETRIES:
                 continue  # its worker died: the config is tried once more
             cost = t.cost_per_run_usd if t.state == "complete" else None
             results[TrialConfig.model_validate(t.config)] = Outcome(
