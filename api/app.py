@@ -23,7 +23,7 @@ import sweeper
 from api.cache import GZIP_LEVEL, StudyCache
 from api.errors import install_error_handlers
 from api.routes import catalog, docs, pages, studies
-from api.security import BodyLimit, SecurityHeaders
+from api.security import BodyLimit, NoNulBytes, SecurityHeaders
 from dashboards import STATIC_DIR, template_environment
 from sweeper.settings import Settings, normalize_storage_url, resolve_storage
 from sweeper.store import Store
@@ -72,6 +72,7 @@ def create_app(
             expose_headers=["X-Total-Count"],
         )
     app.add_middleware(BodyLimit)
+    app.add_middleware(NoNulBytes)
     app.add_middleware(SecurityHeaders)
     app.include_router(studies.router)
     app.include_router(catalog.router)

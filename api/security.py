@@ -138,3 +138,31 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+class NoNulBytes:
+    """Answers 422 to a URL with a NUL byte anywhere in its path or query: Postgres text
+    cannot hold one, and no name, filter or value of ours contains one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or scope.get("path", "").encode()
+            query = scope.get("query_string", b"")
+            if b"\x00" in raw or b"%00" in raw.lower() or b"%00" in query.lower():
+                body = b'{"detail":"the URL contains a NUL byte (%00); no name or filter has one"}'
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 422,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)

@@ -250,6 +250,8 @@ def test_broken_database_is_503_with_a_message(sqlite_url: str) -> None:
         f"/api/studies/{STUDY_PATH}/trials/{2**31}",
         "/api/studies/a%00b",
         "/api/studies/a%00b/trials",
+        f"/api/studies/{STUDY_PATH}/trials?failure_kind=o%00m",
+        f"/api/studies/{STUDY_PATH}/trials?config=attn_implementation:sd%00pa",
         f"/api/studies/{STUDY_PATH}/best?usd_per_hour=Infinity",
         f"/api/studies/{STUDY_PATH}/best?max_hours=NaN",
         f"/studies/{STUDY_PATH}?page={2**31}",
