@@ -119,25 +119,31 @@ class BodyLimit:
             await self._too_large(send)
 
     async def _too_large(self, send: Send) -> None:
-        body = (
+        await send_json(
+            send,
+            413,
             b'{"detail":"the request body is over %d bytes; a config is a few hundred"}'
-            % self.max_bytes
+            % self.max_bytes,
         )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 class _TooLarge(Exception):
     pass
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    """A whole JSON response, from an ASGI middleware that answers before the app."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class NoNulBytes:
@@ -153,16 +159,6 @@ class NoNulBytes:
             query = scope.get("query_string", b"")
             if b"\x00" in raw or b"%00" in raw.lower() or b"%00" in query.lower():
                 body = b'{"detail":"the URL contains a NUL byte (%00); no name or filter has one"}'
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 422,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                await send_json(send, 422, body)
                 return
         await self.app(scope, receive, send)
