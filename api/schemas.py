@@ -100,6 +100,9 @@ class TrialSummary(_MeasuredTrial):
         description="each measurement of the config when it was measured more than once "
         "(kind: trial, rerun, final or drift); the metric fields then hold their pooled estimate",
     )
+    worker_id: str | None = Field(
+        default=None, description="the worker (sweep process) that ran it; none before workers"
+    )
 
 
 class TrialDetail(TrialSummary):

@@ -37,7 +37,8 @@ from sweeper.store.models import StudyRow, TrialRow
 FORMAT = "sweeper-study"
 VERSION = 1
 # Columns that are the database's own bookkeeping, not the study's content.
-_SKIPPED = {"id", "study_id"}
+# ids of this database (a worker id names a row of sweeper_workers, which is not exported)
+_SKIPPED = {"id", "study_id", "worker_id"}
 
 
 class StudyFileError(SweeperError):

@@ -56,6 +56,7 @@ NOT_METRICS = {
     "measurement",
     "contended",  # of the config's measurements together (sweeper.noise), not of one
     "remeasures",
+    "worker_id",  # the sweep process that ran it
 }
 SQL_TYPES = {float: Float, int: BigInteger, str: String}
 # Fields a measurement stored before them lacks (or that only some devices report).
