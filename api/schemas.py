@@ -14,12 +14,12 @@ from sweeper.space import TrialConfig
 TrialState = Literal["running", "complete", "failed", "pruned"]
 
 
-def _assume_utc(value: datetime) -> datetime:
+def assume_utc(value: datetime) -> datetime:
     # SQLite drops the offset of timezone-aware columns; the store always writes UTC.
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-UtcDatetime = Annotated[datetime, AfterValidator(_assume_utc)]
+UtcDatetime = Annotated[datetime, AfterValidator(assume_utc)]
 
 
 class _Response(BaseModel):
@@ -113,6 +113,24 @@ class TrialDetail(TrialSummary):
 
 # The recommendation has one definition, shared with the CLI.
 BestConfig = Recommendation
+
+
+class WorkerSummary(_Response):
+    """One sweep process that worked on a study (``sweeper launch`` or ``sweeper worker``)."""
+
+    id: str
+    host: str
+    pid: int
+    devices: str | None = Field(description="its CUDA_VISIBLE_DEVICES; null if it was not set")
+    state: Literal["alive", "silent", "done", "lost"] = Field(
+        description="alive: beating; silent: no heartbeat for longer than the grace period, "
+        "reaped (its running trial marked lost) when a sweep of the study starts or on DELETE; "
+        "done: ended; lost: reaped"
+    )
+    trials: int = Field(description="trials it ran")
+    started_at: UtcDatetime
+    heartbeat_at: UtcDatetime
+    finished_at: UtcDatetime | None
 
 
 class EnqueueRequest(BaseModel):

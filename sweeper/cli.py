@@ -88,7 +88,15 @@ def launch(
 
     url = resolve_storage(storage, parsed.storage)
     if workers > 1:
-        _launch_workers(space, url, workers, n_trials or parsed.budget.n_trials, max_minutes)
+        _launch_workers(
+            ["launch", "--space", str(space)],
+            parsed.study,
+            url,
+            _visible_gpus(),
+            workers,
+            n_trials or parsed.budget.n_trials,
+            max_minutes,
+        )
         _print_leaderboard(url, parsed.study)
         return
     _sweep_and_report(
@@ -106,6 +114,14 @@ def worker(
     max_minutes: Annotated[
         float | None, typer.Option("--max-minutes", min=0.1, help="this worker's time budget")
     ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            "--devices",
+            help="GPUs to work on, e.g. 0,1: one worker process per GPU, each seeing only its "
+            "own (CUDA_VISIBLE_DEVICES); the trials are shared out among them",
+        ),
+    ] = None,
 ) -> None:
     """Join a study that `sweeper launch` created (on this machine or another one, through
     the same Postgres URL): run trials of its space until its budget is spent. Workers never
@@ -115,6 +131,7 @@ def worker(
     from sweeper.space import parse_space
     from sweeper.store import Store
 
+    gpus = _parse_devices(devices) if devices is not None else []
     url = resolve_storage(storage)
     store = Store(url)
     try:
@@ -129,42 +146,56 @@ def worker(
         parsed = parse_space(row.space_yaml, source=row.space_path or f"study {study}")
     except SpaceError as e:
         raise _fail(f"the study's stored space no longer loads\n{e}", code=2) from None
+    if len(gpus) > 1:
+        command = ["worker", "--study", study]
+        total = n_trials or parsed.budget.n_trials
+        _launch_workers(command, study, url, gpus, len(gpus), total, max_minutes)
+        _print_leaderboard(url, study)
+        return
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
     _sweep_and_report(parsed, url, row.space_yaml, row.space_path, n_trials, max_minutes)
 
 
 def _launch_workers(
-    space: Path, url: str, workers: int, n_trials: int, max_minutes: float | None
+    command: list[str],
+    name: str,
+    url: str,
+    devices: list[str],
+    count: int,
+    n_trials: int,
+    max_minutes: float | None,
 ) -> None:
-    """``workers`` processes of ``sweeper launch`` on one study, each with its share of the
-    trials and, on a machine with GPUs, its own GPU; their output goes to log files."""
+    """``count`` worker processes running ``sweeper COMMAND`` on one study, each with its
+    share of the trials and, when ``devices`` are given, its own GPU; their output goes to log
+    files. SIGINT and SIGTERM are passed on to every worker (each marks its running trial)."""
     import subprocess
     import sys
 
     from sweeper.settings import Settings
 
-    gpus = _visible_gpus()
-    if gpus and workers > len(gpus):
-        raise _fail(f"--workers {workers}: only {len(gpus)} GPU(s) are visible ({gpus})", 2)
+    if devices and count > len(devices):
+        raise _fail(f"--workers {count}: only {len(devices)} GPU(s) are visible ({devices})", 2)
     logs = Settings().cache_dir / "workers"
     logs.mkdir(parents=True, exist_ok=True)
-    share = -(-n_trials // workers)
+    share = -(-n_trials // count)
     processes = []
-    for index in range(workers):
+    for index in range(count):
         env = dict(os.environ)
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[index]
-        log = logs / f"{space.stem}-{index}.log"
-        command = [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
-        command += ["--storage", url, "--n-trials", str(share)]
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = devices[index]
+        log = logs / f"{name}-{index}.log"
+        argv = [sys.executable, "-m", "sweeper.cli", *command]
+        argv += ["--storage", url, "--n-trials", str(share)]
         if max_minutes is not None:
-            command += ["--max-minutes", str(max_minutes)]
+            argv += ["--max-minutes", str(max_minutes)]
         with log.open("w") as out:
             processes.append(
-                (log, subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
+                (log, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
             )
         console.print(
             f"worker {index}"
-            + (f" on GPU {gpus[index]}" if gpus else "")
+            + (f" on GPU {devices[index]}" if devices else "")
             + f": {share} trials, log {log}",
             highlight=False,
         )
@@ -173,16 +204,33 @@ def _launch_workers(
         for log, process in processes:
             if process.wait() != 0:
                 failed.append((log, process.returncode))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        # pass it on once; a second signal must not cut the wait for the workers short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for _, process in processes:
-            process.send_signal(signal.SIGINT)
+            process.send_signal(signal.SIGTERM if terminated else signal.SIGINT)
         for _, process in processes:
             process.wait()
-        raise _fail("interrupted; each worker marked its running trial", 130) from None
+        said = "terminated (SIGTERM)" if terminated else "interrupted"
+        code = 143 if terminated else 130
+        raise _fail(f"{said}; each worker marked its running trial", code) from None
     if failed:
         raise _fail(
             "; ".join(f"a worker exited {code} (see {log})" for log, code in failed), code=1
         )
+
+
+def _parse_devices(text: str) -> list[str]:
+    """``--devices 0,1`` (GPU indexes or UUIDs, as CUDA_VISIBLE_DEVICES takes them)."""
+    devices = [d.strip() for d in text.split(",")]
+    if not all(devices) or len(set(devices)) != len(devices):
+        raise _fail(
+            f"--devices {text!r}: give distinct GPUs separated by commas, e.g. --devices 0,1",
+            code=2,
+        )
+    return devices
 
 
 def _visible_gpus() -> list[str]:

@@ -442,7 +442,13 @@ class _Worker:
 
     def start(self) -> None:
         self.reap()
-        self.store.register_worker(self.space.study, self.id, socket.gethostname(), os.getpid())
+        self.store.register_worker(
+            self.space.study,
+            self.id,
+            socket.gethostname(),
+            os.getpid(),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
         self._thread.start()
 
     def _beat(self) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from sweeper.launcher import run_child
 from sweeper.space import Space, load_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from tests.helpers import TINY_SPACE
+from tests.helpers import TINY_SPACE, FaultTally
 
 # Fixtures that run a trial child (so torch, transformers and datasets): a test using one is
 # marked ``torch``, and the controller run on Python 3.13 (scripts/test.sh) leaves it out.
@@ -98,3 +99,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if TORCH_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.torch)
+
+
+TALLIES = pytest.StashKey[list[FaultTally]]()
+
+
+@pytest.fixture
+def fault_report(request: pytest.FixtureRequest) -> Callable[[FaultTally], FaultTally]:
+    """Record a fault test's tally; the session's summary lists every one."""
+
+    def report(tally: FaultTally) -> FaultTally:
+        request.config.stash.setdefault(TALLIES, []).append(tally)
+        print(tally.line())
+        return tally
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    tallies = config.stash.get(TALLIES, [])
+    if tallies:
+        terminalreporter.section("fault tests: what each fault left behind")
+        for tally in tallies:
+            terminalreporter.line(tally.line())

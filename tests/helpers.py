@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -119,3 +120,64 @@ def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
         assert (get(chosen, "peak_memory_bytes") or 0) <= (get(cheapest, "peak_memory_bytes") or 0)
         assert recommendation.tie_note and "least peak memory" in recommendation.tie_note
     return chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultTally:
+    """What a fault left behind in a study, as an operator would count it."""
+
+    scenario: str
+    requested: int  # trials asked for
+    complete: int
+    lost: int  # trials whose worker died (reaped)
+    interrupted: int  # trials a signal stopped
+    other_failed: int
+    duplicates: int  # runs of a config beyond its first (a lost trial's one retry excepted)
+    duplicate_numbers: int  # trial numbers recorded twice
+    stuck: int  # RUNNING in sweeper's or Optuna's table, or a worker still marked alive
+
+    def line(self) -> str:
+        return (
+            f"{self.scenario}: requested {self.requested}, complete {self.complete}, lost "
+            f"{self.lost}, interrupted {self.interrupted}, other failures {self.other_failed}, "
+            f"duplicate configs {self.duplicates}, duplicate numbers "
+            f"{self.duplicate_numbers}, stuck {self.stuck}"
+        )
+
+
+def tally_study(url: str, study: str, scenario: str, requested: int) -> FaultTally:
+    """Count the outcome of every trial of ``study`` in both tables (sweeper's and Optuna's)."""
+    import json
+    from collections import Counter
+
+    import optuna
+
+    from sweeper.store import Store
+
+    store = Store(url)
+    try:
+        trials = store.list_trials(study)
+        workers = store.list_workers(study)
+    finally:
+        store.dispose()
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        optuna_trials = optuna.load_study(study_name=study, storage=storage).trials
+    finally:
+        storage.engine.dispose()
+    runs = Counter(json.dumps(t.config, sort_keys=True) for t in trials)
+    lost = Counter(json.dumps(t.config, sort_keys=True) for t in trials if t.failure_kind == "lost")
+    kinds = Counter(t.failure_kind for t in trials if t.state == "failed")
+    return FaultTally(
+        scenario=scenario,
+        requested=requested,
+        complete=sum(t.state == "complete" for t in trials),
+        lost=kinds.pop("lost", 0),
+        interrupted=kinds.pop("interrupted", 0),
+        other_failed=sum(kinds.values()),
+        duplicates=sum(max(0, n - 1 - min(lost[key], 1)) for key, n in runs.items()),
+        duplicate_numbers=len(trials) - len({t.number for t in trials}),
+        stuck=sum(t.state == "running" for t in trials)
+        + sum(t.state == optuna.trial.TrialState.RUNNING for t in optuna_trials)
+        + sum(w.state == "alive" for w, _ in workers),
+    )

@@ -229,12 +229,20 @@ def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
 
 
 def _launch(
-    space: Path, storage: str, env: dict[str, str], *extra: str, background: bool = False
+    space: Path,
+    storage: str,
+    env: dict[str, str],
+    *extra: str,
+    background: bool = False,
+    pid_1: bool = False,
 ) -> subprocess.Popen[str]:
     """``sweeper launch`` of ``space`` as a child process with pipes, not waited for; with
-    ``background``, started as a shell starts a background job (SIGINT ignored)."""
+    ``background``, started as a shell starts a background job (SIGINT ignored); with
+    ``pid_1``, as the first process of a new PID namespace, as in a container (a signal
+    without a handler is ignored there)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
+        (UNSHARE if pid_1 else [])
+        + [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
         + ["--storage", storage, *extra],
         env=env,
         cwd=REPO,
@@ -245,13 +253,24 @@ def _launch(
     )
 
 
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def _can_unshare() -> bool:
+    try:
+        return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _wait_for_a_running_trial(
-    process: subprocess.Popen[str], store: Store, timeout_s: float = 120
+    process: subprocess.Popen[str], store: Store, timeout_s: float = 120, parent: int = 0
 ) -> list[psutil.Process]:
-    """Wait until study "tiny" has a trial (not the prepare step) training; its processes."""
+    """Wait until study "tiny" has a trial (not the prepare step) training; its processes
+    (children of ``parent``, by default of ``process``)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        trials = _trial_processes(process.pid)
+        trials = _trial_processes(parent or process.pid)
         try:
             running = store.list_trials("tiny", states=["running"]) if trials else []
         except (StudyNotFoundError, StorageError):  # the sweep has not created it yet
@@ -276,29 +295,47 @@ def _communicate_or_dump_stacks(process: subprocess.Popen[str], timeout: float) 
 
 @pytest.mark.torch
 @pytest.mark.parametrize(
-    ("sent", "background", "code", "said"),
+    ("sent", "how", "code", "said"),
     [
-        (signal.SIGINT, False, 130, "interrupted"),
-        (signal.SIGINT, True, 130, "interrupted"),
-        (signal.SIGTERM, False, 143, "terminated (SIGTERM)"),
+        (signal.SIGINT, "terminal", 130, "interrupted"),
+        (signal.SIGINT, "background", 130, "interrupted"),
+        (signal.SIGTERM, "terminal", 143, "terminated (SIGTERM)"),
+        (signal.SIGTERM, "pid-1", 143, "terminated (SIGTERM)"),
     ],
-    ids=["SIGINT", "SIGINT-to-a-background-job", "SIGTERM"],
+    ids=["SIGINT", "SIGINT-to-a-background-job", "SIGTERM", "SIGTERM-to-PID-1-of-a-container"],
 )
 def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     tmp_path: Path,
     sqlite_url: str,
     env: dict[str, str],
     sent: int,
-    background: bool,
+    how: str,
     code: int,
     said: str,
 ) -> None:
-    process = _launch(_slow_space(tmp_path), sqlite_url, env, background=background)
+    if how == "pid-1" and not _can_unshare():
+        pytest.skip("needs `unshare --pid` (root or user namespaces) to start a PID namespace")
+    process = _launch(
+        _slow_space(tmp_path),
+        sqlite_url,
+        env,
+        background=how == "background",
+        pid_1=how == "pid-1",
+    )
     store = Store(sqlite_url)
     try:
-        trials = _wait_for_a_running_trial(process, store)
+        sweeper = process.pid
+        if how == "pid-1":  # unshare's child is the namespace's PID 1
+            deadline = time.monotonic() + 60
+            while not psutil.Process(process.pid).children() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            (first,) = psutil.Process(process.pid).children()
+            sweeper = first.pid
+            namespace = os.readlink(f"/proc/{sweeper}/ns/pid")
+            assert namespace != os.readlink("/proc/self/ns/pid")
+        trials = _wait_for_a_running_trial(process, store, parent=sweeper)
         time.sleep(2)
-        process.send_signal(sent)
+        os.kill(sweeper, sent)
         stderr = _communicate_or_dump_stacks(process, timeout=30)
         assert process.returncode == code, stderr
         assert said in stderr

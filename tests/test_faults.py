@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,15 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from sweeper.errors import StorageError, StudyNotFoundError
 from sweeper.store import Store
-from tests.helpers import REPO, TINY_SPACE, tiny_space_without_baseline
+from tests.helpers import (
+    REPO,
+    TINY_SPACE,
+    FaultTally,
+    tally_study,
+    tiny_space_without_baseline,
+)
 from tests.test_cli import (  # noqa: F401 (env is a fixture)
     _launch,
     _slow_space,
@@ -42,6 +51,7 @@ def _postgres(action: str) -> None:
 def test_a_postgres_outage_mid_sweep_loses_no_trial(
     postgres_url: str,
     env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
 ) -> None:
     process = _launch(TINY_SPACE, postgres_url, env, "--n-trials", "3")
     store = Store(postgres_url, retry_s=120)
@@ -61,12 +71,8 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
             (t.number, t.state, t.failure_message) for t in trials
         ]
         assert store.get_study("tiny").state == "finished"
-        storage = optuna.storages.RDBStorage(postgres_url)
-        try:
-            states = [t.state for t in optuna.load_study(study_name="tiny", storage=storage).trials]
-        finally:
-            storage.engine.dispose()
-        assert optuna.trial.TrialState.RUNNING not in states
+        tally = fault_report(tally_study(postgres_url, "tiny", "Postgres down 12 s mid-trial", 3))
+        assert (tally.complete, tally.duplicates, tally.stuck) == (3, 0, 0), tally
     finally:
         subprocess.run([*PG_CTL, "start"], capture_output=True, timeout=120)  # if a step failed
         store.dispose()
@@ -117,8 +123,10 @@ def test_workers_starting_together_on_an_empty_database_do_not_race(
 @pytest.mark.postgres
 def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_running(
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     postgres_url: str,
     env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
 ) -> None:
     beats = env | {"SWEEPER_HEARTBEAT_S": "0.5", "SWEEPER_WORKER_GRACE_S": "4"}
     process = _launch(_slow_space(tmp_path), postgres_url, beats)
@@ -133,6 +141,10 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         process.communicate()
         psutil.wait_procs(children, timeout=30)
         time.sleep(5)  # past the grace period
+        monkeypatch.setenv("SWEEPER_WORKER_GRACE_S", beats["SWEEPER_WORKER_GRACE_S"])
+        with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
+            (silent,) = client.get("/api/studies/tiny/workers").json()
+        assert (silent["state"], silent["trials"]) == ("silent", 1), silent
         # the next sweep of the study reaps the dead worker and runs the lost config again
         quick = tmp_path / "quick.yaml"  # the same space, with short trials
         quick.write_text(tiny_space_without_baseline())
@@ -153,7 +165,10 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         finally:
             storage.engine.dispose()
         assert optuna_trials[running.number].state == optuna.trial.TrialState.FAIL
-        assert optuna.trial.TrialState.RUNNING not in [t.state for t in optuna_trials]
+        tally = fault_report(
+            tally_study(postgres_url, "tiny", "kill -9 of a worker mid-trial, then a sweep", 2)
+        )
+        assert (tally.lost, tally.complete, tally.duplicates, tally.stuck) == (1, 1, 0, 0), tally
         with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
             assert client.delete("/api/studies/tiny", headers=AUTH).status_code == 204
     finally:
@@ -169,6 +184,7 @@ def test_three_workers_on_one_study_run_distinct_configs(
     request: pytest.FixtureRequest,
     backend: str,
     env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
 ) -> None:
     """`launch --workers 3`: each worker its share, no config run twice, no lock errors."""
     if backend == "postgres":
@@ -201,3 +217,101 @@ def test_three_workers_on_one_study_run_distinct_configs(
     assert state == "finished"
     for marker in ("locked", "Traceback", "UniqueViolation"):
         assert marker not in worker_logs + done.stderr
+    tally = fault_report(tally_study(url, "tiny", f"3 workers x 2 trials on {backend}", 6))
+    assert (tally.complete, tally.duplicates, tally.duplicate_numbers, tally.stuck) == (6, 0, 0, 0)
+
+
+@pytest.mark.torch
+@pytest.mark.postgres
+def test_sigterm_to_launch_with_workers_interrupts_every_worker_and_leaves_nothing_running(
+    tmp_path: Path,
+    postgres_url: str,
+    env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
+) -> None:
+    """`docker stop` of a container running `sweeper launch --workers 2`: the launcher passes
+    SIGTERM on, each worker marks its running trial interrupted, and the study can be deleted
+    at once (no live worker, nothing RUNNING)."""
+    process = _launch(_slow_space(tmp_path), postgres_url, env, "--workers", "2")
+    store = Store(postgres_url)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # both workers are training a trial
+            try:
+                running = store.list_trials("tiny", states=["running"])
+            except (StudyNotFoundError, StorageError):
+                running = []
+            if len(running) == 2:
+                break
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"{len(running)} trial(s) running after 180 s"
+            time.sleep(0.3)
+        family = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=60)
+        assert process.returncode == 143, stdout + stderr
+        assert "terminated (SIGTERM)" in stderr
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        tally = fault_report(
+            tally_study(postgres_url, "tiny", "SIGTERM to `launch --workers 2` mid-trials", 2)
+        )
+        assert (tally.interrupted, tally.lost, tally.stuck, tally.duplicates) == (2, 0, 0, 0)
+        assert store.get_study("tiny").state == "interrupted"
+        with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
+            workers = client.get("/api/studies/tiny/workers").json()
+            assert [w["state"] for w in workers] == ["done", "done"], workers
+            assert client.delete("/api/studies/tiny", headers=AUTH).status_code == 204
+    finally:
+        store.dispose()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+@pytest.mark.torch
+def test_a_worker_with_two_devices_runs_one_process_per_gpu(
+    sqlite_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    """`sweeper worker --devices 0,1`: two processes, each seeing only its own GPU (here, on a
+    CPU, the variable is set and recorded; the trials run on the CPU)."""
+    first = _launch(TINY_SPACE, sqlite_url, env, "--n-trials", "1")
+    _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-3000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "worker", "--study", "tiny"]
+        + ["--storage", sqlite_url, "--devices", "0,1", "--n-trials", "2"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "worker 0 on GPU 0" in done.stdout and "worker 1 on GPU 1" in done.stdout
+    with TestClient(create_app(sqlite_url)) as client:
+        workers = client.get("/api/studies/tiny/workers").json()
+        trials = client.get("/api/studies/tiny/trials").json()
+    assert [(w["devices"], w["state"], w["trials"]) for w in workers] == [
+        (None, "done", 1),
+        ("0", "done", 1),
+        ("1", "done", 1),
+    ], workers
+    assert len({json.dumps(t["config"], sort_keys=True) for t in trials}) == 3
+    assert [t["state"] for t in trials] == ["complete"] * 3
+
+
+@pytest.mark.parametrize("devices", ["0,,1", "0,0", " "])
+def test_worker_devices_must_be_distinct_gpus(sqlite_url: str, devices: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "worker", "--study", "tiny"]
+        + ["--storage", sqlite_url, "--devices", devices],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--devices" in done.stderr and "e.g. --devices 0,1" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
@@ -19,15 +20,18 @@ from api.schemas import (
     TrialDetail,
     TrialState,
     TrialSummary,
+    WorkerSummary,
+    assume_utc,
 )
 from api.security import WriteAccess
 from sweeper import importance, recommend, study
 from sweeper.errors import ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
+from sweeper.settings import Settings
 from sweeper.space import TrialConfig
 from sweeper.store import Store, StudyRow
 from sweeper.store.models import TRIAL_STATES
-from sweeper.store.store import TRIAL_SORT_KEYS
+from sweeper.store.store import TRIAL_SORT_KEYS, utcnow
 
 SortKey = Literal[TRIAL_SORT_KEYS]  # type: ignore[valid-type]
 # Lax validation turns the query's text into the knob's type ("8" → 8, "true" → True).
@@ -275,6 +279,30 @@ def knob_importance(
         ("importance", target, evaluator),
         lambda: importance.importances(store, name, target=target, evaluator=evaluator),
     )
+
+
+@router.get("/{name}/workers", response_model=list[WorkerSummary])
+def list_workers(name: StudyName, store: StoreDep) -> list[WorkerSummary]:
+    """The sweep processes that worked on the study, oldest first: host, pid, GPUs, state and
+    how many trials each ran. A worker whose heartbeat is older than
+    ``SWEEPER_WORKER_GRACE_S`` is ``silent`` (killed, or its machine lost)."""
+    silent_before = utcnow() - timedelta(seconds=Settings().worker_grace_s)
+    return [
+        WorkerSummary(
+            id=worker.id,
+            host=worker.host,
+            pid=worker.pid,
+            devices=worker.devices,
+            state="silent"
+            if worker.state == "alive" and assume_utc(worker.heartbeat_at) < silent_before
+            else worker.state,
+            trials=trials,
+            started_at=worker.started_at,
+            heartbeat_at=worker.heartbeat_at,
+            finished_at=worker.finished_at,
+        )
+        for worker, trials in store.list_workers(name)
+    ]
 
 
 # ------------------------------------------------------------------ writes (bearer token)

@@ -126,6 +126,9 @@ class WorkerRow(Base):
     )
     host: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int]
+    devices: Mapped[str | None] = mapped_column(
+        String(255), doc="its CUDA_VISIBLE_DEVICES; none if it was not set"
+    )
     state: Mapped[str] = mapped_column(String(16), doc="alive, done or lost")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

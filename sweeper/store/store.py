@@ -348,14 +348,16 @@ class Store:
 
     # ------------------------------------------------------------------ workers
 
-    def register_worker(self, study: str, worker_id: str, host: str, pid: int) -> None:
+    def register_worker(
+        self, study: str, worker_id: str, host: str, pid: int, devices: str | None = None
+    ) -> None:
         """A sweep process starts working on ``study``; it is alive while it beats."""
         now = utcnow()
         with self.session() as s:
             s.add(
                 WorkerRow(
                     id=worker_id, study_id=self._study(s, study).id, host=host, pid=pid,
-                    state="alive", started_at=now, heartbeat_at=now,
+                    devices=devices, state="alive", started_at=now, heartbeat_at=now,
                 )
             )  # fmt: skip
 
@@ -374,6 +376,24 @@ class Store:
                 .where(WorkerRow.id == worker_id)
                 .values(state="done", finished_at=utcnow())
             )
+
+    def list_workers(self, study: str) -> list[tuple[WorkerRow, int]]:
+        """Every worker the study ever had, oldest first, with the number of trials it ran."""
+        with self.session() as s:
+            study_id = self._study(s, study).id
+            ran = (
+                select(TrialRow.worker_id, func.count().label("n"))
+                .where(TrialRow.study_id == study_id)
+                .group_by(TrialRow.worker_id)
+                .subquery()
+            )
+            rows = s.execute(
+                select(WorkerRow, func.coalesce(ran.c.n, 0))
+                .outerjoin(ran, ran.c.worker_id == WorkerRow.id)
+                .where(WorkerRow.study_id == study_id)
+                .order_by(WorkerRow.started_at, WorkerRow.id)
+            )
+            return [(worker, int(n)) for worker, n in rows]
 
     def live_workers(self, study: str, grace_s: float) -> list[WorkerRow]:
         """The study's workers that beat within the last ``grace_s`` seconds."""
