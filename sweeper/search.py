@@ -111,17 +111,23 @@ def make_sampler(
     name: str, seed: int, candidates: Sequence[Mapping[str, Any]]
 ) -> optuna.samplers.BaseSampler:
     """The Optuna sampler ``search.sampler`` names. ``candidates``: the Optuna parameters of
-    every config the sweep may run (``optuna_params`` of the runnable grid)."""
+    every config the sweep may run (``optuna_params`` of the runnable grid).
+
+    Every sampler knows the trials other workers are running: ``bayes`` and ``grid`` never
+    pick a running config, TPE treats a running trial as a bad result until it ends (the
+    constant liar), and Optuna's GP sampler conditions on running trials."""
     if name == "bayes":
         return ImprovementGridSampler(candidates, seed=seed)
     if name == "grid":
         return ShuffledGridSampler(candidates, seed=seed)
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     if name == "tpe-multivariate":
         with warnings.catch_warnings():  # multivariate and group are "experimental" in Optuna
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, constant_liar=True
+            )
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     if name == "random":

@@ -20,6 +20,7 @@ from sweeper.search import (
     DEFAULT_SAMPLER,
     REPEAT_ATTR,
     SAMPLERS,
+    make_sampler,
     oom_dominated,
     worker_seed,
 )
@@ -215,3 +216,26 @@ def test_the_replay_benchmark_runs_the_sweeps_loop_on_a_table(tmp_path: Path) ->
     assert "448 configs in the space, 408 in the table (40 missing: failed trials)" in out
     assert f"| {DEFAULT_SAMPLER} (default) | 3 |" in out and "| random | 3 |" in out
     assert out.count(f"median trials to 5%, {DEFAULT_SAMPLER} ÷ random:") == 2
+
+
+@pytest.mark.parametrize("sampler", ["bayes", "grid"])
+@pytest.mark.parametrize("seed", range(5))
+def test_a_config_another_worker_is_running_is_never_proposed(sampler: str, seed: int) -> None:
+    """Two workers on one study: the second asks while the first's trial still runs."""
+    candidates = [{"batch": b, "seq": s} for b in (1, 2) for s in (64, 128)]
+    study = optuna.create_study(sampler=make_sampler(sampler, seed, candidates))
+
+    def ask() -> optuna.Trial:
+        trial = study.ask()
+        trial.suggest_categorical("batch", [1, 2])
+        trial.suggest_categorical("seq", [64, 128])
+        return trial
+
+    first = ask()  # running, never told
+    for _ in range(3):
+        other = ask()
+        assert other.params != first.params
+        study.tell(other, 1.0)
+    assert sorted(map(str, [first.params, *[t.params for t in study.trials[1:]]])) == sorted(
+        map(str, candidates)
+    )
