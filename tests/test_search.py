@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 
@@ -20,6 +21,7 @@ from sweeper.search import (
     DEFAULT_SAMPLER,
     REPEAT_ATTR,
     SAMPLERS,
+    _Posterior,
     make_sampler,
     oom_dominated,
     worker_seed,
@@ -238,4 +240,23 @@ def test_a_config_another_worker_is_running_is_never_proposed(sampler: str, seed
         study.tell(other, 1.0)
     assert sorted(map(str, [first.params, *[t.params for t in study.trials[1:]]])) == sorted(
         map(str, candidates)
+    )
+
+
+@pytest.mark.parametrize("n", [5, 40])  # fewer observations than features, then more
+def test_the_posterior_is_exact_in_both_of_its_forms(n: int) -> None:
+    rng = np.random.default_rng(n)
+    x = rng.integers(0, 2, size=(n, 12)).astype(float)
+    y = rng.normal(size=n)
+    prior_var = rng.uniform(0.01, 1.0, size=12)
+    new = rng.integers(0, 2, size=(7, 12)).astype(float)
+    posterior = _Posterior(x, y, prior_var, noise_sd=0.1)
+    assert posterior.by_observation == (n <= 12)
+    # the textbook form: covariance (P^-1 + X'X / s^2)^-1, mean covariance X'y / s^2
+    covariance = np.linalg.inv(np.diag(1 / prior_var) + x.T @ x / 0.01)
+    weights = covariance @ x.T @ (y - y.mean()) / 0.01
+    np.testing.assert_allclose(posterior.weights, weights, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(posterior.mean(new), new @ weights, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(
+        posterior.variance(new), np.einsum("if,fg,ig->i", new, covariance, new), rtol=1e-6
     )
