@@ -11,7 +11,9 @@
 #   bash scripts/gpu-record.sh wait  [--out gpu-record] [--seconds 540]
 #
 # Other options (defaults: the H100 record): --space FILE --study NAME --fidelity-configs LIST
-# (bench/trial_quality.py --configs). tests/test_packaging.py runs it end to end on a CPU with
+# (bench/trial_quality.py --configs; "none" skips the stage), --skip-tests, --doctor-plain (doctor
+# without the space: the space's compile probes, max-autotune's ~6 min compile on an H100, are then
+# paid only by a trial that samples them). tests/test_packaging.py runs it end to end on a CPU with
 # a tiny space, so the GPU session finds it working.
 #
 # `run` is the one command on your own GPU box. `start` + `wait` are for a remote runner whose
@@ -37,6 +39,8 @@ wait_seconds=540
 space=spaces/h100.yaml
 study=h100-llama-1b
 fidelity_configs="best,also_try[1]"  # the recommendation and seed 001's "after"
+skip_tests=0
+doctor_plain=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheelhouse) wheelhouse=$2; shift 2 ;;
@@ -46,6 +50,8 @@ while [ $# -gt 0 ]; do
     --space) space=$2; shift 2 ;;
     --study) study=$2; shift 2 ;;
     --fidelity-configs) fidelity_configs=$2; shift 2 ;;
+    --skip-tests) skip_tests=1; shift ;;
+    --doctor-plain) doctor_plain=1; shift ;;
     *) echo "error: unknown argument '$1' (see the head of $0)" >&2; exit 2 ;;
   esac
 done
@@ -87,14 +93,16 @@ EOF
 
 stage_doctor() {
   log "doctor: $space"
-  local status=0
-  "$py" -m sweeper.cli doctor --space "$space" --json > "$out/doctor.json" 2>> "$out/log.txt" \
+  local status=0 args=(--space "$space")
+  [ "$doctor_plain" = 1 ] && args=()
+  "$py" -m sweeper.cli doctor "${args[@]}" --json > "$out/doctor.json" 2>> "$out/log.txt" \
     || status=$?
   log "doctor: exit $status (1 = the space asks for something this machine cannot do)"
   [ "$status" -le 1 ]
 }
 
 stage_tests() {
+  [ "$skip_tests" = 1 ] && { log "tests: skipped (--skip-tests)"; return 0; }
   log "tests: pytest -m gpu"
   local status=0
   # sweeper[test] has no browser or optuna-dashboard (dev tools): those modules hold no GPU test
@@ -115,6 +123,7 @@ stage_sweep() {
 }
 
 stage_fidelity() {
+  [ "$fidelity_configs" = none ] && { log "fidelity: skipped (--fidelity-configs none)"; return 0; }
   log "fidelity: $fidelity_configs, each against a run 10x longer"
   local status=0
   "$py" bench/trial_quality.py --space "$space" --configs "$fidelity_configs" --repeats 0 \
@@ -142,7 +151,8 @@ run_all() {
   # the fidelity stage takes two trials and two 10x runs: about a quarter of what is left
   local used=$(( (SECONDS - started) / 60 ))
   local left=$(( minutes - used ))
-  local sweep=$(( left * 3 / 4 ))
+  local sweep=$left
+  [ "$fidelity_configs" = none ] || sweep=$(( left * 3 / 4 ))
   [ "$sweep" -ge 3 ] || sweep=3
   stage_sweep "$sweep"
   stage_fidelity
@@ -165,6 +175,7 @@ case "$command" in
     rm -f "$out/status"
     setsid nohup bash "$0" run --wheelhouse "$wheelhouse" --out "$out" --minutes "$minutes" \
       --space "$space" --study "$study" --fidelity-configs "$fidelity_configs" \
+      $( [ "$skip_tests" = 1 ] && echo --skip-tests ) $( [ "$doctor_plain" = 1 ] && echo --doctor-plain ) \
       > "$out/run.out" 2>&1 < /dev/null &
     echo "started in the background (pid $!); follow with: bash $0 wait --out $out"
     ;;

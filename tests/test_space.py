@@ -13,7 +13,7 @@ from sweeper.space import TrialConfig, load_space, optuna_params, parse_space, s
 from tests.helpers import REPO, TINY_SPACE, tiny_config, tiny_space_without_baseline
 
 
-@pytest.mark.parametrize("name", ["cpu-demo.yaml", "h100.yaml", "seed-000.yaml", "seed-001.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "spaces").glob("*.yaml")))
 def test_shipped_spaces_load(name: str) -> None:
     space = load_space(REPO / "spaces" / name)
     assert space.budget.n_trials > 0

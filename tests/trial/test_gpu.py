@@ -39,7 +39,9 @@ def test_bf16_trial_is_timed_by_cuda_events_with_mfu_and_memory(
         _bf16(tiny_space),
         tiny_prepared,
         cache_dir,
-        tiny_config(per_device_batch_size=8, gradient_accumulation_steps=2),
+        tiny_config(
+            per_device_batch_size=8, gradient_accumulation_steps=2, optim="adamw_torch_fused"
+        ),
         device="cuda",
         measure={"min_steps": 20, "max_steps": 200, "min_seconds": 2},
     )
