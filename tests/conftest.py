@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import settings
 
 from sweeper.launcher import run_child
 from sweeper.space import Space, load_space
@@ -19,6 +20,12 @@ from tests.helpers import TINY_SPACE, FaultTally
 # Fixtures that run a trial child (so torch, transformers and datasets): a test using one is
 # marked ``torch``, and the controller run on Python 3.13 (scripts/test.sh) leaves it out.
 TORCH_FIXTURES = {"tiny_prepared", "recorded", "swept_url", "measured", "users_env"}
+
+# Property tests draw the same examples on every run, so a red run is a change's doing, not the
+# draw's. SWEEPER_HYPOTHESIS=explore draws new examples each run, to look for new cases.
+settings.register_profile("fixed", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("SWEEPER_HYPOTHESIS", "fixed"))
 
 PG_ADMIN_DSN = os.environ.get("SWEEPER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 

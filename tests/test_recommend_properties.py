@@ -100,25 +100,43 @@ def test_failed_pruned_and_running_trials_are_ignored(
     assert _outcome(FACTS, rows) == _outcome(FACTS, rows + noise)
 
 
+def _memory(t: TrialRow) -> float:
+    return math.inf if t.peak_memory_bytes is None else t.peak_memory_bytes
+
+
 @settings(max_examples=500, deadline=None)
 @given(trials(), st.booleans())
 def test_the_answer_is_the_cheapest_eligible_trial(
     rows: list[TrialRow], allow_truncation: bool
 ) -> None:
-    """NaN, inf, zero and negative numbers never crash it and are never picked."""
+    """NaN, inf, zero and negative numbers never crash it and are never picked. These trials
+    carry no interval, so only an equal $/run ties: the least peak memory wins it, then the
+    earliest trial (the rule of ``sweeper.recommend._pick``)."""
     eligible = [t for t in rows if _usable(t) and (allow_truncation or _whole(t))]
     outcome = _outcome(FACTS, rows, Constraints(allow_truncation=allow_truncation))
     if not eligible:
         assert isinstance(outcome, tuple) and outcome[0] == "no result"
         return
     assert isinstance(outcome, Recommendation)
-    expected = min(eligible, key=lambda t: (t.hours_per_run, t.number))
+
+    def cost(t: TrialRow) -> float:
+        assert t.hours_per_run is not None
+        return t.hours_per_run * FACTS.usd_per_hour
+
+    cheapest = min(cost(t) for t in eligible)
+    tied = [t for t in eligible if cost(t) == cheapest]
+    expected = min(tied, key=lambda t: (_memory(t), t.number))
     assert outcome.trial_number == expected.number
     assert math.isfinite(outcome.cost_per_run_usd) and outcome.cost_per_run_usd > 0
-    assert outcome.cost_per_run_usd == expected.hours_per_run * FACTS.usd_per_hour
+    assert outcome.cost_per_run_usd == cheapest
+    assert set(outcome.ties) == {t.number for t in tied} - {expected.number}
     # a cheaper config that truncates is never taken silently: it is named as left out
+    # (cheaper: before the first whole config in $/run order, the trial number breaking ties)
+    first = min(eligible, key=lambda t: (cost(t), t.number))
     cheaper_cut = [
-        t for t in rows if _usable(t) and not _whole(t) and t.hours_per_run < expected.hours_per_run
+        t
+        for t in rows
+        if _usable(t) and not _whole(t) and (cost(t), t.number) < (cost(first), first.number)
     ]
     if not allow_truncation:
         assert len(outcome.excluded) == len(cheaper_cut)
