@@ -839,6 +839,14 @@ class SearchLoop:
                     self.observer.note(f"after {done} round(s) the best config stands clear")
                 return
             numbers = ", ".join(f"#{self.results[c].number}" for c in contenders)
+            if self.executor.stop_requested() or self._out_of_time():
+                self.observer.note(
+                    f"{numbers} tie within the noise, and the sweep's time budget leaves no "
+                    "time to measure them again; the recommendation picks the one with the "
+                    "least peak memory (a longer --max-minutes or budget.device_hours lets the "
+                    "sweep separate them)"
+                )
+                return
             self.observer.note(
                 f"measuring {numbers} again (round {done + 1} of {rounds}): their $/run "
                 "intervals overlap"

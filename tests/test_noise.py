@@ -384,6 +384,25 @@ def test_configs_that_stay_tied_are_named_and_the_rounds_end(
     assert any("still tie within the noise" in n for n in notes.notes)
 
 
+def test_ties_with_no_time_left_are_named_without_claiming_a_remeasure(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    """Seen on an H100: the budget was spent, yet the sweep said it was "measuring #1, #0, #3
+    again" and measured nothing. With no time left it says so, and names the ties."""
+    space = _space("  remeasure: {rounds: 2, top: 3, drift_every: null, contended_reruns: 0}\n")
+    script = _Script({1: [12.0], 2: [5.0], 4: [5.02], 8: [9.0]}, ci=0.02)
+    loop, notes = _loop(space, storage, script)
+    loop.run(4)
+    loop.deadline = time.monotonic() - 1  # the sweep's time budget is spent
+    loop.settle()
+    assert not [k for _, k in script.calls if k == "final"]
+    assert not any("measuring" in n for n in notes.notes)
+    numbers = ", ".join(f"#{loop.results[_config(loop, b)].number}" for b in (2, 4))
+    assert any(
+        n.startswith(f"{numbers} tie within the noise") and "no time" in n for n in notes.notes
+    )
+
+
 def _config(loop: SearchLoop, batch: int) -> TrialConfig:
     return next(c for c in loop.results if c.per_device_batch_size == batch)
 
