@@ -62,6 +62,10 @@ budget: {{n_trials: 1}}
 """
 # Training state per parameter with AdamW in fp32: weights 4 + gradients 4 + two moments 8.
 _TRAIN_BYTES_PER_PARAM = 16
+# A frozen base parameter of a LoRA run (no gradient, no optimizer state), as trials load it:
+# fp32 when not quantized (mixed precision is autocast), NF4 in 4-bit, int8 in 8-bit.
+_FROZEN_BYTES_PER_PARAM = {"none": 4.0, "8bit": 1.0, "4bit": 0.5}
+_FROZEN_WIDTH = {"none": "fp32, 4 bytes", "8bit": "8-bit, 1 byte", "4bit": "4-bit NF4, 0.5 byte"}
 _GIB = 1024**3
 
 Level = Literal["problem", "warning", "ok"]
@@ -435,22 +439,53 @@ def _memory_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding
                 )
             )
         return found
-    state = params * _TRAIN_BYTES_PER_PARAM
-    text = (
-        f"model {params / 1e6:,.1f}M parameters: weights, gradients and AdamW state take "
-        f"{_size(state)} before activations (an estimate: 16 bytes per parameter)"
-    )
-    found.append(
-        _fit(
-            "memory",
-            text,
-            state,
-            free,
-            f"{where} memory is free",
-            fix="free the device, use a machine with more memory, or a smaller model",
-        )  # fmt: skip
-    )
+    needs, text = _training_state(space, facts["model"], cuda=bool(facts["devices"]))
+    fix = "free the device, use a machine with more memory, or a smaller model"
+    found.append(_fit("memory", text, min(needs.values()), free, f"{where} memory is free", fix))
+    heavy = [q for q, need in needs.items() if need > free]
+    if heavy and len(heavy) < len(needs):
+        found.append(
+            Finding(
+                level="warning",
+                topic="memory",
+                text=f"quantization {', '.join(heavy)} needs more than the "
+                f"{_size(free)} free: those trials will run out of memory",
+                fix=f"remove {', '.join(heavy)} from search.quantization",
+            )
+        )
     return found
+
+
+def _training_state(
+    space: Space, model: dict[str, Any], cuda: bool
+) -> tuple[dict[str, float], str]:
+    """Bytes of training state before activations, per ``quantization`` value of the space,
+    and the sentence that says so. Full training: 16 bytes per parameter. LoRA: the frozen
+    base at its loaded width (unquantized without CUDA: bitsandbytes needs it), and 16 bytes
+    per adapter parameter."""
+    params, trainable = model["params"], model.get("trainable")
+    full = f"model {params / 1e6:,.1f}M parameters: weights, gradients and AdamW state take "
+    if space.workload.adapter is None or not trainable:
+        missing = ""
+        if space.workload.adapter is not None:
+            missing = f"; the adapter could not be counted ({model.get('adapter_error')})"
+        state = params * _TRAIN_BYTES_PER_PARAM
+        text = f"{full}{_size(state)} before activations (an estimate: 16 bytes per parameter)"
+        return {"none": state}, text + missing
+    values = (space.search.values("quantization") if cuda else []) or ["none"]
+    needs = {
+        q: params * _FROZEN_BYTES_PER_PARAM[q] + trainable * _TRAIN_BYTES_PER_PARAM for q in values
+    }
+    widths = "; ".join(
+        f"the base in {_FROZEN_WIDTH[q]} per parameter: {_size(needs[q])}" for q in values
+    )
+    text = (
+        f"model {params / 1e6:,.1f}M parameters, of which LoRA trains {trainable / 1e6:,.1f}M "
+        f"({trainable / params:.2%}): the frozen base and the adapter's weights, gradients and "
+        f"AdamW state take {_size(min(needs.values()))} before activations (an estimate: "
+        f"{widths}; 16 bytes per adapter parameter)"
+    )
+    return needs, text
 
 
 def _fit(topic: str, text: str, need: float, free: float, where: str, fix: str) -> Finding:
@@ -511,14 +546,19 @@ def _disk_findings(
             f"(fsynced); {disk['free_bytes'] / _GIB:,.1f} GiB free",
         )
     ]
-    params = (facts.get("model") or {}).get("params")
+    model = facts.get("model") or {}
+    params = model.get("params")
     spec = None if space is None else space.workload.checkpoint
-    if spec is None or spec.save_steps is None or params is None:
+    if spec is None or spec.save_steps is None or params is None or space is None:
         return found
+    adapter = space.workload.adapter is not None and bool(model.get("trainable"))
+    if adapter:  # a LoRA checkpoint holds the adapter (and its optimizer state) alone
+        params = model["trainable"]
     size = params * (4 + (8 if spec.save_optimizer else 0))
     seconds = size / 2**20 / disk["write_mb_per_s"]
     text = (
-        f"one checkpoint of this model is about {_size(size)} (fp32 weights"
+        f"one checkpoint of this {'adapter' if adapter else 'model'} is about {_size(size)} "
+        "(fp32 weights"
         + (" + AdamW state" if spec.save_optimizer else "")
         + f"): about {seconds:,.1f} s per save at this speed (an estimate; each trial times a "
         "real save)"

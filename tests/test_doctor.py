@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from sweeper.doctor import DoctorReport, diagnose, findings
 from sweeper.space import Space, parse_space
@@ -147,6 +148,51 @@ def test_rules_on_measured_facts(measured: DoctorReport) -> None:
     )
     warnings = [f for f in _findings(many_workers, measured) if f.level == "warning"]
     assert any(f.topic == "cpu" and "num_workers" in (f.fix or "") for f in warnings)
+
+
+# peft (0.17/0.18) asks transformers 5 for a deprecated property: theirs to change
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
+def test_a_lora_space_counts_what_trains(cache_dir: Path) -> None:
+    """Seen on seed 003: doctor priced a LoRA run of 3.8B parameters as full training (57 GiB at
+    16 bytes per parameter) where the H100 measured 9-16 GiB in all. The adapter is counted as
+    peft builds it; the frozen base takes its loaded width, 4-bit on CUDA only."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from sweeper.study import prepare_workload
+    from sweeper.trial.workload import load_tokenizer, model_config
+
+    text = yaml.safe_load(TINY_SPACE.read_text())
+    text["workload"]["adapter"] = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    text["workload"]["checkpoint"] = {"save_steps": 100}
+    text["search"]["quantization"] = ["none", "4bit"]
+    space = parse_space(yaml.safe_dump(text))
+    report = diagnose(space, cache_dir, write_mb=8)
+    model = report.facts["model"]
+
+    # the same count, on a real model built the way trials build it
+    data = prepare_workload(space, cache_dir)
+    built = AutoModelForCausalLM.from_config(model_config(space.workload, load_tokenizer(data), 64))
+    base = sum(p.numel() for p in built.parameters())
+    lora = get_peft_model(built, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    trains = sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    assert (model["params"], model["trainable"]) == (base, trains) and 0 < trains < base / 10
+
+    (memory,) = [f for f in report.findings if "LoRA trains" in f.text]
+    assert f"{trains / 1e6:,.1f}M" in memory.text and memory.level == "ok"
+    if not report.facts["devices"]:  # no CUDA: trials load the base unquantized
+        assert "4-bit" not in memory.text and "fp32, 4 bytes" in memory.text
+    (saves,) = [f for f in report.findings if "one checkpoint" in f.text]
+    assert "of this adapter" in saves.text
+
+    # on a GPU whose free memory holds the 4-bit base but not the fp32 one
+    full_fp32 = base * 4 + trains * 16
+    device = {"name": "GPU", "memory_free_bytes": full_fp32 - 1, "memory_bytes": 2 * full_fp32}
+    found = _findings(space, report, devices=[device])
+    (memory,) = [f for f in found if "LoRA trains" in f.text]
+    assert memory.level == "ok" and "4-bit NF4" in memory.text
+    (heavy,) = [f for f in found if f.topic == "memory" and f.level == "warning"]
+    assert "quantization none" in heavy.text and heavy.fix == "remove none from search.quantization"
 
 
 def test_report_json_round_trips(measured: DoctorReport) -> None:

@@ -172,8 +172,30 @@ def _model_size(request: ChildRequest) -> dict[str, Any]:
             )
     except Exception as e:  # offline hub id, unknown architecture: say so, do not fail
         return {"params": None, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    params = sum(p.numel() for p in model.parameters())
+    trainable, adapter_error = params, None
+    adapter = request.workload.adapter
+    if adapter is not None:  # only the adapter trains: count it as peft builds it, on meta
+        try:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(
+                r=adapter.r,
+                lora_alpha=adapter.alpha,
+                lora_dropout=adapter.dropout,
+                target_modules=adapter.target_modules,
+                task_type="CAUSAL_LM",
+            )
+            with torch.device("meta"):
+                wrapped = get_peft_model(model, lora)
+            trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+        except Exception as e:  # no peft, or target modules the model lacks
+            trainable = None
+            adapter_error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
     return {
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": params,
+        "trainable": trainable,
+        "adapter_error": adapter_error,
         "layers": getattr(config, "num_hidden_layers", None),
         "hidden_size": getattr(config, "hidden_size", None),
         "error": None,
