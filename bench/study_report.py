@@ -50,6 +50,19 @@ def _named_configs(document: StudyDocument) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+def _why_not_run(study: dict[str, Any], config: dict[str, Any]) -> str:
+    """': preflight dropped attn_implementation flash_attention_2 (the package ... is not
+    installed)' when a value of the config could not run on the machine; else ''."""
+    dropped = (study.get("preflight") or {}).get("dropped") or {}
+    reasons = [
+        f"{knob} {config[knob]} ({why.rsplit(': ', 1)[-1].rstrip('.')})"
+        for knob, values in dropped.items()
+        for value, why in values.items()
+        if knob in config and str(config[knob]) == value
+    ]
+    return f": preflight dropped {'; '.join(reasons)}" if reasons else ""
+
+
 def _trial_of(trials: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any] | None:
     wanted = TrialConfig.model_validate(config)
     for trial in trials:
@@ -98,7 +111,7 @@ def report(
     for label, config in rows + _named_configs(document):
         trial = _trial_of(trials, config)
         if trial is None:
-            lines.append(f"| {label} | not run | | | | | | |")
+            lines.append(f"| {label} | not run{_why_not_run(document.study, config)} | | | | | | |")
             continue
         if trial["state"] != "complete":
             lines.append(
