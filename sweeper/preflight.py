@@ -1,7 +1,8 @@
 """Preflight: before any trial spends budget, learn what can run on this device.
 
 Each attention implementation, each compile mode and each precision is probed in its own child
-(a one-layer model of the workload, a few steps). What fails is dropped from the sweep with its
+(a one-layer model of the workload, a few steps); a sweep leaves the autotuning compile modes to
+their trials when another compile mode compiles here. What fails is dropped from the sweep with its
 reason. A precision that trains pathologically slowly (bf16 autocast on a CPU without AMX:
 ~10x slower than fp32) is dropped too when the space searches several; when it is the only one,
 it stops the sweep with the fix. Knob values that need what the machine lacks (TF32 or a fused
@@ -31,6 +32,9 @@ from sweeper.launcher import ForkServer, run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec
 
+# Compile modes that autotune kernels: minutes of compiling on a GPU. A sweep leaves them to
+# their trials where another inductor mode compiles; ``sweeper doctor`` probes them too.
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 # Knobs preflight probes by training, as TrialConfig field names.
 PROBED_KNOBS = ("attn_implementation", "compile_mode", "precision")
 # Knobs whose values need something of the machine (CUDA, bitsandbytes).
@@ -303,9 +307,8 @@ def run_preflight(
             "no precision in search.precision trains well here; add fp32 to the list: "
             + "; ".join(f"{p}: {r}" for p, r in dropped["precision"].items())
         )
-    for mode in search.compile_mode:
-        if mode == "none":
-            continue
+
+    def probe_mode(mode: str, listed: bool = True) -> bool:
         outcome, _ = probe(
             "compile_mode",
             mode,
@@ -314,9 +317,29 @@ def run_preflight(
             ),
         )
         outcomes.append(outcome)
-        if not outcome.ok:
+        if not outcome.ok and listed:
             dropped.setdefault("compile_mode", {})[mode] = outcome.reason
             note(f"preflight drops compile_mode={mode}: {outcome.reason}")
+        return outcome.ok
+
+    modes = [m for m in search.compile_mode if m != "none"]
+    autotuned = [m for m in modes if m in AUTOTUNE_MODES]
+    compiled = [m for m in modes if m not in AUTOTUNE_MODES and probe_mode(m)]
+    if autotuned and not collect:
+        # A sweep does not autotune ahead: on a fresh H100 the max-autotune probe of one layer
+        # took 345 s of a budget. Where another inductor mode compiles, the autotuned ones are
+        # left to their trials, which record their compile time (and a failure, as data).
+        if not compiled and "default" not in modes and probe_mode("default", listed=False):
+            compiled = ["default"]
+        if compiled:
+            note(
+                f"preflight does not compile {', '.join(autotuned)} ahead (autotuning takes "
+                f"minutes on a GPU); compile_mode {compiled[0]} compiles here, so each "
+                f"{autotuned[0]} trial pays for its own compile, recorded as its compile time"
+            )
+            autotuned = []
+    for mode in autotuned:
+        probe_mode(mode)
     if len(dropped.get("compile_mode", {})) == len(search.compile_mode):
         problem(
             "no compile mode in search.compile_mode works here; add 'none' to the list: "

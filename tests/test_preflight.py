@@ -86,6 +86,28 @@ def test_nothing_runnable_is_an_error(
         run_preflight(_space(tiny_space, attn=["flash_attention_2"]), tiny_prepared, cache_dir)
 
 
+def test_a_sweep_does_not_autotune_ahead(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """Seen on a fresh H100: the max-autotune probe took 360 s of an 8-minute sweep, and the
+    first trial was killed when the budget ran out. A sweep checks that inductor compiles here
+    (default, as a stand-in when the space does not list it) and leaves max-autotune to its
+    trials; ``sweeper doctor`` (collect=True) still probes it."""
+    notes: list[str] = []
+    space = _space(tiny_space, attn=["sdpa"])
+    space = space.model_copy(
+        update={
+            "search": space.search.model_copy(update={"compile_mode": ["none", "max-autotune"]})
+        }
+    )
+    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    probed = [(o.knob, o.value) for o in report.outcomes]
+    assert ("compile_mode", "default") in probed and ("compile_mode", "max-autotune") not in probed
+    assert "compile_mode" not in report.dropped
+    assert report.allows(tiny_config(compile_mode="max-autotune")) is None
+    assert any("does not compile max-autotune ahead" in n for n in notes), notes
+
+
 def test_precision_probe_times_both_precisions(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
