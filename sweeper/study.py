@@ -164,6 +164,7 @@ def run_sweep(
         **study_fields(space, n_trials=n_trials, space_text=space_text, space_path=space_path),
     )
     enqueue_known(study, space)
+    enqueue_interrupted(store, study, space)
     clock = _SweepClock(store, space.study)
     settings = Settings()
     member = _Worker(store, study, space, settings.heartbeat_s, settings.worker_grace_s)
@@ -416,13 +417,34 @@ def json_key(config: Mapping[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, default=str)
 
 
-LOST_RETRIES = 1  # a config whose worker died runs again this many times
+LOST_RETRIES = 1  # a config whose worker died, or whose trial was interrupted, runs again once
 
 
-def times_lost(trials: Sequence[TrialRow], config: Mapping[str, Any]) -> int:
-    """How many of ``trials`` ran ``config`` and were lost with their worker."""
+def times_lost(trials: Sequence[TrialRow], config: Mapping[str, Any], kind: str = "lost") -> int:
+    """How many of ``trials`` ran ``config`` and were lost with their worker (or ended with
+    failure ``kind``: ``interrupted``)."""
     key = json_key(config)
-    return sum(t.failure_kind == "lost" and json_key(t.config) == key for t in trials)
+    return sum(t.failure_kind == kind and json_key(t.config) == key for t in trials)
+
+
+def enqueue_interrupted(store: Store, study: optuna.Study, space: Space) -> None:
+    """Configs whose trial was interrupted (by the user, or when the time budget ran out) and
+    that no other trial has measured run first at this launch, once more."""
+    trials = store.list_trials(space.study)
+    measured = {json_key(t.config) for t in trials if t.failure_kind != "interrupted"}
+    queued = {
+        t.user_attrs.get("retry_of")
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    }
+    for t in trials:
+        key = json_key(t.config)
+        if t.failure_kind != "interrupted" or key in measured or t.number in queued:
+            continue
+        measured.add(key)
+        if times_lost(trials, t.config, "interrupted") > LOST_RETRIES:
+            continue
+        config = TrialConfig.model_validate(t.config)
+        study.enqueue_trial(optuna_params(config, space.search), user_attrs={"retry_of": t.number})
 
 
 class _Worker:
@@ -1011,6 +1033,11 @@ class _ChildExecutor:
         for t in trials:
             if t.failure_kind == "lost" and times_lost(trials, t.config) <= LOST_RETRIES:
                 continue  # its worker died: the config is tried once more
+            if (
+                t.failure_kind == "interrupted"
+                and times_lost(trials, t.config, "interrupted") <= LOST_RETRIES
+            ):
+                continue  # stopped before it measured anything: tried once more
             cost = t.cost_per_run_usd if t.state == "complete" else None
             results[TrialConfig.model_validate(t.config)] = Outcome(
                 number=t.number,
@@ -1171,14 +1198,20 @@ class _ChildExecutor:
             )
         else:
             result = run.result
-            message = result.failure_message or "no message"
+            kind, message = result.failure_kind or "error", result.failure_message or "no message"
             if result.failure_kind == "timeout" and measured.timeout_s < space.trial.timeout_s:
-                message += f" (cut to {measured.timeout_s:.0f} s by the sweep's time budget)"
+                # the budget, not the config, ended it: a timeout would read as the config's
+                kind = "interrupted"
+                message = (
+                    f"the sweep's time budget ran out {measured.timeout_s:.0f} s into this trial "
+                    f"(trial.timeout_s is {space.trial.timeout_s:.0f} s): it says nothing about "
+                    "the config, and the study's next launch runs it again"
+                )
             row = _record_failure(
                 store,
                 trial,
                 space.study,
-                result.failure_kind or "error",
+                kind,
                 message,
                 wall_s=run.wall_s,
                 details={"traceback": result.traceback, "log_tail": run.log_tail},
@@ -1236,7 +1269,7 @@ def _record_failure(
 ) -> TrialRow:
     trial.set_user_attr("failure_kind", kind)
     trial.set_user_attr("failure_message", message[:2000])
-    return store.finish_trial(
+    row = store.finish_trial(
         study_name,
         trial.number,
         "failed",
@@ -1245,6 +1278,9 @@ def _record_failure(
         failure_message=message,
         measurement=details,
     )
+    if kind == "interrupted":  # nothing was measured: the config may run again
+        store.release_claim(study_name, trial.number)
+    return row
 
 
 def _measurement_of(payload: dict[str, Any] | None) -> tuple[Measurement | None, str | None]:

@@ -132,7 +132,7 @@ class FaultTally:
     lost: int  # trials whose worker died (reaped)
     interrupted: int  # trials a signal stopped
     other_failed: int
-    duplicates: int  # runs of a config beyond its first (a lost trial's one retry excepted)
+    duplicates: int  # runs of a config beyond its first (a lost/interrupted trial's retry excepted)
     duplicate_numbers: int  # trial numbers recorded twice
     stuck: int  # RUNNING in sweeper's or Optuna's table, or a worker still marked alive
 
@@ -166,7 +166,12 @@ def tally_study(url: str, study: str, scenario: str, requested: int) -> FaultTal
     finally:
         storage.engine.dispose()
     runs = Counter(json.dumps(t.config, sort_keys=True) for t in trials)
-    lost = Counter(json.dumps(t.config, sort_keys=True) for t in trials if t.failure_kind == "lost")
+    # a lost or interrupted trial's config runs once more: that retry is no duplicate
+    lost = Counter(
+        json.dumps(t.config, sort_keys=True)
+        for t in trials
+        if t.failure_kind in ("lost", "interrupted")
+    )
     kinds = Counter(t.failure_kind for t in trials if t.state == "failed")
     return FaultTally(
         scenario=scenario,

@@ -3,6 +3,7 @@ trial starts that the time left cannot hold."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from sweeper.space import Space, parse_space
 from sweeper.store import Store
 from sweeper.study import SilentObserver, run_sweep
-from tests.helpers import TINY_SPACE
+from tests.helpers import TINY_SPACE, tally_study
 
 
 class _Notes(SilentObserver):
@@ -51,3 +52,58 @@ def test_the_space_can_set_the_budget() -> None:
         TINY_SPACE.read_text().replace("n_trials: 3", "n_trials: 3\n  max_minutes: 90")
     )
     assert space.budget.max_minutes == 90
+
+
+@pytest.mark.torch
+def test_a_trial_the_budget_cuts_is_interrupted_and_runs_again_at_the_next_launch(
+    sqlite_url: str, cache_dir: Path
+) -> None:
+    """Seen on an H100: the budget killed the first trial 48 s in, and it was recorded as the
+    config's timeout. The budget ended it, not the config: it is ``interrupted``, the sampler
+    learns nothing from it, and the study's next launch runs that config first, once."""
+    import yaml
+
+    text = yaml.safe_load(TINY_SPACE.read_text())
+    slow = copy.deepcopy(text)  # a window that would last 10 minutes
+    slow["trial"]["measure"] = {
+        "min_steps": 3,
+        "max_steps": 10**6,
+        "min_seconds": 600,
+        "max_seconds": 600,
+    }
+    slow["trial"]["timeout_s"] = 900
+    slow_text = yaml.safe_dump(slow)
+    first = run_sweep(
+        parse_space(slow_text),
+        storage_url=sqlite_url,
+        cache_dir=cache_dir,
+        space_text=slow_text,
+        n_trials=3,
+        max_minutes=0.75,  # what preparing leaves (the trial's timeout is at least 30 s)
+    )
+    assert first.trials_run == 1, first.stop_reason
+    store = Store(sqlite_url)
+    try:
+        (cut,) = store.list_trials("tiny")
+        assert (cut.state, cut.failure_kind) == ("failed", "interrupted")
+        assert "time budget ran out" in (cut.failure_message or "")
+        assert "next launch runs it again" in (cut.failure_message or "")
+    finally:
+        store.dispose()
+
+    again = run_sweep(
+        parse_space(TINY_SPACE.read_text()),
+        storage_url=sqlite_url,
+        cache_dir=cache_dir,
+        space_text=TINY_SPACE.read_text(),
+        n_trials=1,
+    )
+    assert again.completed == 1
+    tally = tally_study(sqlite_url, "tiny", "budget cut, then a launch", requested=2)
+    assert (tally.interrupted, tally.complete, tally.duplicates, tally.stuck) == (1, 1, 0, 0)
+    store = Store(sqlite_url)
+    try:
+        retried = [t for t in store.list_trials("tiny") if t.state == "complete"]
+        assert [t.config for t in retried] == [cut.config]  # the cut config, first
+    finally:
+        store.dispose()

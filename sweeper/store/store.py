@@ -344,6 +344,16 @@ class Store:
                 return None
             return owner.trial_number
 
+    def release_claim(self, study: str, number: int) -> None:
+        """Let the config of trial ``number`` run again: the trial was interrupted before it
+        measured anything."""
+        with self.session() as s:
+            s.execute(
+                delete(ClaimRow).where(
+                    ClaimRow.study_id == self._study(s, study).id, ClaimRow.trial_number == number
+                )
+            )
+
     # ------------------------------------------------------------------ trials
 
     # ------------------------------------------------------------------ workers
