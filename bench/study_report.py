@@ -128,7 +128,9 @@ def report(
             f"Recommended: trial #{recommendation.trial_number}, "
             f"{_describe(recommendation.config)}.",
         ]
-        if recommendation.speedup_vs_baseline is not None:
+        if recommendation.keeps_baseline:
+            lines[-1] += f" It is the baseline: {recommendation.KEEP_BASELINE}."
+        elif recommendation.speedup_vs_baseline is not None:
             lines[-1] += (
                 f" {recommendation.speedup_vs_baseline:.2f}× faster than the baseline, "
                 f"${recommendation.usd_saved_per_run or 0:,.2f} saved per run."

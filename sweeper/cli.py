@@ -798,7 +798,12 @@ def _print_recommendation(rec: Recommendation) -> None:
         details.append(f"measured on {rec.measured_on}")
     if details:
         console.print("    " + "; ".join(details), highlight=False)
-    if rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
+    if rec.keeps_baseline:
+        console.print(
+            f"  this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}",
+            highlight=False,
+        )
+    elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
         console.print(
             f"  vs baseline (trial #{rec.baseline_trial_number}): "
             f"{_num(rec.baseline_hours_per_run, ',.1f')} h, "

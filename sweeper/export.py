@@ -91,7 +91,9 @@ def _header(rec: Recommendation) -> str:
         f"${rec.cost_per_run_usd:,.2f} per run on {rec.hardware_name} at "
         f"${rec.usd_per_hour:.2f}/h"
     ]
-    if rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
+    if rec.keeps_baseline:
+        lines.append(f"# this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}")
+    elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
         lines.append(
             f"# vs your baseline (trial #{rec.baseline_trial_number}): "
             f"{rec.speedup_vs_baseline:.2f}x faster, ${rec.usd_saved_per_run:,.2f} saved per run"

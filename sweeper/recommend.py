@@ -10,8 +10,9 @@
    length (the longest sample, or the space's coverage percentile) truncates, and is left out
    unless truncation is allowed — the answer then says what it left out and why;
 4. the cheapest per run wins, unless other configs tie with it: when their $/run 95%
-   intervals overlap its interval (``sweeper.noise``), the one with the least peak memory
-   wins, then the cheaper; the answer names the ties;
+   intervals overlap its interval (``sweeper.noise``), the baseline wins if it is among them
+   (nothing beats it beyond the noise), else the one with the least peak memory, then the
+   cheaper; the answer names the ties;
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
    with what the sweep itself cost (payback in runs).
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -83,6 +84,13 @@ class Recommendation(BaseModel):
     ties: tuple[int, ...] = ()  # other trials whose $/run intervals overlap the winner's
     tie_note: str | None = None  # why the winner was picked among them
     contended: bool = False  # every measurement of the winner was on a shared machine
+
+    @property
+    def keeps_baseline(self) -> bool:
+        """The answer is the user's own config: nothing measured beats it beyond the noise."""
+        return self.baseline_trial_number == self.trial_number
+
+    KEEP_BASELINE: ClassVar[str] = "no config measured so far beats it beyond the noise: keep it"
 
     def interval_text(self) -> str:
         """'$12.50 ±2.1%/run (3 measurements)': the $/run with its 95% interval."""
@@ -435,7 +443,8 @@ def _decide(
     if not candidates:
         raise NoResultError(f"study {facts.name!r} has no completed trial yet")
     eligible, excluded = _eligible(facts, candidates, constraints, price)
-    winner, ties, tie_note = _pick(eligible)
+    baseline = _baseline(facts, candidates)
+    winner, ties, tie_note = _pick(eligible, baseline)
     t = winner.trial
     config = dict(t.config)
     effective_batch = _effective_batch(config)
@@ -459,7 +468,6 @@ def _decide(
     if mismatch:
         warnings.append(mismatch)
 
-    baseline = _baseline(facts, candidates)
     baseline_batch = suggested_lr = None
     if baseline is not None:
         baseline_batch = _effective_batch(baseline.trial.config)
@@ -531,10 +539,13 @@ def _decide(
     return recommendation, eligible
 
 
-def _pick(eligible: list[_Candidate]) -> tuple[_Candidate, list[_Candidate], str | None]:
+def _pick(
+    eligible: list[_Candidate], baseline: _Candidate | None = None
+) -> tuple[_Candidate, list[_Candidate], str | None]:
     """The winner, the candidates that tie with the cheapest (their $/run intervals overlap
-    its interval), and why the winner was picked among them: the least peak memory, then
-    the lower $/run."""
+    its interval), and why the winner was picked among them: the baseline when it ties (no
+    measured config beats the user's own beyond the noise: switching buys nothing known),
+    else the least peak memory, then the lower $/run."""
     cheapest = min(eligible, key=lambda c: c.key)
     ties = sorted(
         (c for c in eligible if overlaps(cheapest.cost, cheapest.spread, c.cost, c.spread)),
@@ -542,13 +553,16 @@ def _pick(eligible: list[_Candidate]) -> tuple[_Candidate, list[_Candidate], str
     )
     if len(ties) < 2:
         return cheapest, [], None
-    winner = min(
-        ties,
-        key=lambda c: (
-            c.trial.peak_memory_bytes if c.trial.peak_memory_bytes is not None else math.inf,
-            *c.key,
-        ),
-    )
+    if baseline is not None and baseline in ties:
+        winner = baseline
+    else:
+        winner = min(
+            ties,
+            key=lambda c: (
+                c.trial.peak_memory_bytes if c.trial.peak_memory_bytes is not None else math.inf,
+                *c.key,
+            ),
+        )
     others = ", ".join(
         f"#{c.trial.number} ({cost_text(c.cost, c.spread or None)}"
         + (f", {_gb(c.trial.peak_memory_bytes)} peak" if c.trial.peak_memory_bytes else "")
@@ -556,12 +570,12 @@ def _pick(eligible: list[_Candidate]) -> tuple[_Candidate, list[_Candidate], str
         for c in ties
         if c is not winner
     )
-    why = (
-        "the least peak memory"
-        + (f" ({_gb(winner.trial.peak_memory_bytes)})" if winner.trial.peak_memory_bytes else "")
-        if winner.trial.peak_memory_bytes is not None
-        else "the lowest $/run"
-    )
+    if winner is baseline:
+        why = "being the baseline: no config measured so far beats it beyond the noise"
+    elif winner.trial.peak_memory_bytes is not None:
+        why = f"the least peak memory ({_gb(winner.trial.peak_memory_bytes)})"
+    else:
+        why = "the lowest $/run"
     return winner, ties, f"ties within the noise with {others}; picked for {why}"
 
 

@@ -864,9 +864,9 @@ class SearchLoop:
             if self.executor.stop_requested() or self._out_of_time():
                 self.observer.note(
                     f"{numbers} tie within the noise, and the sweep's time budget leaves no "
-                    "time to measure them again; the recommendation picks the one with the "
-                    "least peak memory (a longer --max-minutes or budget.device_hours lets the "
-                    "sweep separate them)"
+                    "time to measure them again; the recommendation picks the baseline if it "
+                    "is among them, else the one with the least peak memory (a longer "
+                    "--max-minutes or budget.max_device_hours lets the sweep separate them)"
                 )
                 return
             self.observer.note(
@@ -884,7 +884,8 @@ class SearchLoop:
         if len(left) > 1:
             self.observer.note(
                 f"{', '.join(f'#{self.results[c].number}' for c in left)} still tie within the "
-                "noise; the recommendation picks the one with the least peak memory"
+                "noise; the recommendation picks the baseline if it is among them, else the "
+                "one with the least peak memory"
             )
 
     def _out_of_time(self) -> bool:

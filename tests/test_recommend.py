@@ -340,6 +340,18 @@ def test_configs_within_the_noise_tie_and_the_least_memory_wins(store: Store) ->
     assert r.interval_text() == f"${r.cost_per_run_usd:,.2f} ±2.0%/run"
 
 
+def test_when_the_baseline_ties_the_answer_is_to_keep_it(store: Store) -> None:
+    """Seen on seed 003 on an H100: three configs tied within ±7.5%, the baseline among them,
+    and the least-memory rule recommended one 7% slower than the baseline ("0.93x faster,
+    $-0.99 saved"). Nothing beats the baseline beyond the noise: the answer is to keep it."""
+    # the baseline (20 samples/s) and trials 2 (24) and 3 (23.2) tie within ±12%
+    _intervals(store, {0: 0.12, 1: 0.01, 2: 0.12, 3: 0.12}, {0: 12_000_000_000, 3: 6_000_000_000})
+    r = best(store, "seed")
+    assert r.trial_number == r.baseline_trial_number == 0 and set(r.ties) == {2, 3}
+    assert r.tie_note is not None and "picked for being the baseline" in r.tie_note
+    assert r.speedup_vs_baseline == 1.0 and r.usd_saved_per_run == 0.0
+
+
 def test_configs_apart_beyond_the_noise_do_not_tie(store: Store) -> None:
     _intervals(store, {2: 0.01, 3: 0.01}, {2: 9_000_000_000, 3: 6_000_000_000})
     r = best(store, "seed")
