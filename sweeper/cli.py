@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sweeper.doctor import DoctorReport
     from sweeper.recommend import Comparison, Constraints, Recommendation
     from sweeper.space import TrialConfig
-    from sweeper.store import TrialRow
+    from sweeper.store import Store, TrialRow
     from sweeper.trial.protocol import PreparedData
 
 app = typer.Typer(
@@ -40,8 +40,9 @@ StorageOption = Annotated[
     str | None,
     typer.Option(
         "--storage",
-        help="SQLAlchemy URL: sqlite:///file.db or postgresql+psycopg://user@host/db "
-        "(default: $SWEEPER_STORAGE, then the space's storage, then sqlite:///sweeper.db)",
+        help="SQLAlchemy URL: sqlite:///file.db or postgresql+psycopg://user@host/db, or a path "
+        "to an SQLite file (default: $SWEEPER_STORAGE, then the space's storage, then "
+        "sqlite:///sweeper.db in the current directory)",
     ),
 ]
 
@@ -49,6 +50,45 @@ StorageOption = Annotated[
 def _fail(message: str, code: int = 1) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def _reading_store(storage: str | None) -> Store:
+    """The storage a reading command (best, export, study export) reads: an SQLite file that
+    does not exist is an error that says where it looked, never a new empty database."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from sweeper.settings import resolve_storage
+    from sweeper.store import Store
+
+    url = resolve_storage(storage)
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        parsed = None  # Store says what is wrong with it
+    if parsed is not None and parsed.get_backend_name() == "sqlite":
+        path = parsed.database
+        if path and path != ":memory:" and not Path(path).is_file():
+            where = "--storage" if storage else "the default storage"
+            raise _fail(
+                f"no database at {Path(path).resolve()} ({where}, {url}): `sweeper launch` "
+                "writes its database where it runs (sqlite:///sweeper.db in that directory); "
+                "run this there, or pass --storage with that file's path",
+                code=2,
+            )
+    try:
+        return Store(url)
+    except SweeperError as e:
+        raise _fail(str(e), code=2) from None
+
+
+def _with_storage(error: SweeperError, store: Store) -> str:
+    """The error, naming the storage when a study was not found in it."""
+    from sweeper.errors import StudyNotFoundError
+
+    if isinstance(error, StudyNotFoundError):
+        return str(error).replace("in this storage", f"in {store.redacted_url}", 1)
+    return str(error)
 
 
 @app.command()
@@ -427,13 +467,11 @@ def best_command(
 ) -> None:
     """Print the recommended (cheapest per run) config of a study, within the constraints."""
     from sweeper.recommend import best, compare
-    from sweeper.settings import resolve_storage
-    from sweeper.store import Store
 
     if across_hardware and usd_per_hour is not None:
         raise _fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)
     constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation, usd_per_hour)
-    store = Store(resolve_storage(storage))
+    store = _reading_store(storage)
     try:
         store.migrate()
         result = (
@@ -442,7 +480,7 @@ def best_command(
             else best(store, study, constraints)
         )
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise _fail(_with_storage(e, store)) from None
     finally:
         store.dispose()
     if as_json:
@@ -468,19 +506,17 @@ def export(
     """Print the recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
     from sweeper.export import FORMATS, render
     from sweeper.recommend import best
-    from sweeper.settings import resolve_storage
-    from sweeper.store import Store
 
     if fmt not in FORMATS:
         raise _fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
     constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation)
-    store = Store(resolve_storage(storage))
+    store = _reading_store(storage)
     try:
         store.migrate()
         recommendation = best(store, study, constraints)
         space_yaml = store.get_study(study).space_yaml
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise _fail(_with_storage(e, store)) from None
     finally:
         store.dispose()
     sys.stdout.write(render(recommendation, fmt, space_yaml))  # type: ignore[arg-type]
@@ -555,16 +591,14 @@ def study_export(
 ) -> None:
     """Write a study (every trial's measurement, fingerprint and projection, Optuna's record,
     the space) to a JSON file that `sweeper study import` loads into any storage."""
-    from sweeper.settings import resolve_storage
-    from sweeper.store import Store
     from sweeper.studyfile import export_study, write_study_file
 
-    store = Store(resolve_storage(storage))
+    store = _reading_store(storage)
     try:
         store.migrate()
         document = export_study(store, study, allow_running=force)
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise _fail(_with_storage(e, store)) from None
     finally:
         store.dispose()
     path = out or Path("studies") / f"{study}.json"

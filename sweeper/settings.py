@@ -74,10 +74,14 @@ def normalize_storage_url(url: str) -> str:
 
     >>> normalize_storage_url("postgresql://u@h/db")
     'postgresql+psycopg://u@h/db'
+    >>> normalize_storage_url("runs/sweeper.db"), normalize_storage_url("/tmp/s.db")
+    ('sqlite:///runs/sweeper.db', 'sqlite:////tmp/s.db')
     """
     for prefix in ("postgresql://", "postgres://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
+    if "://" not in url and url.strip():  # a path: the SQLite file there
+        return "sqlite:///" + url
     return url
 
 

@@ -423,6 +423,44 @@ def _priced_study(store: Store, name: str, hardware: str, price: float, runs: li
         )
 
 
+def test_reading_commands_name_the_storage_and_create_nothing(
+    tmp_path: Path, sqlite_url: str, env: dict[str, str]
+) -> None:
+    """Issue 18: `best --storage sweeper.db` printed a 45-line traceback about '<unparseable
+    URL>'; `best --study X` from the wrong directory said only "no study named 'X' in this
+    storage" and left an empty sweeper.db behind. A path to an SQLite file is accepted, a
+    missing database is named with where it was looked for, and a study not found is named
+    with the storage, the studies it holds and the nearest name."""
+    store = Store(sqlite_url)
+    store.migrate()
+    _priced_study(store, "h100-llama-1b", "H100 SXM 80GB", 2.5, [(2048, 8.0)])
+    _priced_study(store, "a100", "A100 80GB", 1.2, [(2048, 15.0)])
+    store.dispose()
+    database = sqlite_url.removeprefix("sqlite:///")
+
+    by_path = run_sweeper("best", "--study", "a100", "--storage", database, env=env, cwd=tmp_path)
+    assert by_path.returncode == 0, by_path.stderr
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for args in (["best"], ["export"], ["study", "export"]):
+        for storage in ([], ["--storage", "sweeper.db"]):
+            result = run_sweeper(*args, "--study", "a100", *storage, env=env, cwd=elsewhere)
+            said = " ".join(result.stderr.split())
+            assert result.returncode == 2 and "Traceback" not in result.stderr, said
+            assert f"no database at {elsewhere / 'sweeper.db'}" in said, said
+    assert list(elsewhere.iterdir()) == []  # reading created no database
+
+    for args in (["best"], ["export"], ["study", "export"]):
+        near = run_sweeper(*args, "--study", "h100-llama", "--storage", sqlite_url, env=env)
+        said = " ".join(near.stderr.split())
+        assert near.returncode == 1 and "Traceback" not in near.stderr, said
+        assert f"no study named 'h100-llama' in {sqlite_url}" in said, said
+        assert (
+            "its studies: a100, h100-llama-1b" in said and "did you mean 'h100-llama-1b'?" in said
+        )
+
+
 def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict[str, str]) -> None:
     """`sweeper best` leaves a truncating config out and says so; --allow-truncation takes it
     with a warning; --across-hardware prices the same job on every machine it was swept on."""

@@ -5,10 +5,12 @@ Foreign database errors become ``StorageError`` here, with the URL's password hi
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import functools
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
@@ -58,8 +60,8 @@ def redact(url: str) -> str:
     """The URL with its password hidden, for messages and logs."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable URL>"
+    except ArgumentError:  # shown as typed, but for anything between "user:" and "@"
+        return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
 
 
 def finite_or_none(value: float | None) -> float | None:
@@ -311,7 +313,16 @@ class Store:
     def _study(s: Session, name: str) -> StudyRow:
         row = s.scalar(select(StudyRow).where(StudyRow.name == name))
         if row is None:
-            raise StudyNotFoundError(f"no study named {name!r} in this storage")
+            names = sorted(s.scalars(select(StudyRow.name)).all())
+            held = (
+                "it holds no study"
+                if not names
+                else f"its studies: {', '.join(names[:20])}"
+                + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+            )
+            near = difflib.get_close_matches(name, names, n=1)
+            maybe = f"; did you mean {near[0]!r}?" if near else ""
+            raise StudyNotFoundError(f"no study named {name!r} in this storage ({held}){maybe}")
         return row
 
     def claim(
