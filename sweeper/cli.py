@@ -27,12 +27,53 @@ if TYPE_CHECKING:
     from sweeper.store import Store, TrialRow
     from sweeper.trial.protocol import PreparedData
 
+# -h as well as --help, on every command
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     help="Find the cheapest way to run a training job: timed trials, priced per run.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=_CONTEXT,
 )
+
+
+def _flags_take_no_value() -> None:
+    """typer 0.29's help labels every flag ``<bool>``, which reads as ``--json true``: a flag
+    gets no label (options that take a value keep theirs)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sweeper import __version__
+
+        typer.echo(f"sweeper {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Find the cheapest way to run a training job: timed trials, priced per run."""
+
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -96,7 +137,13 @@ def launch(
     space: Annotated[Path, typer.Option("--space", help="a space file, e.g. spaces/h100.yaml")],
     storage: StorageOption = None,
     n_trials: Annotated[
-        int | None, typer.Option("--n-trials", min=1, help="override the space's budget")
+        int | None,
+        typer.Option(
+            "--n-trials",
+            min=1,
+            help="trials this launch runs (default: the space's budget.n_trials); launching a "
+            "study again resumes it and adds this many more",
+        ),
     ] = None,
     max_minutes: Annotated[
         float | None,
@@ -144,7 +191,10 @@ def launch(
     )
 
 
-@app.command()
+@app.command(
+    short_help="Join a study that `sweeper launch` created (here or on another machine, through "
+    "the same Postgres URL) and run trials of it."
+)
 def worker(
     study: Annotated[str, typer.Option("--study", help="the study to join")],
     storage: StorageOption = None,
@@ -405,7 +455,8 @@ UsdPerHourOption = Annotated[
     float | None, typer.Option("--usd-per-hour", min=0.0, help="re-price at this $/h")
 ]
 MaxHoursOption = Annotated[
-    float | None, typer.Option("--max-hours", min=0.0, help="the run must finish within")
+    float | None,
+    typer.Option("--max-hours", min=0.0, help="the run must finish within this many hours"),
 ]
 MaxCostOption = Annotated[
     float | None, typer.Option("--max-cost", min=0.0, help="the run must cost at most ($)")
@@ -522,7 +573,10 @@ def export(
     sys.stdout.write(render(recommendation, fmt, space_yaml))  # type: ignore[arg-type]
 
 
-@app.command()
+@app.command(
+    short_help="Say what this machine can do before a sweep (devices, precisions, attention, "
+    "compile, memory, cores, disk); with --space, exit 1 naming each fix."
+)
 def doctor(
     space: Annotated[
         Path | None,
@@ -574,6 +628,7 @@ def doctor(
 study_app = typer.Typer(
     help="Recorded sweeps as files: export a study to studies/NAME.json, import one anywhere.",
     no_args_is_help=True,
+    context_settings=_CONTEXT,
 )
 app.add_typer(study_app, name="study")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -796,6 +797,18 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return text or "(top level)"
 
 
+def _named_loc(message: str) -> tuple[Any, ...]:
+    """Where a message of a whole-space check points: ``baseline: per_device_batch_size = 3
+    ...`` -> ("baseline", "per_device_batch_size"); ``also_try[1]: ...`` -> ("also_try", 1)."""
+    found = re.match(r"(baseline|also_try\[(\d+)\]): (?:(\w+) = )?", message)
+    if found is None:
+        return ()
+    where: tuple[Any, ...] = (
+        ("baseline",) if found.group(2) is None else ("also_try", int(found.group(2)))
+    )
+    return where + ((found.group(3),) if found.group(3) else ())
+
+
 def _line_for(loc: tuple[Any, ...], lines: Mapping[tuple[Any, ...], int]) -> int:
     for cut in range(len(loc), -1, -1):
         if loc[:cut] in lines:
@@ -825,6 +838,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         problems = []
         for err in e.errors():
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+            if not loc:  # a check of the whole space that names where it looked
+                loc = _named_loc(err["msg"].removeprefix("Value error, "))
             field = _dotted(loc)
             if err["type"] == "extra_forbidden":
                 message = "unknown key; remove it or check its spelling"
@@ -832,6 +847,8 @@ def parse_space(text: str, source: str = "<space>") -> Space:
                 message = "required key is missing"
             elif err["type"] == "value_error":
                 message = err["msg"].removeprefix("Value error, ")
+                if err["loc"] == () and loc:  # the field now says where: once is enough
+                    message = re.sub(r"^(baseline|also_try\[\d+\]): ", "", message)
                 if loc and not isinstance(err.get("input"), dict | list):
                     message += f" (got {err.get('input')!r})"
             else:

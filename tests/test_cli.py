@@ -534,3 +534,24 @@ def test_a_stop_request_ends_the_sweep_after_its_running_trial(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_help_reads_as_a_newcomer_needs_it(env: dict[str, str]) -> None:
+    """Issue 18: flags showed a `<bool>` placeholder that suggests `--json true`, there was no
+    -h or --version, --max-hours did not say its unit, and launch --help did not say that each
+    launch adds --n-trials more trials."""
+    from sweeper import __version__
+
+    for flag in ("--version", "-V"):
+        version = _sweeper(flag, env=env)
+        assert version.returncode == 0 and version.stdout.strip() == f"sweeper {__version__}"
+    wide = {**env, "COLUMNS": "200"}
+    for command in (["best"], ["export"], ["launch"], ["worker"], ["doctor"], ["study", "export"]):
+        short, long = _sweeper(*command, "-h", env=wide), _sweeper(*command, "--help", env=wide)
+        assert short.returncode == long.returncode == 0, short.stderr
+        assert short.stdout == long.stdout and "<bool>" not in short.stdout, short.stdout
+    best_help = " ".join(_sweeper("best", "-h", env=wide).stdout.split())
+    assert "the run must finish within this many hours" in best_help
+    assert "<float range>" in best_help  # options that take a value keep their label
+    launch_help = " ".join(_sweeper("launch", "-h", env=wide).stdout.split())
+    assert "launching a study again resumes it and adds this many more" in launch_help

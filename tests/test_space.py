@@ -69,6 +69,12 @@ def _broken(replace: str, by: str) -> str:
             ":34: trial.measure.min_steps: Input should be a valid integer",
         ),
         ("budget:\n  n_trials: 3\n", "", ":2: budget: required key is missing"),
+        (  # the baseline's own line, not the study's (issue 18)
+            'baseline:              # the "current" config: trial #0 of every sweep of this space\n'
+            "  per_device_batch_size: 2",
+            "baseline:\n  per_device_batch_size: 3",
+            ":45: baseline.per_device_batch_size: per_device_batch_size = 3 is not among",
+        ),
     ],
 )
 def test_errors_name_file_line_and_field(replace: str, by: str, expected: str) -> None:
