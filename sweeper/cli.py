@@ -163,6 +163,14 @@ def launch(
             "or N on a CPU); the trials are shared out among them",
         ),
     ] = 1,
+    fill: Annotated[
+        bool,
+        typer.Option(
+            "--fill",
+            help="run only the trials the study still lacks of its budget (budget.n_trials or "
+            "--n-trials, less the trials it has): launching a finished study again runs none",
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep: each trial trains the workload with one config in a child process."""
     from sweeper.space import load_space
@@ -174,6 +182,11 @@ def launch(
     from sweeper.settings import resolve_storage
 
     url = resolve_storage(storage, parsed.storage)
+    if fill:
+        n_trials = _missing_trials(url, parsed.study, n_trials or parsed.budget.n_trials)
+        if n_trials == 0:
+            _print_leaderboard(url, parsed.study)
+            return
     if workers > 1:
         _launch_workers(
             ["launch", "--space", str(space)],
@@ -312,6 +325,45 @@ def _launch_workers(
         )
 
 
+def _missing_trials(url: str, study: str, planned: int) -> int:
+    """``launch --fill``: how many of ``planned`` trials the study still lacks, said aloud. An
+    SQLite file that does not exist holds no trial (and is not created here)."""
+    from sqlalchemy.engine import make_url
+
+    from sweeper.store import Store, redact
+    from sweeper.study import trials_done
+
+    done = 0
+    parsed = make_url(url)
+    missing_file = (
+        parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file()
+    )
+    if not missing_file:
+        store = Store(url)
+        try:
+            store.migrate()
+            done = trials_done(store, study)
+        except SweeperError as e:
+            raise _fail(str(e)) from None
+        finally:
+            store.dispose()
+    if done >= planned:
+        console.print(
+            f"study {study} in {redact(url)} already has {done} of its {planned} trials: nothing "
+            f"to run (--fill); its results follow, and `sweeper best --study {study}` prints the "
+            "recommendation",
+            highlight=False,
+        )
+        return 0
+    if done:
+        console.print(
+            f"study {study} has {done} of its {planned} trials: running the {planned - done} "
+            "missing (--fill)",
+            highlight=False,
+        )
+    return planned - done
+
+
 def _parse_devices(text: str) -> list[str]:
     """``--devices 0,1`` (GPU indexes or UUIDs, as CUDA_VISIBLE_DEVICES takes them)."""
     devices = [d.strip() for d in text.split(",")]
@@ -414,11 +466,39 @@ def _sweep_and_report(
         )
 
 
+def _address_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be served (taken, or not an address here), with a free port
+    to use instead; None if it is free. Checked before anything slow runs."""
+    import socket
+
+    def bind(p: int) -> OSError | None:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                s.bind((host, p))
+            except OSError as e:
+                return e
+        return None
+
+    error = bind(port)
+    if error is None:
+        return None
+    free = next((p for p in range(port + 1, min(port + 100, 65536)) if bind(p) is None), None)
+    hint = f"; use --port {free}, which is free" if free is not None else ""
+    return f"cannot serve on {host}:{port}: {error.strerror or error}{hint}"
+
+
 @app.command()
 def serve(
     storage: StorageOption = None,
     host: Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")] = None,
-    port: Annotated[int | None, typer.Option(help="port (default 8000)")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535, help="port (default 8000)")] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="only check that the address is free (exit 3 if not) and exit"
+        ),
+    ] = False,
 ) -> None:
     """Serve the REST API and the dashboard."""
     import uvicorn
@@ -432,6 +512,11 @@ def serve(
         settings = Settings()
     except ValidationError as e:
         raise _fail(f"invalid SWEEPER_* environment: {e}", 2) from None
+    taken = _address_taken(host or settings.host, port or settings.port)
+    if taken is not None:
+        raise _fail(taken, code=3)
+    if check:
+        return
     url = resolve_storage(storage)
     token = None if settings.api_token is None else settings.api_token.get_secret_value()
     try:

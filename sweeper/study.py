@@ -29,7 +29,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sweeper import knobs
 from sweeper.cost import RunPlan, RunProjection, project_run
-from sweeper.errors import ConflictError, SpaceError, StorageError, SweeperError
+from sweeper.errors import (
+    ConflictError,
+    SpaceError,
+    StorageError,
+    StudyNotFoundError,
+    SweeperError,
+)
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, MeasurementError, parse_measurement
 from sweeper.noise import (
@@ -132,6 +138,16 @@ def study_fields(
     }
 
 
+def trials_done(store: Store, study: str) -> int:
+    """Trials of ``study`` that count against its plan: finished, but not lost or interrupted
+    (their configs run again). 0 for a study the storage does not hold."""
+    try:
+        trials = store.list_trials(study, states=["complete", "failed", "pruned"])
+    except StudyNotFoundError:
+        return 0
+    return sum(t.failure_kind not in ("lost", "interrupted") for t in trials)
+
+
 def run_sweep(
     space: Space,
     *,
@@ -158,10 +174,12 @@ def run_sweep(
     store.migrate()
     storage = optuna_storage(storage_url, retry_s=DATABASE_RETRY_S)
     study = _optuna_study(space, storage)
+    # a resumed study plans what it has and what this launch adds (16 after two launches of 8)
+    planned = trials_done(store, space.study) + n_trials
     store.upsert_study(
         space.study,
         state="running",
-        **study_fields(space, n_trials=n_trials, space_text=space_text, space_path=space_path),
+        **study_fields(space, n_trials=planned, space_text=space_text, space_path=space_path),
     )
     enqueue_known(study, space)
     enqueue_interrupted(store, study, space)

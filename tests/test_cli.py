@@ -555,3 +555,51 @@ def test_help_reads_as_a_newcomer_needs_it(env: dict[str, str]) -> None:
     assert "<float range>" in best_help  # options that take a value keep their label
     launch_help = " ".join(_sweeper("launch", "-h", env=wide).stdout.split())
     assert "launching a study again resumes it and adds this many more" in launch_help
+
+
+@pytest.mark.torch
+def test_a_second_demo_launch_serves_what_is_there(
+    sqlite_url: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 18: running scripts/demo.sh again swept 8 more trials and the home page said
+    "Complete 16, Planned 8". `launch --fill` runs only what the study lacks and says so; a
+    plain second launch adds its trials and the plan says the total."""
+    args = ("--space", str(TINY_SPACE), "--storage", sqlite_url)
+    first = _sweeper("launch", *args, "--n-trials", "2", "--fill", env=env)
+    assert first.returncode == 0, first.stderr
+    again = _sweeper("launch", *args, "--n-trials", "2", "--fill", env=env)
+    said = " ".join(again.stdout.split())
+    assert again.returncode == 0, again.stderr
+    assert "already has 2 of its 2 trials: nothing to run (--fill)" in said, said
+    assert "tiny: cheapest per run" in said  # what is there is shown
+    topped = _sweeper("launch", *args, "--n-trials", "3", "--fill", env=env)
+    assert topped.returncode == 0, topped.stderr
+    assert "has 2 of its 3 trials: running the 1 missing" in " ".join(topped.stdout.split())
+    more = _sweeper("launch", *args, "--n-trials", "1", env=env)
+    assert more.returncode == 0, more.stderr
+    store = Store(sqlite_url)
+    try:
+        assert len(store.list_trials("tiny")) == 4
+        assert store.get_study("tiny").n_trials_planned == 4  # 3, then one more
+    finally:
+        store.dispose()
+
+
+def test_a_taken_port_is_found_before_anything_runs(env: dict[str, str]) -> None:
+    """Issue 18: `serve` printed its URL, then "address already in use" (exit 3) with no hint,
+    after the demo's sweep. `serve --check` (which demo.sh runs first) and `serve` itself say
+    so at once and name a free port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for args in (["--check"], []):
+            result = _sweeper("serve", "--port", str(port), *args, env=env, timeout=60)
+            said = " ".join(result.stderr.split())
+            assert result.returncode == 3 and "Traceback" not in result.stderr, said
+            assert f"cannot serve on 127.0.0.1:{port}" in said and "use --port" in said, said
+            free = int(said.rsplit("use --port ", 1)[1].split(",")[0])
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", free))  # the port it names is free
+    demo = (REPO / "scripts" / "demo.sh").read_text()  # checked before the sweep, not after
+    assert demo.index('serve --port "$port" --check') < demo.index("launch --space")
