@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -74,8 +75,17 @@ def _main(
     """Find the cheapest way to run a training job: timed trials, priced per run."""
 
 
-console = Console()
-err_console = Console(stderr=True)
+def _make_console(stderr: bool = False) -> Console:
+    """A terminal's console; piped to a file or CI (no terminal, no COLUMNS), lines are not
+    wrapped at rich's default 80 columns mid-sentence and tables get room for the config."""
+    made = Console(stderr=stderr)
+    if made.is_terminal or os.environ.get("COLUMNS"):
+        return made
+    return Console(stderr=stderr, width=160, soft_wrap=True)
+
+
+console = _make_console()
+err_console = _make_console(stderr=True)
 
 StorageOption = Annotated[
     str | None,
@@ -816,6 +826,7 @@ class RichObserver:
             SpinnerColumn,
             TextColumn,
             TimeElapsedColumn,
+            TimeRemainingColumn,
         )
 
         self.progress = Progress(
@@ -824,9 +835,13 @@ class RichObserver:
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
             console=console,
         )
         self.task = self.progress.add_task(f"{study}: starting", total=n_trials)
+        self.total, self.done = n_trials, 0
+        self.first_trial_at: float | None = None
 
     def __enter__(self) -> RichObserver:
         self.progress.start()
@@ -845,11 +860,27 @@ class RichObserver:
             f"p90 {stats['tokens_p90']}, max {stats['tokens_max']} (prepared in {wall_s:.1f} s)",
             highlight=False,
         )
+        # preflight (when the space has it) comes next; the first trial replaces this
+        self.progress.update(self.task, description="preflight: what can run here")
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
+        if self.first_trial_at is None:
+            self.first_trial_at = time.monotonic()
         self.progress.update(self.task, description=f"trial {number}: {_describe(config)}")
 
+    def _eta(self) -> str:
+        """`[3/8, about 4 min left]`: the mean trial so far times the trials left (an
+        estimate: re-measuring at the end adds to it)."""
+        left = self.total - self.done
+        if self.first_trial_at is None or left <= 0:
+            return f" [{self.done}/{self.total}]"
+        per_trial = (time.monotonic() - self.first_trial_at) / self.done
+        minutes = per_trial * left / 60
+        about = f"{minutes:.0f} min" if minutes >= 1 else f"{per_trial * left:.0f} s"
+        return f" [{self.done}/{self.total}, about {about} left]"
+
     def trial_done(self, row: TrialRow) -> None:
+        self.done += 1
         config = _describe_dict(row.config)
         if row.state == "complete":
             line = (
@@ -860,7 +891,7 @@ class RichObserver:
         else:
             message = (row.failure_message or "")[:160]
             line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {escape(message)}"
-        self.progress.console.print(line, highlight=False)
+        self.progress.console.print(line + escape(self._eta()), highlight=False)
         self.progress.advance(self.task)
 
     def note(self, message: str) -> None:
@@ -896,7 +927,10 @@ def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
     table = Table(title=f"{study}: cheapest per run", title_justify="left")
     headers = ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run")
     for header in (*headers, "$/run", "±95%"):
-        table.add_column(header, justify="left" if header == "config" else "right")
+        if header == "config":  # the config is the point of the table: it folds, never cut
+            table.add_column(header, justify="left", overflow="fold", min_width=40, ratio=1)
+        else:
+            table.add_column(header, justify="right", no_wrap=True)
     for t in completed[:top]:
         padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
         table.add_row(
