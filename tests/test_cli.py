@@ -565,8 +565,16 @@ def test_a_second_demo_launch_serves_what_is_there(
     "Complete 16, Planned 8". `launch --fill` runs only what the study lacks and says so; a
     plain second launch adds its trials and the plan says the total."""
     args = ("--space", str(TINY_SPACE), "--storage", sqlite_url)
-    first = _sweeper("launch", *args, "--n-trials", "2", "--fill", env=env)
+    piped = {k: v for k, v in env.items() if k != "COLUMNS"}  # as in CI or `> log.txt`
+    first = _sweeper("launch", *args, "--n-trials", "2", "--fill", env=piped)
     assert first.returncode == 0, first.stderr
+    # issue 18: piped output wrapped at 80 columns mid-sentence, cut the leaderboard's config
+    # to "compile...", and gave no ETA
+    lines = first.stdout.splitlines()
+    assert any(line.startswith("2 trials (") and "; stopped: " in line for line in lines)
+    assert any(line.startswith("✓ #0 ") and line.endswith(" left]") for line in lines), lines
+    assert any("[2/2]" in line for line in lines)
+    assert any("│ bs2×ga2 seq64 w0 eager compile=none " in line for line in lines), lines
     again = _sweeper("launch", *args, "--n-trials", "2", "--fill", env=env)
     said = " ".join(again.stdout.split())
     assert again.returncode == 0, again.stderr
