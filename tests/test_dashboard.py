@@ -315,3 +315,33 @@ def test_pareto_figure_has_a_trace_per_study_and_the_front() -> None:
         "Pareto front",
     ]
     assert figure["data"][-1]["x"] == [10, 20]
+
+
+def test_trials_measured_on_a_shared_machine_are_warned_of(sqlite_url: str) -> None:
+    """Issue 18: the demo's winner measured 59.9 samples/s in one run and 3.5 in another while
+    the CPU was shared, and nothing warned. The page says which trials were measured only
+    under contention, once, above the figures; a quiet study gets no warning."""
+    store = Store(sqlite_url)
+    store.migrate()
+    for name, shared in (("shared", {1}), ("quiet", set())):
+        store.upsert_study(
+            name, state="finished", hardware_name="CPU", usd_per_hour=0.1, device="cpu",
+            samples=1000, epochs=1.0, n_trials_planned=2, space_yaml="",
+        )  # fmt: skip
+        for number in (0, 1):
+            store.start_trial(name, number, {"per_device_batch_size": 2 + number})
+            store.finish_trial(
+                name, number, "complete", samples_per_s=10.0 - number, hours_per_run=1.0 + number,
+                cost_per_run_usd=0.1 + number / 10, cost_ci95_rel=0.4 if number in shared else 0.02,
+                contended=number in shared,
+            )  # fmt: skip
+    store.dispose()
+    with TestClient(create_app(sqlite_url)) as client:
+        page = client.get("/studies/shared").text
+        quiet = client.get("/studies/quiet").text
+    warning = re.search(r'<p class="warning" id="contention-warning">(.*?)</p>', page, re.S)
+    assert warning is not None
+    said = " ".join(warning.group(1).split())
+    assert said.startswith("1 of 2 completed trial was measured only while the machine was shared")
+    assert "trial #1." in said and "#0" not in said
+    assert "contention-warning" not in quiet

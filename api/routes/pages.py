@@ -103,11 +103,14 @@ def study_page(
             except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
                 exports[fmt] = f"# cannot export this config: {e!r}"
     running = [t.number for t in store.list_trials(name, states=["running"])]
+    # measured only while the machine was shared: the page warns once, above the figures
+    contended = [t.number for t in store.list_trials(name, states=["complete"]) if t.contended]
     highest = store.list_trials(name, sort="number", descending=True, limit=1)
     context: dict[str, Any] = {
         "study": study,
         "trials": trials,
         "best": best,
+        "contended": contended,
         "exports": exports,
         "config_keys": _config_keys(trials),
         "knob_labels": {knob.name: knob.label for knob in KNOBS},
