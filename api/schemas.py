@@ -46,10 +46,13 @@ class StudySummary(_Response):
 
 
 class StudyDetail(StudySummary):
-    """A study's summary plus the space file it ran and its dataset's statistics."""
+    """A study's summary plus the space file it ran, its dataset's statistics and what its
+    preflight found (``dropped``: knob -> value -> why it cannot run on the sweep's machine;
+    ``fallbacks``: knob -> the value run instead; ``probes``: each probe's outcome)."""
 
     space_yaml: str
     dataset_stats: dict[str, Any] | None
+    preflight: dict[str, Any] | None = None
 
 
 class _Trial(_Response):

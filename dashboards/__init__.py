@@ -148,6 +148,16 @@ def path_segment(value: object) -> str:
     return quote(str(value), safe="")
 
 
+def knob_value(value: object) -> str:
+    """A knob's value as a reader wants it: "—" where the knob does not apply (None), yes/no
+    for a switch; never Python's None/True or JSON's null."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
 def template_environment() -> jinja2.Environment:
     """Jinja for our pages: autoescape on for every template, undefined names are errors."""
     env = jinja2.Environment(
@@ -166,6 +176,7 @@ def template_environment() -> jinja2.Environment:
         formatted=formatted,
         when=when,
         path_segment=path_segment,
+        knob=knob_value,
     )
     env.globals["assets"] = ASSET_URLS
     return env

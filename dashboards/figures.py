@@ -71,6 +71,22 @@ def _plain_scalar(value: str | float | bool | None) -> str:
     return html.escape(str(value), quote=False)
 
 
+def knob_label(name: str) -> str:
+    """A knob's short label ("batch size", "grad. accumulation"), as the tables use."""
+    from sweeper.knobs import KNOBS
+
+    return next((k.label for k in KNOBS if k.name == name), name)
+
+
+def value_text(value: object) -> str:
+    """A knob value on an axis: "—" where the knob does not apply, yes/no for a switch."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return plain_text(value)
+
+
 def config_text(config: Mapping[str, Any]) -> str:
     """A config as hover text, one ``knob = value`` per line, escaped for plotly."""
     return "<br>".join(f"{plain_text(key)} = {plain_text(value)}" for key, value in config.items())
@@ -346,7 +362,7 @@ def _axis_values(values: list[Any]) -> tuple[list[float], list[float], list[str]
     return (
         [index[repr(v)] for v in values],
         list(index.values()),
-        [plain_text("null" if v is None else v) for v in distinct],
+        [value_text(v) for v in distinct],
     )
 
 
@@ -381,8 +397,11 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
             ticks = [((t - low) / span, text) for t, text in zip(tickvals, ticktext, strict=True)]
         for trial_positions, value in zip(positions, values, strict=True):
             trial_positions.append(value)
+        title = axis if axis == "$ per run" else plain_text(knob_label(axis))
+        # many axes: every other title one line higher, so neighbours never overlap
+        lift = 0.07 if len(axes) > 6 and x % 2 else 0.0
         annotations.append(
-            {"x": x, "y": 1.08, "text": plain_text(axis), "showarrow": False, "yanchor": "bottom"}
+            {"x": x, "y": 1.06 + lift, "text": title, "showarrow": False, "yanchor": "bottom"}
         )
         annotations += [
             {
@@ -449,7 +468,8 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
         tickvals=list(range(len(axes))),
         zeroline=False,
     )
-    figure.update_yaxes(range=[-0.05, 1.12], showticklabels=False, showgrid=False)
+    top = 1.2 if len(axes) > 6 else 1.12  # room for the staggered titles
+    figure.update_yaxes(range=[-0.05, top], showticklabels=False, showgrid=False)
     if not rows:
         _add_empty_note(figure, "no completed trial yet")
     return _figure(traces, figure)
@@ -524,7 +544,7 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
         shared_yaxes=True,
         horizontal_spacing=0.04,
         vertical_spacing=0.18 if rows > 1 else 0.0,
-        subplot_titles=[plain_text(k["knob"]) for k in knobs] or None,
+        subplot_titles=[plain_text(knob_label(k["knob"])) for k in knobs] or None,
         figure=go.Figure(layout=_layout()),
     )
     traces = []
@@ -532,12 +552,12 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
     for index, knob in enumerate(knobs):
         row, col = index // columns + 1, index % columns + 1
         points = knob["points"]
-        labels = [plain_text("null" if p["value"] is None else p["value"]) for p in points]
+        labels = [value_text(p["value"]) for p in points]
         _, _, order = _axis_values([p["value"] for p in points])
         axes = figure.get_subplot(row, col)
         traces.append(
             _scatter(
-                name=plain_text(knob["knob"]),
+                name=plain_text(knob_label(knob["knob"])),
                 x=labels,
                 y=[p["cost_per_run_usd"] for p in points],
                 customdata=[p["number"] for p in points],

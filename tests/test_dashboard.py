@@ -227,7 +227,7 @@ def test_knob_figures_use_completed_trials_and_only_varying_knobs() -> None:
     assert cheapest["name"] == "cheapest (trial 4)"
     assert list(cheapest["y"]) == [1.0, 0.0]  # sdpa (2nd of eager, sdpa); the lowest $/run
     labels = [a["text"] for a in figure["layout"]["annotations"]]
-    assert labels[:3] == ["attn_implementation", "eager", "sdpa"]
+    assert labels[:3] == ["attention", "eager", "sdpa"]  # the knob's label, as the tables say
     assert "$2.50" in labels and "$6.00" in labels
 
     panels = figures.slice_rows(TRIALS)["knobs"]
@@ -345,3 +345,35 @@ def test_trials_measured_on_a_shared_machine_are_warned_of(sqlite_url: str) -> N
     assert said.startswith("1 of 2 completed trial was measured only while the machine was shared")
     assert "trial #1." in said and "#0" not in said
     assert "contention-warning" not in quiet
+
+
+def test_what_preflight_left_out_is_on_the_page_and_in_the_api(sqlite_url: str) -> None:
+    """Issue 18: why flex_attention was dropped, the point of the demo space, appeared nowhere
+    on the dashboard or in the API."""
+    preflight = {
+        "dropped": {"attn_implementation": {"flex_attention": "unsupported: no backward on CPU"}},
+        "fallbacks": {"tf32": False},
+        "probes": [
+            {"knob": "attn_implementation", "value": "sdpa", "ok": True, "reason": "29 ms/step",
+             "first_step_s": 0.2},
+            {"knob": "attn_implementation", "value": "flex_attention", "ok": False,
+             "reason": "unsupported: no backward on CPU", "first_step_s": None},
+        ],
+    }  # fmt: skip
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study(
+        "demo", state="finished", hardware_name="CPU", usd_per_hour=0.1, device="cpu",
+        samples=1000, epochs=1.0, n_trials_planned=1, space_yaml="", preflight=preflight,
+    )  # fmt: skip
+    store.dispose()
+    with TestClient(create_app(sqlite_url)) as client:
+        page = client.get("/studies/demo").text
+        detail = client.get("/api/studies/demo").json()
+    assert detail["preflight"]["dropped"] == preflight["dropped"]
+    section = re.search(r'<section id="preflight">(.*?)</section>', page, re.S)
+    assert section is not None
+    said = " ".join(re.sub(r"<[^>]+>", "", section.group(1)).split())
+    assert "attention flex_attention: left out. unsupported: no backward on CPU" in said
+    assert "TF32: none of the listed values runs here; trials ran no." in said
+    assert "attention sdpa: trains (29 ms/step, first step 0.2 s)." in said

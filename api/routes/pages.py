@@ -21,7 +21,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from sweeper import importance, recommend
 from sweeper.errors import ConflictError, NoResultError, SweeperError
 from sweeper.export import render
-from sweeper.knobs import KNOBS
+from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
 from sweeper.store import Store, TrialMetrics
 
@@ -65,6 +65,11 @@ def overview(request: Request, store: StoreDep) -> HTMLResponse:
 # better end first).
 SORTABLE = {"number": False} | {m.name: m.better == "higher" for m in TABLE_METRICS if m.sortable}
 PAGE_SIZE = 100
+# The table's metric columns: what a run costs first (the answer), then how it was measured.
+_FIRST = ("cost_per_run_usd", "cost_ci95_rel", "hours_per_run")
+TABLE_COLUMNS = tuple(
+    sorted(TABLE_METRICS, key=lambda m: _FIRST.index(m.name) if m.name in _FIRST else len(_FIRST))
+)
 
 
 @router.get("/studies/{name}", response_class=HTMLResponse)
@@ -114,6 +119,7 @@ def study_page(
         "exports": exports,
         "config_keys": _config_keys(trials),
         "knob_labels": {knob.name: knob.label for knob in KNOBS},
+        "config_text": describe,
         "color_by": COLOR_BY,
         "slice_points": figures.SLICE_POINTS_PER_VALUE,
         "table": {
@@ -123,7 +129,7 @@ def study_page(
             "pages": pages,
             "total": total,
             "sortable": SORTABLE,
-            "metrics": TABLE_METRICS,
+            "metrics": TABLE_COLUMNS,
         },
         # Read by study.js: where to poll, what the page already shows, where the figures are.
         "live": {

@@ -75,7 +75,11 @@ def study_detail(store: Store, name: str) -> StudyDetail:
     )
     return StudyDetail.model_validate(
         _summary_fields(study, totals)
-        | {"space_yaml": study.space_yaml, "dataset_stats": study.dataset_stats}
+        | {
+            "space_yaml": study.space_yaml,
+            "dataset_stats": study.dataset_stats,
+            "preflight": study.preflight,
+        }
     )
 
 

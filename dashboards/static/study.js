@@ -64,6 +64,13 @@
       const element = document.getElementById(id);
       const figure = figures[key];
       if (!element || !figure) continue;
+      if (key === "failures") {
+        // no failed trial: no card spent on saying so (it comes back when one fails)
+        const box = element.closest(".chart-box");
+        const failed = (figure.data || []).some((t) => Array.isArray(t.x) && t.x.length > 0);
+        if (box) box.hidden = !failed;
+        if (!failed) continue;
+      }
       await plot(element, figure.data, figure.layout, PLOT_CONFIG);
       await nextPaint();
     }

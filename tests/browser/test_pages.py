@@ -193,3 +193,34 @@ def test_api_docs_render_offline(page: Page, live_server: LiveServer) -> None:
     expect(page.locator(".opblock").first).to_be_visible()
     paths = page.locator(".opblock-summary-path").all_inner_texts()
     assert "/api/studies/{name}/best" in paths and "/api/catalog" in paths
+
+
+def test_the_study_page_fits_a_laptop_screen_and_speaks_plainly(
+    page: Page, live_server: LiveServer, priced_study: str
+) -> None:
+    """Issue 18: at 1,366 px the trials table was 3,863 px wide in a 1,352 px box, so $/run,
+    hours/run and the diagnosis were off-screen; None/null/True were shown raw; a whole card
+    said "no failed trial"."""
+    page.set_viewport_size({"width": 1366, "height": 900})
+    page.goto(live_server.url(study_path(priced_study)))
+    page.wait_for_selector("body[data-charts-drawn]")
+    fit = page.evaluate(
+        """() => { const t = document.querySelector('#trials-table');
+        const box = document.querySelector('#trials .table-wrap');
+        const cost = [...t.querySelectorAll('thead th')]
+          .find(h => h.textContent.trim() === '$/run');
+        return {table: t.scrollWidth, box: box.clientWidth,
+                cost: cost.getBoundingClientRect().right, view: window.innerWidth}; }"""
+    )
+    assert fit["table"] <= fit["box"] and fit["cost"] <= fit["view"], fit
+    headers = page.locator("#trials-table thead th").all_inner_texts()
+    assert headers.index("Config") < headers.index("$/run") < headers.index("samples/s")
+    knobs = " ".join(page.locator("table.config").all_inner_texts())
+    for raw in ("None", "null", "True", "False"):
+        assert raw not in knobs, knobs
+    expect(page.locator("#chart-failures")).to_be_visible()  # this study has a failed trial
+
+    page.goto(live_server.url(study_path(HOSTILE_STUDY)))  # two trials, both complete
+    page.wait_for_selector("body[data-charts-drawn]")
+    expect(page.locator("#chart-failures")).to_be_hidden()
+    expect(page.locator("#chart-history")).to_be_visible()
