@@ -109,13 +109,19 @@ def study_page(
                 exports[fmt] = f"# cannot export this config: {e!r}"
     running = [t.number for t in store.list_trials(name, states=["running"])]
     # measured only while the machine was shared: the page warns once, above the figures
-    contended = [t.number for t in store.list_trials(name, states=["complete"]) if t.contended]
+    every = store.list_trials(name)
+    contended = [t.number for t in every if t.state == "complete" and t.contended]
+    # Optuna numbers the proposals; one that repeated a measured config (or one another worker
+    # had taken) ran nothing, so its number has no row: the page says so rather than hide it
+    numbers = {t.number for t in every}
+    skipped = [n for n in range(max(numbers) + 1) if n not in numbers] if numbers else []
     highest = store.list_trials(name, sort="number", descending=True, limit=1)
     context: dict[str, Any] = {
         "study": study,
         "trials": trials,
         "best": best,
         "contended": contended,
+        "skipped": skipped,
         "exports": exports,
         "config_keys": _config_keys(trials),
         "knob_labels": {knob.name: knob.label for knob in KNOBS},
