@@ -255,7 +255,7 @@ def throughput_figure(
                 )
             )
     figure = go.Figure(layout=_layout())
-    figure.update_layout(legend_title_text=plain_text(color_by))
+    figure.update_layout(legend_title_text=plain_text(knob_label(color_by)))
     figure.update_xaxes(title_text="trial number", rangemode="nonnegative")
     figure.update_yaxes(title_text="samples/s (× = failed)", rangemode="tozero")
     if not any(row["samples_per_s"] is not None for row in rows):
