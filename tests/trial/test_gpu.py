@@ -79,3 +79,37 @@ def test_cuda_out_of_memory_is_classified_oom(
     run = run_child(request, timeout_s=600)
     assert run.result.status == "failed"
     assert run.result.failure_kind == "oom", (run.result.failure_message, run.log_tail)
+
+
+def test_a_4bit_lora_trial_trains_only_the_adapter(
+    cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """QLoRA as seed 003 runs it: the base loaded in 4-bit NF4 through bitsandbytes (the tiny
+    model is built from its config, saved once and loaded back quantized), LoRA on q_proj and
+    v_proj, gradient checkpointing; only the adapter trains and is saved."""
+    pytest.importorskip("bitsandbytes", reason="4-bit needs bitsandbytes")
+    pytest.importorskip("peft", reason="LoRA needs peft")
+    from sweeper.space import AdapterSpec
+
+    workload = tiny_space.workload.model_copy(
+        update={
+            "precision": "bf16",
+            "adapter": AdapterSpec(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+        }
+    )
+    space = tiny_space.model_copy(update={"workload": workload})
+    request = trial_request(
+        space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(quantization="4bit", gradient_checkpointing=True),
+        device="cuda",
+    )
+    run = run_child(request, timeout_s=600)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    m = run.result.payload
+    assert m is not None and m["env"]["device_name"] == cuda_name
+    # 4-bit weights count packed (two per byte), so the base looks half its size here
+    assert 0 < m["trainable_params"] < m["n_params"] / 5
+    assert m["checkpoint_bytes"] < 200_000  # the adapter is saved, not the base
+    assert m["loss_last"] < m["loss_first"]
