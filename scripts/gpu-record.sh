@@ -82,6 +82,13 @@ if any(n == "torch" or n.startswith("nvidia-") or n == "triton" for n in names):
 EOF
   "$py" -m pip install --quiet --no-index --find-links "$wheelhouse" "sweeper[test,trainer,sft,lora]" \
     >> "$out/install.log" 2>&1
+  # bitsandbytes (4-bit/8-bit quantization) when the wheelhouse carries one: it needs only
+  # torch, numpy and packaging, which the image has
+  for bnb in "$wheelhouse"/bitsandbytes-*.whl; do
+    [ -e "$bnb" ] || continue
+    "$py" -m pip install --quiet --no-index --no-deps "$bnb" >> "$out/install.log" 2>&1
+    log "install: $("$py" -c 'import bitsandbytes as b; print("bitsandbytes", b.__version__)' 2>&1 | tail -n 1)"
+  done
   "$py" -c 'import torch, sys; print(torch.__version__, torch.__file__)' > "$out/torch-after.txt"
   if ! cmp -s "$out/torch-before.txt" "$out/torch-after.txt"; then
     log "install: ERROR torch changed: $(cat "$out/torch-before.txt") -> $(cat "$out/torch-after.txt")"
