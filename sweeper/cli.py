@@ -975,8 +975,11 @@ def _print_recommendation(rec: Recommendation) -> None:
         + f" of {rec.completed_trials} completed",
         highlight=False,
     )
-    for key, value in config.items():
-        console.print(f"  {key}: {escape(str(value))}", highlight=False)
+    for key, value in config.items():  # as YAML writes them, to paste into a space's baseline
+        shown = (
+            "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+        )
+        console.print(f"  {key}: {escape(str(shown))}", highlight=False)
     console.print(
         f"  → {rec.throughput_text()}, "
         f"{_num(rec.it_per_s, '.2f')} it/s; {_num(rec.hours_per_run, ',.1f')} h/run, "
