@@ -106,9 +106,9 @@ def trial_request(
 
 def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
     """The recommendation is the cheapest trial, or, when others tie with the cheapest within
-    the noise (their $/run intervals overlap), the tied one with the least peak memory.
-    ``trials``: rows (or dicts) with number, cost_per_run_usd and peak_memory_bytes; returns the
-    chosen one."""
+    the noise (their $/run intervals overlap), the baseline if it is among them, else the tied
+    one with the least peak memory. ``trials``: rows (or dicts) with number, cost_per_run_usd
+    and peak_memory_bytes; returns the chosen one."""
 
     def get(t: Any, key: str) -> Any:
         return t[key] if isinstance(t, dict) else getattr(t, key)
@@ -117,8 +117,13 @@ def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
     chosen = next(t for t in trials if get(t, "number") == recommendation.trial_number)
     if chosen is not cheapest:
         assert get(cheapest, "number") in recommendation.ties, recommendation
-        assert (get(chosen, "peak_memory_bytes") or 0) <= (get(cheapest, "peak_memory_bytes") or 0)
-        assert recommendation.tie_note and "least peak memory" in recommendation.tie_note
+        assert recommendation.tie_note, recommendation
+        if recommendation.trial_number == recommendation.baseline_trial_number:
+            assert "picked for being the baseline" in recommendation.tie_note
+        else:
+            chosen_peak = get(chosen, "peak_memory_bytes") or 0
+            assert chosen_peak <= (get(cheapest, "peak_memory_bytes") or 0)
+            assert "least peak memory" in recommendation.tie_note
     return chosen
 
 

@@ -196,9 +196,13 @@ def test_sweep_stores_trials_and_api_reads_them(
 
 
 def test_best_for_unknown_study_exits_1(sqlite_url: str, env: dict[str, str]) -> None:
+    store = Store(sqlite_url)  # a database that exists, without that study
+    store.migrate()
+    store.dispose()
     result = _sweeper("best", "--study", "nope", "--storage", sqlite_url, env=env)
     assert result.returncode == 1
     assert "no study named 'nope'" in result.stderr
+    # no database at all: exit 2, and none is created (test_reading_commands_name_the_storage)
 
 
 def _trial_processes(parent: int) -> list[psutil.Process]:

@@ -115,7 +115,10 @@ def test_baseline_must_be_in_the_search_space() -> None:
         "  per_device_batch_size: 2\n  gradient_accumulation_steps: 2\n  num_workers: 0",
         "  per_device_batch_size: 3\n  gradient_accumulation_steps: 2\n  num_workers: 0",
     )
-    with pytest.raises(SpaceError, match=r"baseline: per_device_batch_size = 3 is not among"):
+    with pytest.raises(
+        SpaceError,
+        match=r":45: baseline.per_device_batch_size: per_device_batch_size = 3 is not among",
+    ):
         parse_space(text, source="tiny.yaml")
 
 

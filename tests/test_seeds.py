@@ -211,4 +211,6 @@ def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
     # tokens/s leads the recommendation and its comparison with the notes' "before"
     assert space.workload.headline == "tokens"
     assert re.search(r"→ [\d,]+ tokens/s \([\d,.]+ samples/s\), [\d.]+ it/s", output), output
-    assert re.search(r"/run, [\d,]+ → [\d,]+ tokens/s → [\d.]+× faster", output), output
+    # (or, when the two tie within the noise, the answer is to keep the baseline)
+    compared = re.search(r"/run, [\d,]+ → [\d,]+ tokens/s → [\d.]+× faster", output)
+    assert compared or "this is your baseline (trial #0)" in output, output

@@ -198,7 +198,9 @@ def test_also_try_must_be_in_the_space() -> None:
         "also_try:\n  - per_device_batch_size: 4\n    gradient_accumulation_steps: 1\n"
         "    num_workers: 0\n    max_seq_length: 128\n"
     )
-    with pytest.raises(SpaceError, match=r"also_try\[0\]: max_seq_length = 128 is not among"):
+    with pytest.raises(
+        SpaceError, match=r"also_try\[0\]\.max_seq_length: max_seq_length = 128 is not among"
+    ):
         parse_space(text, source="s.yaml")
     space = parse_space(text.replace("max_seq_length: 128", "max_seq_length: 64"))
     assert [c.per_device_batch_size for c in space.known_configs()] == [2, 4]
