@@ -187,7 +187,12 @@ def test_dashboard_table_shows_the_table_metrics(sqlite_url: str) -> None:
     with TestClient(create_app(sqlite_url)) as client:
         page = client.get("/studies/s").text
     table = page[page.index('id="trials-table"') :]
-    headers = [table.index(f">{m.label}<") for m in TABLE_METRICS]
+    # every table metric, in the page's order: what a run costs first
+    assert sorted(m.name for m in pages.TABLE_COLUMNS) == sorted(m.name for m in TABLE_METRICS)
+    assert [m.name for m in pages.TABLE_COLUMNS[:3]] == [
+        "cost_per_run_usd", "cost_ci95_rel", "hours_per_run",
+    ]  # fmt: skip
+    headers = [table.index(f">{m.label}<") for m in pages.TABLE_COLUMNS]
     assert headers == sorted(headers)
     for shown in ("32.0", "12,300", "40.0 GiB", "25.0%", "$30.85", "12.3"):
         assert f">{shown}</td>" in table, shown
