@@ -103,30 +103,38 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _reading_store(storage: str | None) -> Store:
-    """The storage a reading command (best, export, study export) reads: an SQLite file that
-    does not exist is an error that says where it looked, never a new empty database."""
+def _absent_sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL when it does not exist (opening it would create it); None for
+    an existing file, an in-memory database, another backend or a URL Store will refuse."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return None
+    return None if Path(path).is_file() else Path(path)
+
+
+def _reading_store(storage: str | None) -> Store:
+    """The storage a reading command (best, export, study export) reads: an SQLite file that
+    does not exist is an error that says where it looked, never a new empty database."""
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
 
     url = resolve_storage(storage)
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        parsed = None  # Store says what is wrong with it
-    if parsed is not None and parsed.get_backend_name() == "sqlite":
-        path = parsed.database
-        if path and path != ":memory:" and not Path(path).is_file():
-            where = "--storage" if storage else "the default storage"
-            raise _fail(
-                f"no database at {Path(path).resolve()} ({where}, {url}): `sweeper launch` "
-                "writes its database where it runs (sqlite:///sweeper.db in that directory); "
-                "run this there, or pass --storage with that file's path",
-                code=2,
-            )
+    absent = _absent_sqlite_file(url)
+    if absent is not None:
+        where = "--storage" if storage else "the default storage"
+        raise _fail(
+            f"no database at {absent.resolve()} ({where}, {url}): `sweeper launch` "
+            "writes its database where it runs (sqlite:///sweeper.db in that directory); "
+            "run this there, or pass --storage with that file's path",
+            code=2,
+        )
     try:
         return Store(url)
     except SweeperError as e:
@@ -338,18 +346,15 @@ def _launch_workers(
 def _missing_trials(url: str, study: str, planned: int) -> int:
     """``launch --fill``: how many of ``planned`` trials the study still lacks, said aloud. An
     SQLite file that does not exist holds no trial (and is not created here)."""
-    from sqlalchemy.engine import make_url
-
     from sweeper.store import Store, redact
     from sweeper.study import trials_done
 
     done = 0
-    parsed = make_url(url)
-    missing_file = (
-        parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file()
-    )
-    if not missing_file:
-        store = Store(url)
+    if _absent_sqlite_file(url) is None:
+        try:
+            store = Store(url)
+        except SweeperError as e:
+            raise _fail(str(e), code=2) from None
         try:
             store.migrate()
             done = trials_done(store, study)

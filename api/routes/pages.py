@@ -107,15 +107,14 @@ def study_page(
                 exports[fmt] = render(best, fmt, study.space_yaml)
             except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
                 exports[fmt] = f"# cannot export this config: {e!r}"
-    running = [t.number for t in store.list_trials(name, states=["running"])]
+    every = store.list_trials(name)  # in number order
+    running = [t.number for t in every if t.state == "running"]
     # measured only while the machine was shared: the page warns once, above the figures
-    every = store.list_trials(name)
     contended = [t.number for t in every if t.state == "complete" and t.contended]
     # Optuna numbers the proposals; one that repeated a measured config (or one another worker
     # had taken) ran nothing, so its number has no row: the page says so rather than hide it
     numbers = {t.number for t in every}
     skipped = [n for n in range(max(numbers) + 1) if n not in numbers] if numbers else []
-    highest = store.list_trials(name, sort="number", descending=True, limit=1)
     context: dict[str, Any] = {
         "study": study,
         "trials": trials,
@@ -143,7 +142,7 @@ def study_page(
             "figures_url": f"/studies/{path_segment(name)}/figures.json",
             "importance_url": f"/studies/{path_segment(name)}/importance-figure.json",
             "study_state": study.state,
-            "highest": highest[0].number if highest else -1,
+            "highest": every[-1].number if every else -1,
             "running": running,
         },
     }

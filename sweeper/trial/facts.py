@@ -177,17 +177,12 @@ def _model_size(request: ChildRequest) -> dict[str, Any]:
     adapter = request.workload.adapter
     if adapter is not None:  # only the adapter trains: count it as peft builds it, on meta
         try:
-            from peft import LoraConfig, get_peft_model
+            from peft import get_peft_model
 
-            lora = LoraConfig(
-                r=adapter.r,
-                lora_alpha=adapter.alpha,
-                lora_dropout=adapter.dropout,
-                target_modules=adapter.target_modules,
-                task_type="CAUSAL_LM",
-            )
+            from sweeper.trial.workload import lora_config
+
             with torch.device("meta"):
-                wrapped = get_peft_model(model, lora)
+                wrapped = get_peft_model(model, lora_config(adapter))
             trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
         except Exception as e:  # no peft, or target modules the model lacks
             trainable = None

@@ -355,10 +355,23 @@ def build_model(
     return model
 
 
+def lora_config(adapter: AdapterSpec) -> Any:
+    """peft's LoraConfig for ``workload.adapter`` (peft must import)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=adapter.r,
+        lora_alpha=adapter.alpha,
+        lora_dropout=adapter.dropout,
+        target_modules=adapter.target_modules,
+        task_type="CAUSAL_LM",
+    )
+
+
 def with_adapter(model: Any, adapter: AdapterSpec, config: TrialConfig) -> Any:
     """Wrap ``model`` in a LoRA adapter (peft), as the user's run does; only it trains."""
     try:
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        from peft import get_peft_model, prepare_model_for_kbit_training
     except ImportError as e:
         raise TrialError(
             "unsupported",
@@ -371,15 +384,8 @@ def with_adapter(model: Any, adapter: AdapterSpec, config: TrialConfig) -> Any:
         )
     elif config.gradient_checkpointing:
         model.enable_input_require_grads()  # checkpointed blocks see a frozen embedding's output
-    lora = LoraConfig(
-        r=adapter.r,
-        lora_alpha=adapter.alpha,
-        lora_dropout=adapter.dropout,
-        target_modules=adapter.target_modules,
-        task_type="CAUSAL_LM",
-    )
     try:
-        return get_peft_model(model, lora)
+        return get_peft_model(model, lora_config(adapter))
     except ValueError as e:  # e.g. target modules the model does not have
         raise TrialError("error", f"workload.adapter: peft refuses it: {e}") from e
 
