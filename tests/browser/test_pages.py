@@ -219,6 +219,25 @@ def test_the_study_page_fits_a_laptop_screen_and_speaks_plainly(
     for raw in ("None", "null", "True", "False"):
         assert raw not in knobs, knobs
     expect(page.locator("#chart-failures")).to_be_visible()  # this study has a failed trial
+    # no chart names a series twice in its legend, and no two titles or labels overlap
+    drawn = page.evaluate(
+        """() => [...document.querySelectorAll('.js-plotly-plot')].map(chart => {
+          const boxes = [...chart.querySelectorAll('.annotation-text, .gtitle, .g-xtitle text,'
+            + ' .g-ytitle text')].filter(e => e.textContent.trim())
+            .map(e => { const r = e.getBoundingClientRect();
+                        return [e.textContent, r.left, r.top, r.right, r.bottom]; });
+          return {id: chart.id,
+                  legend: [...chart.querySelectorAll('.legendtext')].map(e => e.textContent),
+                  boxes}; })"""
+    )
+    assert len(drawn) >= 5, drawn
+    for chart in drawn:
+        assert len(chart["legend"]) == len(set(chart["legend"])), chart
+        boxes = chart["boxes"]
+        for i, (a, *ra) in enumerate(boxes):
+            for b, *rb in boxes[i + 1 :]:
+                apart = ra[2] <= rb[0] or rb[2] <= ra[0] or ra[3] <= rb[1] or rb[3] <= ra[1]
+                assert apart, (chart["id"], a, b)
 
     page.goto(live_server.url(study_path(HOSTILE_STUDY)))  # two trials, both complete
     page.wait_for_selector("body[data-charts-drawn]")
