@@ -54,6 +54,7 @@ from sweeper.study import Outcome, SearchLoop, SilentObserver, enqueue_known
 METRICS = ("samples_per_s", "tokens_per_s")
 THRESHOLDS = (0.05, 0.10)
 REGRET_AT = (10, 20, 40)
+Replayed = tuple[list[float | None], list[int]]  # values of the distinct configs, measurements
 
 
 # ------------------------------------------------------------------ the table
@@ -107,6 +108,8 @@ class LookupExecutor:
         self.table, self.metric, self.price, self.units = table, metric, price, units
         self.rng = np.random.default_rng(seed)
         self.run: list[TrialConfig] = []  # distinct configs, in the order they ran
+        self.measurements = 0  # every lookup: trials, reruns, drift checks, the final rounds
+        self.measured_at: list[int] = []  # per distinct config: measurements when it ran
 
     def stop_requested(self) -> bool:
         return False
@@ -119,6 +122,8 @@ class LookupExecutor:
 
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
         self.run.append(config)
+        self.measurements += 1
+        self.measured_at.append(self.measurements)
         row = self.table.get(config)
         if row is None:
             return Outcome(number=trial.number, failure_kind="error")
@@ -139,6 +144,7 @@ class LookupExecutor:
     def remeasure(
         self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None
     ) -> Sample | None:
+        self.measurements += 1
         row = self.table.get(config)
         return None if row is None else self._sample(row, kind)
 
@@ -178,8 +184,9 @@ class LookupExecutor:
 
 def replay(
     space: Space, table: dict[TrialConfig, Row], sampler: str, metric: str, seed: int
-) -> list[float | None]:
-    """The true metric value of each distinct config the search ran, in order (None: failed)."""
+) -> tuple[list[float | None], list[int]]:
+    """The true metric value of each distinct config the search ran, in order (None: failed),
+    and the measurements taken when each ran (a config measured again counts each time)."""
     space = space.model_copy(
         update={"search": space.search.model_copy(update={"sampler": sampler})}
     )
@@ -205,13 +212,14 @@ def replay(
         found_5 = any((table[r].value(metric) or 0) >= 0.95 * best for r in strict)
         if found_5 and len(run) >= max(REGRET_AT):
             break
-    return [
+    values = [
         None if c not in table or table[c].status != "ok" else table[c].value(metric)
         for c in executor.run
     ]
+    return values, executor.measured_at
 
 
-def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, list[float | None]]:
+def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, Replayed]:
     space_path, table_path, sampler, metric, seed = args
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
@@ -249,7 +257,7 @@ def _fmt(value: float) -> str:
 
 
 def summarize(
-    results: dict[tuple[str, str], list[list[float | None]]],
+    results: dict[tuple[str, str], list[Replayed]],
     table: dict[TrialConfig, Row],
     samplers: Sequence[str],
     size: int,
@@ -266,14 +274,15 @@ def summarize(
             f"\n**{metric}** (best {best:,.4g}; configs within 5%: {within[0.05]}, within 10%: "
             f"{within[0.10]}, of {size})\n",
             "| search | seeds | to 5%: median [95% CI] | p90 [95% CI] | to 10%: median [95% CI] "
-            "| p90 [95% CI] | regret @10 | @20 | @40 |",
-            "|---|---:|---|---|---|---|---:|---:|---:|",
+            "| p90 [95% CI] | regret @10 | @20 | @40 | measurements to 5%: median |",
+            "|---|---:|---|---|---|---|---:|---:|---:|---:|",
         ]
         medians = {}
         for sampler in samplers:
-            runs = results.get((sampler, metric), [])
-            if not runs:
+            replayed = results.get((sampler, metric), [])
+            if not replayed:
                 continue
+            runs = [values for values, _ in replayed]
             cells = []
             for t in THRESHOLDS:
                 counts = [trials_until(r, (1 - t) * best) for r in runs]
@@ -288,6 +297,13 @@ def summarize(
             regrets = [
                 f"{statistics.mean(regret_after(r, best, n) for r in runs):.1%}" for n in REGRET_AT
             ]
+            # what reaching it cost: every measurement (reruns, drift checks) up to that config
+            costs = [
+                float(at[int(n) - 1]) if math.isfinite(n := trials_until(v, 0.95 * best))
+                else math.inf
+                for v, at in replayed
+            ]  # fmt: skip
+            regrets.append(_fmt(float(np.median(costs))))
             name = f"{sampler} (default)" if sampler == DEFAULT_SAMPLER else sampler
             lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells + regrets) + " |")
         if DEFAULT_SAMPLER in medians and "random" in medians:
@@ -369,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for seed in range(args.seeds)
     ]
     started = time.perf_counter()
-    results: dict[tuple[str, str], list[list[float | None]]] = {}
+    results: dict[tuple[str, str], list[Replayed]] = {}
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         for sampler, metric, _seed, values in pool.imap_unordered(_job, jobs, chunksize=4):
             results.setdefault((sampler, metric), []).append(values)

@@ -221,14 +221,14 @@ class ImprovementGridSampler(_CandidateSampler):
 
     Features of a config: a one-hot per (knob, value); log2 of each numeric knob; pairwise
     products of the one-hots of different knobs (interactions, with a tighter prior). The
-    posterior's mean and spread of each free config are exact (a Gaussian prior on the
-    weights; ``_Posterior``). Measured trials enter the regression; trials slowed by a shared
-    machine (``CONTENDED_ATTR``) do not. Failures stay out of the cost regression: a config
-    that a linear model of "failed" against "ran" (one for out-of-memory, one for the other
-    failures) confidently puts at even odds or worse is not picked, and neither is a config at
-    least as heavy as one that ran
-    out of memory or one a model of peak memory says will not fit (the wall is sharp and the
-    best config often sits next to it, so a failure must not make its knob values look slow).
+    posterior's mean and spread of each free config are exact (a Gaussian prior on the weights;
+    ``_Posterior``). Measured trials enter the regression; trials slowed by a shared machine
+    (``CONTENDED_ATTR``) do not, until the sweep measures them calm (``revise``). Failures stay
+    out of the cost regression: a config that a linear model of "failed" against "ran" (one for
+    out-of-memory, one for the other failures) confidently puts at even odds or worse is not
+    picked, and neither is a config at least as heavy as one that ran out of memory or one a
+    model of peak memory says will not fit (the wall is sharp and the best config often sits
+    next to it, so a failure must not make its knob values look slow).
 
     On the replay tables this needs about half the trials that Thompson sampling with the same
     model needed (bench/RESULTS.md); the first pick is random.
@@ -253,6 +253,11 @@ class ImprovementGridSampler(_CandidateSampler):
         self.memory_prior_var = np.array([memory_sd[k] for k in self.design.kinds]) ** 2
         self._index = {_key(c): i for i, c in enumerate(self.candidates)}
         self._memory = _MemoryOrder(self.candidates)
+        self._revised: dict[tuple[tuple[str, Any], ...], float] = {}
+
+    def revise(self, params: Mapping[str, Any], cost: float) -> None:
+        """A config told as contended was measured calm later: its $/run joins the model."""
+        self._revised[_key(params)] = cost
 
     def pick(self, free: list[int], trials: list[FrozenTrial]) -> int:
         rows, values, oom, failed, memory = [], [], [], [], []
@@ -268,11 +273,12 @@ class ImprovementGridSampler(_CandidateSampler):
                 else:  # unsupported, compile error...: a config that fails here
                     failed.append(index)
                 continue
-            if t.user_attrs.get(CONTENDED_ATTR):
+            value = self._revised.get(_key(t.params), t.value)
+            if t.user_attrs.get(CONTENDED_ATTR) and _key(t.params) not in self._revised:
                 continue  # slowed by other work by an unknown factor: it says little
-            if t.value is not None and t.value > 0 and math.isfinite(t.value):
+            if value is not None and value > 0 and math.isfinite(value):
                 rows.append(index)
-                values.append(math.log(t.value))
+                values.append(math.log(value))
             peak = t.user_attrs.get("peak_memory_bytes")
             if isinstance(peak, (int, float)) and peak > 0:
                 memory.append((index, math.log(peak)))

@@ -541,6 +541,13 @@ class Remeasure(_Frozen):
         description="measure a config again, at once, up to this many times while the machine "
         "was shared during its window (other processes' CPU, steal, another GPU process)",
     )
+    contended_later: int = Field(
+        default=2,
+        ge=0,
+        description="a config still contended after its reruns is measured again later, up to "
+        "this many times, each right after a trial that measured calm (the machine is quiet "
+        "again); one such measurement per calm trial",
+    )
 
 
 class Budget(_Frozen):

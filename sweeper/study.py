@@ -603,10 +603,11 @@ class SearchLoop:
     constraint violated; a config at least as heavy as one that ran out of memory is not run.
 
     What is measured again (``sweeper.noise``): a trial taken while the machine was shared, at
-    once; a reference config every ``drift_every`` trials, to see drift; and at the end the
-    configs whose $/run intervals overlap the best's, interleaved, so that the recommendation
-    can tell a real winner from noise. ``eligible`` says which configs the recommendation may
-    pick (it leaves out configs that truncate the data): only those are re-measured at the end.
+    once, and if still contended, later, after a trial that ran calm; a reference config every
+    ``drift_every`` trials, to see drift; and at the end the configs whose $/run intervals
+    overlap the best's, interleaved, so that the recommendation can tell a real winner from
+    noise. ``eligible`` says which configs the recommendation may pick (it leaves out configs
+    that truncate the data): only those are re-measured at the end.
     """
 
     def __init__(
@@ -640,6 +641,11 @@ class SearchLoop:
             c: list(v) for c, v in (earlier_samples or {}).items() if c in self.results and v
         }
         self.noise = machine_noise(self.samples.values())
+        # configs every measurement of which was contended: measured again after a calm trial
+        later = space.budget.remeasure.contended_later
+        self.waiting: dict[TrialConfig, int] = {
+            c: later for c, v in self.samples.items() if later and all(s.contended for s in v)
+        }
         self.drift: Drift | None = None
         self.remeasured = 0  # measurements of configs already measured, this sweep
         # what the store holds for each config's interval: rows that did not move are not written
@@ -738,9 +744,14 @@ class SearchLoop:
                     self._rerun_if_contended(config)
                 # told after the reruns: the sampler learns the calm measurement, not the
                 # one a shared machine slowed (which would mark a good region as bad)
-                if all(s.contended for s in self.samples.get(config, [])) and outcome.sample:
+                calm = not all(s.contended for s in self.samples.get(config, []))
+                if not calm and outcome.sample:
                     trial.set_user_attr(CONTENDED_ATTR, True)
+                    if self.space.budget.remeasure.contended_later:
+                        self.waiting[config] = self.space.budget.remeasure.contended_later
                 self._tell(trial, self.results[config])
+                if calm and outcome.sample:
+                    self._measure_waiting()
                 if clock is not None:
                     clock.charge()
                 counts["run"] += 1
@@ -818,6 +829,32 @@ class SearchLoop:
                 f"#{self.results[config].number}: every measurement was contended; it is kept, "
                 "flagged"
             )
+
+    def _measure_waiting(self) -> None:
+        """The machine measured calm just now: measure again the config that has waited longest
+        for a calm measurement (every one of its measurements was contended). A calm one
+        replaces them, and the sampler learns it (``revise``: Optuna's trial keeps the value it
+        was told, flagged contended)."""
+        if not self.waiting:
+            return
+        config = min(self.waiting, key=lambda c: self.results[c].cost or math.inf)
+        tries = self.waiting.pop(config) - 1
+        number = self.results[config].number
+        sample = self._remeasure(config, "rerun")
+        if sample is None:
+            return
+        if sample.contended:
+            if tries:
+                self.waiting[config] = tries
+            return
+        outcome = self.results[config]
+        self.observer.note(
+            f"#{number}, measured only on a shared machine so far, measured calm now: "
+            f"${outcome.cost:,.2f}/run"
+        )
+        revise = getattr(self.study.sampler, "revise", None)
+        if revise is not None and outcome.cost:
+            revise(optuna_params(config, self.search), outcome.cost)
 
     def _reference(self) -> TrialConfig | None:
         """The config re-measured for drift: the baseline as run here if it was measured,

@@ -34,6 +34,7 @@ from sweeper.noise import (
     pool,
 )
 from sweeper.preflight import PreflightReport
+from sweeper.search import ImprovementGridSampler
 from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.study import Outcome, SearchLoop, enqueue_known, expected_saving
 from tests.helpers import TINY_SPACE, tiny_space_without_baseline
@@ -336,6 +337,41 @@ def test_a_config_contended_every_time_keeps_its_fastest_measurement_flagged(
     assert loop.results[config].cost == pytest.approx(6.0)
     assert script.estimates[loop.results[config].number].contended
     assert any("every measurement was contended" in n for n in notes.notes)
+
+
+def test_a_config_contended_at_once_is_measured_again_after_a_calm_trial(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    later = "  remeasure: {rounds: 0, drift_every: null, contended_reruns: 1, contended_later: 2}\n"
+    script = _Script({1: [-9.0, -8.0, 3.0], 2: [5.0], 4: [6.0], 8: [7.0]})
+    loop, notes = _loop(_space(later), storage, script)
+    loop.run(3)
+    # contended twice at once; measured again right after the next trial, which ran calm
+    assert script.calls[:4] == [(1, "trial"), (1, "rerun"), (2, "trial"), (1, "rerun")]
+    first = _config(loop, 1)
+    assert loop.results[first].cost == pytest.approx(3.0)
+    assert not script.estimates[loop.results[first].number].contended
+    assert any(
+        f"#{loop.results[first].number}, measured only on a shared" in n for n in notes.notes
+    )
+    # the sampler's model now holds the calm $/run (Optuna's trial keeps the contended one)
+    sampler = loop.study.sampler
+    assert isinstance(sampler, ImprovementGridSampler)
+    assert list(sampler._revised.values()) == [pytest.approx(3.0)]
+
+
+def test_a_config_contended_at_every_try_is_tried_later_a_limited_number_of_times(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    later = "  remeasure: {rounds: 0, drift_every: null, contended_reruns: 1, contended_later: 2}\n"
+    script = _Script({1: [-9.0, -8.0, -7.0, -6.0, -5.0], 2: [5.0], 4: [6.0], 8: [7.0]})
+    loop, _ = _loop(_space(later), storage, script)
+    loop.run(4)
+    assert [kind for batch, kind in script.calls if batch == 1] == ["trial"] + ["rerun"] * 3
+    first = _config(loop, 1)
+    # never calm: the fastest of its measurements stands, flagged
+    assert loop.results[first].cost == pytest.approx(6.0)
+    assert script.estimates[loop.results[first].number].contended
 
 
 def test_the_reference_is_measured_again_and_drift_is_reported(
