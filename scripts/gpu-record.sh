@@ -30,8 +30,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the comment block at the head of this file, without its "# "
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 command=${1:-}
 [ $# -gt 0 ] && shift
+case "$command" in -h|--help|help) usage; exit 0 ;; esac
 wheelhouse=.whl
 out=gpu-record
 minutes=24
@@ -52,7 +55,8 @@ while [ $# -gt 0 ]; do
     --fidelity-configs) fidelity_configs=$2; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
     --doctor-plain) doctor_plain=1; shift ;;
-    *) echo "error: unknown argument '$1' (see the head of $0)" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "error: unknown argument '$1' (see bash $0 --help)" >&2; exit 2 ;;
   esac
 done
 py=${PYTHON:-python3}
@@ -126,7 +130,7 @@ stage_sweep() {
     --max-minutes "$left_min" > "$out/sweep.log" 2>&1 || status=$?
   log "sweep: exit $status"
   "$py" -m sweeper.cli study export --study "$study" --storage "sqlite:///$out/study.db" \
-    --out "$out/$study.json" --force >> "$out/log.txt" 2>&1
+    --out "$out/$study.json" --force --overwrite >> "$out/log.txt" 2>&1
 }
 
 stage_fidelity() {
@@ -198,7 +202,7 @@ case "$command" in
     [ "$(cat "$out/status")" = done ]
     ;;
   *)
-    echo "usage: bash $0 run|start|wait [options] (see the head of the script)" >&2
+    echo "error: give a command: run, start or wait (bash $0 --help says more)" >&2
     exit 2
     ;;
 esac

@@ -22,6 +22,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the comment block at the head of this file, without its "# "
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 target_python=""
 arch=x86_64
 out=wheelhouse
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --tests) extras=(--extra test --extra trainer --extra sft --extra lora); shift ;;
     --skip-file) skip_file=${2:?--skip-file needs a file}; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument '$1' (see $0 --help)" >&2; exit 2 ;;
   esac
 done

@@ -98,6 +98,11 @@ StorageOption = Annotated[
 ]
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless there is one: "1 trial", "9 trials"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
@@ -457,8 +462,8 @@ def _sweep_and_report(
         raise _fail(str(e)) from None
     _print_leaderboard(url, parsed.study)
     console.print(
-        f"{report.trials_run} trials ({report.completed} complete, {report.failed} failed) "
-        f"in {report.wall_s:.0f} s"
+        f"{_count(report.trials_run, 'trial')} ({report.completed} complete, "
+        f"{report.failed} failed) in {report.wall_s:.0f} s"
         + (
             f"; {report.predicted_oom} not run (as heavy as a config that ran out of memory)"
             if report.predicted_oom
@@ -654,7 +659,8 @@ def export(
     min_headroom: MinHeadroomOption = None,
     allow_truncation: AllowTruncationOption = False,
 ) -> None:
-    """Print the recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
+    """Print the recommended config as a TrainingArguments, TRL SFTConfig or DataLoader snippet,
+    YAML or JSON."""
     from sweeper.export import FORMATS, render
     from sweeper.recommend import best
 
@@ -743,11 +749,22 @@ def study_export(
     force: Annotated[
         bool, typer.Option("--force", help="export a study whose sweep is still running")
     ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace the file if it exists")
+    ] = False,
 ) -> None:
     """Write a study (every trial's measurement, fingerprint and projection, Optuna's record,
-    the space) to a JSON file that `sweeper study import` loads into any storage."""
+    the space) to a JSON file that `sweeper study import` loads into any storage. An existing
+    file is kept unless --overwrite says to replace it (studies/ holds recorded sweeps)."""
     from sweeper.studyfile import export_study, write_study_file
 
+    path = out or Path("studies") / f"{study}.json"
+    if path.exists() and not overwrite:
+        raise _fail(
+            f"{path} exists and was left as it is; write elsewhere with --out FILE, or replace "
+            "it with --overwrite",
+            code=2,
+        )
     store = _reading_store(storage)
     try:
         store.migrate()
@@ -756,7 +773,6 @@ def study_export(
         raise _fail(_with_storage(e, store)) from None
     finally:
         store.dispose()
-    path = out or Path("studies") / f"{study}.json"
     try:
         write_study_file(document, path)
     except OSError as e:
@@ -976,8 +992,12 @@ def _print_recommendation(rec: Recommendation) -> None:
     console.print(
         f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
         f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, "
-        + ("picked among ties" if rec.ties else "the cheapest")
-        + f" of {rec.completed_trials} completed",
+        + (
+            f"picked among the {len(rec.ties) + 1} that tie within the noise "
+            f"({_count(rec.completed_trials, 'trial')} completed)"
+            if rec.ties
+            else f"the cheapest of {_count(rec.completed_trials, 'trial')} completed"
+        ),
         highlight=False,
     )
     for key, value in config.items():  # as YAML writes them, to paste into a space's baseline

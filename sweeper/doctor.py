@@ -345,6 +345,10 @@ def _probe_findings(
                 f"{knob}={value!r}",
             )
         )
+    failing: dict[str, set[str]] = {}
+    for outcome in preflight.outcomes:
+        if not outcome.ok:
+            failing.setdefault(outcome.knob, set()).add(outcome.value)
     for outcome in preflight.outcomes:
         label, topic = outcome.value, _TOPICS[outcome.knob]
         if outcome.ok:
@@ -356,17 +360,27 @@ def _probe_findings(
                 timing += f"; first step (compiling) {outcome.first_step_s:.0f} s"
             found.append(Finding(level="ok", topic=topic, text=f"{label}: {timing}"))
             continue
-        fix = None
+        fix, level = None, "warning"
         if space is not None:
-            fix = f"remove {outcome.value} from search.{outcome.knob} (the sweep would skip it)"
-            if outcome.value == "flash_attention_2":
+            # a value the sweep drops costs nothing while another of its knob trains; a knob
+            # none of whose listed values trains leaves the sweep nothing to run
+            listed = {str(v) for v in space.search.values(outcome.knob)}
+            level = "problem" if listed and listed <= failing[outcome.knob] else "warning"
+            if outcome.value in listed:
+                fix = f"remove {outcome.value} from search.{outcome.knob} (the sweep skips it)"
+            if level == "problem":
+                fix = (
+                    f"add a value of search.{outcome.knob} that trains here (none of "
+                    f"{', '.join(sorted(listed))} does)"
+                )
+            if outcome.value == "flash_attention_2" and fix:
                 fix += (
                     f", or install a flash-attn wheel built for torch {facts['torch']} and "
                     f"CUDA {facts['torch_cuda'] or '(none: it needs a CUDA GPU)'}"
                 )
         found.append(
             Finding(
-                level="problem" if space is not None else "warning",
+                level=level,
                 topic=topic,
                 text=f"{label}: cannot train here: {outcome.reason[:400]}",
                 fix=fix,

@@ -356,6 +356,17 @@ def normalize(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def in_order(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config with its knobs in the order they are declared (Postgres's JSONB stores an
+    object's keys in its own order), any other keys after them.
+
+    >>> list(in_order({"tf32": False, "optim": "sgd", "per_device_batch_size": 2, "x": 1}))
+    ['per_device_batch_size', 'tf32', 'optim', 'x']
+    """
+    ordered = {name: config[name] for name in NAMES if name in config}
+    return ordered | {k: v for k, v in config.items() if k not in ordered}
+
+
 def inactive_problem(config: Mapping[str, Any]) -> str | None:
     """Why a config sets a knob that does not apply, or leaves out one that does."""
     for knob in KNOBS:

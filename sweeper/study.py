@@ -766,7 +766,9 @@ class SearchLoop:
                 self._stop("the sampler keeps proposing measured or ruled-out configs")
                 break
         if not self.stop_reason and counts["run"] >= n_trials:
-            self.stop_reason = f"{n_trials} trials run, the number asked for"
+            self.stop_reason = (
+                f"{n_trials} trial{'' if n_trials == 1 else 's'} run, the number asked for"
+            )
         return counts
 
     # ------------------------------------------------------------------ measuring again

@@ -5,6 +5,7 @@ one fact changed at a time (a GPU without bf16, a full disk) that this machine c
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from sweeper.doctor import DoctorReport, diagnose, findings
+from sweeper.preflight import ProbeOutcome
 from sweeper.space import Space, parse_space
 from tests.helpers import TINY_SPACE, run_sweeper
 
@@ -71,11 +73,12 @@ def test_each_thing_the_machine_cannot_do_is_a_problem_with_its_fix(
     result = _doctor("--space", str(space), "--write-mb", "8", cache_dir=cache_dir)
     assert result.returncode == 1, result.stdout + result.stderr
     out = " ".join(result.stdout.split())  # rich wraps long lines
+    # a value the sweep skips while sdpa and eager train is a warning; the baseline's is not
     assert "flash_attention_2: cannot train here" in out
     assert "fix: remove flash_attention_2 from search.attn_implementation" in out
     assert "baseline cannot run here" in out
     assert "cannot write where checkpoints go" in out and "fix: set workload.checkpoint.dir" in out
-    assert "3 problem(s)" in out and "Traceback" not in result.stderr
+    assert "2 problem(s)" in out and "Traceback" not in result.stderr
 
 
 def test_a_cuda_space_on_a_machine_without_cuda(tmp_path: Path, cache_dir: Path) -> None:
@@ -133,6 +136,27 @@ def test_rules_on_measured_facts(measured: DoctorReport) -> None:
         f for f in _findings(bf16_space, measured, precisions=no_bf16) if f.level == "problem"
     ]
     assert problem.topic == "precision" and problem.fix == "set workload.precision: fp16"
+
+    # an attention implementation that cannot train: a warning while another listed one trains
+    # (the sweep skips it at no cost, as the demo space's flex_attention), a problem when none does
+    cannot = ProbeOutcome(knob="attn_implementation", value="flash_attention_2", ok=False,
+                          reason="unsupported: flash-attn is not installed")  # fmt: skip
+    report = dataclasses.replace(
+        measured,
+        preflight=dataclasses.replace(
+            measured.preflight, outcomes=(*measured.preflight.outcomes, cannot)
+        ),
+    )
+    text = yaml.safe_load(TINY_SPACE.read_text())
+    text["search"]["attn_implementation"] = ["eager", "flash_attention_2"]
+    (skipped,) = [f for f in _findings(parse_space(yaml.safe_dump(text)), report) if f.topic ==
+                  "attention" and "cannot train" in f.text]  # fmt: skip
+    assert skipped.level == "warning" and "the sweep skips it" in (skipped.fix or "")
+    text["search"]["attn_implementation"] = ["flash_attention_2"]
+    del text["baseline"]
+    (alone,) = [f for f in _findings(parse_space(yaml.safe_dump(text)), report) if f.topic ==
+                "attention" and "cannot train" in f.text]  # fmt: skip
+    assert alone.level == "problem" and "add a value" in (alone.fix or "")
 
     huge = copy.deepcopy(measured.facts["model"]) | {"params": 10**12}
     problems = [f for f in _findings(space, measured, model=huge) if f.level == "problem"]

@@ -167,6 +167,16 @@ def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> N
     written = tmp_path / "studies" / "tiny.json"  # the default place
     assert _content(json.loads(written.read_text())) == _content(json.loads(recorded.read_text()))
     assert oct(written.stat().st_mode & 0o777) == "0o644"
+    # a second export keeps the file (studies/ holds recorded sweeps) unless told to replace it
+    written.write_text("kept")
+    again = run_sweeper("study", "export", "--study", "tiny", "--storage", target, cwd=tmp_path)
+    assert again.returncode == 2 and "--overwrite" in again.stderr, again.stderr
+    assert written.read_text() == "kept"
+    replaced = run_sweeper(
+        "study", "export", "--study", "tiny", "--storage", target, "--overwrite", cwd=tmp_path
+    )
+    assert replaced.returncode == 0, replaced.stderr
+    assert _content(json.loads(written.read_text())) == _content(json.loads(recorded.read_text()))
 
     clash = run_sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
     assert clash.returncode == 1 and "--as NEW_NAME" in clash.stderr
