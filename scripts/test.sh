@@ -39,9 +39,15 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 
-echo "test: 1/3 the whole suite, Python $(.venv/bin/python -c 'import platform; print(platform.python_version())')"
+# Two test processes (pytest-xdist; SWEEPER_TEST_PROCESSES to change): most tests wait on
+# children, servers and databases, so two overlap well even on 2 cores. Tests marked
+# `exclusive` (Postgres stopped mid-sweep) run alone afterwards.
+processes=${SWEEPER_TEST_PROCESSES:-2}
+echo "test: 1/3 the whole suite, Python $(.venv/bin/python -c 'import platform; print(platform.python_version())'), $processes processes"
 # the slowest tests are listed at the end: the suite must stay well under 30 minutes on 2 cores
-.venv/bin/python -m pytest --durations=25 --durations-min=10
+.venv/bin/python -m pytest -n "$processes" --dist worksteal -m "not exclusive" \
+  --durations=25 --durations-min=10
+.venv/bin/python -m pytest -p no:cacheprovider -m exclusive
 
 # 2. Python 3.13 (or 3.12) for the controller. torch is left out on purpose: for these
 # versions the registry's torch is the CUDA build (several GB).
@@ -79,8 +85,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 echo "test: 2/3 the controller without torch, $("$venv/bin/python" --version)"
-"$venv/bin/python" -m pytest -p no:cacheprovider -q -m "not torch" \
-  --ignore=sweeper/trial --ignore=tests/trial
+"$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$processes" --dist worksteal \
+  -m "not torch and not exclusive" --ignore=sweeper/trial --ignore=tests/trial
 
 # 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
 # first, and trial children inherit it). 5.17 needs a huggingface_hub below 2.
@@ -93,5 +99,5 @@ if [ ! -f "$floor/.installed" ]; then
 fi
 echo "test: 3/3 the trial tests with transformers 5.17.0"
 PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
-  -p no:cacheprovider -q tests/trial tests/test_preflight.py \
+  -p no:cacheprovider -q -n "$processes" --dist worksteal tests/trial tests/test_preflight.py \
   "tests/test_doctor.py::test_tiny_space_runs_here"

@@ -170,8 +170,11 @@ def run_sweep(
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
-    store = Store(storage_url, retry_s=DATABASE_RETRY_S)
+    # a database out of reach at the start is more often a wrong URL or a server not started
+    # than a restart: said after a short wait, not after the 2 minutes a sweep rides out
+    store = Store(storage_url, retry_s=STARTUP_RETRY_S)
     store.migrate()
+    store.retry_s = DATABASE_RETRY_S
     storage = optuna_storage(storage_url, retry_s=DATABASE_RETRY_S)
     study = _optuna_study(space, storage)
     # a resumed study plans what it has and what this launch adds (16 after two launches of 8)
@@ -331,6 +334,7 @@ def delete_optuna_study(storage: optuna.storages.RDBStorage, name: str) -> None:
 # How long a sweep waits out a lost database connection (a Postgres restart or failover)
 # before it gives up: the running trial's measurement is written once the database is back.
 DATABASE_RETRY_S = 120.0
+STARTUP_RETRY_S = 10.0  # the same, for the first connection of a sweep
 
 
 class _RetryingRDBStorage(optuna.storages.RDBStorage):

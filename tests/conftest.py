@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.torch)
 
 
-TALLIES = pytest.StashKey[list[FaultTally]]()
+TALLY = "fault_tally"  # a user property of a fault test's report: its tally's line
 
 
 @pytest.fixture
@@ -116,7 +116,8 @@ def fault_report(request: pytest.FixtureRequest) -> Callable[[FaultTally], Fault
     """Record a fault test's tally; the session's summary lists every one."""
 
     def report(tally: FaultTally) -> FaultTally:
-        request.config.stash.setdefault(TALLIES, []).append(tally)
+        # on the test's report, which pytest-xdist carries back from its worker processes
+        request.node.user_properties.append((TALLY, tally.line()))
         print(tally.line())
         return tally
 
@@ -124,8 +125,15 @@ def fault_report(request: pytest.FixtureRequest) -> Callable[[FaultTally], Fault
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    tallies = config.stash.get(TALLIES, [])
-    if tallies:
+    lines = [
+        value
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == TALLY
+    ]
+    if lines:
         terminalreporter.section("fault tests: what each fault left behind")
-        for tally in tallies:
-            terminalreporter.line(tally.line())
+        for line in lines:
+            terminalreporter.line(line)

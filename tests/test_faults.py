@@ -48,6 +48,7 @@ def _postgres(action: str) -> None:
 
 @pytest.mark.torch
 @pytest.mark.postgres
+@pytest.mark.exclusive  # every other Postgres test would fail while the server is down
 def test_a_postgres_outage_mid_sweep_loses_no_trial(
     postgres_url: str,
     env: dict[str, str],  # noqa: F811

@@ -203,7 +203,9 @@ SPACE = tiny_space_without_baseline().replace(
 )
 
 
-TINY_REMEASURE = "  remeasure: {rounds: 0, drift_every: null, contended_reruns: 0}\n"
+TINY_REMEASURE = (
+    "  remeasure: {rounds: 0, drift_every: null, contended_reruns: 0, contended_later: 0}\n"
+)
 
 
 def _space(extra: str = "", text: str = SPACE) -> Space:

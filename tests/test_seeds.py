@@ -25,7 +25,12 @@ def _quick(space: Space) -> Space:
     budget = space.budget.model_copy(
         update={
             "remeasure": space.budget.remeasure.model_copy(
-                update={"rounds": 0, "drift_every": None, "contended_reruns": 0}
+                update={
+                    "rounds": 0,
+                    "drift_every": None,
+                    "contended_reruns": 0,
+                    "contended_later": 0,
+                }
             )
         }
     )
