@@ -342,7 +342,7 @@ def test_chat_records_train_replies_only_with_every_engine(
         cache_dir=cache_dir, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 trials (1 complete, 0 failed)" in " ".join(result.stdout.split()), result.stdout
+    assert "1 trial (1 complete, 0 failed)" in " ".join(result.stdout.split()), result.stdout
 
 
 def test_lora_trains_only_the_adapter_and_quantization_is_dropped_on_a_cpu(
