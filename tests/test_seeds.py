@@ -139,7 +139,9 @@ def _launch_quick(
     }
     # one final round of re-measuring, no reruns: the seeds' sweeps stay a few children long
     # on a loaded machine (tests/test_noise.py covers reruns and drift)
-    data["budget"]["remeasure"] = {"rounds": 1, "contended_reruns": 0, "drift_every": None}
+    data["budget"]["remeasure"] = {
+        "rounds": 1, "contended_reruns": 0, "contended_later": 0, "drift_every": None,
+    }  # fmt: skip
     quick = tmp_path / name
     quick.write_text(yaml.safe_dump(data))
     result = run_sweeper(
