@@ -667,6 +667,11 @@ class SearchLoop:
             space.budget.seed if seed is None else seed,
             runnable_params(self.runnable, lambda c: optuna_params(c, self.search)),
         )
+        # a resumed sweep: configs told contended that a later measurement found calm
+        for config, samples in self.samples.items():
+            cost = self.results[config].cost
+            if samples[0].contended and not all(s.contended for s in samples) and cost:
+                self._revise(config, cost)
 
     def oom_configs(self) -> list[tuple[int, dict[str, Any]]]:
         return [
@@ -858,9 +863,15 @@ class SearchLoop:
             f"#{number}, measured only on a shared machine so far, measured calm now: "
             f"${outcome.cost:,.2f}/run"
         )
+        if outcome.cost:
+            self._revise(config, outcome.cost)
+
+    def _revise(self, config: TrialConfig, cost: float) -> None:
+        """Tell a sampler that can learn it (``bayes``) the calm $/run of a config that Optuna
+        was told while it was contended."""
         revise = getattr(self.study.sampler, "revise", None)
-        if revise is not None and outcome.cost:
-            revise(optuna_params(config, self.search), outcome.cost)
+        if revise is not None:
+            revise(optuna_params(config, self.search), cost)
 
     def _reference(self) -> TrialConfig | None:
         """The config re-measured for drift: the baseline as run here if it was measured,

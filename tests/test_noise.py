@@ -360,6 +360,14 @@ def test_a_config_contended_at_once_is_measured_again_after_a_calm_trial(
     sampler = loop.study.sampler
     assert isinstance(sampler, ImprovementGridSampler)
     assert list(sampler._revised.values()) == [pytest.approx(3.0)]
+    # a resumed sweep's sampler learns it again from the stored measurements
+    again = SearchLoop(
+        _space(later), loop.study, script, PreflightReport(), notes,  # type: ignore[arg-type]
+        earlier=loop.results, earlier_samples=loop.samples, seed=1,
+    )  # fmt: skip
+    assert isinstance(again.study.sampler, ImprovementGridSampler)
+    assert list(again.study.sampler._revised.values()) == [pytest.approx(3.0)]
+    assert not again.waiting
 
 
 def test_a_config_contended_at_every_try_is_tried_later_a_limited_number_of_times(
