@@ -88,13 +88,8 @@ def value_text(value: object) -> str:
 
 
 def config_text(config: Mapping[str, Any]) -> str:
-    """A config as hover text, one ``knob = value`` per line in the knobs' order (Postgres
-    stores a JSON object's keys in its own), escaped for plotly."""
-    from sweeper.knobs import in_order
-
-    return "<br>".join(
-        f"{plain_text(key)} = {plain_text(value)}" for key, value in in_order(config).items()
-    )
+    """A config as hover text, one ``knob = value`` per line, escaped for plotly."""
+    return "<br>".join(f"{plain_text(key)} = {plain_text(value)}" for key, value in config.items())
 
 
 def _finite(value: float | None) -> bool:

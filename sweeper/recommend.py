@@ -29,7 +29,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper import knobs
 from sweeper.errors import NoResultError, SpaceError
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise, overlaps
@@ -447,7 +446,7 @@ def _decide(
     baseline = _baseline(facts, candidates)
     winner, ties, tie_note = _pick(eligible, baseline)
     t = winner.trial
-    config = knobs.in_order(t.config)
+    config = dict(t.config)
     effective_batch = _effective_batch(config)
     warnings: list[str] = []
     if t.contended:
@@ -758,7 +757,7 @@ def compare(
                 hardware_name=row.hardware_name,
                 usd_per_hour=row.usd_per_hour,
                 trial_number=c.trial.number,
-                config=knobs.in_order(c.trial.config),
+                config=dict(c.trial.config),
                 hours_per_run=c.hours,
                 cost_per_run_usd=c.cost,
             )

@@ -842,8 +842,8 @@ class SearchLoop:
             )
 
     def _measure_waiting(self) -> None:
-        """The machine measured calm just now: measure again the config that has waited longest
-        for a calm measurement (every one of its measurements was contended). A calm one
+        """The machine measured calm just now: measure again, of the configs every measurement
+        of which was contended, the one with the lowest $/run so far. A calm one
         replaces them, and the sampler learns it (``revise``: Optuna's trial keeps the value it
         was told, flagged contended)."""
         if not self.waiting:

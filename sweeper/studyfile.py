@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Float, Integer, String, Text
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.types import TypeDecorator
 
 import sweeper
 from sweeper.errors import ConflictError, StorageError, SweeperError
@@ -69,6 +70,8 @@ def _load_value(column: Column[Any], value: Any, where: str) -> Any:
             raise StudyFileError(f"{where}: must not be null")
         return None
     kind = column.type
+    if isinstance(kind, TypeDecorator):  # e.g. ConfigJson: checked as what it stores
+        kind = kind.impl
     if isinstance(kind, DateTime):
         try:
             parsed = datetime.fromisoformat(value) if isinstance(value, str) else None

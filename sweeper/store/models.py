@@ -12,8 +12,23 @@ from typing import Any, Protocol
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class ConfigJson(TypeDecorator[dict[str, Any]]):
+    """A trial's config: JSON whose knobs read back in their declared order
+    (``knobs.in_order``), as Postgres's JSONB stores an object's keys in an order of its own."""
+
+    impl = JsonType
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Any) -> dict[str, Any] | None:
+        from sweeper.knobs import in_order
+
+        return in_order(value) if isinstance(value, dict) else value
+
 
 TRIAL_STATES = ("running", "complete", "failed", "pruned")
 # "stopping": a stop was requested (REST); the sweep ends after its running trial → "stopped"
@@ -72,7 +87,7 @@ class TrialRow(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("sweeper_studies.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(doc="Optuna's trial number in the study")
     state: Mapped[str] = mapped_column(String(16))
-    config: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    config: Mapped[dict[str, Any]] = mapped_column(ConfigJson)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wall_s: Mapped[float | None] = mapped_column(Float, doc="child start to result, seconds")
