@@ -1,7 +1,9 @@
 """Map sweeper's exceptions to HTTP responses, at this one boundary.
 
     StudyNotFoundError  → 404
-    NoResultError       → 409  (the study exists but nothing completed yet)
+    NoResultError       → 409  (the study exists but nothing completed yet); when every
+                               completed trial truncates (TruncatesOnlyError), the body adds
+                               ``fix`` and ``fallback``: the best truncating config, with its cut
     ConflictError       → 409  (e.g. deleting a running study)
     SpaceError          → 422  (a config that the study's space cannot run)
     StorageError        → 503  (the database is unreachable or broken; retry later)
@@ -34,6 +36,7 @@ from sweeper.errors import (
     StorageError,
     StudyNotFoundError,
     SweeperError,
+    TruncatesOnlyError,
 )
 
 logger = logging.getLogger(__name__)
@@ -80,7 +83,12 @@ async def _sweeper_error(request: Request, exc: Exception) -> Response:
         detail = STORAGE_DETAIL  # the message names SQL, parameters and the database
     if wants_html(request):
         return error_page(request, status_code, detail)
-    return JSONResponse({"detail": detail}, status_code=status_code)
+    body: dict[str, object] = {"detail": detail}
+    if isinstance(exc, TruncatesOnlyError):
+        fallback = exc.fallback
+        body["fix"] = exc.fix
+        body["fallback"] = None if fallback is None else fallback.model_dump(mode="json")  # type: ignore[attr-defined]
+    return JSONResponse(body, status_code=status_code)
 
 
 _MAX_ERRORS = 20  # a request with more problems than this gets the first ones

@@ -63,7 +63,7 @@ from sweeper.cost import RunPlan, project_run
 from sweeper.measurement import COLUMN_METRICS, sample_measurement
 from sweeper.space import Space, TrialConfig, load_space, optuna_params
 from sweeper.store import Store, TrialRow
-from sweeper.study import study_fields  # what a sweep records
+from sweeper.sweep.run import study_fields  # what a sweep records
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -3,7 +3,7 @@
     .venv/bin/python bench/search_replay.py --space bench/replay/cpu-grid.yaml \\
         --table bench/replay/cpu-grid.jsonl [--seeds 200] [--samplers default,random,tpe]
 
-The search runs exactly the code `sweeper launch` runs (``sweeper.study.SearchLoop``: the
+The search runs exactly the code `sweeper launch` runs (``sweeper.sweep.loop.SearchLoop``: the
 sampler the space names, what each proposal tells it, the out-of-memory rule), on an in-memory
 Optuna study; only the trial executor is replaced by a lookup in the table.
 
@@ -47,9 +47,12 @@ import optuna
 from sweeper import knobs
 from sweeper.noise import Estimate, Sample, SampleKind
 from sweeper.preflight import PreflightReport
-from sweeper.search import DEFAULT_SAMPLER, SAMPLERS
+from sweeper.samplers import DEFAULT_SAMPLER, SAMPLERS
 from sweeper.space import Space, TrialConfig, load_space
-from sweeper.study import Outcome, SearchLoop, SilentObserver, enqueue_known
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.queue import enqueue_known
 
 METRICS = ("samples_per_s", "tokens_per_s")
 THRESHOLDS = (0.05, 0.10)

@@ -148,6 +148,8 @@ def report(
             f"{message} | | | | | | |"
         )
 
+    lines += ["", *overhead_lines(trials)]
+
     if doctor is not None:
         lines += ["", "##### sweeper doctor", ""]
         facts = doctor["facts"]
@@ -167,6 +169,54 @@ def report(
     if fidelity:
         lines += ["", "##### Fidelity: a trial against a run 10× longer", "", fidelity.strip()]
     return "\n".join(lines) + "\n"
+
+
+def overhead_lines(trials: list[dict[str, Any]]) -> list[str]:
+    """Where each trial's wall time went: the timed window, and what a GPU minute bought
+    outside it (issue 32), with the checkpoint and compile figures' sources."""
+    timed = [t for t in trials if t.get("wall_s") and t.get("measurement")]
+    if not timed:
+        return []
+    lines = [
+        "##### Where each trial's time went",
+        "",
+        "| trial | wall s | window s | outside | start-up s | model s | burn-in s "
+        "| checkpoint s | checkpoint figure | compile |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    shares = []
+    for trial in sorted(timed, key=lambda t: t["number"]):
+        m = parse_measurement(trial["measurement"])
+        phases = m.phases_s
+        outside = 1 - m.window_s / trial["wall_s"]
+        shares.append(outside)
+        startup = m.startup_own_s if m.startup_own_s is not None else m.startup_s
+        if m.compile_cache == "warm":
+            compile_text = f"warm {m.compile_measured_s:.0f} s (cold {m.compile_s:.0f} s priced)"
+        elif m.compile_cache == "cold":
+            compile_text = f"cold {m.compile_s:.0f} s"
+        else:
+            compile_text = "—" if m.compile_s == 0 else f"{m.compile_s:.0f} s"
+        lines.append(
+            f"| #{trial['number']} | {trial['wall_s']:.1f} | {m.window_s:.1f} | {outside:.0%} "
+            f"| {_num(startup, '.1f')} | {_num(phases.model, '.1f')} "
+            f"| {_num(phases.warmup, '.1f')} | {_num(phases.checkpoint, '.1f')} "
+            f"| {m.checkpoint_source or '—'} | {compile_text} |"
+        )
+    ordered = sorted(shares)
+    median = (
+        ordered[len(ordered) // 2]
+        if len(ordered) % 2
+        else sum(ordered[len(ordered) // 2 - 1 : len(ordered) // 2 + 1]) / 2
+    )
+    walls = [t["wall_s"] for t in timed]
+    lines += [
+        "",
+        f"Outside the timed window: median {median:.0%} (min {ordered[0]:.0%}, max "
+        f"{ordered[-1]:.0%}) of {len(timed)} measured trials; trials per hour of trial time "
+        f"{3600 * len(walls) / sum(walls):.0f} (mean wall {sum(walls) / len(walls):.1f} s).",
+    ]
+    return lines
 
 
 def _trial_row(label: str, trial: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import html
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import plotly.graph_objects as go
@@ -603,7 +603,7 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------ importance
 
 
-def importance_figure(ranked: list[Mapping[str, Any]] | None, note: str = "") -> dict[str, Any]:
+def importance_figure(ranked: Sequence[Mapping[str, Any]] | None, note: str = "") -> dict[str, Any]:
     """Horizontal bars: each knob's share of the $/run variation, largest on top."""
     ordered = list(reversed(ranked or []))
     figure = go.Figure(
@@ -676,7 +676,7 @@ def failure_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def pareto_rows(
-    points_by_study: Mapping[str, list[Mapping[str, Any]]], front: list[Mapping[str, Any]]
+    points_by_study: Mapping[str, Sequence[Mapping[str, Any]]], front: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
     """Every eligible (hours, $) per study (one colour per hardware) and the Pareto front."""
     return {

@@ -3,8 +3,11 @@
 #   1. the whole suite on Python 3.11 with the versions pinned in constraints.txt;
 #   2. the controller (everything outside sweeper/trial, which never imports torch) on Python
 #      3.13, in an environment without torch, transformers or datasets;
-#   3. the trial tests with transformers at its floor (5.17.0, as CUDA images ship it).
+#   3. the trial tests with transformers at its floor (5.17.0, as CUDA images ship it);
+#   4. mypy, and the controller's unit tests against the coverage floor.
 # Extra arguments go to pytest and run step 1 only (for working on one test).
+# Every step runs even when an earlier one fails; the failures are listed at the end, and the
+# exit status is 1 if any step failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -32,12 +35,20 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
 fi
 pg_isready -h 127.0.0.1 -p 5432
 
-.venv/bin/ruff check .
-.venv/bin/ruff format --check .
-
 if [ $# -gt 0 ]; then
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
   exec .venv/bin/python -m pytest "$@"
 fi
+
+failed=()
+# step NAME COMMAND...: run it, and remember it if it fails
+step() {
+  local name=$1; shift
+  if ! "$@"; then failed+=("$name"); echo "test: FAILED: $name" >&2; fi
+}
+step "lint (ruff check)" .venv/bin/ruff check .
+step "format (ruff format --check)" .venv/bin/ruff format --check .
 
 # Two test processes (pytest-xdist; SWEEPER_TEST_PROCESSES to change): most tests wait on
 # children, servers and databases, so two overlap well even on 2 cores. Tests marked
@@ -45,9 +56,10 @@ fi
 processes=${SWEEPER_TEST_PROCESSES:-2}
 echo "test: 1/3 the whole suite, Python $(.venv/bin/python -c 'import platform; print(platform.python_version())'), $processes processes"
 # the slowest tests are listed at the end: the suite must stay well under 30 minutes on 2 cores
-.venv/bin/python -m pytest -n "$processes" --dist worksteal -m "not exclusive" \
-  --durations=25 --durations-min=10
-.venv/bin/python -m pytest -p no:cacheprovider -m exclusive
+step "1/3 the whole suite" .venv/bin/python -m pytest -n "$processes" --dist worksteal \
+  -m "not exclusive" --durations=25 --durations-min=10
+echo "test: 1/3 the test that STOPS this machine's Postgres for 12 s (tests/test_faults.py), alone"
+step "1/3 the Postgres outage test" .venv/bin/python -m pytest -p no:cacheprovider -m exclusive
 
 # 2. Python 3.13 (or 3.12) for the controller. torch is left out on purpose: for these
 # versions the registry's torch is the CUDA build (several GB).
@@ -85,7 +97,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 echo "test: 2/3 the controller without torch, $("$venv/bin/python" --version)"
-"$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$processes" --dist worksteal \
+step "2/3 the controller on $("$venv/bin/python" --version)" \
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q -n "$processes" --dist worksteal \
   -m "not torch and not exclusive" --ignore=sweeper/trial --ignore=tests/trial
 
 # 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
@@ -98,6 +111,26 @@ if [ ! -f "$floor/.installed" ]; then
   touch "$floor/.installed"
 fi
 echo "test: 3/3 the trial tests with transformers 5.17.0"
-PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
+step "3/3 the trial tests with transformers 5.17.0" \
+  env PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
   -p no:cacheprovider -q -n "$processes" --dist worksteal tests/trial tests/test_preflight.py \
   "tests/test_doctor.py::test_tiny_space_runs_here"
+
+# 4. Types and coverage (issue 30). mypy reads pyproject's [tool.mypy] (sweeper, api and
+# dashboards, 0 errors). Coverage: the controller's unit tests (no torch, no Postgres, no
+# browser; the whole suite runs above) must cover at least pyproject's
+# [tool.coverage.report] fail_under, the figure measured when it was set: raise it when
+# coverage rises, never lower it.
+echo "test: 4/4 mypy, and the controller tests' coverage floor"
+step "4/4 types (mypy)" .venv/bin/mypy
+step "4/4 the controller tests' coverage floor" \
+  .venv/bin/python -m pytest -p no:cacheprovider -q -n "$processes" --dist worksteal \
+  -m "not torch and not exclusive and not postgres" --ignore=sweeper/trial --ignore=tests/trial \
+  --ignore=tests/browser --cov --cov-report=term:skip-covered
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test: ${#failed[@]} step(s) failed:" >&2
+  printf '  - %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "test: every step passed"

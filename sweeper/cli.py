@@ -10,23 +10,28 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from sweeper.console import (
+    RichObserver,
+    console,
+    count,
+    err_console,
+    print_comparison,
+    print_doctor,
+    print_leaderboard,
+    print_recommendation,
+)
 from sweeper.errors import SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
-    from sweeper.doctor import DoctorReport
-    from sweeper.recommend import Comparison, Constraints, Recommendation
-    from sweeper.space import TrialConfig
-    from sweeper.store import Store, TrialRow
-    from sweeper.trial.protocol import PreparedData
+    from sweeper.recommend import Constraints
+    from sweeper.store import Store
+    from sweeper.sweep.fleet import FleetError
 
 # -h as well as --help, on every command
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -75,18 +80,6 @@ def _main(
     """Find the cheapest way to run a training job: timed trials, priced per run."""
 
 
-def _make_console(stderr: bool = False) -> Console:
-    """A terminal's console; piped to a file or CI (no terminal, no COLUMNS), lines are not
-    wrapped at rich's default 80 columns mid-sentence and tables get room for the config."""
-    made = Console(stderr=stderr)
-    if made.is_terminal or os.environ.get("COLUMNS"):
-        return made
-    return Console(stderr=stderr, width=160, soft_wrap=True)
-
-
-console = _make_console()
-err_console = _make_console(stderr=True)
-
 StorageOption = Annotated[
     str | None,
     typer.Option(
@@ -98,40 +91,19 @@ StorageOption = Annotated[
 ]
 
 
-def _count(n: int, noun: str) -> str:
-    """``n`` and the noun, plural unless there is one: "1 trial", "9 trials"."""
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def _fail(message: str, code: int = 1) -> typer.Exit:
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
-def _absent_sqlite_file(url: str) -> Path | None:
-    """The file of an SQLite URL when it does not exist (opening it would create it); None for
-    an existing file, an in-memory database, another backend or a URL Store will refuse."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return None
-    path = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:":
-        return None
-    return None if Path(path).is_file() else Path(path)
-
-
 def _reading_store(storage: str | None) -> Store:
     """The storage a reading command (best, export, study export) reads: an SQLite file that
     does not exist is an error that says where it looked, never a new empty database."""
-    from sweeper.settings import resolve_storage
+    from sweeper.settings import absent_sqlite_file, resolve_storage
     from sweeper.store import Store
 
     url = resolve_storage(storage)
-    absent = _absent_sqlite_file(url)
+    absent = absent_sqlite_file(url)
     if absent is not None:
         where = "--storage" if storage else "the default storage"
         raise _fail(
@@ -194,8 +166,17 @@ def launch(
             "--n-trials, less the trials it has): launching a finished study again runs none",
         ),
     ] = False,
+    join: Annotated[
+        bool,
+        typer.Option(
+            "--join",
+            help="run beside a live worker of the study on this host and these devices "
+            "(refused without it: both would measure a shared machine)",
+        ),
+    ] = False,
 ) -> None:
     """Run a sweep: each trial trains the workload with one config in a child process."""
+    from sweeper.joining import same_place_worker
     from sweeper.space import load_space
 
     try:
@@ -205,25 +186,96 @@ def launch(
     from sweeper.settings import resolve_storage
 
     url = resolve_storage(storage, parsed.storage)
+    busy = None if join else same_place_worker(url, parsed.study)
+    if busy is not None:
+        raise _fail(busy, code=2)
     if fill:
         n_trials = _missing_trials(url, parsed.study, n_trials or parsed.budget.n_trials)
         if n_trials == 0:
-            _print_leaderboard(url, parsed.study)
+            print_leaderboard(url, parsed.study)
             return
     if workers > 1:
+        from sweeper.sweep.fleet import visible_gpus
+
         _launch_workers(
-            ["launch", "--space", str(space)],
+            ["launch", "--space", str(space), "--join"],  # the N workers share on purpose
             parsed.study,
             url,
-            _visible_gpus(),
+            visible_gpus(),
             workers,
             n_trials or parsed.budget.n_trials,
             max_minutes,
         )
-        _print_leaderboard(url, parsed.study)
+        print_leaderboard(url, parsed.study)
         return
     _sweep_and_report(
         parsed, url, space.read_text(encoding="utf-8"), str(space), n_trials, max_minutes
+    )
+
+
+@app.command()
+def init(
+    model: Annotated[
+        str,
+        typer.Option("--model", prompt="model (a save_pretrained directory or a hub id)"),
+    ],
+    data: Annotated[
+        Path,
+        typer.Option("--data", prompt="training data (.jsonl: chat records or text)"),
+    ],
+    price: Annotated[
+        float,
+        typer.Option("--price", min=0.0001, prompt="the machine's price, $ per hour"),
+    ],
+    hardware: Annotated[
+        str, typer.Option("--hardware", help="the machine the real job rents (its name)")
+    ] = "H100 SXM 80GB",
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="sft (TRL's SFTTrainer), trainer (transformers.Trainer) or loop"
+        ),
+    ] = "sft",
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            "--samples", min=1, help="samples in one epoch of the real job (default: the file's)"
+        ),
+    ] = None,
+    epochs: Annotated[float, typer.Option("--epochs", min=0.01)] = 1.0,
+    device: Annotated[str, typer.Option("--device", help="auto, cuda or cpu")] = "auto",
+    out: Annotated[Path, typer.Option("--out", "-o", help="the space file to write")] = Path(
+        "spaces/mine.yaml"
+    ),
+    force: Annotated[bool, typer.Option("--force", help="replace an existing file")] = False,
+) -> None:
+    """Write the minimal space for your own fine-tune: your model, your data, the engine, the
+    machine and its price, the job's size; everything else defaulted (max_seq_length from
+    the data). Then: sweeper launch --space FILE."""
+    from sweeper.starter import ENGINES, minimal_space, study_name
+
+    if engine not in ENGINES:
+        raise _fail(f"--engine {engine}: use one of {', '.join(ENGINES)}", code=2)
+    if device not in ("auto", "cuda", "cpu"):
+        raise _fail(f"--device {device}: use auto, cuda or cpu", code=2)
+    if not data.is_file():
+        raise _fail(f"--data {data}: no such file", code=2)
+    if out.exists() and not force:
+        raise _fail(f"{out} exists; pick another --out, or --force to replace it", code=2)
+    study = study_name(out)
+    try:
+        text = minimal_space(
+            study=study, model=model, data=data, engine=engine, hardware=hardware,
+            usd_per_hour=price, samples=samples, epochs=epochs, device=device,
+        )  # fmt: skip
+    except SpaceError as e:
+        raise _fail(str(e), code=2) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    console.print(
+        f"wrote {out} (study {study}). Next:\n  sweeper doctor --space {out}   # can it run "
+        f"here, and how long\n  sweeper launch --space {out}\n  sweeper best --study {study}",
+        highlight=False,
     )
 
 
@@ -256,8 +308,12 @@ def worker(
     from sweeper.settings import resolve_storage
     from sweeper.space import parse_space
     from sweeper.store import Store
+    from sweeper.sweep.fleet import FleetError, parse_devices
 
-    gpus = _parse_devices(devices) if devices is not None else []
+    try:
+        gpus = parse_devices(devices) if devices is not None else []
+    except FleetError as e:
+        raise _fleet_failed(e) from None
     url = resolve_storage(storage)
     store = Store(url)
     try:
@@ -276,7 +332,7 @@ def worker(
         command = ["worker", "--study", study]
         total = n_trials or parsed.budget.n_trials
         _launch_workers(command, study, url, gpus, len(gpus), total, max_minutes)
-        _print_leaderboard(url, study)
+        print_leaderboard(url, study)
         return
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
@@ -288,130 +344,54 @@ def _launch_workers(
     name: str,
     url: str,
     devices: list[str],
-    count: int,
+    workers: int,
     n_trials: int,
     max_minutes: float | None,
 ) -> None:
-    """``count`` worker processes running ``sweeper COMMAND`` on one study, each with its
-    share of the trials and, when ``devices`` are given, its own GPU; their output goes to log
-    files. SIGINT and SIGTERM are passed on to every worker (each marks its running trial)."""
-    import subprocess
-    import sys
-
+    """``sweeper.sweep.fleet.run_workers``, its worker logs in the cache directory."""
     from sweeper.settings import Settings
+    from sweeper.sweep.fleet import FleetError, run_workers
 
-    if devices and count > len(devices):
-        raise _fail(f"--workers {count}: only {len(devices)} GPU(s) are visible ({devices})", 2)
-    logs = Settings().cache_dir / "workers"
-    logs.mkdir(parents=True, exist_ok=True)
-    share = -(-n_trials // count)
-    processes = []
-    for index in range(count):
-        env = dict(os.environ)
-        if devices:
-            env["CUDA_VISIBLE_DEVICES"] = devices[index]
-        log = logs / f"{name}-{index}.log"
-        argv = [sys.executable, "-m", "sweeper.cli", *command]
-        argv += ["--storage", url, "--n-trials", str(share)]
-        if max_minutes is not None:
-            argv += ["--max-minutes", str(max_minutes)]
-        with log.open("w") as out:
-            processes.append(
-                (log, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
-            )
-        console.print(
-            f"worker {index}"
-            + (f" on GPU {devices[index]}" if devices else "")
-            + f": {share} trials, log {log}",
-            highlight=False,
-        )
-    failed = []
     try:
-        for log, process in processes:
-            if process.wait() != 0:
-                failed.append((log, process.returncode))
-    except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, Terminated)
-        # pass it on once; a second signal must not cut the wait for the workers short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for _, process in processes:
-            process.send_signal(signal.SIGTERM if terminated else signal.SIGINT)
-        for _, process in processes:
-            process.wait()
-        said = "terminated (SIGTERM)" if terminated else "interrupted"
-        code = 143 if terminated else 130
-        raise _fail(f"{said}; each worker marked its running trial", code) from None
-    if failed:
-        raise _fail(
-            "; ".join(f"a worker exited {code} (see {log})" for log, code in failed), code=1
-        )
+        run_workers(
+            command, name, url, devices, workers, n_trials, max_minutes,
+            logs=Settings().cache_dir / "workers",
+            say=lambda line: console.print(line, highlight=False),
+        )  # fmt: skip
+    except FleetError as e:
+        raise _fleet_failed(e) from None
+
+
+def _fleet_failed(error: FleetError) -> typer.Exit:
+    return _fail(str(error), error.code)
 
 
 def _missing_trials(url: str, study: str, planned: int) -> int:
-    """``launch --fill``: how many of ``planned`` trials the study still lacks, said aloud. An
-    SQLite file that does not exist holds no trial (and is not created here)."""
-    from sweeper.store import Store, redact
-    from sweeper.study import trials_done
+    """``launch --fill``: how many of ``planned`` trials the study still lacks, said aloud."""
+    from sweeper.store import redact
+    from sweeper.sweep.fleet import FleetError, fill_plan
 
-    done = 0
-    if _absent_sqlite_file(url) is None:
-        try:
-            store = Store(url)
-        except SweeperError as e:
-            raise _fail(str(e), code=2) from None
-        try:
-            store.migrate()
-            done = trials_done(store, study)
-        except SweeperError as e:
-            raise _fail(str(e)) from None
-        finally:
-            store.dispose()
-    if done >= planned:
+    try:
+        plan = fill_plan(url, study, planned)
+    except FleetError as e:
+        raise _fleet_failed(e) from None
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    if plan.missing == 0:
         console.print(
-            f"study {study} in {redact(url)} already has {done} of its {planned} trials: nothing "
-            f"to run (--fill); its results follow, and `sweeper best --study {study}` prints the "
-            "recommendation",
+            f"study {study} in {redact(url)} already has {plan.done} of its {planned} trials: "
+            f"nothing to run (--fill); its results follow, and `sweeper best --study {study}` "
+            "prints the recommendation",
             highlight=False,
         )
         return 0
-    if done:
+    if plan.done:
         console.print(
-            f"study {study} has {done} of its {planned} trials: running the {planned - done} "
-            "missing (--fill)",
+            f"study {study} has {plan.done} of its {planned} trials: running the "
+            f"{plan.missing} missing (--fill)",
             highlight=False,
         )
-    return planned - done
-
-
-def _parse_devices(text: str) -> list[str]:
-    """``--devices 0,1`` (GPU indexes or UUIDs, as CUDA_VISIBLE_DEVICES takes them)."""
-    devices = [d.strip() for d in text.split(",")]
-    if not all(devices) or len(set(devices)) != len(devices):
-        raise _fail(
-            f"--devices {text!r}: give distinct GPUs separated by commas, e.g. --devices 0,1",
-            code=2,
-        )
-    return devices
-
-
-def _visible_gpus() -> list[str]:
-    """The GPUs a worker may take: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
-    import shutil
-    import subprocess
-
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [d.strip() for d in listed.split(",") if d.strip()]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    return plan.missing
 
 
 def _sweep_and_report(
@@ -425,10 +405,12 @@ def _sweep_and_report(
     """Run this process's share of the sweep (as one worker of the study) and print what it
     found."""
     from sweeper.preflight import PreflightError
+    from sweeper.recommend import recommendable
     from sweeper.settings import Settings
     from sweeper.store import redact
-    from sweeper.study import run_sweep
+    from sweeper.sweep.run import run_sweep
 
+    settings = Settings()
     observer = RichObserver(parsed.study, n_trials or parsed.budget.n_trials)
     console.print(
         f"sweep [bold]{parsed.study}[/] on {parsed.hardware.name} "
@@ -440,12 +422,15 @@ def _sweep_and_report(
             report = run_sweep(
                 parsed,
                 storage_url=url,
-                cache_dir=Settings().cache_dir,
+                cache_dir=settings.cache_dir,
                 space_text=space_text,
                 space_path=space_path,
                 n_trials=n_trials,
                 max_minutes=max_minutes,
                 observer=observer,
+                eligible_for=recommendable,
+                heartbeat_s=settings.heartbeat_s,
+                worker_grace_s=settings.worker_grace_s,
             )
     except Terminated:
         raise _fail(
@@ -460,9 +445,9 @@ def _sweep_and_report(
         raise _fail(f"preflight: {e}", code=2) from None
     except SweeperError as e:
         raise _fail(str(e)) from None
-    _print_leaderboard(url, parsed.study)
+    print_leaderboard(url, parsed.study)
     console.print(
-        f"{_count(report.trials_run, 'trial')} ({report.completed} complete, "
+        f"{count(report.trials_run, 'trial')} ({report.completed} complete, "
         f"{report.failed} failed) in {report.wall_s:.0f} s"
         + (
             f"; {report.predicted_oom} not run (as heavy as a config that ran out of memory)"
@@ -478,34 +463,24 @@ def _sweep_and_report(
         + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
         highlight=False,
     )
-    if report.best is not None:
-        _print_recommendation(report.best)
-    elif report.no_best_reason:
-        console.print(
-            f"\n[yellow]no recommendation:[/] {escape(report.no_best_reason)}", highlight=False
-        )
+    _print_best(url, parsed.study)
 
 
-def _address_taken(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be served (taken, or not an address here), with a free port
-    to use instead; None if it is free. Checked before anything slow runs."""
-    import socket
+def _print_best(url: str, study: str) -> None:
+    """The recommendation after a sweep, or why there is none."""
+    from sweeper.recommend import best
+    from sweeper.store import Store
 
-    def bind(p: int) -> OSError | None:
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            try:
-                s.bind((host, p))
-            except OSError as e:
-                return e
-        return None
-
-    error = bind(port)
-    if error is None:
-        return None
-    free = next((p for p in range(port + 1, min(port + 100, 65536)) if bind(p) is None), None)
-    hint = f"; use --port {free}, which is free" if free is not None else ""
-    return f"cannot serve on {host}:{port}: {error.strerror or error}{hint}"
+    try:
+        store = Store(url)
+    except SweeperError as e:
+        raise _fail(str(e)) from None
+    try:
+        print_recommendation(best(store, study))
+    except SweeperError as e:
+        console.print(f"\n[yellow]no recommendation:[/] {escape(str(e))}", highlight=False)
+    finally:
+        store.dispose()
 
 
 @app.command()
@@ -525,6 +500,7 @@ def serve(
     from pydantic import ValidationError
 
     from api.app import create_app
+    from sweeper.ports import address_taken
     from sweeper.settings import Settings, resolve_storage
     from sweeper.store import redact
 
@@ -532,7 +508,7 @@ def serve(
         settings = Settings()
     except ValidationError as e:
         raise _fail(f"invalid SWEEPER_* environment: {e}", 2) from None
-    taken = _address_taken(host or settings.host, port or settings.port)
+    taken = address_taken(host or settings.host, port or settings.port)
     if taken is not None:
         raise _fail(taken, code=3)
     if check:
@@ -642,9 +618,9 @@ def best_command(
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     elif across_hardware:
-        _print_comparison(result)  # type: ignore[arg-type]
+        print_comparison(result)  # type: ignore[arg-type]
     else:
-        _print_recommendation(result)  # type: ignore[arg-type]
+        print_recommendation(result)  # type: ignore[arg-type]
 
 
 @app.command()
@@ -727,7 +703,7 @@ def doctor(
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     else:
-        _print_doctor(report)
+        print_doctor(report)
     raise typer.Exit(report.exit_code)
 
 
@@ -831,321 +807,6 @@ def main() -> None:
 
 def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
-
-
-# ---------------------------------------------------------------------------- output
-
-
-class RichObserver:
-    """Shows the sweep while it runs: a progress bar and one line per finished trial."""
-
-    def __init__(self, study: str, n_trials: int) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-            console=console,
-        )
-        self.task = self.progress.add_task(f"{study}: starting", total=n_trials)
-        self.total, self.done = n_trials, 0
-        self.first_trial_at: float | None = None
-
-    def __enter__(self) -> RichObserver:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
-    def prepare_started(self) -> None:
-        self.progress.update(self.task, description="preparing dataset and tokenizer")
-
-    def prepare_done(self, prepared: PreparedData, wall_s: float) -> None:
-        stats = prepared.stats
-        self.progress.console.print(
-            f"data: {stats['dataset_rows']} rows, tokens per sample p50 {stats['tokens_p50']}, "
-            f"p90 {stats['tokens_p90']}, max {stats['tokens_max']} (prepared in {wall_s:.1f} s)",
-            highlight=False,
-        )
-        # preflight (when the space has it) comes next; the first trial replaces this
-        self.progress.update(self.task, description="preflight: what can run here")
-
-    def trial_started(self, number: int, config: TrialConfig) -> None:
-        if self.first_trial_at is None:
-            self.first_trial_at = time.monotonic()
-        self.progress.update(self.task, description=f"trial {number}: {_describe(config)}")
-
-    def _eta(self) -> str:
-        """`[3/8, about 4 min left]`: the mean trial so far times the trials left (an
-        estimate: re-measuring at the end adds to it)."""
-        left = self.total - self.done
-        if self.first_trial_at is None or left <= 0:
-            return f" [{self.done}/{self.total}]"
-        per_trial = (time.monotonic() - self.first_trial_at) / self.done
-        minutes = per_trial * left / 60
-        about = f"{minutes:.0f} min" if minutes >= 1 else f"{per_trial * left:.0f} s"
-        return f" [{self.done}/{self.total}, about {about} left]"
-
-    def trial_done(self, row: TrialRow) -> None:
-        self.done += 1
-        config = _describe_dict(row.config)
-        if row.state == "complete":
-            line = (
-                f"[green]✓[/] #{row.number} {config} → {_num(row.samples_per_s, ',.1f')} "
-                f"samples/s, {_num(row.it_per_s, '.2f')} it/s, "
-                f"${_num(row.cost_per_run_usd, ',.2f')}/run"
-            )
-        else:
-            message = (row.failure_message or "")[:160]
-            line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {escape(message)}"
-        self.progress.console.print(line + escape(self._eta()), highlight=False)
-        self.progress.advance(self.task)
-
-    def note(self, message: str) -> None:
-        self.progress.console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
-
-
-def _num(value: float | None, spec: str) -> str:
-    """Format a figure that may be unknown (NULL in the store) as '—'."""
-    return "—" if value is None else format(value, spec)
-
-
-def _describe(config: TrialConfig) -> str:
-    return _describe_dict(config.model_dump())
-
-
-def _describe_dict(config: dict[str, Any]) -> str:
-    from sweeper.knobs import describe
-
-    return describe(config)
-
-
-def _print_leaderboard(url: str, study: str, top: int = 10) -> None:
-    from sweeper.recommend import padding_share
-    from sweeper.store import Store
-
-    store = Store(url)
-    trials = store.list_trials(study)
-    store.dispose()
-    completed = sorted(
-        (t for t in trials if t.state == "complete" and t.cost_per_run_usd is not None),
-        key=lambda t: (t.cost_per_run_usd, t.number),
-    )
-    table = Table(title=f"{study}: cheapest per run", title_justify="left")
-    headers = ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run")
-    for header in (*headers, "$/run", "±95%"):
-        if header == "config":  # the config is the point of the table: it folds, never cut
-            table.add_column(header, justify="left", overflow="fold", min_width=40, ratio=1)
-        else:
-            table.add_column(header, justify="right", no_wrap=True)
-    for t in completed[:top]:
-        padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
-        table.add_row(
-            str(t.number),
-            _describe_dict(t.config),
-            _num(t.samples_per_s, ",.1f"),
-            _num(t.tokens_per_s, ",.0f"),
-            _num(t.it_per_s, ".2f"),
-            _num(None if t.data_wait_share is None else t.data_wait_share * 100, ".0f") + "%",
-            _num(None if padding is None else padding * 100, ".0f") + "%",
-            _num(t.hours_per_run, ",.1f"),
-            _num(t.cost_per_run_usd, ",.2f"),
-            _num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
-            + "%"
-            + (f" ×{len(t.remeasures)}" if t.remeasures else "")
-            + (" [yellow]*[/]" if t.contended else ""),
-        )
-    console.print(table)
-    if any(t.remeasures for t in completed[:top]):
-        console.print("  ×N: measured N times, pooled (sweeper.noise)", highlight=False)
-    contended = [f"#{t.number}" for t in completed[:top] if t.contended]
-    if contended:
-        console.print(
-            f"  [yellow]*[/] measured only while the machine was shared: {', '.join(contended)}",
-            highlight=False,
-        )
-    failed = [t for t in trials if t.state == "failed"]
-    for t in failed:
-        console.print(
-            f"[red]failed[/] #{t.number} {_describe_dict(t.config)}: {t.failure_kind}: "
-            f"{escape((t.failure_message or '')[:200])}",
-            highlight=False,
-        )
-
-
-def _print_recommendation(rec: Recommendation) -> None:
-    config = rec.config
-    console.print(
-        f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
-        f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, "
-        + (
-            f"picked among the {len(rec.ties) + 1} that tie within the noise "
-            f"({_count(rec.completed_trials, 'trial')} completed)"
-            if rec.ties
-            else f"the cheapest of {_count(rec.completed_trials, 'trial')} completed"
-        ),
-        highlight=False,
-    )
-    for key, value in config.items():  # as YAML writes them, to paste into a space's baseline
-        shown = (
-            "null" if value is None else str(value).lower() if isinstance(value, bool) else value
-        )
-        console.print(f"  {key}: {escape(str(shown))}", highlight=False)
-    console.print(
-        f"  → {rec.throughput_text()}, "
-        f"{_num(rec.it_per_s, '.2f')} it/s; {_num(rec.hours_per_run, ',.1f')} h/run, "
-        f"[bold]{rec.interval_text()}[/]",
-        highlight=False,
-    )
-    if rec.tie_note:
-        console.print(f"    {rec.tie_note}", highlight=False)
-    part = rec.projection
-    if part:
-        console.print(
-            f"    training {part['train_hours']:,.2f} h + start-up {part['startup_s']:,.0f} s + "
-            f"compile {part['compile_s']:,.0f} s + {part['checkpoint_saves']} checkpoint saves "
-            f"{part['checkpoint_s']:,.0f} s",
-            highlight=False,
-        )
-    details = []
-    if rec.padding_share is not None:
-        details.append(f"padding {rec.padding_share:.0%} of computed tokens")
-    if rec.truncated_tokens_share is not None:
-        details.append(f"truncates {rec.truncated_tokens_share:.1%} of tokens")
-    if rec.memory_headroom is not None:
-        details.append(f"memory headroom {rec.memory_headroom:.0%}")
-    if rec.trainable_text():
-        details.append(str(rec.trainable_text()))
-    if rec.measured_on:
-        details.append(f"measured on {rec.measured_on}")
-    if details:
-        console.print("    " + "; ".join(details), highlight=False)
-    if rec.keeps_baseline:
-        console.print(
-            f"  this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}",
-            highlight=False,
-        )
-    elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
-        console.print(
-            f"  vs baseline (trial #{rec.baseline_trial_number}): "
-            f"{_num(rec.baseline_hours_per_run, ',.1f')} h, "
-            f"${_num(rec.baseline_cost_per_run_usd, ',.2f')}/run, "
-            f"{rec.baseline_throughput_text()} → "
-            f"{rec.speedup_vs_baseline:.2f}× faster, ${rec.usd_saved_per_run:,.2f} saved per run",
-            highlight=False,
-        )
-    if rec.sweep_cost_usd is not None:
-        payback = (
-            f"; it pays for itself after {rec.payback_runs} run"
-            f"{'s' if rec.payback_runs != 1 else ''}"
-            if rec.payback_runs is not None
-            else ""
-        )
-        console.print(
-            f"  the sweep used {_num(rec.sweep_hours, ',.2f')} h of this machine "
-            f"(${rec.sweep_cost_usd:,.2f}){payback}",
-            highlight=False,
-        )
-    if rec.constraints != "no constraint":
-        console.print(f"  constraints: {escape(str(rec.constraints))}", highlight=False)
-    for warning in rec.warnings:
-        console.print(f"  [yellow]warning:[/] {escape(warning)}", highlight=False)
-    for note in rec.excluded:
-        console.print(f"  [yellow]left out:[/] {escape(note)}", highlight=False)
-
-
-def _print_doctor(report: DoctorReport) -> None:
-    facts = report.facts
-    title = "this machine" + (f" for {report.space}" if report.space else "")
-    table = Table(title=title, title_justify="left", show_header=False)
-    table.add_column("topic", style="bold")
-    table.add_column("finding", overflow="fold")
-    table.add_row(
-        "versions",
-        f"Python {facts['python']}, torch {facts['torch']} (CUDA {facts['torch_cuda'] or 'none'}"
-        f"), transformers {facts['transformers']}"
-        + (f", driver {facts['driver']}" if facts.get("driver") else ""),
-    )
-    installed = [
-        f"{name} {info['version']}" + ("" if info["imports"] else " (does not import)")
-        for name, info in facts["packages"].items()
-        if info["installed"]
-    ]
-    missing = [name for name, info in facts["packages"].items() if not info["installed"]]
-    table.add_row(
-        "packages",
-        (", ".join(installed) or "none of the optional ones")
-        + (f"; not installed: {', '.join(missing)}" if missing else ""),
-    )
-    marks = {"ok": "[green]✓[/]", "warning": "[yellow]![/]", "problem": "[red]✗[/]"}
-    for finding in report.findings:
-        if finding.level == "ok":
-            table.add_row(finding.topic, f"{marks['ok']} {finding.text}")
-    console.print(table)
-    for finding in report.findings:
-        if finding.level == "ok":
-            continue
-        console.print(
-            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): "
-            f"{escape(finding.text)}",
-            highlight=False,
-        )
-        if finding.fix:
-            console.print(f"    fix: {escape(finding.fix)}", highlight=False)
-    took = sum(report.phases_s.values())
-    if report.space is None:
-        console.print(f"\nexamined in {took:.0f} s", highlight=False)
-    elif report.problems:
-        console.print(
-            f"\n[red]{len(report.problems)} problem(s)[/]: {report.space} asks for what this "
-            f"machine cannot do (examined in {took:.0f} s)",
-            highlight=False,
-        )
-    else:
-        console.print(
-            f"\n[green]{report.space} can run here[/] (examined in {took:.0f} s)", highlight=False
-        )
-
-
-def _print_comparison(comparison: Comparison) -> None:
-    cheapest = comparison.cheapest
-    console.print(
-        f"\n[bold]cheapest[/] across {len(comparison.per_study)} machine(s): "
-        f"{cheapest.hardware_name} (${cheapest.usd_per_hour:.2f}/h, study {cheapest.study}), "
-        f"trial #{cheapest.trial_number}: {_num(cheapest.hours_per_run, ',.1f')} h, "
-        f"[bold]${cheapest.cost_per_run_usd:,.2f}/run[/]",
-        highlight=False,
-    )
-    table = Table(title="Pareto front: no other config is both faster and cheaper")
-    for column in ("machine", "$/h", "study", "trial", "config", "h/run", "$/run"):
-        table.add_column(column)
-    for point in comparison.pareto:
-        table.add_row(
-            point.hardware_name,
-            f"{point.usd_per_hour:.2f}",
-            point.study,
-            str(point.trial_number),
-            _describe_dict(point.config),
-            f"{point.hours_per_run:,.1f}",
-            f"{point.cost_per_run_usd:,.2f}",
-        )
-    console.print(table)
-    for name, why in comparison.unavailable.items():
-        console.print(f"  [yellow]{escape(name)}:[/] {escape(why)}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ larger effective batch also saves fewer checkpoints.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,3 +116,34 @@ def project_run(
     )
     hours = (train_s + projection.one_time_s) / 3600
     return replace(projection, hours_per_run=hours, cost_per_run_usd=hours * plan.usd_per_hour)
+
+
+def one_off_text(projection: Mapping[str, Any] | None) -> str:
+    """Where a projection's checkpoint and compile figures come from (stored beside it from
+    ``Measurement.one_off_sources``); "" for projections stored before that.
+
+    >>> text = one_off_text({"checkpoint_source": "reused", "compile_cache": "warm",
+    ...                      "compile_measured_s": 4.2})
+    >>> text.split("; ")[0]
+    'checkpoint save timed by an earlier trial with the same state and disk'
+    >>> text.split("; ")[1].split(" (")[1]
+    'this one compiled warm in 4.2 s)'
+    """
+    if not projection:
+        return ""
+    parts = []
+    source = projection.get("checkpoint_source")
+    if source == "reused":
+        parts.append("checkpoint save timed by an earlier trial with the same state and disk")
+    elif source == "measured":
+        parts.append("checkpoint save timed in this trial")
+    cache = projection.get("compile_cache")
+    if cache == "warm":
+        warm = projection.get("compile_measured_s")
+        parts.append(
+            "compile: the cold figure of an earlier trial with the same graphs"
+            + (f" (this one compiled warm in {warm:.2g} s)" if warm is not None else "")
+        )
+    elif cache == "cold":
+        parts.append("compile measured cold in this trial")
+    return "; ".join(parts)

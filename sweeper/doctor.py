@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sweeper import duration
 from sweeper.errors import SweeperError
 from sweeper.hardware import peak_flops
 from sweeper.launcher import run_child
@@ -132,7 +133,8 @@ def diagnose(
 ) -> DoctorReport:
     """Examine this machine (for ``space``, if given). Raises DoctorError only when nothing
     can be examined; everything else is a finding."""
-    from sweeper.study import PrepareError, prepare_workload, workload_server
+    from sweeper.errors import PrepareError
+    from sweeper.sweep.prepare import prepare_workload, resolve_lengths, workload_server
 
     phases: dict[str, float] = {}
     started = time.perf_counter()
@@ -142,6 +144,7 @@ def diagnose(
         prepared = prepare_workload(subject, cache_dir)
     except PrepareError as e:
         raise DoctorError(str(e)) from e
+    subject = resolve_lengths(subject, prepared.stats)  # max_seq_length: auto, as a sweep
     phases["prepare"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -173,7 +176,24 @@ def diagnose(
         space=space_path, facts=facts, preflight=preflight, disk=disk, phases_s=phases
     )
     report.findings = findings(space, facts, preflight, disk)
+    if space is not None:  # the space as the sweep will search it (auto: the data's lengths)
+        report.findings.append(_duration_finding(subject, facts, disk, phases))
     return report
+
+
+def _duration_finding(
+    space: Space, facts: dict[str, Any], disk: dict[str, Any], phases: dict[str, float]
+) -> Finding:
+    """How long each trial and the sweep will take: a range from the trial settings
+    (``sweeper.duration``), the checkpoint priced at the disk speed measured here."""
+    speed = disk.get("write_mb_per_s")
+    e = duration.estimate(
+        space,
+        params=(facts.get("model") or {}).get("params"),
+        write_bytes_per_s=None if not speed else speed * 2**20,
+        overhead_s=phases.get("prepare", 0.0) + phases.get("preflight", 0.0),
+    )
+    return Finding(level="ok", topic="duration", text=duration.describe(space, e))
 
 
 def _facts(space: Space, prepared: PreparedData, cache_dir: Path) -> dict[str, Any]:
@@ -293,6 +313,35 @@ def _device_findings(space: Space | None, facts: dict[str, Any]) -> list[Finding
 def _probe_findings(
     space: Space | None, facts: dict[str, Any], preflight: PreflightReport
 ) -> list[Finding]:
+    found = _precision_findings(space, facts, preflight)
+    for knob, value in preflight.fallbacks.items():
+        reasons = "; ".join(f"{v}: {r}" for v, r in preflight.dropped.get(knob, {}).items())
+        found.append(
+            Finding(
+                level="warning",
+                topic="knobs",
+                text=f"search.{knob}: no listed value can run here ({reasons}); trials would run "
+                f"{knob}={value!r}",
+            )
+        )
+    found += _outcome_findings(space, facts, preflight)
+    for message in preflight.problems:
+        found.append(
+            Finding(
+                level="problem" if space is not None else "warning",
+                topic="preflight",
+                text=message,
+                fix="see the message" if space is not None else None,
+            )
+        )
+    if space is not None:
+        found += _known_config_findings(space, preflight)
+    return found
+
+
+def _precision_findings(
+    space: Space | None, facts: dict[str, Any], preflight: PreflightReport
+) -> list[Finding]:
     found: list[Finding] = []
     precisions = facts["precisions"]
     for name in ("bf16", "fp16", "tf32"):
@@ -335,16 +384,14 @@ def _probe_findings(
                     else f"remove {wanted} from search.precision (the sweep would skip it)",
                 )
             )
-    for knob, value in preflight.fallbacks.items():
-        reasons = "; ".join(f"{v}: {r}" for v, r in preflight.dropped.get(knob, {}).items())
-        found.append(
-            Finding(
-                level="warning",
-                topic="knobs",
-                text=f"search.{knob}: no listed value can run here ({reasons}); trials would run "
-                f"{knob}={value!r}",
-            )
-        )
+    return found
+
+
+def _outcome_findings(
+    space: Space | None, facts: dict[str, Any], preflight: PreflightReport
+) -> list[Finding]:
+    """One finding per probe: how it trained, or why it cannot and what to change."""
+    found: list[Finding] = []
     failing: dict[str, set[str]] = {}
     for outcome in preflight.outcomes:
         if not outcome.ok:
@@ -360,7 +407,8 @@ def _probe_findings(
                 timing += f"; first step (compiling) {outcome.first_step_s:.0f} s"
             found.append(Finding(level="ok", topic=topic, text=f"{label}: {timing}"))
             continue
-        fix, level = None, "warning"
+        fix: str | None = None
+        level: Level = "warning"
         if space is not None:
             # a value the sweep drops costs nothing while another of its knob trains; a knob
             # none of whose listed values trains leaves the sweep nothing to run
@@ -386,17 +434,6 @@ def _probe_findings(
                 fix=fix,
             )
         )
-    for message in preflight.problems:
-        found.append(
-            Finding(
-                level="problem" if space is not None else "warning",
-                topic="preflight",
-                text=message,
-                fix="see the message" if space is not None else None,
-            )
-        )
-    if space is not None:
-        found += _known_config_findings(space, preflight)
     return found
 
 
@@ -574,8 +611,9 @@ def _disk_findings(
         f"one checkpoint of this {'adapter' if adapter else 'model'} is about {_size(size)} "
         "(fp32 weights"
         + (" + AdamW state" if spec.save_optimizer else "")
-        + f"): about {seconds:,.1f} s per save at this speed (an estimate; each trial times a "
-        "real save)"
+        + f"): about {seconds:,.1f} s per save at this speed (an estimate; the sweep times a "
+        "real save once per model state and disk, and its later trials reuse that figure, "
+        "marked as reused)"
     )
     found.append(
         _fit(

@@ -5,7 +5,9 @@
     ├── StorageError          the database cannot be reached or its schema is wrong
     ├── StudyNotFoundError    no study of that name in the storage
     ├── NoResultError         a study has no completed trial to recommend
+    │   └── TruncatesOnlyError    every completed trial truncates: the fix, and the best of them
     ├── ConflictError         a request does not fit the study's state (stop a finished study)
+    ├── PrepareError          the workload's dataset or tokenizer could not be prepared
     └── TrialError            a trial failed; ``kind`` says how (one of FAILURE_KINDS)
 
 A failed trial is data: the launcher returns a ``TrialFailure`` record rather than raising, and
@@ -19,6 +21,7 @@ FAILURE_KINDS = (
     "oom",  # device or host out of memory
     "unsupported",  # an attention implementation / compile mode / dtype that cannot run here
     "compile",  # torch.compile raised
+    "mismatch",  # a knob's value read back from what ran differs from the config's
     "dataloader",  # a DataLoader worker died
     "nonfinite",  # loss became NaN or inf
     "timeout",  # the trial ran past its timeout and was killed
@@ -55,8 +58,22 @@ class NoResultError(SweeperError):
     """The study has no completed trial yet, so nothing can be recommended."""
 
 
+class TruncatesOnlyError(NoResultError):
+    """Every completed trial that meets the constraints truncates the data. ``fix`` is the one
+    change to the space that gives an answer; ``fallback`` the recommendation if truncation
+    were allowed (a ``Recommendation``), with its cut."""
+
+    def __init__(self, message: str, *, fix: str, fallback: object | None = None) -> None:
+        super().__init__(message)
+        self.fix, self.fallback = fix, fallback
+
+
 class ConflictError(SweeperError):
     """The request does not fit the study's current state, e.g. deleting a running study."""
+
+
+class PrepareError(SweeperError):
+    """The dataset or tokenizer could not be prepared, so no trial can run."""
 
 
 class TrialError(SweeperError):

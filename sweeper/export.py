@@ -50,6 +50,21 @@ def full_config(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     return knobs.normalize(values)
 
 
+def learning_rate(rec: Recommendation, space_yaml: str) -> float:
+    """The run's learning rate: the space's ``workload.learning_rate`` (scaled where the
+    winner's effective batch differs from the baseline's), to three significant digits.
+
+    >>> learning_rate(Recommendation.model_construct(suggested_learning_rate=7.071067811865475e-05,
+    ...                                              learning_rate=1e-4), "")
+    7.07e-05
+    """
+    value = rec.suggested_learning_rate or rec.learning_rate
+    if value is None:
+        space = _space(space_yaml)
+        value = space.workload.learning_rate if space is not None else 1e-4
+    return float(f"{value:.3g}")
+
+
 def _device(space_yaml: str) -> str:
     space = _space(space_yaml)
     return "cpu" if space is None else space.hardware.device
@@ -62,9 +77,7 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     if _device(space_yaml) != "cuda":
         kwargs.pop("tf32", None)  # TrainingArguments refuses tf32 without an Ampere+ GPU
     # scaled when the effective batch differs from the baseline's (see the header's warning)
-    learning_rate = rec.suggested_learning_rate or rec.learning_rate
-    if learning_rate is not None:
-        kwargs["learning_rate"] = learning_rate
+    kwargs["learning_rate"] = learning_rate(rec, space_yaml)
     space = _space(space_yaml)
     if space is not None:
         if space.workload.checkpoint.save_steps:
@@ -76,12 +89,52 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
 
 def sft_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     """Keyword arguments of ``trl.SFTConfig``: TrainingArguments' plus max_length, packing
-    (and assistant_only_loss where the space trains on the replies of chat records)."""
+    (and assistant_only_loss where the space trains on the replies of chat records and the
+    chat template marks them, see ``loss_note``)."""
     kwargs = trainer_kwargs(rec, space_yaml) | knobs.sft_arguments(full_config(rec, space_yaml))
-    space = _space(space_yaml)
-    if space is not None and space.workload.dataset.loss == "completion":
+    if _replies_only(rec, space_yaml):
         kwargs["assistant_only_loss"] = True
     return kwargs
+
+
+def _asks_replies(space_yaml: str) -> bool:
+    space = _space(space_yaml)
+    return space is not None and space.workload.dataset.loss == "completion"
+
+
+def _replies_only(rec: Recommendation, space_yaml: str) -> bool:
+    """TRL's assistant_only_loss runs only with {% generation %} markers in the chat template:
+    exported where the trial found them (or, for a trial recorded before that, where the
+    space asks for it; ``loss_note`` then says what it needs)."""
+    return _asks_replies(space_yaml) and rec.reply_markers is not False
+
+
+def loss_note(rec: Recommendation, space_yaml: str) -> str | None:
+    """What the sft export's loss is taken on, where the space asks for the replies only."""
+    if not _asks_replies(space_yaml):
+        return None
+    if rec.reply_markers is None:
+        return (
+            "# assistant_only_loss needs {% generation %} ... {% endgeneration %} around the\n"
+            "# assistant's reply in your chat template (TRL raises otherwise); without them,\n"
+            "# drop it and the loss is taken on every token"
+        )
+    if rec.reply_markers:
+        return "# loss on the assistant's replies only: your chat template marks them"
+    measured = (
+        "the trials measured this loss"
+        if rec.loss_labels == "all"
+        else "the trials masked the replies with sweeper's own labels, at the same speed"
+    )
+    return "\n".join(
+        [
+            "# loss on every token: the space asks for the replies only (loss: completion), but",
+            "# your chat template has no {% generation %} markers, which TRL's",
+            f"# assistant_only_loss needs (it raises without them); {measured}.",
+            "# To train on the replies only: wrap the assistant's message in the template in",
+            "# {% generation %} ... {% endgeneration %} and add assistant_only_loss=True.",
+        ]
+    )
 
 
 def _header(rec: Recommendation) -> str:
@@ -176,11 +229,13 @@ def _trainer(rec: Recommendation, space_yaml: str) -> str:
 
 def _sft(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
+    note = loss_note(rec, space_yaml)
     return (
         f"{_header(rec)}\n"
         "from transformers import AutoModelForCausalLM\n"
         "from trl import SFTConfig\n\n"
         + _model_lines(config, space_yaml)
+        + (f"{note}\n" if note else "")
         + f"sft_config = {_call('SFTConfig', sft_kwargs(rec, space_yaml))}\n"
         "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
         "processing_class=tokenizer)\n"
@@ -288,10 +343,6 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         if config["packing"]
         else f"# dataset: samples tokenized and cut at {length} tokens (max_seq_length)\n"
     )
-    space = _space(space_yaml)
-    learning_rate = rec.suggested_learning_rate or rec.learning_rate
-    if learning_rate is None:
-        learning_rate = space.workload.learning_rate if space is not None else 1e-4
     return (
         f"{_header(rec)}\n"
         "import contextlib\n"
@@ -300,7 +351,7 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         "from torch.utils.data import DataLoader, IterableDataset\n\n"
         f"{where}\n"
         f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"
-        + loop_lines(config, learning_rate, device)
+        + loop_lines(config, learning_rate(rec, space_yaml), device)
     )
 
 

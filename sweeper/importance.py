@@ -86,7 +86,9 @@ def importances(
             "needs at least two that differ in some knob"
         )
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "study created" line per call
-    direction = "maximize" if METRICS[target].better == "higher" else "minimize"
+    direction: Literal["maximize", "minimize"] = (
+        "maximize" if METRICS[target].better == "higher" else "minimize"
+    )
     memory = optuna.create_study(direction=direction)
     memory.add_trials(frozen)
     chosen = (

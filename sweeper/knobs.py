@@ -3,10 +3,17 @@
 Each ``Knob`` says what values it takes, when it applies (``active``), what a machine needs to run
 a value (``needs``), what it falls back to where none of its values can run, how it reads in a
 table, and what it becomes in the user's ``TrainingArguments`` and ``DataLoader``. From this one
-table come the config type (``TrialConfig``), the search space's lists, the Optuna parameters,
-the grid, the baseline checks, preflight's machine checks, the exports and the labels.
+table come the search space's lists, the Optuna parameters, the grid, the baseline checks,
+preflight's machine checks, the exports and the labels; the config types (``TrialConfig``,
+``sweeper.space.SearchSpace`` and ``Baseline``) are written out, so a type checker reads them,
+and tests/test_knobs.py checks each field against this table.
 
-Adding a knob is one entry here plus its effect in the engines (``sweeper/trial/engines``).
+Adding a knob is one entry here, its field in those three classes (the test names what is
+missing), its effect in the engines (``sweeper/trial/engines``) and its read-back there
+(``readback.READERS``: how each engine reads the value that really ran; a trial of an engine
+without one fails, and a test checks every knob × engine pair). The ``trainer`` and ``sft``
+keywords say every value, defaults included: SFTConfig's defaults are not TrainingArguments'
+(it turns gradient checkpointing on), so nothing is left to them.
 
 >>> [k.name for k in KNOBS][:3]
 ['per_device_batch_size', 'gradient_accumulation_steps', 'num_workers']
@@ -21,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
@@ -30,6 +37,7 @@ AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attenti
 Precision = Literal["fp32", "bf16", "fp16"]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"]
 Quantization = Literal["none", "4bit", "8bit"]
+PackingStrategy = Literal["wrapped", "bfd", "bfd_split"]
 
 # What a machine may lack; preflight learns each from a probe child (``capabilities``).
 Capability = Literal["cuda", "bitsandbytes"]
@@ -38,13 +46,20 @@ CAPABILITY_NEEDS = {
     "bitsandbytes": "needs bitsandbytes with a CUDA device",
 }
 
-_PositiveInt = Annotated[int, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
+WorkerCount = Annotated[int, Field(ge=0)]
+SeqLength = Annotated[int, Field(ge=8)]
+WorkerStart = Literal["fork", "spawn", "forkserver"]
 
 FREE = "free"  # a knob's ``memory``: its value does not change the device's peak memory
 
 
 def _with_workers(config: Mapping[str, Any]) -> bool:
     return bool(config.get("num_workers"))
+
+
+def _packed(config: Mapping[str, Any]) -> bool:
+    return bool(config.get("packing"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,17 +112,19 @@ class Knob:
 
 
 def _precision_args(value: str) -> dict[str, Any]:
-    return {"bf16": True} if value == "bf16" else {"fp16": True} if value == "fp16" else {}
+    return {"bf16": value == "bf16", "fp16": value == "fp16"}
 
 
 def _compile_args(value: str) -> dict[str, Any]:
-    return {} if value == "none" else {"torch_compile": True, "torch_compile_mode": value}
+    if value == "none":
+        return {"torch_compile": False}
+    return {"torch_compile": True, "torch_compile_mode": value}
 
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
         name="per_device_batch_size",
-        value_type=_PositiveInt,
+        value_type=PositiveInt,
         label="batch size",
         help="samples (rows) per forward pass on one device",
         required=True,
@@ -118,7 +135,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="gradient_accumulation_steps",
-        value_type=_PositiveInt,
+        value_type=PositiveInt,
         label="grad. accumulation",
         help="forward/backward passes per optimizer step",
         required=True,
@@ -128,7 +145,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="num_workers",
-        value_type=Annotated[int, Field(ge=0)],
+        value_type=WorkerCount,
         label="workers",
         help="DataLoader worker processes (0: the training process loads data itself)",
         required=True,
@@ -139,7 +156,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="prefetch_factor",
-        value_type=_PositiveInt,
+        value_type=PositiveInt,
         label="prefetch",
         help="batches each worker loads ahead",
         default=2,
@@ -165,7 +182,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="multiprocessing_context",
-        value_type=Literal["fork", "spawn", "forkserver"],
+        value_type=WorkerStart,
         label="worker start",
         help="how DataLoader workers start: fork (Linux's default) or spawn/forkserver (a "
         "fresh interpreter per worker: slower to start, safe with threads and CUDA)",
@@ -193,7 +210,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         name="max_seq_length",
-        value_type=Annotated[int, Field(ge=8)],
+        value_type=SeqLength,
         label="max seq length",
         help="tokens per row: samples are cut here, or packed into rows this long",
         required=True,
@@ -215,6 +232,25 @@ KNOBS: tuple[Knob, ...] = (
         memory=lambda v: int(bool(v)),  # packed rows are all full length
     ),
     Knob(
+        name="packing_strategy",
+        value_type=PackingStrategy,
+        label="packing strategy",
+        help="how packed rows are filled: wrapped (samples concatenated and cut into rows; a "
+        "long sample continues in the next row, no token is lost; sweeper's own packing and "
+        "TRL's 'wrapped'), bfd (TRL's default best-fit decreasing: samples stay whole within "
+        "a row and what overflows max_seq_length is DROPPED), bfd_split (best-fit decreasing "
+        "that splits an overflowing sample instead of dropping it); bfd and bfd_split are "
+        "TRL's (engine: sft)",
+        default="wrapped",
+        active=_packed,
+        inactive="it only applies with packing: true",
+        short=lambda v: None if v == "wrapped" else v,
+        caveat="bfd keeps each sample within one row but drops the tokens beyond "
+        "max_seq_length; wrapped and bfd_split keep every token",
+        sft=lambda v: {"packing_strategy": v},
+        memory=FREE,
+    ),
+    Knob(
         name="precision",
         value_type=Precision,
         label="precision",
@@ -223,9 +259,8 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: None if v == "fp32" else v,
         caveat="the arithmetic changes: compare the loss of a short run (fp16 needs loss "
         "scaling and can overflow; bf16 keeps fp32's range with fewer mantissa bits)",
+        # said when False too: SFTConfig turns bf16 on by default (TrainingArguments does not)
         trainer=_precision_args,
-        # SFTConfig turns bf16 on by default (TrainingArguments does not): say it either way
-        sft=lambda v: {"bf16": v == "bf16", "fp16": v == "fp16"},
         memory=lambda v: 1 if v == "fp32" else 0,  # fp32 activations weigh twice as much
     ),
     Knob(
@@ -237,7 +272,7 @@ KNOBS: tuple[Knob, ...] = (
         needs={True: "cuda"},
         fallback=False,
         short=lambda v: "tf32" if v else None,
-        trainer=lambda v: {"tf32": True} if v else {},
+        trainer=lambda v: {"tf32": v},
         memory=FREE,
     ),
     Knob(
@@ -265,8 +300,9 @@ KNOBS: tuple[Knob, ...] = (
         help="recompute activations in the backward pass: less memory, more compute",
         default=False,
         short=lambda v: "ckpt" if v else None,
-        # every transformers 5.x takes this name (5.23 also calls it activation_checkpointing)
-        trainer=lambda v: {"gradient_checkpointing": True} if v else {},
+        # every transformers 5.x takes this name (5.23 also calls it activation_checkpointing);
+        # said when False too: SFTConfig's default is True
+        trainer=lambda v: {"gradient_checkpointing": v},
         memory=lambda v: 0 if v else 1,
     ),
     Knob(
@@ -304,14 +340,6 @@ KNOB = {knob.name: knob for knob in KNOBS}
 NAMES = tuple(KNOB)
 
 
-def _config_field(knob: Knob) -> tuple[Any, Any]:
-    if knob.required:
-        return (knob.value_type, ...)
-    if knob.active is not None:
-        return (knob.value_type | None, None)
-    return (knob.value_type, knob.default)
-
-
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -325,17 +353,34 @@ class _ConfigBase(_Frozen):
     def _conditions(cls, data: Any) -> Any:
         return normalize(data) if isinstance(data, Mapping) else data
 
+
+class TrialConfig(_ConfigBase):
+    """A trial's config, one field per knob in ``KNOBS``' order: a required knob has no
+    default, a conditional one (``active``) is None where it does not apply, the others take
+    their ``default``. tests/test_knobs.py checks the fields against ``KNOBS``; adding a knob
+    adds its field here."""
+
+    per_device_batch_size: PositiveInt
+    gradient_accumulation_steps: PositiveInt
+    num_workers: WorkerCount
+    prefetch_factor: PositiveInt | None = None
+    persistent_workers: bool | None = None
+    multiprocessing_context: WorkerStart | None = None
+    pin_memory: bool = False
+    max_seq_length: SeqLength
+    packing: bool = False
+    packing_strategy: PackingStrategy | None = None
+    precision: Precision = "fp32"
+    tf32: bool = False
+    compile_mode: CompileMode = "none"
+    attn_implementation: AttnImplementation = "sdpa"
+    gradient_checkpointing: bool = False
+    optim: Optimizer = "adamw_torch"
+    quantization: Quantization = "none"
+
     @property
     def effective_batch(self) -> int:
-        return self.per_device_batch_size * self.gradient_accumulation_steps  # type: ignore[attr-defined]
-
-
-TrialConfig: type[_ConfigBase] = create_model(  # type: ignore[call-overload]
-    "TrialConfig",
-    __base__=_ConfigBase,
-    __module__=__name__,
-    **{knob.name: _config_field(knob) for knob in KNOBS},
-)
+        return self.per_device_batch_size * self.gradient_accumulation_steps
 
 
 def normalize(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -376,7 +421,7 @@ def inactive_problem(config: Mapping[str, Any]) -> str | None:
         if not knob.is_active(config) and value is not None:
             return f"{knob.name} must be null here: {knob.inactive}"
         if knob.is_active(config) and value is None:
-            return f"{knob.name} is missing (it is a knob when num_workers > 0)"
+            return f"{knob.name} is missing (it applies to this config)"
     return None
 
 

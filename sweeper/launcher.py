@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from sweeper.trial.progress import PROGRESS_ENV, describe, read_progress
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
 _TERM_GRACE_S = 5.0
@@ -76,6 +77,7 @@ def run_child(
         per_child_env = {
             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
             "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+            PROGRESS_ENV: str(tmp_path / "progress.json"),
         }
         request = request.model_copy(update={"spawned_at": time.time()})
         request_path.write_text(request.model_dump_json())
@@ -104,7 +106,8 @@ def run_child(
                 result=ChildResult(
                     status="failed",
                     failure_kind="timeout",
-                    failure_message=f"no result after {timeout_s:g} s; the trial's process "
+                    failure_message=f"no result after {timeout_s:g} s; "
+                    f"{describe(read_progress(tmp_path / 'progress.json'))}; the process "
                     "group was killed (raise trial.timeout_s if this config is just slow)",
                 ),
                 wall_s=time.perf_counter() - started,

@@ -31,7 +31,7 @@ How the child builds it (``sweeper/trial/engines``), and what the sweep does wit
     )
     return measurement.model_dump()  # ChildResult.payload; NaN and inf arrive as null
 
-    # the sweep (sweeper/study.py), from ChildResult.payload:
+    # the sweep (sweeper/sweep/executor.py), from ChildResult.payload:
     measurement = parse_measurement(payload).with_inherited_startup(run.inherited_startup_s)
     store.finish_trial(..., measurement=measurement.model_dump(), **measurement.columns())
 
@@ -130,6 +130,11 @@ class Phases(BaseModel):
     )
     warmup: float | None = Field(default=None, description="s of the burn-in steps")
     window: float | None = Field(default=None, description="s of the timed window")
+    checkpoint: float | None = Field(
+        default=None,
+        description="s spent on the checkpoint after the window (saving and timing one, or "
+        "looking up the study's figure)",
+    )
 
 
 class Environment(_Strict):
@@ -282,11 +287,38 @@ class Measurement(_Strict):
     )
     compile_s: Annotated[
         float, Metric("compile", "s", better="lower", column=True, optuna=True)
-    ] = Field(description="s: warmup_excess_s of a compiled config, 0 otherwise")
+    ] = Field(
+        description="s of torch.compile a run pays, cold (0 for a config that does not compile): "
+        "this trial's burn-in excess when it compiled into an empty cache, otherwise the cold "
+        "figure of the study's first trial of the same graphs (compile_cache says which)"
+    )
+    compile_measured_s: float | None = Field(
+        default=None,
+        description="s: this trial's own burn-in excess of a compiled config (warm when "
+        "compile_cache is warm); None when not compiled or stored before it was recorded",
+    )
+    compile_cache: Literal["cold", "warm"] | None = Field(
+        default=None,
+        description="how this trial compiled: into an empty cache (cold, measured here) or into "
+        "the study's cache of the same graphs (warm: compile_s is the earlier cold figure)",
+    )
+    compile_signature: str | None = Field(
+        default=None, description="hash of what decides the compiled graphs (oneoff.py)"
+    )
     checkpoint_save_s: Annotated[float | None, Metric("checkpoint save", "s", optuna=True)] = Field(
         description="s to save and fsync one checkpoint; None when the run saves none"
     )
     checkpoint_bytes: int | None = Field(description="bytes of one checkpoint; None when none")
+    checkpoint_source: Literal["measured", "reused"] | None = Field(
+        default=None,
+        description="measured: this trial saved and timed a checkpoint; reused: an earlier trial "
+        "of the study with the same checkpoint_signature did, and its figure is priced here",
+    )
+    checkpoint_signature: str | None = Field(
+        default=None,
+        description="hash of what a save writes (model, parameter bytes per dtype, adapter, "
+        "optimizer state, directory, host): same signature, same save",
+    )
 
     # ---------------------------------------------------------------- training
     loss_first: Annotated[float, Metric("first loss", "nats", column=True)] = Field(
@@ -317,8 +349,64 @@ class Measurement(_Strict):
     )
     effective_batch: int = Field(description="samples (rows) per optimizer step")
     packing: bool = Field(description="rows were packed from several samples")
+    effective: dict[str, Any] | None = Field(
+        default=None,
+        description="each knob's value read back from what ran (the DataLoader, the optimizer "
+        "object, the model, the arguments after their defaults); a trial whose value differs "
+        "from its config's fails as a mismatch (None: stored before read-back existed)",
+    )
+    loss_labels: Literal["all", "replies"] | None = Field(
+        default=None,
+        description="the tokens the loss was taken on: every token, or the assistant's "
+        "replies only (None: stored before this was recorded)",
+    )
+    reply_markers: bool | None = Field(
+        default=None,
+        description="the chat template marks the assistant's replies ({% generation %}), "
+        "as TRL's assistant_only_loss needs (None: no chat records, or not recorded)",
+    )
     phases_s: Phases = Field(description="s per phase of the child")
     env: Environment = Field(description="what it was measured on")
+
+    def one_off_sources(self) -> dict[str, Any]:
+        """Where the projection's one-off costs come from, to store beside it: the
+        recommendation, the CLI and the dashboard say whether a figure was measured in the
+        winning trial or reused from an earlier one.
+
+        >>> sample_measurement(checkpoint_source="reused").one_off_sources()
+        {'checkpoint_source': 'reused'}
+        """
+        values = {
+            "checkpoint_source": self.checkpoint_source,
+            "compile_cache": self.compile_cache,
+            "compile_measured_s": self.compile_measured_s if self.compile_cache == "warm" else None,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+    def one_off_notes(self) -> tuple[str, ...]:
+        """Where the one-off costs of $/run come from (sweeper/trial/oneoff.py).
+
+        >>> sample_measurement(checkpoint_source="reused").one_off_notes()[0][:46]
+        'checkpoint save 75 s: measured by an earlier t'
+        """
+        notes = []
+        if self.checkpoint_save_s is not None and self.checkpoint_source is not None:
+            notes.append(
+                f"checkpoint save {self.checkpoint_save_s:.3g} s: "
+                + (
+                    "measured by an earlier trial of the study with the same state and disk"
+                    if self.checkpoint_source == "reused"
+                    else "measured in this trial"
+                )
+            )
+        if self.compile_cache == "warm" and self.compile_measured_s is not None:
+            notes.append(
+                f"compile {self.compile_s:.3g} s: the cold compile an earlier trial with the same "
+                f"graphs measured; this one compiled warm in {self.compile_measured_s:.3g} s"
+            )
+        elif self.compile_cache == "cold":
+            notes.append(f"compile {self.compile_s:.3g} s: measured cold in this trial")
+        return tuple(notes)
 
     def columns(self) -> dict[str, Any]:
         """The values ``TrialRow``'s measured columns copy, by column name.

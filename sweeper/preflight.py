@@ -28,6 +28,7 @@ from typing import Any
 
 from sweeper import knobs
 from sweeper.errors import SweeperError
+from sweeper.knobs import AttnImplementation, CompileMode, Precision
 from sweeper.launcher import ForkServer, run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec
@@ -133,7 +134,7 @@ def machine_fingerprint() -> dict[str, Any]:
     """What a probe's result depends on besides its request, read without importing torch: the
     host and its boot (a swapped GPU means a reboot), the interpreter, the visible devices and
     the versions of the packages that decide what can run."""
-    packages = {}
+    packages: dict[str, str | None] = {}
     for name in (
         "torch",
         "transformers",
@@ -213,174 +214,234 @@ def run_preflight(
     that rules it out, with PreflightError; ``sweeper doctor`` (``collect=True``) runs every
     probe and returns the problems in the report. With ``probe_cache``, a probe measured on
     this machine and software within its time to live is reused, not run again."""
-    search = space.search
-    problems: list[str] = []
+    run = _PreflightRun(space, prepared, cache_dir, note, server, collect, probe_cache)
+    working_attn = run.attention()
+    if working_attn is None:
+        return run.report()
+    run.precisions(working_attn)
+    run.compile_modes(working_attn)
+    run.engine_and_adapter()
+    run.machine_knobs()
+    run.note_reused()
+    return run.report()
 
-    def problem(message: str) -> None:
-        if not collect:
+
+class _PreflightRun:
+    """One preflight: its probes in order (attention, precision, compile mode, then what the
+    machine lacks), what each dropped, and the problems that rule the space out."""
+
+    def __init__(
+        self,
+        space: Space,
+        prepared: PreparedData,
+        cache_dir: Path,
+        note: Callable[[str], None],
+        server: ForkServer | None,
+        collect: bool,
+        probe_cache: ProbeCache | None,
+    ) -> None:
+        self.space, self.prepared, self.cache_dir, self.note = space, prepared, cache_dir, note
+        self.server, self.collect, self.probe_cache = server, collect, probe_cache
+        self.search = space.search
+        self.problems: list[str] = []
+        self.outcomes: list[ProbeOutcome] = []
+        self.dropped: dict[str, dict[str, str]] = {}
+        self.fallbacks: dict[str, Any] = {}
+        self.precision_list: list[Precision] = self.search.values("precision")
+        # attention kernels are probed in the precision the sweep mostly runs (flash attention
+        # needs bf16/fp16), and the first probe also times fp32 to judge that precision
+        self.main_precision = next(
+            (p for p in self.precision_list if p != "fp32"), self.precision_list[0]
+        )
+        self.precision_factor: float | None = None
+        self.capabilities: dict[str, str | None] = {}
+
+    def problem(self, message: str) -> None:
+        if not self.collect:
             raise PreflightError(message)
-        problems.append(message)
+        self.problems.append(message)
 
-    def probe(knob: str, value: str, spec: ProbeSpec) -> tuple[ProbeOutcome, dict[str, Any]]:
-        request = ChildRequest.for_space("probe", space, cache_dir, prepared=prepared, probe=spec)
-        cached = None if probe_cache is None else probe_cache.get(request)
+    def drop(self, knob: str, value: str, reason: str) -> None:
+        self.dropped.setdefault(knob, {})[value] = reason
+        self.note(f"preflight drops {knob}={value}: {reason}")
+
+    def probe(self, knob: str, value: str, spec: ProbeSpec) -> tuple[ProbeOutcome, dict[str, Any]]:
+        request = ChildRequest.for_space(
+            "probe", self.space, self.cache_dir, prepared=self.prepared, probe=spec
+        )
+        cached = None if self.probe_cache is None else self.probe_cache.get(request)
         if cached is not None:
             result, cached_at = cached
             outcome, payload = _outcome(knob, value, result, wall_s=0.0)
-            return replace(outcome, cached_at=cached_at), payload
-        run = run_child(request, timeout_s=space.trial.timeout_s, server=server)
-        if probe_cache is not None:
-            probe_cache.put(request, run.result)
-        return _outcome(knob, value, run.result, wall_s=run.wall_s)
+            outcome = replace(outcome, cached_at=cached_at)
+        else:
+            run = run_child(request, timeout_s=self.space.trial.timeout_s, server=self.server)
+            if self.probe_cache is not None:
+                self.probe_cache.put(request, run.result)
+            outcome, payload = _outcome(knob, value, run.result, wall_s=run.wall_s)
+        self.outcomes.append(outcome)
+        return outcome, payload
 
-    outcomes: list[ProbeOutcome] = []
-    dropped: dict[str, dict[str, str]] = {}
-    precisions = search.values("precision")
-    # attention kernels are probed in the precision the sweep mostly runs (flash attention
-    # needs bf16/fp16), and the first probe also times fp32 to judge that precision
-    main_precision = next((p for p in precisions if p != "fp32"), precisions[0])
-    working_attn: str | None = None
-    precision_factor: float | None = None
-    capabilities: dict[str, str | None] = {}
-
-    def judge_precision(precision: str, payload: dict[str, Any]) -> None:
-        verdict = check_precision(space, precision, payload)
+    def judge_precision(self, precision: str, payload: dict[str, Any]) -> None:
+        verdict = check_precision(self.space, precision, payload)
         if verdict is None:
             return
-        if len(precisions) == 1:
-            problem(verdict)
+        if len(self.precision_list) == 1:
+            self.problem(verdict)
         else:
-            dropped.setdefault("precision", {})[precision] = verdict
-            note(f"preflight drops precision={precision}: {verdict}")
+            self.drop("precision", precision, verdict)
 
-    for index, attn in enumerate(search.attn_implementation):
-        compare = index == 0 or working_attn is None
-        outcome, payload = probe(
-            "attn_implementation",
-            attn,
-            ProbeSpec(
-                attn_implementation=attn,
-                compile_mode="none",
-                precision=main_precision,
-                compare_fp32=compare and main_precision != "fp32",
-                steps=10 if compare else 4,  # a ratio of two timings needs more steps
-            ),
-        )
-        outcomes.append(outcome)
-        if not outcome.ok:
-            dropped.setdefault("attn_implementation", {})[attn] = outcome.reason
-            note(f"preflight drops attn_implementation={attn}: {outcome.reason}")
-            continue
+    def attention(self) -> AttnImplementation | None:
+        """Probe each attention implementation; the first that trains, if any."""
+        working_attn: AttnImplementation | None = None
+        for index, attn in enumerate(self.search.attn_implementation):
+            compare = index == 0 or working_attn is None
+            outcome, payload = self.probe(
+                "attn_implementation",
+                attn,
+                ProbeSpec(
+                    attn_implementation=attn,
+                    compile_mode="none",
+                    precision=self.main_precision,
+                    compare_fp32=compare and self.main_precision != "fp32",
+                    steps=10 if compare else 4,  # a ratio of two timings needs more steps
+                ),
+            )
+            if not outcome.ok:
+                self.drop("attn_implementation", attn, outcome.reason)
+                continue
+            if working_attn is None:
+                working_attn = attn
+                self.capabilities = payload.get("capabilities") or {}
+                self.precision_factor = precision_slowdown(payload)
+                self.judge_precision(self.main_precision, payload)
         if working_attn is None:
-            working_attn = attn
-            capabilities = payload.get("capabilities") or {}
-            precision_factor = precision_slowdown(payload)
-            judge_precision(main_precision, payload)
-    if working_attn is None:
-        problem(
-            "no attention implementation in search.attn_implementation can train here: "
-            + "; ".join(f"{o.value}: {o.reason}" for o in outcomes)
-        )
-        return PreflightReport(outcomes=tuple(outcomes), dropped=dropped, problems=tuple(problems))
-    for precision in precisions:
-        if precision in (main_precision, "fp32"):
-            continue  # fp32 always trains; the main precision was judged above
-        outcome, payload = probe(
-            "precision",
-            precision,
-            ProbeSpec(
-                attn_implementation=working_attn,
-                compile_mode="none",
-                precision=precision,
-                compare_fp32=True,
-                steps=10,
-            ),
-        )
-        outcomes.append(outcome)
-        if not outcome.ok:
-            dropped.setdefault("precision", {})[precision] = outcome.reason
-            note(f"preflight drops precision={precision}: {outcome.reason}")
-            continue
-        judge_precision(precision, payload)
-    if len(dropped.get("precision", {})) == len(precisions):
-        problem(
-            "no precision in search.precision trains well here; add fp32 to the list: "
-            + "; ".join(f"{p}: {r}" for p, r in dropped["precision"].items())
-        )
+            self.problem(
+                "no attention implementation in search.attn_implementation can train here: "
+                + "; ".join(f"{o.value}: {o.reason}" for o in self.outcomes)
+            )
+        return working_attn
 
-    def probe_mode(mode: str, listed: bool = True) -> bool:
-        outcome, _ = probe(
+    def precisions(self, working_attn: AttnImplementation) -> None:
+        for precision in self.precision_list:
+            if precision in (self.main_precision, "fp32"):
+                continue  # fp32 always trains; the main precision was judged above
+            outcome, payload = self.probe(
+                "precision",
+                precision,
+                ProbeSpec(
+                    attn_implementation=working_attn,
+                    compile_mode="none",
+                    precision=precision,
+                    compare_fp32=True,
+                    steps=10,
+                ),
+            )
+            if not outcome.ok:
+                self.drop("precision", precision, outcome.reason)
+                continue
+            self.judge_precision(precision, payload)
+        if len(self.dropped.get("precision", {})) == len(self.precision_list):
+            self.problem(
+                "no precision in search.precision trains well here; add fp32 to the list: "
+                + "; ".join(f"{p}: {r}" for p, r in self.dropped["precision"].items())
+            )
+
+    def _probe_mode(
+        self, working_attn: AttnImplementation, mode: CompileMode, listed: bool = True
+    ) -> bool:
+        outcome, _ = self.probe(
             "compile_mode",
             mode,
             ProbeSpec(
-                attn_implementation=working_attn, compile_mode=mode, precision=main_precision
+                attn_implementation=working_attn, compile_mode=mode, precision=self.main_precision
             ),
         )
-        outcomes.append(outcome)
         if not outcome.ok and listed:
-            dropped.setdefault("compile_mode", {})[mode] = outcome.reason
-            note(f"preflight drops compile_mode={mode}: {outcome.reason}")
+            self.drop("compile_mode", mode, outcome.reason)
         return outcome.ok
 
-    modes = [m for m in search.compile_mode if m != "none"]
-    autotuned = [m for m in modes if m in AUTOTUNE_MODES]
-    compiled = [m for m in modes if m not in AUTOTUNE_MODES and probe_mode(m)]
-    if autotuned and not collect:
-        # A sweep does not autotune ahead: on a fresh H100 the max-autotune probe of one layer
-        # took 345 s of a budget. Where another inductor mode compiles, the autotuned ones are
-        # left to their trials, which record their compile time (and a failure, as data).
-        if not compiled and "default" not in modes and probe_mode("default", listed=False):
-            compiled = ["default"]
-        if compiled:
-            note(
-                f"preflight does not compile {', '.join(autotuned)} ahead (autotuning takes "
-                f"minutes on a GPU); compile_mode {compiled[0]} compiles here, so each "
-                f"{autotuned[0]} trial pays for its own compile, recorded as its compile time"
+    def compile_modes(self, working_attn: AttnImplementation) -> None:
+        modes = [m for m in self.search.compile_mode if m != "none"]
+        autotuned = [m for m in modes if m in AUTOTUNE_MODES]
+        compiled = [
+            m for m in modes if m not in AUTOTUNE_MODES and self._probe_mode(working_attn, m)
+        ]
+        if autotuned and not self.collect:
+            # A sweep does not autotune ahead: on a fresh H100 the max-autotune probe of one
+            # layer took 345 s of a budget. Where another inductor mode compiles, the autotuned
+            # ones are left to their trials, which record their compile time (and a failure,
+            # as data).
+            if (
+                not compiled
+                and "default" not in modes
+                and self._probe_mode(working_attn, "default", listed=False)
+            ):
+                compiled = ["default"]
+            if compiled:
+                self.note(
+                    f"preflight does not compile {', '.join(autotuned)} ahead (autotuning takes "
+                    f"minutes on a GPU); compile_mode {compiled[0]} compiles here, so each "
+                    f"{autotuned[0]} trial pays for its own compile, recorded as its compile time"
+                )
+                autotuned = []
+        for mode in autotuned:
+            self._probe_mode(working_attn, mode)
+        if len(self.dropped.get("compile_mode", {})) == len(self.search.compile_mode):
+            self.problem(
+                "no compile mode in search.compile_mode works here; add 'none' to the list: "
+                + "; ".join(f"{m}: {r}" for m, r in self.dropped["compile_mode"].items())
             )
-            autotuned = []
-    for mode in autotuned:
-        probe_mode(mode)
-    if len(dropped.get("compile_mode", {})) == len(search.compile_mode):
-        problem(
-            "no compile mode in search.compile_mode works here; add 'none' to the list: "
-            + "; ".join(f"{m}: {r}" for m, r in dropped["compile_mode"].items())
-        )
-    engine = space.workload.engine
-    missing = capabilities.get(f"engine:{engine}")
-    if missing is not None:
-        problem(f"workload.engine: {engine} cannot run here: {missing}")
-    adapter = space.workload.adapter
-    missing = None if adapter is None else capabilities.get(f"adapter:{adapter.kind}")
-    if missing is not None:
-        problem(f"workload.adapter: {adapter.kind} needs peft, not installed here: {missing}")
-    machine = knobs.machine_drops({k: search.values(k) for k in MACHINE_KNOBS}, capabilities)
-    fallbacks: dict[str, Any] = {}
-    for knob, values in machine.items():
-        dropped.setdefault(knob, {}).update(values)
-        for value, reason in values.items():
-            note(f"preflight drops {knob}={value}: {reason}")
-        if len(values) == len(search.values(knob)):
-            fallbacks[knob] = knobs.KNOB[knob].fallback
-            note(
-                f"preflight: no value of search.{knob} can run here; trials run "
-                f"{knob}={fallbacks[knob]!r} instead"
+
+    def engine_and_adapter(self) -> None:
+        engine = self.space.workload.engine
+        missing = self.capabilities.get(f"engine:{engine}")
+        if missing is not None:
+            self.problem(f"workload.engine: {engine} cannot run here: {missing}")
+        adapter = self.space.workload.adapter
+        missing = None if adapter is None else self.capabilities.get(f"adapter:{adapter.kind}")
+        if missing is not None:
+            assert adapter is not None
+            self.problem(
+                f"workload.adapter: {adapter.kind} needs peft, not installed here: {missing}"
             )
-    reused = [o for o in outcomes if o.cached_at is not None]
-    if reused and probe_cache is not None:
-        oldest = min(o.cached_at for o in reused if o.cached_at is not None)
-        note(
-            f"preflight reused {len(reused)} of {len(outcomes)} probe results measured on this "
-            f"machine with the same software since {time.strftime('%H:%M', time.localtime(oldest))}"
-            f" (they are kept {probe_cache.ttl_s / 3600:g} h in {probe_cache.folder})"
+
+    def machine_knobs(self) -> None:
+        search = self.search
+        machine = knobs.machine_drops(
+            {k: search.values(k) for k in MACHINE_KNOBS}, self.capabilities
         )
-    return PreflightReport(
-        outcomes=tuple(outcomes),
-        dropped=dropped,
-        precision_factor=precision_factor,
-        problems=tuple(problems),
-        fallbacks=fallbacks,
-        capabilities=capabilities,
-    )
+        for knob, values in machine.items():
+            self.dropped.setdefault(knob, {}).update(values)
+            for value, reason in values.items():
+                self.note(f"preflight drops {knob}={value}: {reason}")
+            if len(values) == len(search.values(knob)):
+                self.fallbacks[knob] = knobs.KNOB[knob].fallback
+                self.note(
+                    f"preflight: no value of search.{knob} can run here; trials run "
+                    f"{knob}={self.fallbacks[knob]!r} instead"
+                )
+
+    def note_reused(self) -> None:
+        reused = [o for o in self.outcomes if o.cached_at is not None]
+        if reused and self.probe_cache is not None:
+            oldest = min(o.cached_at for o in reused if o.cached_at is not None)
+            since = time.strftime("%H:%M", time.localtime(oldest))
+            self.note(
+                f"preflight reused {len(reused)} of {len(self.outcomes)} probe results measured "
+                f"on this machine with the same software since {since}"
+                f" (they are kept {self.probe_cache.ttl_s / 3600:g} h in {self.probe_cache.folder})"
+            )
+
+    def report(self) -> PreflightReport:
+        return PreflightReport(
+            outcomes=tuple(self.outcomes),
+            dropped=self.dropped,
+            precision_factor=self.precision_factor,
+            problems=tuple(self.problems),
+            fallbacks=self.fallbacks,
+            capabilities=self.capabilities,
+        )
 
 
 def _outcome(

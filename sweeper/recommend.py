@@ -22,14 +22,16 @@ returns the cheapest option and the Pareto front of $ against hours.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.errors import NoResultError, SpaceError
+from sweeper.cost import one_off_text
+from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise, overlaps
 from sweeper.store import Store, StudyRow, TrialMetrics
@@ -52,7 +54,8 @@ class Recommendation(BaseModel):
     cost_per_run_usd: float
     peak_memory_bytes: int | None
     completed_trials: int
-    projection: dict[str, float | int] | None = None  # train hours, one-time seconds
+    # train hours, one-time seconds (and where they come from: Measurement.one_off_sources)
+    projection: dict[str, Any] | None = None
     measured_on: str | None = None
     truncated_samples_share: float | None = None
     truncated_tokens_share: float | None = None
@@ -84,6 +87,16 @@ class Recommendation(BaseModel):
     ties: tuple[int, ...] = ()  # other trials whose $/run intervals overlap the winner's
     tie_note: str | None = None  # why the winner was picked among them
     contended: bool = False  # every measurement of the winner was on a shared machine
+    # what the winning trial's loss was taken on ("all" tokens or the assistant's "replies"),
+    # and whether the chat template marks the replies ({% generation %}), which TRL's
+    # assistant_only_loss needs (None: not recorded, or no chat records)
+    loss_labels: str | None = None
+    reply_markers: bool | None = None
+
+    @property
+    def one_off_text(self) -> str:
+        """Where the winner's checkpoint and compile figures come from (``cost.one_off_text``)."""
+        return one_off_text(self.projection)
 
     @property
     def keeps_baseline(self) -> bool:
@@ -188,21 +201,30 @@ class StudyFacts:
     learning_rate: float | None = None
     sweep_seconds: float = 0.0
     # TRL's default packing (best-fit decreasing) cuts a sample longer than max_length, where
-    # sweeper's own packing (loop, trainer) continues it in the next block
+    # sweeper's own packing (loop, trainer) continues it in the next block: what a packed config
+    # stored before the packing_strategy knob ran
     packing_truncates: bool = False
     headline: Literal["samples", "tokens"] = "samples"
+    # the space's max_seq_length choices (auto: what the data made of it); () if unknown
+    listed_lengths: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
         coverage, learning_rate, packing_truncates = 100.0, None, False
         headline: Literal["samples", "tokens"] = "samples"
+        listed_lengths: tuple[int, ...] = ()
         try:
+            from sweeper import seqlen
             from sweeper.space import parse_space
 
-            workload = parse_space(row.space_yaml).workload
+            space = parse_space(row.space_yaml)
+            workload = space.workload
             coverage, learning_rate = workload.coverage_percentile, workload.learning_rate
             packing_truncates = workload.engine == "sft"
             headline = workload.headline
+            if row.dataset_stats:
+                lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
+                listed_lengths = tuple(lengths)
         except SpaceError:
             pass  # a study written by another version, or by hand: use the defaults
         return cls(
@@ -216,6 +238,7 @@ class StudyFacts:
             sweep_seconds=row.sweep_seconds or 0.0,
             packing_truncates=packing_truncates,
             headline=headline,
+            listed_lengths=listed_lengths,
         )
 
 
@@ -228,11 +251,32 @@ def truncates(facts: StudyFacts, config: Mapping[str, Any]) -> bool:
     >>> truncates(facts, {"max_seq_length": 64}), truncates(facts, {"max_seq_length": 128})
     (True, False)
     """
-    if config.get("packing") and not facts.packing_truncates:
+    if config.get("packing") and not packing_cuts(facts, config):
         return False  # packed blocks continue a long sample instead of cutting it
     seq = config.get("max_seq_length")
     cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
     return cover is not None and isinstance(seq, int) and seq < cover
+
+
+def recommendable(row: StudyRow) -> Callable[[BaseModel], bool]:
+    """Which configs of the study ``row`` the recommendation may pick (those that do not
+    truncate): what a sweep measures again at its end (``run_sweep(eligible_for=...)``)."""
+    facts = StudyFacts.of(row)
+    return lambda config: not truncates(facts, config.model_dump())
+
+
+def packing_cuts(facts: StudyFacts, config: Mapping[str, Any]) -> bool:
+    """Whether ``config``'s packing drops what overflows a row: TRL's ``bfd`` does, ``wrapped``
+    and ``bfd_split`` continue a long sample in another row (a config stored before the
+    ``packing_strategy`` knob packed as its engine did: ``facts.packing_truncates``).
+
+    >>> facts = StudyFacts(name="s", hardware_name="H100", usd_per_hour=2.5)
+    >>> [packing_cuts(facts, {"packing": True, "packing_strategy": s})
+    ...  for s in ("bfd", "bfd_split", "wrapped")]
+    [True, False, False]
+    """
+    strategy = config.get("packing_strategy")
+    return facts.packing_truncates if strategy is None else strategy == "bfd"
 
 
 def truncation(stats: dict[str, Any] | None, max_seq_length: int) -> tuple[float, float] | None:
@@ -270,6 +314,36 @@ def coverage_length(stats: dict[str, Any] | None, percentile: float) -> int | No
     if percentile >= 100:
         return int(stats.get("tokens_max", points[-1])) + 1
     return int(points[min(100, math.ceil(percentile))]) + 1
+
+
+def truncation_fix(facts: StudyFacts, cover: int | None) -> str:
+    """The one change to the space that gives a config that truncates nothing, never one the
+    space already has: a length that covers the data where none is listed, else a trial at
+    the listed length that does.
+
+    >>> facts = StudyFacts(name="s", hardware_name="H100", usd_per_hour=2.5,
+    ...                    listed_lengths=(256, 512))
+    >>> truncation_fix(facts, 700)[:48]
+    'add 704 to search.max_seq_length (it lists [256,'
+    """
+    from sweeper.seqlen import hardware_friendly
+
+    if cover is None:
+        return "list a max_seq_length at least as long as the longest sample"
+    whole = [n for n in facts.listed_lengths if n >= cover]
+    if facts.listed_lengths and not whole:
+        return (
+            f"add {hardware_friendly(cover)} to search.max_seq_length (it lists "
+            f"{list(facts.listed_lengths)}), or write max_seq_length: auto, which reads the "
+            "lengths off the data"
+        )
+    if whole:
+        return (
+            f"measure a config at max_seq_length {min(whole)}, which the space lists but no "
+            "completed trial used: run `sweeper launch` again (it resumes the study) with more "
+            "trials"
+        )
+    return f"list a max_seq_length of at least {cover} tokens (or max_seq_length: auto)"
 
 
 def padding_share(tokens_per_s: float | None, padded_tokens_per_s: float | None) -> float | None:
@@ -398,14 +472,12 @@ def _eligible(
     whole = [c for c in meets if c.truncated is None]
     cover = coverage_length(facts.dataset_stats, facts.coverage_percentile)
     if not whole:
-        cheapest = min(meets, key=lambda c: c.key)
-        raise NoResultError(
+        fix = truncation_fix(facts, cover)
+        raise TruncatesOnlyError(
             f"every completed trial of {facts.name!r} that meets {constraints.describe()} "
-            f"truncates the data (the cheapest, trial #{cheapest.trial.number} with "
-            f"max_seq_length {cheapest.trial.config.get('max_seq_length')}, needs {cover} "
-            f"tokens to cover {facts.coverage_percentile:g}% of samples): add a longer "
-            "max_seq_length or packing: [false, true] to the space, lower "
-            "workload.coverage_percentile, or allow truncation (--allow-truncation)"
+            f"truncates the data ({cover} tokens hold {facts.coverage_percentile:g}% of its "
+            f"samples whole). To get an answer, {fix}",
+            fix=fix,
         )
     best_whole = min(whole, key=lambda c: c.key)
     notes = []
@@ -442,7 +514,20 @@ def _decide(
     candidates = _candidates(facts, trials, price)
     if not candidates:
         raise NoResultError(f"study {facts.name!r} has no completed trial yet")
-    eligible, excluded = _eligible(facts, candidates, constraints, price)
+    try:
+        eligible, excluded = _eligible(facts, candidates, constraints, price)
+    except TruncatesOnlyError as e:
+        allowed = dataclasses.replace(constraints, allow_truncation=True)
+        e.fallback = fallback = _decide(facts, trials, allowed)[0]
+        cut = fallback.truncated_tokens_share
+        e.args = (
+            f"{e}. Until then the cheapest config, trial #{fallback.trial_number} "
+            f"({_describe(fallback.config)}), costs ${fallback.cost_per_run_usd:,.2f}/run and "
+            f"cuts {'some' if cut is None else f'{cut:.1%} of the'} tokens "
+            f"({(fallback.truncated_samples_share or 0):.1%} of samples); "
+            "--allow-truncation (allow_truncation=true) takes it",
+        )
+        raise
     baseline = _baseline(facts, candidates)
     winner, ties, tie_note = _pick(eligible, baseline)
     t = winner.trial
@@ -489,7 +574,7 @@ def _decide(
     if sweep_cost is not None and saved is not None and saved > 0:
         payback = max(1, math.ceil(sweep_cost / saved))
     padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
-    cut = _cut(facts, config)
+    shares = _cut(facts, config)
     assert t.samples_per_s is not None
     recommendation = Recommendation(
         study=facts.name,
@@ -506,8 +591,8 @@ def _decide(
         completed_trials=len(candidates),
         projection=t.projection,
         measured_on=t.device_name,
-        truncated_samples_share=None if cut is None else cut[0],
-        truncated_tokens_share=None if cut is None else cut[1],
+        truncated_samples_share=None if shares is None else shares[0],
+        truncated_tokens_share=None if shares is None else shares[1],
         coverage_length=coverage_length(facts.dataset_stats, facts.coverage_percentile),
         padding_share=padding,
         memory_headroom=winner.headroom,
@@ -611,7 +696,7 @@ def _effective_batch(config: dict[str, Any]) -> int | None:
 
 def _cut(facts: StudyFacts, config: dict[str, Any]) -> tuple[float, float] | None:
     """(samples, tokens) shares ``config`` cuts off the dataset, or None if unknown."""
-    if config.get("packing") and not facts.packing_truncates:
+    if config.get("packing") and not packing_cuts(facts, config):
         return 0.0, 0.0  # packed blocks continue a long sample instead of cutting it
     seq = config.get("max_seq_length")
     return None if not isinstance(seq, int) else truncation(facts.dataset_stats, seq)
@@ -652,6 +737,12 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
     winner = store.get_trial(study, recommendation.trial_number)
     measured = (winner.measurement if winner is not None else None) or {}
     n_params, trainable = measured.get("n_params"), measured.get("trainable_params")
+    recommendation = recommendation.model_copy(
+        update={
+            "loss_labels": measured.get("loss_labels"),
+            "reply_markers": measured.get("reply_markers"),
+        }
+    )
     if not isinstance(n_params, int):
         return recommendation
     return recommendation.model_copy(

@@ -12,8 +12,8 @@ each config, and which configs are not worth running.
   config's neighbours were proposed again and again.
 - **A config at least as heavy as one that ran out of memory is not run** (``oom_dominated``).
 - **The sampler is chosen by measurement**: ``bench/search_replay.py`` replays the sweep's own
-  loop on measured and synthetic tables; ``DEFAULT_SAMPLER`` is the one that needs the fewest
-  trials there (bench/RESULTS.md). Each worker gets its own seed (``worker_seed``).
+  loop on measured and synthetic tables; ``sweeper.samplers.DEFAULT_SAMPLER`` is the one that
+  needs the fewest trials there (bench/RESULTS.md). Each worker gets its own seed (``worker_seed``).
 
 ``bayes`` is sweeper's own: a Bayesian linear model of log $/run over the space's finite grid
 (one-hot main effects, log-scaled numeric knobs, pairwise interactions). It never proposes a
@@ -28,7 +28,7 @@ import hashlib
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import optuna
@@ -40,13 +40,12 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from sweeper import knobs
-
-SamplerName = Literal["bayes", "tpe", "tpe-multivariate", "gp", "random", "grid"]
-SAMPLERS: tuple[str, ...] = get_args(SamplerName)
-DEFAULT_SAMPLER: SamplerName = "bayes"  # the replay benchmark's winner (bench/RESULTS.md)
+from sweeper.samplers import SAMPLERS
 
 # failures the config itself causes: told to the sampler as infeasible, not as failed
-INFEASIBLE_KINDS = frozenset({"oom", "unsupported", "compile", "nonfinite", "dataloader"})
+INFEASIBLE_KINDS = frozenset(
+    {"oom", "unsupported", "compile", "nonfinite", "dataloader", "mismatch"}
+)
 
 CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasible, 0 feasible
 REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
@@ -486,9 +485,9 @@ class _Design:
         return out
 
     def predict(self, rows: Sequence[int], weights: np.ndarray, chunk: int = 8192) -> np.ndarray:
-        rows = np.asarray(rows)
+        indexes = np.asarray(rows)
         return np.concatenate(
-            [self.matrix(rows[i : i + chunk]) @ weights for i in range(0, len(rows), chunk)]
+            [self.matrix(indexes[i : i + chunk]) @ weights for i in range(0, len(indexes), chunk)]
         )
 
 

@@ -89,3 +89,23 @@ def resolve_storage(flag: str | None, space_storage: str | None = None) -> str:
     """Pick the storage URL by the documented precedence."""
     chosen = flag or Settings().storage or space_storage or DEFAULT_STORAGE
     return normalize_storage_url(chosen)
+
+
+def absent_sqlite_file(url: str) -> Path | None:
+    """The file of an SQLite URL when it does not exist (opening it would create it); None for
+    an existing file, an in-memory database, another backend or a URL Store will refuse.
+
+    >>> absent_sqlite_file("sqlite:////no/such/dir/s.db"), absent_sqlite_file("sqlite://")
+    (PosixPath('/no/such/dir/s.db'), None)
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    path = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return None
+    return None if Path(path).is_file() else Path(path)

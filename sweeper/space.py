@@ -14,25 +14,37 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
-    create_model,
     field_validator,
     model_validator,
 )
 
 from sweeper import knobs
 from sweeper.errors import SpaceError
-from sweeper.knobs import KNOBS, AttnImplementation, CompileMode, Precision, TrialConfig
-from sweeper.presets import MODEL_SIZES
-from sweeper.search import DEFAULT_SAMPLER, SamplerName
+from sweeper.job import Frozen as _Frozen
+from sweeper.job import Workload
+from sweeper.knobs import (
+    KNOBS,
+    AttnImplementation,
+    CompileMode,
+    Optimizer,
+    PackingStrategy,
+    PositiveInt,
+    Precision,
+    Quantization,
+    SeqLength,
+    TrialConfig,
+    WorkerCount,
+    WorkerStart,
+)
+from sweeper.samplers import DEFAULT_SAMPLER, SamplerName
+from sweeper.seqlen import AUTO
+from sweeper.spacekeys import misplaced_key
 
 if TYPE_CHECKING:
     import optuna
@@ -40,12 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["AttnImplementation", "CompileMode", "Precision", "TrialConfig"]
 
 StudyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
-
-
-class _Frozen(BaseModel):
-    """Frozen, strict, keyword-only config: unknown keys and wrong types are errors."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Hardware(_Frozen):
@@ -56,210 +62,15 @@ class Hardware(_Frozen):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
-class ModelSpec(_Frozen):
-    """Either a Hugging Face id / local path, or an architecture built with random weights."""
-
-    id: str | None = Field(
-        default=None,
-        description="hub id or local directory (save_pretrained) for from_pretrained; the "
-        "tokenizer is read from the same place unless tokenizer.id says otherwise",
-    )
-    trust_remote_code: bool = Field(
-        default=False,
-        description="run the model's own Python code from its directory or hub repo (only "
-        "for models that need it, and only code you trust)",
-    )
-    arch: Literal["llama", "phi3", "gpt2"] | None = Field(
-        default=None, description="build from a transformers config with random weights"
-    )
-    size: str | None = Field(default=None, description="a preset of sweeper.trial.workload")
-    config: dict[str, int | float | str | bool] = Field(
-        default_factory=dict, description="overrides on the transformers config"
-    )
-
-    @field_validator("size")
-    @classmethod
-    def _known_size(cls, size: str | None, info: ValidationInfo) -> str | None:
-        arch = info.data.get("arch")
-        if arch is not None and size is not None and size not in MODEL_SIZES[arch]:
-            raise ValueError(f"unknown size for {arch}; use one of {', '.join(MODEL_SIZES[arch])}")
-        return size
-
-    @model_validator(mode="after")
-    def _one_source(self) -> ModelSpec:
-        if (self.id is None) == (self.arch is None):
-            raise ValueError("set exactly one of 'id' (pretrained) or 'arch' (built from config)")
-        if self.id is not None and self.size is not None:
-            raise ValueError("'size' is for 'arch' (a preset); a pretrained 'id' has its own size")
-        if self.arch is not None and self.size is None:
-            raise ValueError(
-                f"'arch: {self.arch}' needs a 'size': {', '.join(MODEL_SIZES[self.arch])}"
-            )
-        return self
+T = TypeVar("T")
+# a knob's choices in ``search:``: a non-empty list (one item fixes the knob)
+Choices = Annotated[list[T], Field(min_length=1)]
 
 
-class TokenizerSpec(_Frozen):
-    """A tokenizer loaded by id/path (default: the model's own, when model.id is set), or a
-    byte-level BPE trained locally on the dataset (models built from ``arch``)."""
-
-    id: str | None = Field(
-        default=None,
-        description="hub id or local directory for AutoTokenizer (default: model.id)",
-    )
-    vocab_size: int = Field(
-        default=8192, ge=256, le=262144, description="the BPE trained here (no id)"
-    )
-    chat_template: str | None = Field(
-        default=None,
-        description="a Jinja chat template for dataset.messages_field, when the tokenizer has "
-        "none or you train with another; 'chatml' names the built-in ChatML template",
-    )
-
-
-class GeneratedCorpus(_Frozen):
-    """A demo corpus cut from this Python's own stdlib sources, lengths drawn log-normally."""
-
-    samples: int = Field(ge=16)
-    median_chars: int = Field(default=1200, ge=16)
-    sigma: float = Field(default=0.8, ge=0, le=3, description="log-normal spread of lengths")
-    max_chars: int | None = Field(
-        default=None, ge=16, description="clip samples to this length (a dataset's own cap)"
-    )
-    seed: int = 0
-
-
-class DatasetSpec(_Frozen):
-    """Where the training text comes from: plain text (``text_field``) or chat/instruction
-    records (``messages_field``: a list of ``{role, content}`` per row, rendered with the
-    tokenizer's chat template)."""
-
-    path: str | None = Field(
-        default=None,
-        description="a local .jsonl/.json/.parquet/.csv/.txt file, or a directory written by "
-        "datasets' save_to_disk",
-    )
-    split: str = Field(
-        default="train", description="the split of a save_to_disk directory that holds several"
-    )
-    generate: GeneratedCorpus | None = None
-    text_field: str = Field(default="text", description="the column of plain text")
-    messages_field: str | None = Field(
-        default=None,
-        description="the column of chat records (a list of {role, content} per row); rendered "
-        "with the tokenizer's chat template",
-    )
-    loss: Literal["all", "completion"] = Field(
-        default="all",
-        description="all: every token is a label; completion: only the assistant's replies "
-        "(messages_field), as TRL's assistant_only_loss",
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DatasetSpec:
-        if (self.path is None) == (self.generate is None):
-            raise ValueError("set exactly one of 'path' (a local file) or 'generate' (demo corpus)")
-        # (not model_fields_set: a request's round trip through JSON sets every field)
-        if self.messages_field is not None and self.text_field != "text":
-            raise ValueError(
-                "set one of 'text_field' (plain text) or 'messages_field' (chat records)"
-            )
-        if self.messages_field is not None and self.generate is not None:
-            raise ValueError("'messages_field' needs a 'path'; the generated corpus is plain text")
-        if self.loss == "completion" and self.messages_field is None:
-            raise ValueError(
-                "loss: completion needs chat records (messages_field) to tell the replies "
-                "from the prompts; plain text trains on every token (loss: all)"
-            )
-        return self
-
-
-class CheckpointSpec(_Frozen):
-    """How often the real run saves a checkpoint; each trial times one real save."""
-
-    save_steps: int | None = Field(
-        default=500,
-        gt=0,
-        description="optimizer steps between saves (TrainingArguments' default is 500); "
-        "null: the run saves no checkpoint",
-    )
-    save_optimizer: bool = Field(
-        default=True, description="save the optimizer state too, as Trainer does (≈3× weights)"
-    )
-    dir: str | None = Field(
-        default=None,
-        description="where the trial times its save; put it on the disk the run saves to "
-        "(default: the sweep's cache directory)",
-    )
-
-
-class AdapterSpec(_Frozen):
-    """LoRA through peft: only the adapter trains, the base weights stay frozen (and may be
-    quantized: the ``quantization`` knob)."""
-
-    kind: Literal["lora"] = "lora"
-    r: int = Field(default=16, gt=0, le=1024, description="the adapter's rank")
-    alpha: int = Field(default=32, gt=0, description="LoRA's scaling numerator (lora_alpha)")
-    dropout: float = Field(default=0.05, ge=0, lt=1, description="lora_dropout")
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        default="all-linear",
-        description="module names to adapt (e.g. [q_proj, v_proj]), or all-linear",
-    )
-
-
-class Workload(_Frozen):
-    """The real training job the sweep is pricing."""
-
-    model: ModelSpec
-    adapter: AdapterSpec | None = Field(
-        default=None, description="train a LoRA adapter instead of every weight (peft)"
-    )
-    tokenizer: TokenizerSpec = TokenizerSpec()
-    dataset: DatasetSpec
-    precision: Precision | None = Field(
-        default=None,
-        description="the run's precision, when it is not searched (the same as search.precision "
-        "with one item)",
-    )
-    tf32: bool | None = Field(
-        default=None, description="TF32 matmuls on CUDA, when not searched (search.tf32)"
-    )
-    padding: Literal["max_length", "longest"] = "max_length"
-    engine: Literal["loop", "trainer", "sft"] = Field(
-        default="loop",
-        description="what trains each trial, as the real run does: loop (a plain PyTorch "
-        "AMP loop), trainer (transformers.Trainer), sft (TRL's SFTTrainer)",
-    )
-    logging_steps: int = Field(
-        default=500,
-        gt=0,
-        description="trainer/sft: the run's logging interval (each log reads the loss back "
-        "from the device); TrainingArguments' default is 500",
-    )
-    tokenize: Literal["on_the_fly", "pretokenized"] = Field(
-        default="on_the_fly",
-        description="on_the_fly: DataLoader workers tokenize (num_workers matters); "
-        "pretokenized: the prepare step tokenizes once and trials read token ids",
-    )
-    learning_rate: float = Field(default=1e-4, gt=0)
-    samples: int = Field(gt=0, description="training samples per epoch of the real job")
-    epochs: float = Field(gt=0, description="epochs of the real job")
-    checkpoint: CheckpointSpec = CheckpointSpec()
-    coverage_percentile: float = Field(
-        default=100,
-        gt=0,
-        le=100,
-        description="a max_seq_length shorter than this percentile of the samples' token "
-        "lengths truncates, and is never recommended silently (100: the longest sample)",
-    )
-    headline: Literal["samples", "tokens"] = Field(
-        default="samples",
-        description="the throughput the CLI and dashboard lead with: samples/s, or tokens/s "
-        "for a job counted in tokens (packed pre-training); the ranking is $/run either way",
-    )
-
-
-def _choices(kind: Any) -> Any:
-    return Annotated[list[kind], Field(min_length=1)]
+def _listed(name: str) -> Any:
+    """A searched knob left out of ``search:``: its default is its only choice."""
+    knob = knobs.KNOB[name]
+    return Field(default_factory=lambda: [knob.default], description=knob.help)
 
 
 class EffectiveBatch(_Frozen):
@@ -297,8 +108,9 @@ class EffectiveBatch(_Frozen):
 
 
 class _SearchRules(_Frozen):
-    """The knobs (fields derived from ``sweeper.knobs``); each is a non-empty list of choices
-    (one item fixes the knob). A knob left out takes its default as its only choice.
+    """The knobs (``SearchSpace``' fields, one per ``sweeper.knobs`` entry); each is a
+    non-empty list of choices (one item fixes the knob). A knob left out takes its default as
+    its only choice.
 
     With ``effective_batch.fixed``, gradient accumulation is derived and must be left out.
     """
@@ -314,7 +126,9 @@ class _SearchRules(_Frozen):
 
     @field_validator(*knobs.NAMES, check_fields=False)
     @classmethod
-    def _no_repeats(cls, values: list[Any] | None) -> list[Any] | None:
+    def _no_repeats(cls, values: list[Any] | str | None) -> list[Any] | str | None:
+        if isinstance(values, str):
+            return values  # max_seq_length: auto
         choices = values or []
         repeated = sorted({str(v) for v in choices if choices.count(v) > 1})
         if repeated:
@@ -339,13 +153,8 @@ class _SearchRules(_Frozen):
                     f"{misfits}; drop those sizes or pick a fixed batch they divide"
                 )
             return self
-        if accumulations is None:
-            raise ValueError(
-                "gradient_accumulation_steps: required key is missing (or fix the "
-                "effective batch with effective_batch.fixed)"
-            )
         if self.effective_batch is not None and not any(
-            self.effective_batch.admits(b * a) for b in batches for a in accumulations
+            self.effective_batch.admits(b * a) for b in batches for a in accumulations or [1]
         ):
             raise ValueError(
                 f"no batch × accumulation of the space is {self.effective_batch.describe()}"
@@ -353,14 +162,16 @@ class _SearchRules(_Frozen):
         return self
 
     def values(self, knob: str) -> list[Any]:
-        """The choices listed for ``knob`` (accumulation: see ``accumulation_choices``)."""
-        return list(getattr(self, knob) or [])
+        """The choices listed for ``knob`` (accumulation: see ``accumulation_choices``); none
+        for ``max_seq_length: auto`` until ``sweeper.seqlen.resolve`` reads them off the data."""
+        listed = getattr(self, knob)
+        return [] if listed is None or listed == AUTO else list(listed)
 
     def accumulation_choices(self, batch: int) -> list[int]:
         """The accumulation steps a config with ``batch`` may use."""
         if self.effective_batch is not None and self.effective_batch.fixed is not None:
             return [self.effective_batch.fixed // batch]
-        return self.values("gradient_accumulation_steps")
+        return self.values("gradient_accumulation_steps") or [1]
 
     def choices_for(self, knob: str, config: Mapping[str, Any]) -> list[Any]:
         """What ``knob`` may take given the knobs before it in ``config``."""
@@ -391,8 +202,8 @@ class _SearchRules(_Frozen):
             return problem
         for knob in KNOBS:
             value = values[knob.name]
-            if not knob.is_active(values):
-                continue
+            if not knob.is_active(values) or getattr(self, knob.name) == AUTO:
+                continue  # auto: the data decides, and the length of a known config is added
             choices = self.choices_for(knob.name, values)
             if value not in choices:
                 return (
@@ -432,29 +243,52 @@ class _SearchRules(_Frozen):
             if self.admits(config) is None:
                 yield config
 
-    def narrowed(self, only: Mapping[str, list[Any]]) -> SearchSpace:
+    def narrowed(self, only: Mapping[str, list[Any]]) -> Self:
         """This space with some knobs' lists replaced (what preflight left of them)."""
         return self.model_copy(update=dict(only))
 
 
-def _search_field(knob: knobs.Knob) -> tuple[Any, Any]:
-    if knob.name == "gradient_accumulation_steps":
-        return (_choices(knob.value_type) | None, None)
-    if knob.required:
-        return (_choices(knob.value_type), ...)
-    default = knob.default
-    return (
-        _choices(knob.value_type),
-        Field(default_factory=lambda: [default], description=knob.help),
+# required knobs' defaults in a space, so a minimal space needs none of them: the lengths come
+# from the data (sweeper.seqlen), a few batch sizes (the OOM rule skips what cannot fit),
+# one accumulation step, the DataLoader on the training process
+SEARCH_DEFAULTS: dict[str, Any] = {
+    "max_seq_length": AUTO,
+    "per_device_batch_size": [4, 8, 16],
+    "num_workers": [0],
+}
+
+
+def _defaulted(name: str) -> Any:
+    """A required knob left out of ``search:``: its ``SEARCH_DEFAULTS`` list."""
+    listed = SEARCH_DEFAULTS[name]
+    return Field(default_factory=lambda: list(listed), description=knobs.KNOB[name].help)
+
+
+class SearchSpace(_SearchRules):
+    """``search:``: one list of choices per knob, in ``KNOBS``' order (tests/test_knobs.py
+    checks them against it). Accumulation is None when ``effective_batch.fixed`` derives it."""
+
+    per_device_batch_size: Choices[PositiveInt] = _defaulted("per_device_batch_size")
+    gradient_accumulation_steps: Choices[PositiveInt] | None = None
+    num_workers: Choices[WorkerCount] = _defaulted("num_workers")
+    prefetch_factor: Choices[PositiveInt] = _listed("prefetch_factor")
+    persistent_workers: Choices[bool] = _listed("persistent_workers")
+    multiprocessing_context: Choices[WorkerStart] = _listed("multiprocessing_context")
+    pin_memory: Choices[bool] = _listed("pin_memory")
+    max_seq_length: Choices[SeqLength] | Literal["auto"] = Field(
+        default="auto",  # AUTO
+        description="tokens per row; auto (the default): from the data's token "
+        "lengths, so that one length truncates nothing (sweeper.seqlen)",
     )
-
-
-SearchSpace: type[_SearchRules] = create_model(  # type: ignore[call-overload]
-    "SearchSpace",
-    __base__=_SearchRules,
-    __module__=__name__,
-    **{knob.name: _search_field(knob) for knob in KNOBS},
-)
+    packing: Choices[bool] = _listed("packing")
+    packing_strategy: Choices[PackingStrategy] = _listed("packing_strategy")
+    precision: Choices[Precision] = _listed("precision")
+    tf32: Choices[bool] = _listed("tf32")
+    compile_mode: Choices[CompileMode] = _listed("compile_mode")
+    attn_implementation: Choices[AttnImplementation] = _listed("attn_implementation")
+    gradient_checkpointing: Choices[bool] = _listed("gradient_checkpointing")
+    optim: Choices[Optimizer] = _listed("optim")
+    quantization: Choices[Quantization] = _listed("quantization")
 
 
 class WarmupSettings(_Frozen):
@@ -555,7 +389,7 @@ class Budget(_Frozen):
     stops it), and when it stops early: no trial beyond noise has improved for ``patience``
     trials."""
 
-    n_trials: int = Field(gt=0)
+    n_trials: int = Field(default=12, gt=0, description="trials to measure (launch --n-trials)")
     max_minutes: float | None = Field(
         default=None,
         gt=0,
@@ -629,18 +463,33 @@ class _KnownConfig(_Frozen):
         return TrialConfig.model_validate(knobs.normalize(values))
 
 
-def _known_field(knob: knobs.Knob) -> tuple[Any, Any]:
-    if knob.required:
-        return (knob.value_type, ...)
-    return (knob.value_type | None, Field(default=None, description=knob.help))
+def _optional(name: str) -> Any:
+    """A knob a known config may leave out (``_KnownConfig.as_config`` resolves it)."""
+    return Field(default=None, description=knobs.KNOB[name].help)
 
 
-Baseline: type[_KnownConfig] = create_model(  # type: ignore[call-overload]
-    "Baseline",
-    __base__=_KnownConfig,
-    __module__=__name__,
-    **{knob.name: _known_field(knob) for knob in KNOBS},
-)
+class Baseline(_KnownConfig):
+    """``baseline:`` and each of ``also_try:``: a value per knob, in ``KNOBS``' order
+    (tests/test_knobs.py checks them against it); the required knobs must be given."""
+
+    per_device_batch_size: PositiveInt
+    gradient_accumulation_steps: PositiveInt
+    num_workers: WorkerCount
+    prefetch_factor: PositiveInt | None = _optional("prefetch_factor")
+    persistent_workers: bool | None = _optional("persistent_workers")
+    multiprocessing_context: WorkerStart | None = _optional("multiprocessing_context")
+    pin_memory: bool | None = _optional("pin_memory")
+    max_seq_length: SeqLength
+    packing: bool | None = _optional("packing")
+    packing_strategy: PackingStrategy | None = _optional("packing_strategy")
+    precision: Precision | None = _optional("precision")
+    tf32: bool | None = _optional("tf32")
+    compile_mode: CompileMode | None = _optional("compile_mode")
+    attn_implementation: AttnImplementation | None = _optional("attn_implementation")
+    gradient_checkpointing: bool | None = _optional("gradient_checkpointing")
+    optim: Optimizer | None = _optional("optim")
+    quantization: Quantization | None = _optional("quantization")
+
 
 # workload keys that predate the knobs they became; they still set the knob's one choice
 _WORKLOAD_KNOBS = ("precision", "tf32")
@@ -658,9 +507,9 @@ class Space(_Frozen):
         default_factory=list,
         description="configs to run right after the baseline (e.g. a blog post's advice)",
     )
-    search: SearchSpace
+    search: SearchSpace = Field(default_factory=lambda: SearchSpace())
     trial: TrialSettings = TrialSettings()
-    budget: Budget
+    budget: Budget = Budget()
 
     @model_validator(mode="before")
     @classmethod
@@ -668,7 +517,7 @@ class Space(_Frozen):
         """``workload.precision: bf16`` (the older spelling) is ``search.precision: [bf16]``."""
         if not isinstance(data, dict):
             return data
-        workload, search = data.get("workload"), data.get("search")
+        workload, search = data.get("workload"), data.get("search", {})
         if not isinstance(workload, dict) or not isinstance(search, dict):
             return data
         search = dict(search)
@@ -692,6 +541,17 @@ class Space(_Frozen):
                 f"search.multiprocessing_context {starts}: TrainingArguments has no way to set "
                 f"it, so the {self.workload.engine} engine's DataLoader workers fork; list only "
                 "fork, or use engine: loop (your own DataLoader)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _packing_strategy_of_the_engine(self) -> Space:
+        trl_only = [v for v in self.search.values("packing_strategy") if v != "wrapped"]
+        if trl_only and self.workload.engine != "sft":
+            raise ValueError(
+                f"search.packing_strategy {trl_only}: these are TRL's packings (engine: sft); "
+                f"the {self.workload.engine} engine packs as wrapped (a long sample continues "
+                "in the next row); list only wrapped, or use engine: sft"
             )
         return self
 
@@ -835,6 +695,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     if not isinstance(data, dict):
         raise SpaceError(f"{source}:1: a space file is a mapping of keys (study, hardware, ...)")
     lines: dict[tuple[Any, ...], int] = {}
+    assert root is not None  # the document is a mapping, so it has a root node
     try:
         _key_lines(root, (), lines)
     except _DuplicateKey as e:
@@ -849,7 +710,9 @@ def parse_space(text: str, source: str = "<space>") -> Space:
                 loc = _named_loc(err["msg"].removeprefix("Value error, "))
             field = _dotted(loc)
             if err["type"] == "extra_forbidden":
-                message = "unknown key; remove it or check its spelling"
+                message = (
+                    misplaced_key(Space, loc) or "unknown key; remove it or check its spelling"
+                )
             elif err["type"] == "missing":
                 message = "required key is missing"
             elif err["type"] == "value_error":

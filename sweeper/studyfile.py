@@ -26,11 +26,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Float, Integer, String, Text
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.types import TypeDecorator
 
 import sweeper
-from sweeper.errors import ConflictError, StorageError, SweeperError
+from sweeper.errors import ConflictError, SweeperError
 from sweeper.space import StudyName
 from sweeper.store import Store
 from sweeper.store.models import StudyRow, TrialRow
@@ -69,17 +68,11 @@ def _load_value(column: Column[Any], value: Any, where: str) -> Any:
         if not column.nullable and column.server_default is None and column.default is None:
             raise StudyFileError(f"{where}: must not be null")
         return None
-    kind = column.type
+    kind: Any = column.type
     if isinstance(kind, TypeDecorator):  # e.g. ConfigJson: checked as what it stores
         kind = kind.impl
     if isinstance(kind, DateTime):
-        try:
-            parsed = datetime.fromisoformat(value) if isinstance(value, str) else None
-        except ValueError:
-            parsed = None
-        if parsed is None:
-            raise StudyFileError(f"{where}: expected an ISO 8601 timestamp, got {value!r}")
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        return _load_timestamp(value, where)
     if isinstance(kind, Float):
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value):
@@ -90,12 +83,7 @@ def _load_value(column: Column[Any], value: Any, where: str) -> Any:
             raise StudyFileError(f"{where}: expected an integer, got {value!r}")
         return value
     if isinstance(kind, String | Text):
-        if not isinstance(value, str):
-            raise StudyFileError(f"{where}: expected text, got {value!r}")
-        length = getattr(kind, "length", None)
-        if length is not None and len(value) > length:
-            raise StudyFileError(f"{where}: longer than {length} characters")
-        return value
+        return _load_text(kind, value, where)
     if isinstance(kind, Boolean):
         if not isinstance(value, bool):
             raise StudyFileError(f"{where}: expected true or false, got {value!r}")
@@ -103,6 +91,25 @@ def _load_value(column: Column[Any], value: Any, where: str) -> Any:
     if isinstance(kind, JSON):
         return value
     raise StudyFileError(f"{where}: column type {kind!r} has no file form")  # pragma: no cover
+
+
+def _load_timestamp(value: Any, where: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise StudyFileError(f"{where}: expected an ISO 8601 timestamp, got {value!r}")
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _load_text(kind: Any, value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise StudyFileError(f"{where}: expected text, got {value!r}")
+    length = getattr(kind, "length", None)
+    if length is not None and len(value) > length:
+        raise StudyFileError(f"{where}: longer than {length} characters")
+    return value
 
 
 def _dump_row(table: Any, values: dict[str, Any]) -> dict[str, Any]:
@@ -176,42 +183,44 @@ class StudyDocument(_Strict):
 def _optuna_record(storage_url: str, name: str) -> OptunaRecord | None:
     import optuna
 
-    from sweeper.study import optuna_storage
+    from sweeper.store.optuna import mapped_errors, optuna_storage
 
     storage = optuna_storage(storage_url)
     try:
-        try:
-            study_id = storage.get_study_id_from_name(name)
-        except KeyError:
-            return None  # the sweep never reached Optuna (e.g. it failed while preparing)
-        trials = storage.get_all_trials(study_id, deepcopy=False)
-        return OptunaRecord(
-            directions=[d.name.lower() for d in storage.get_study_directions(study_id)],
-            user_attrs=storage.get_study_user_attrs(study_id),
-            system_attrs=storage.get_study_system_attrs(study_id),
-            trials=[
-                OptunaTrialRecord(
-                    number=t.number,
-                    state=t.state.name,
-                    values=t.values,
-                    params=t.params,
-                    distributions={
-                        k: json.loads(optuna.distributions.distribution_to_json(d))
-                        for k, d in t.distributions.items()
-                    },
-                    user_attrs=t.user_attrs,
-                    system_attrs=t.system_attrs,
-                    intermediate_values=t.intermediate_values,
-                    datetime_start=t.datetime_start,
-                    datetime_complete=t.datetime_complete,
-                )
-                for t in sorted(trials, key=lambda t: t.number)
-            ],
-        )
-    except SQLAlchemyError as e:
-        raise StorageError(f"cannot read Optuna's study {name!r}: {e}") from e
+        with mapped_errors(f"cannot read Optuna's study {name!r}"):
+            try:
+                study_id = storage.get_study_id_from_name(name)
+            except KeyError:
+                return None  # the sweep never reached Optuna (e.g. it failed while preparing)
+            trials = storage.get_all_trials(study_id, deepcopy=False)
+            directions = storage.get_study_directions(study_id)
+            user_attrs = storage.get_study_user_attrs(study_id)
+            system_attrs = storage.get_study_system_attrs(study_id)
     finally:
         storage.engine.dispose()
+    return OptunaRecord(
+        directions=[d.name.lower() for d in directions],
+        user_attrs=user_attrs,
+        system_attrs=system_attrs,
+        trials=[
+            OptunaTrialRecord(
+                number=t.number,
+                state=t.state.name,
+                values=t.values,
+                params=t.params,
+                distributions={
+                    k: json.loads(optuna.distributions.distribution_to_json(d))
+                    for k, d in t.distributions.items()
+                },
+                user_attrs=t.user_attrs,
+                system_attrs=t.system_attrs,
+                intermediate_values=t.intermediate_values,
+                datetime_start=t.datetime_start,
+                datetime_complete=t.datetime_complete,
+            )
+            for t in sorted(trials, key=lambda t: t.number)
+        ],
+    )
 
 
 def _frozen_trials(record: OptunaRecord, source: str) -> list[Any]:
@@ -276,7 +285,7 @@ def import_study(store: Store, document: StudyDocument, *, name: str | None = No
     """Load ``document`` into ``store`` (and Optuna's tables there) as study ``name`` (default:
     the recorded name); returns the name. Nothing is written if the name is taken or the
     document is invalid; a failure half-way removes what was written."""
-    from sweeper.study import delete_optuna_study, optuna_storage
+    from sweeper.store.optuna import delete_study_at
 
     source = f"study file of {document.name!r}"
     target = name or document.name
@@ -309,11 +318,7 @@ def import_study(store: Store, document: StudyDocument, *, name: str | None = No
         store.import_rows(study, trials)
     except BaseException:
         if frozen is not None:
-            storage = optuna_storage(store.url)
-            try:
-                delete_optuna_study(storage, target)
-            finally:
-                storage.engine.dispose()
+            delete_study_at(store.url, target)
         raise
     return target
 
@@ -334,7 +339,7 @@ def _create_optuna_study(
 ) -> None:
     import optuna
 
-    from sweeper.study import delete_optuna_study, optuna_storage
+    from sweeper.store.optuna import delete_optuna_study, mapped_errors, optuna_storage
 
     storage = optuna_storage(storage_url)
     try:
@@ -348,21 +353,20 @@ def _create_optuna_study(
                 "rows); import under another name with --as NEW_NAME"
             )
         try:
-            study = optuna.create_study(
-                study_name=name,
-                storage=storage,
-                directions=record.directions,  # type: ignore[arg-type]
-            )
-            study_id = storage.get_study_id_from_name(name)
-            for key, value in record.user_attrs.items():
-                storage.set_study_user_attr(study_id, key, value)
-            for key, value in record.system_attrs.items():
-                storage.set_study_system_attr(study_id, key, value)
-            study.add_trials(frozen)
-        except BaseException as e:
+            with mapped_errors(f"cannot write Optuna's study {name!r}"):
+                study = optuna.create_study(
+                    study_name=name,
+                    storage=storage,
+                    directions=record.directions,  # type: ignore[arg-type]
+                )
+                study_id = storage.get_study_id_from_name(name)
+                for key, value in record.user_attrs.items():
+                    storage.set_study_user_attr(study_id, key, value)
+                for key, value in record.system_attrs.items():
+                    storage.set_study_system_attr(study_id, key, value)
+                study.add_trials(frozen)
+        except BaseException:
             delete_optuna_study(storage, name)
-            if isinstance(e, SQLAlchemyError):
-                raise StorageError(f"cannot write Optuna's study {name!r}: {e}") from e
             raise
     finally:
         storage.engine.dispose()

@@ -10,7 +10,8 @@ import pytest
 
 from sweeper.space import Space, parse_space
 from sweeper.store import Store
-from sweeper.study import SilentObserver, run_sweep
+from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.run import run_sweep
 from tests.helpers import TINY_SPACE, tally_study
 
 

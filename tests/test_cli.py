@@ -24,6 +24,7 @@ from sweeper.recommend import best as best_of
 from sweeper.store import Store
 from tests.helpers import (
     REPO,
+    STUDY_FIELDS,
     TINY_SPACE,
     assert_cheapest_or_tied,
     run_sweeper,
@@ -70,6 +71,52 @@ def test_a_space_file_that_is_not_utf8_exits_2_with_where_and_the_fix(
     assert f"{latin1}:" in result.stderr and "not UTF-8 text (byte 0xe9)" in result.stderr
     assert "iconv" in result.stderr and "Traceback" not in result.stderr
     assert not db.exists()
+
+
+def test_bad_data_names_its_line_and_leaves_no_study(tmp_path: Path, env: dict[str, str]) -> None:
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"text": "fine"}\n\n{"text": "cut off\n')
+    space = tmp_path / "space.yaml"
+    text = TINY_SPACE.read_text()
+    text = re.sub(r"    generate:\n      samples: 400\n      median_chars: 300\n", "", text)
+    space.write_text(text.replace("  dataset:\n", f"  dataset:\n    path: {data}\n"))
+    db = tmp_path / "sweeper.db"
+    result = _sweeper("launch", "--space", str(space), "--storage", f"sqlite:///{db}", env=env)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{data}:3: not a JSON object" in " ".join(result.stderr.split()), result.stderr
+    store = Store(f"sqlite:///{db}")
+    try:
+        assert store.list_studies() == []  # no failed study row to delete by hand
+    finally:
+        store.dispose()
+
+
+def test_a_second_launch_beside_a_live_worker_refuses_without_join(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    from sweeper.joining import same_place_worker
+
+    url = f"sqlite:///{tmp_path / 'sweeper.db'}"
+    store = Store(url)
+    store.migrate()
+    store.upsert_study("tiny", **(STUDY_FIELDS | {"space_yaml": TINY_SPACE.read_text()}))
+    env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    store.register_worker("tiny", "w-1", socket.gethostname(), 4242, None)
+    try:
+        result = _sweeper("launch", "--space", str(TINY_SPACE), "--storage", url, env=env)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        said = " ".join(result.stderr.split())
+        assert "already has a live worker on this host using every visible device" in said
+        assert "(pid 4242" in said and "--join" in said
+        assert store.list_trials("tiny") == []  # it ran nothing
+        # another host's worker, or another GPU's, shares nothing with this launch
+        store.register_worker("tiny", "w-2", "elsewhere", 1, None)
+        store.end_worker("w-1")
+        assert same_place_worker(url, "tiny") is None
+        store.register_worker("tiny", "w-3", socket.gethostname(), 7, "1")
+        assert same_place_worker(url, "tiny") is None  # CUDA_VISIBLE_DEVICES unset here
+    finally:
+        store.dispose()
 
 
 def test_unreachable_storage_exits_1(env: dict[str, str]) -> None:
@@ -476,10 +523,12 @@ def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict
     store.dispose()
     args = ("--storage", sqlite_url)
 
-    # every trial truncates: the fix is printed whole (rich would read "[false, true]" as markup)
+    # every trial truncates: the one fix, and the best truncating config with its cut
     none = _sweeper("best", "--study", "short", *args, env=env)
     assert none.returncode != 0 and "Traceback" not in none.stderr
-    assert "packing: [false, true]" in " ".join(none.stderr.split()), none.stderr
+    said = " ".join(none.stderr.split())
+    assert "To get an answer, list a max_seq_length of at least 1001 tokens" in said, said
+    assert "Until then the cheapest config, trial #0" in said and "--allow-truncation" in said
 
     guarded = _sweeper("best", "--study", "h100", *args, env=env)
     assert guarded.returncode == 0, guarded.stderr

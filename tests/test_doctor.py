@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,13 @@ def test_tiny_space_runs_here(cache_dir: Path) -> None:
     for line in ("sdpa: trains", "eager: trains", "usable CPU cores", "MiB/s (fsynced)"):
         assert line in out
     assert "can run here" in out
+    # how long: a range from the tiny space's trial settings (a 3-step window, burn-in capped
+    # at 600 s, a 120 s timeout), said to be an estimate
+    said = " ".join(out.split())
+    assert re.search(r"each trial: \d+ s to 2 min \(timed window at least", said), said
+    assert "trial.timeout_s 120 s kills a longer one" in said
+    assert "The sweep: 3 trials and up to 0 re-measures" in said
+    assert "An estimate from the space's trial settings, not a measurement" in said
 
 
 def test_each_thing_the_machine_cannot_do_is_a_problem_with_its_fix(
@@ -183,7 +191,7 @@ def test_a_lora_space_counts_what_trains(cache_dir: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from sweeper.study import prepare_workload
+    from sweeper.sweep.prepare import prepare_workload
     from sweeper.trial.workload import load_tokenizer, model_config
 
     text = yaml.safe_load(TINY_SPACE.read_text())

@@ -173,7 +173,8 @@ def test_packed_dataloader_snippet_packs_instead_of_cutting(url: str) -> None:
 def test_yaml_and_json_round_trip(url: str) -> None:
     rec, space_yaml = _recommendation(url, "cpu")
     document = yaml.safe_load(render(rec, "yaml", space_yaml))
-    assert document["config"] == CONFIG and document["per_run"]["usd"] == 25.0
+    applying = {k: v for k, v in CONFIG.items() if v is not None}  # packing_strategy: unpacked
+    assert document["config"] == applying and document["per_run"]["usd"] == 25.0
     assert json.loads(render(rec, "json", space_yaml))["trial_number"] == 0
 
 
@@ -237,3 +238,18 @@ def test_lora_and_quantization_are_loaded_as_measured(url: str) -> None:
     # the full fine-tune of the same study loads no adapter and no quantization
     plain = render(rec, "trainer", CPU_SPACE)
     assert "LoraConfig" not in plain and "BitsAndBytesConfig" not in plain
+
+
+def test_the_learning_rate_is_the_spaces_rounded_to_three_digits(url: str) -> None:
+    """The space's workload.learning_rate, scaled by the square-root rule where the effective
+    batch changed, reads as a person would write it in every snippet."""
+    rec, space_yaml = _recommendation(url, "cpu")
+    scaled = rec.model_copy(update={"suggested_learning_rate": 1e-4 * 0.5**0.5})
+    for fmt in ("trainer", "sft"):
+        text = render(scaled, fmt, space_yaml)
+        assert "learning_rate=7.07e-05," in text and "7.071067811865475e-05" not in text
+    assert "LEARNING_RATE = 7.07e-05" in render(scaled, "dataloader", space_yaml)
+    own = yaml.safe_load(CPU_SPACE)
+    own["workload"]["learning_rate"] = 3e-5
+    unscaled = rec.model_copy(update={"learning_rate": None, "suggested_learning_rate": None})
+    assert trainer_kwargs(unscaled, yaml.safe_dump(own))["learning_rate"] == 3e-5

@@ -53,6 +53,7 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
     postgres_url: str,
     env: dict[str, str],  # noqa: F811
     fault_report: Callable[[FaultTally], FaultTally],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     process = _launch(TINY_SPACE, postgres_url, env, "--n-trials", "3")
     store = Store(postgres_url, retry_s=120)
@@ -61,9 +62,13 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
         store.dispose()
         # down for longer than the trial has left: it ends while the server is away, and
         # its measurement must be written once the server is back
+        with capsys.disabled():  # said on the terminal: everyone on this machine loses it
+            print(f"\n{__name__}: STOPPING this machine's Postgres for 12 s (outage test)")
         _postgres("stop")
         time.sleep(12)
         _postgres("start")
+        with capsys.disabled():
+            print(f"{__name__}: Postgres started again")
         stdout, stderr = process.communicate(timeout=600)
         assert process.returncode == 0, stderr[-4000:]
         assert "Traceback" not in stderr + stdout
@@ -85,7 +90,7 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
 def _start_worker(url: str, barrier: Any, results: Any) -> None:
     """What a worker does first on a database: our tables, then Optuna's."""
     from sweeper.store import Store
-    from sweeper.study import optuna_storage
+    from sweeper.store.optuna import optuna_storage
 
     barrier.wait()
     try:

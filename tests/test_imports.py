@@ -8,8 +8,21 @@ import sys
 
 def test_cli_and_api_do_not_import_torch() -> None:
     code = (
-        "import sys, sweeper.cli, sweeper.study, sweeper.launcher, api.app\n"
+        "import sys, sweeper.cli, sweeper.sweep.run, sweeper.control, sweeper.launcher, api.app\n"
         "heavy = sorted(m for m in ('torch', 'transformers', 'datasets', 'tokenizers') "
+        "if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_reading_a_space_loads_no_optuna_numpy_or_scipy() -> None:
+    """``import sweeper.space`` (and the job it describes) is what every command that reads a
+    space file pays: the names of the samplers live in sweeper.samplers, not sweeper.search."""
+    code = (
+        "import sys, sweeper.space, sweeper.job\n"
+        "heavy = sorted(m for m in ('optuna', 'numpy', 'scipy', 'sqlalchemy', 'torch') "
         "if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -3,8 +3,12 @@ parameters, preflight's machine checks and the exports all come from ``sweeper.k
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Literal
+
 import optuna
 import pytest
+from pydantic import BaseModel, Field, create_model
+from pydantic.fields import FieldInfo
 
 from sweeper import knobs
 from sweeper.errors import SpaceError
@@ -12,7 +16,8 @@ from sweeper.export import loop_lines, render, sft_kwargs, trainer_kwargs
 from sweeper.knobs import KNOBS, TrialConfig
 from sweeper.preflight import PreflightReport
 from sweeper.recommend import Recommendation
-from sweeper.space import Baseline, SearchSpace, parse_space, suggest
+from sweeper.seqlen import AUTO
+from sweeper.space import SEARCH_DEFAULTS, Baseline, SearchSpace, parse_space, suggest
 from tests.helpers import TINY_SPACE, tiny_config
 
 TINY = TINY_SPACE.read_text()
@@ -28,6 +33,63 @@ def test_every_type_has_one_field_per_knob() -> None:
         assert knob.required or knob.default is not None, knob.name
         if knob.needs:  # a value that needs something has somewhere to fall back
             assert knob.fallback is not None and knob.fallback not in knob.needs
+
+
+def _field_from_knob(model: str, knob: knobs.Knob) -> tuple[Any, Any]:
+    """What each knob's field is in each written-out type: the rules the types follow."""
+    choices = Annotated[list[knob.value_type], Field(min_length=1)]  # type: ignore[name-defined]
+    if model == "TrialConfig":
+        if knob.required:
+            return (knob.value_type, ...)
+        if knob.active is not None:
+            return (knob.value_type | None, None)
+        return (knob.value_type, knob.default)
+    if model == "SearchSpace":
+        if knob.name == "gradient_accumulation_steps":  # None: derived from effective_batch
+            return (choices | None, None)
+        if knob.name == "max_seq_length":  # auto: read off the data (sweeper.seqlen)
+            description = SearchSpace.model_fields["max_seq_length"].description
+            return (choices | Literal["auto"], Field(default=AUTO, description=description))
+        if knob.name in SEARCH_DEFAULTS:  # a required knob a minimal space leaves out
+            listed = SEARCH_DEFAULTS[knob.name]
+            return (choices, Field(default_factory=lambda: list(listed), description=knob.help))
+        if knob.required:
+            return (choices, ...)
+        default = knob.default
+        return (choices, Field(default_factory=lambda: [default], description=knob.help))
+    if knob.required:
+        return (knob.value_type, ...)
+    return (knob.value_type | None, Field(default=None, description=knob.help))
+
+
+def _field_shape(field: FieldInfo) -> tuple[Any, ...]:
+    default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+    # reprs: a nested Annotated holds FieldInfo objects, which compare by identity
+    return (
+        repr(field.annotation),
+        repr(field.metadata),
+        field.is_required(),
+        default,
+        field.description,
+    )
+
+
+@pytest.mark.parametrize("written", [TrialConfig, SearchSpace, Baseline], ids=lambda t: t.__name__)
+def test_the_written_out_types_match_the_knob_table(written: type[BaseModel]) -> None:
+    """TrialConfig, SearchSpace and Baseline are written out so that a type checker can read
+    them; each field must be what the knob's entry in ``KNOBS`` makes of it (a new knob needs
+    its field in each: this test names the one missing)."""
+    derived = create_model(  # type: ignore[call-overload]
+        written.__name__,
+        __base__=written.__bases__[0],
+        **{knob.name: _field_from_knob(written.__name__, knob) for knob in KNOBS},
+    )
+    assert list(written.model_fields) == list(derived.model_fields), "fields or their order"
+    for name, field in derived.model_fields.items():
+        assert _field_shape(written.model_fields[name]) == _field_shape(field), name
+    schema, expected = written.model_json_schema(), derived.model_json_schema()
+    schema.pop("description", None), expected.pop("description", None)
+    assert schema == expected
 
 
 def _with_search(extra: str, base: str = TINY) -> str:
@@ -145,7 +207,7 @@ def test_every_knob_reaches_the_exports(knob: knobs.Knob) -> None:
     gpu = TINY.replace("device: cpu", "device: cuda")
     outputs = []
     for value in _changes(knob):
-        values = {"num_workers": 2} | {knob.name: value}
+        values = {"num_workers": 2, "packing": knob.name == "packing_strategy"} | {knob.name: value}
         config = tiny_config(**values)
         rec = _rec(config)
         outputs.append(

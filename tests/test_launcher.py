@@ -48,8 +48,10 @@ def test_timeout_kills_child_and_its_workers(
     started = time.perf_counter()
     run = run_child(request, timeout_s=8)
     elapsed = time.perf_counter() - started
-    assert run.result.status == "failed" and run.result.failure_kind == "timeout"
+    assert run.result.failure_kind == "timeout", (run.result.failure_message, run.log_tail)
     assert "8 s" in (run.result.failure_message or "")
+    # it names the phase it reached (start-up under heavy load, else burn-in or the window)
+    assert "it was in " in (run.result.failure_message or "")
     assert elapsed < 8 + 6 + 2  # timeout + SIGTERM grace + slack
     assert _live_group_members(run.pid) == []
 
@@ -117,16 +119,27 @@ def test_fork_server_starts_trials_without_imports_and_kills_on_timeout(
         assert phases["imports"] < 0.2 and phases["tokenizer"] < 0.1 and phases["data"] < 0.2
         assert run.result.payload["samples_per_s"] > 0
 
-        forever = trial_request(
-            tiny_space,
-            tiny_prepared,
-            cache_dir,
-            config,
-            measure={"max_steps": 100_000, "max_seconds": 600, "target_ci": 1e-9},
-        )
-        run = run_child(forever, timeout_s=6, server=server)
-        assert run.result.failure_kind == "timeout"
-        assert _live_group_members(run.pid) == []
+        # a window that never ends (burn-in capped at 2 steps) and a burn-in that never does:
+        # each timeout names the phase it stopped in
+        stuck = {
+            "the timed window (after 2 burn-in steps)": {"max_steps": 2},
+            "burn-in (after step": {"min_steps": 100_000, "max_steps": 100_000},
+        }
+        for phase, warmup in stuck.items():
+            forever = trial_request(
+                tiny_space,
+                tiny_prepared,
+                cache_dir,
+                config,
+                warmup=warmup,
+                measure={"max_steps": 100_000, "max_seconds": 600, "target_ci": 1e-9},
+            )
+            run = run_child(forever, timeout_s=10, server=server)
+            assert run.result.failure_kind == "timeout"
+            assert f"it was in {phase}" in (run.result.failure_message or ""), (
+                run.result.failure_message
+            )
+            assert _live_group_members(run.pid) == []
 
 
 def test_dead_fork_server_falls_back_to_spawning(

@@ -34,8 +34,8 @@ from sweeper.measurement import (
 )
 from sweeper.store import Store, TrialMetrics, TrialRow
 from sweeper.store.store import TRIAL_SORT_KEYS
-from sweeper.study import _measurement_of
 from sweeper.studyfile import read_study_file
+from sweeper.sweep.executor import measurement_of
 from sweeper.trial.protocol import ChildResult
 from tests.helpers import REPO, STUDY_FIELDS
 
@@ -256,9 +256,9 @@ def test_missing_or_misspelt_keys_fail_loudly() -> None:
 
 def test_the_sweep_turns_a_bad_result_into_a_failed_trial() -> None:
     good = sample_measurement().model_dump()
-    assert _measurement_of(good) == (sample_measurement(), None)
-    assert _measurement_of(None) == (None, None)  # the child failed, and said why
-    measurement, problem = _measurement_of(good | {"sampels_per_s": 3.0})
+    assert measurement_of(good) == (sample_measurement(), None)
+    assert measurement_of(None) == (None, None)  # the child failed, and said why
+    measurement, problem = measurement_of(good | {"sampels_per_s": 3.0})
     assert measurement is None and problem is not None
     assert "sampels_per_s: unknown key" in problem
 

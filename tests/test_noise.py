@@ -9,6 +9,7 @@ shared machine are real: busy processes, read through /proc by the child's own w
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -36,7 +37,10 @@ from sweeper.noise import (
 from sweeper.preflight import PreflightReport
 from sweeper.search import ImprovementGridSampler
 from sweeper.space import Space, TrialConfig, parse_space
-from sweeper.study import Outcome, SearchLoop, enqueue_known, expected_saving
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.queue import enqueue_known
+from sweeper.sweep.stopping import expected_saving
 from tests.helpers import TINY_SPACE, tiny_space_without_baseline
 
 
@@ -188,10 +192,49 @@ def test_the_watch_flags_other_processes_busy_during_the_window(busy_processes: 
     assert reading["contended"] and "other processes used" in reading["contention"]
 
 
+_OWN_WATCH = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    from sweeper.trial.contention import HostWatch, _proc_stat, _tree_ticks
+    def ticks(pid):
+        text = open(f"/proc/{{pid}}/stat").read()
+        rest = text[text.rindex(")") + 2 :].split()
+        return int(rest[11]) + int(rest[12])
+    kid = subprocess.Popen([sys.executable, "-c", {busy!r}])
+    time.sleep(0.3)
+    watch = HostWatch()
+    kid_before, busy_before = ticks(kid.pid), _proc_stat()[0]
+    started = time.monotonic()
+    watch.start()
+    # however loaded the machine is, the window lasts until the worker has had 50 ticks
+    end = started + 120
+    while ticks(kid.pid) - kid_before < 50 and time.monotonic() < end:
+        time.sleep(0.2)
+    result = watch.stop()
+    result["seconds"] = time.monotonic() - started
+    result["kid_ticks"] = ticks(kid.pid) - kid_before
+    result["busy_ticks"] = _proc_stat()[0] - busy_before
+    result["hz"] = os.sysconf("SC_CLK_TCK")
+    kid.kill()
+    print(json.dumps(result))
+    """
+).format(busy=_BUSY)
+
+
 def test_the_watch_counts_its_own_workers_as_its_own() -> None:
-    reading = _watch(own_children=1)
-    # a DataLoader worker burning a CPU is the trial's own work, not contention
-    assert reading["own_cpu"] >= 0.5, reading
+    # a DataLoader worker burning a CPU is the trial's own work, not contention: whatever else
+    # runs on the machine, the CPU the watch calls others' leaves the worker's ticks out
+    reading = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", _OWN_WATCH], capture_output=True, text=True, check=True,
+            timeout=180,
+        ).stdout
+    )  # fmt: skip
+    assert reading["kid_ticks"] >= 50, reading
+    others_ticks = reading["host_others_cpu"] * reading["seconds"] * reading["hz"]
+    # counting the worker as another process would add its ≥ 50 ticks; the edges of the two
+    # readings differ by a few ticks at most
+    assert others_ticks <= reading["busy_ticks"] - reading["kid_ticks"] + 20, reading
     assert reading["cpu_steal_share"] is None or 0 <= reading["cpu_steal_share"] <= 1
     assert reading["gpu_other_processes"] is None  # no GPU asked for
 
@@ -363,11 +406,11 @@ def test_a_config_contended_at_once_is_measured_again_after_a_calm_trial(
     # a resumed sweep's sampler learns it again from the stored measurements
     again = SearchLoop(
         _space(later), loop.study, script, PreflightReport(), notes,  # type: ignore[arg-type]
-        earlier=loop.results, earlier_samples=loop.samples, seed=1,
+        earlier=loop.results, earlier_samples=loop.remeasure.samples, seed=1,
     )  # fmt: skip
     assert isinstance(again.study.sampler, ImprovementGridSampler)
     assert list(again.study.sampler._revised.values()) == [pytest.approx(3.0)]
-    assert not again.waiting
+    assert not again.remeasure.waiting
 
 
 def test_a_config_contended_at_every_try_is_tried_later_a_limited_number_of_times(
@@ -394,7 +437,7 @@ def test_the_reference_is_measured_again_and_drift_is_reported(
     loop.run(4)
     drift_calls = [(b, k) for b, k in script.calls if k == "drift"]
     assert drift_calls == [(1, "drift"), (1, "drift")]  # after trial 2 and trial 4
-    assert loop.drift is not None and loop.drift.kind_of == "slower"
+    assert loop.remeasure.drift is not None and loop.remeasure.drift.kind_of == "slower"
     assert any("measured 30.0% slower" in n for n in notes.notes)
 
 
@@ -407,11 +450,11 @@ def test_the_best_configs_are_measured_again_interleaved_until_they_separate(
     script = _Script({1: [12.0], 2: [5.0, 4.95], 4: [5.15, 5.2], 8: [9.0]}, ci=0.02)
     loop, notes = _loop(space, storage, script)
     loop.run(4)
-    assert len(loop.contenders()) == 2
+    assert len(loop.remeasure.contenders()) == 2
     loop.settle()
     final = [(b, k) for b, k in script.calls if k == "final"]
     assert final == [(2, "final"), (4, "final")]  # one round, cheapest first, then done
-    assert len(loop.contenders()) == 1
+    assert len(loop.remeasure.contenders()) == 1
     assert any("after 1 round(s) the best config stands clear" in n for n in notes.notes)
     assert script.estimates[loop.results[_config(loop, 2)].number].n == 2
 
@@ -439,7 +482,7 @@ def test_ties_with_no_time_left_are_named_without_claiming_a_remeasure(
     script = _Script({1: [12.0], 2: [5.0], 4: [5.02], 8: [9.0]}, ci=0.02)
     loop, notes = _loop(space, storage, script)
     loop.run(4)
-    loop.deadline = time.monotonic() - 1  # the sweep's time budget is spent
+    loop.time.deadline = time.monotonic() - 1  # the sweep's time budget is spent
     loop.settle()
     assert not [k for _, k in script.calls if k == "final"]
     assert not any("measuring" in n for n in notes.notes)
@@ -472,7 +515,7 @@ def test_planned_runs_stop_the_sweep_when_the_next_trial_costs_more_than_it_save
     loop.run(40)
     assert loop.stop_reason.startswith("the next trial is expected to save $")
     assert "budget.planned_runs" in loop.stop_reason
-    assert loop.measured < 40
+    assert loop.stopping.measured < 40
 
 
 # ------------------------------------------------------------------ a real sweep
@@ -487,7 +530,7 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
     recommendation says so; the baseline (the reference) is measured again for drift."""
     from sweeper.recommend import best
     from sweeper.store import Store
-    from sweeper.study import run_sweep
+    from sweeper.sweep.run import run_sweep
 
     text = TINY_SPACE.read_text().replace(
         TINY_REMEASURE, "  remeasure: {rounds: 0, drift_every: 2, contended_reruns: 1}\n"

@@ -21,7 +21,7 @@ from optuna_dashboard import wsgi
 from sweeper.search import INFEASIBLE_KINDS
 from sweeper.space import Space
 from sweeper.store import Store, TrialRow
-from sweeper.study import run_sweep
+from sweeper.sweep.run import run_sweep
 from tests.helpers import TINY_SPACE
 
 # The baseline (trial 0) and one sampled config: enough for a best trial and two rows to compare.

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sweeper.errors import NoResultError, SpaceError
+from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.recommend import Constraints, best
 from sweeper.space import parse_space
 from sweeper.store import Store
@@ -192,14 +192,23 @@ def test_a_truncating_config_is_never_recommended_silently(guarded: Store) -> No
     assert any("truncates" in w and "allowed by request" in w for w in allowed.warnings)
 
 
-def test_trls_packing_cuts_long_samples_so_it_is_guarded_too(guarded: Store) -> None:
-    """SFTTrainer's default packing (best-fit decreasing) cuts a sample longer than
-    max_length; sweeper's own packing continues it. A packed sft config below the coverage
-    length is guarded like an unpacked one."""
+def test_trls_bfd_packing_cuts_long_samples_so_it_is_guarded_too(guarded: Store) -> None:
+    """TRL's default packing (bfd, best-fit decreasing) drops what overflows max_length;
+    wrapped and bfd_split continue a long sample in another row. A packed bfd config below the
+    coverage length is guarded like an unpacked one, and so is an sft config stored before the
+    packing_strategy knob (it packed with TRL's default)."""
     guarded.upsert_study("guard", space_yaml=_space_yaml(learning_rate=0.0002, engine="sft"))
+    packed = _seq(4, 2, 512, packing=True)
+    assert packed["packing_strategy"] == "wrapped"
+    _finish(guarded, "guard", 4, packed | {"packing_strategy": "bfd"}, 13.0)
+    _finish(guarded, "guard", 5, {k: v for k, v in packed.items() if k != "packing_strategy"}, 13.5)
+    _finish(guarded, "guard", 6, packed | {"packing_strategy": "bfd_split"}, 14.5)
     r = best(guarded, "guard")
-    assert r.trial_number == 2  # seq 1536 holds every sample
-    assert any(e.startswith("trial #3 (bs4×ga2 seq512)") and "truncates" in e for e in r.excluded)
+    assert r.trial_number == 3 and r.truncated_tokens_share == 0.0  # wrapped cuts nothing
+    cut = [e for e in r.excluded if "truncates" in e]
+    assert [e.split(" ")[1] for e in cut] == ["#1", "#4", "#5"], r.excluded
+    guarded.finish_trial("guard", 3, "failed", failure_kind="oom")
+    assert best(guarded, "guard").trial_number == 6  # bfd_split cuts nothing either
 
 
 def test_coverage_percentile_from_the_space(guarded: Store) -> None:
@@ -215,8 +224,34 @@ def test_only_truncating_configs_is_an_error_that_says_what_to_do(guarded: Store
     for t in trials:
         if t.number != 1:
             guarded.finish_trial("guard", t.number, "failed", failure_kind="oom")
-    with pytest.raises(NoResultError, match=r"truncates the data .* add a longer max_seq_length"):
+    with pytest.raises(TruncatesOnlyError) as info:
         best(guarded, "guard")
+    # the space lists 64 only: the one change is a length that holds every sample
+    assert info.value.fix.startswith("add 1536 to search.max_seq_length (it lists [64])")
+    message = str(info.value)
+    assert "To get an answer, add 1536" in message
+    assert "Until then the cheapest config, trial #1 (bs4×ga2 seq1024), costs $30.00/run" in message
+    assert "--allow-truncation" in message and "packing: [false, true]" not in message
+    fallback = info.value.fallback
+    assert fallback.trial_number == 1 and fallback.truncated_tokens_share > 0
+    assert f"cuts {fallback.truncated_tokens_share:.1%} of the tokens" in message
+
+
+def test_the_fix_for_truncation_is_never_what_the_space_has(guarded: Store) -> None:
+    text = _space_yaml().replace("max_seq_length: [64]", "max_seq_length: [64, 1536]")
+    text = text.replace("  max_seq_length: 64\n", "  max_seq_length: 1536\n")
+    guarded.upsert_study("guard", space_yaml=text)
+    for number in (0, 2, 3):
+        guarded.finish_trial("guard", number, "failed", failure_kind="oom")
+    with pytest.raises(TruncatesOnlyError) as info:
+        best(guarded, "guard")
+    assert info.value.fix.startswith("measure a config at max_seq_length 1536, which the space")
+    # auto lists a length that holds every sample: never "add a length"
+    auto = _space_yaml().replace("max_seq_length: [64]", "max_seq_length: auto")
+    guarded.upsert_study("guard", space_yaml=auto)
+    with pytest.raises(TruncatesOnlyError) as info:
+        best(guarded, "guard")
+    assert info.value.fix.startswith("measure a config at max_seq_length 1536"), info.value.fix
 
 
 def test_effective_batch_change_comes_with_learning_rate_advice(guarded: Store) -> None:
@@ -359,3 +394,35 @@ def test_configs_apart_beyond_the_noise_do_not_tie(store: Store) -> None:
     _intervals(store, {2: 0.01, 3: 0.01}, {2: 9_000_000_000, 3: 6_000_000_000})
     r = best(store, "seed")
     assert r.trial_number == 2 and r.ties == () and r.tie_note is None
+
+
+def test_rest_and_the_study_page_offer_the_best_truncating_config(
+    guarded: Store, sqlite_url: str
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    for number in (0, 2, 3):
+        guarded.finish_trial("guard", number, "failed", failure_kind="oom")
+    with TestClient(create_app(sqlite_url)) as client:
+        answer = client.get("/api/studies/guard/best")
+        assert answer.status_code == 409
+        body = answer.json()
+        assert body["fix"].startswith("add 1536 to search.max_seq_length")
+        assert body["fallback"]["trial_number"] == 1
+        assert body["fallback"]["truncated_tokens_share"] > 0
+        allowed = client.get("/api/studies/guard/best?allow_truncation=true")
+        assert allowed.status_code == 200 and allowed.json()["trial_number"] == 1
+        page = client.get("/studies/guard")
+        text = " ".join(page.text.split())
+        assert page.status_code == 200 and "No completed trial yet" not in text
+        assert "To get an answer, add 1536 to search.max_seq_length" in text
+        assert "trial #1 (bs4×ga2 seq1024" in text and "of the tokens" in text
+
+
+def test_without_a_baseline_the_answer_never_claims_to_keep_it(store: Store) -> None:
+    r = best(store, "seed")
+    kept = r.model_copy(update={"baseline_trial_number": r.trial_number})
+    assert kept.keeps_baseline
+    assert not r.model_copy(update={"baseline_trial_number": None}).keeps_baseline

@@ -1,4 +1,4 @@
-"""The search loop (``sweeper.study.SearchLoop``) with every sampler: what each proposal tells
+"""The search loop (``sweeper.sweep.loop.SearchLoop``) with every sampler: what each proposal tells
 Optuna, out-of-memory as a constraint, and a sampler per worker.
 
 The trials here are a table of throughputs (the trial child is tested elsewhere; what is under
@@ -16,11 +16,10 @@ import pytest
 
 from sweeper.errors import SpaceError
 from sweeper.preflight import PreflightReport
+from sweeper.samplers import DEFAULT_SAMPLER, SAMPLERS
 from sweeper.search import (
     CONSTRAINT,
-    DEFAULT_SAMPLER,
     REPEAT_ATTR,
-    SAMPLERS,
     _Posterior,
     make_sampler,
     oom_dominated,
@@ -28,7 +27,11 @@ from sweeper.search import (
 )
 from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.store import Store
-from sweeper.study import Outcome, SearchLoop, SilentObserver, _ChildExecutor, enqueue_known
+from sweeper.sweep.executor import ChildExecutor
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.queue import enqueue_known
 from tests.helpers import STUDY_FIELDS, tiny_space_without_baseline
 
 SPACE = (
@@ -154,7 +157,7 @@ def test_predicted_oom_is_a_pruned_row_with_the_reason(
     store.migrate()
     store.upsert_study(space.study, **STUDY_FIELDS)
     study = optuna.create_study(study_name=space.study, storage=storage)
-    executor = _ChildExecutor(space, store, None, tmp_path, SilentObserver())  # type: ignore[arg-type]
+    executor = ChildExecutor(space, store, None, tmp_path, SilentObserver())  # type: ignore[arg-type]
     trial = study.ask()
     config = TrialConfig.model_validate(_space_defaults(space) | {"per_device_batch_size": 16})
     executor.record_predicted(trial, config, "not run: out of memory predicted, because")

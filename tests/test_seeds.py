@@ -7,13 +7,14 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sweeper.recommend import best
 from sweeper.space import Space, load_space
 from sweeper.store import Store, TrialRow
-from sweeper.study import run_sweep
+from sweeper.sweep.run import run_sweep
 from tests.helpers import REPO, assert_cheapest_or_tied
 
 pytestmark = pytest.mark.torch  # each test runs a real sweep
@@ -43,14 +44,36 @@ def _quick(space: Space) -> Space:
             ),
         }
     )
-    return space.model_copy(update={"trial": trial, "budget": budget})
+    return space.model_copy(
+        update={"trial": trial, "budget": budget, "search": _as_this_machine_runs(space)}
+    )
+
+
+def _as_this_machine_runs(space: Space) -> Any:
+    """The search with each knob this machine can run no listed value of (TF32 on a CPU) at
+    its fallback, as preflight (off in ``_quick``) narrows it: the engines read every knob back
+    from what ran, so a value that cannot run here would fail the trial as a mismatch."""
+    import torch
+
+    from sweeper import knobs
+    from sweeper.preflight import PreflightReport
+
+    cuda = None if torch.cuda.is_available() else "no CUDA device here"
+    values = {k.name: space.search.values(k.name) for k in knobs.KNOBS}
+    dropped = knobs.machine_drops(values, {"cuda": cuda, "bitsandbytes": cuda})
+    fallbacks = {
+        name: knobs.KNOB[name].fallback
+        for name, gone in dropped.items()
+        if len(gone) == len(values[name])
+    }
+    return PreflightReport(dropped=dropped, fallbacks=fallbacks).search(space)
 
 
 def _run_known_configs(path: Path, url: str, cache_dir: Path) -> tuple[Space, list[TrialRow]]:
-    space = load_space(path)
+    space = _quick(load_space(path))
     known = space.known_configs()
     report = run_sweep(
-        _quick(space),
+        space,
         storage_url=url,
         cache_dir=cache_dir,
         space_text=path.read_text(),
@@ -61,7 +84,8 @@ def _run_known_configs(path: Path, url: str, cache_dir: Path) -> tuple[Space, li
     store = Store(url)
     trials = store.list_trials(space.study, include_measurement=True)
     store.dispose()
-    # the baseline first, then the notes' own config, exactly as written in the space
+    # the baseline first, then the notes' own config, as written in the space (a value this
+    # machine cannot run at its fallback, as preflight runs it)
     assert [t.config for t in trials] == [c.model_dump() for c in known]
     return space, trials
 
@@ -71,6 +95,10 @@ def test_seed_000(sqlite_url: str, cache_dir: Path) -> None:
     space, (before, after) = _run_known_configs(path, sqlite_url, cache_dir)
     job = space.workload
     assert (job.samples, job.epochs, space.hardware.usd_per_hour) == (600_000, 3, 2.5)
+    # the seed trains with HF Trainer (dataloader_num_workers): so do its trials
+    assert job.engine == "trainer" and {t.measurement["engine"] for t in (before, after)} == {
+        "trainer"
+    }
     assert job.checkpoint.save_steps == 1000
     assert (before.config["per_device_batch_size"], before.config["num_workers"]) == (2, 8)
     # the notes' checkpoint arithmetic, with a save measured here: 1.8M samples at effective
@@ -99,6 +127,9 @@ def test_seed_001(sqlite_url: str, cache_dir: Path) -> None:
     path = REPO / "spaces" / "seed-001.yaml"
     space, (before, after) = _run_known_configs(path, sqlite_url, cache_dir)
     assert (before.config["max_seq_length"], after.config["max_seq_length"]) == (2048, 1536)
+    # the seed's TrainingArguments: its trials train with HF Trainer
+    assert space.workload.engine == "trainer"
+    assert {t.measurement["engine"] for t in (before, after)} == {"trainer"}
     # the trap: halving accumulation doubles it/s by itself; samples/s is what a run needs
     it_ratio = after.it_per_s / before.it_per_s
     samples_ratio = after.samples_per_s / before.samples_per_s

@@ -68,7 +68,12 @@ def _broken(replace: str, by: str) -> str:
             '    min_steps: "3"',
             ":34: trial.measure.min_steps: Input should be a valid integer",
         ),
-        ("budget:\n  n_trials: 3\n", "", ":2: budget: required key is missing"),
+        (  # the budget's keys, its heading gone, fall under trial: said where they go
+            "budget:\n  n_trials: 3\n",
+            "",
+            ":41: trial.remeasure: not a key of trial: 'remeasure' belongs under budget; "
+            "move it there",
+        ),
         (  # the baseline's own line, not the study's (issue 18)
             'baseline:              # the "current" config: trial #0 of every sweep of this space\n'
             "  per_device_batch_size: 2",
@@ -175,7 +180,6 @@ def test_fixed_effective_batch_derives_accumulation() -> None:
             "",
             "fixed 6 is not a multiple of per_device_batch_size [4]",
         ),
-        ("", "", "gradient_accumulation_steps: required key is missing"),
         ("  effective_batch: {min: 64}\n", GA, "no batch × accumulation of the space"),
         ("  effective_batch: {min: 8, max: 4}\n", GA, "min 8 exceeds max 4"),
         ("  effective_batch: {fixed: 8, max: 8}\n", "", "set either 'fixed' or 'min'/'max'"),
@@ -214,3 +218,52 @@ def test_workload_hash_ignores_hardware_and_price() -> None:
     )
     c = parse_space(text.replace("epochs: 1", "epochs: 2"))
     assert a.workload_hash() == b.workload_hash() != c.workload_hash()
+
+
+def test_the_minimal_space_needs_no_guess(tmp_path: Path) -> None:
+    """What `sweeper init` writes: model, data, engine, machine, price, job size. The rest is
+    defaulted: the lengths come from the data, a few batch sizes, 12 trials."""
+    import json
+
+    from sweeper import seqlen
+    from sweeper.starter import minimal_space
+
+    chats = tmp_path / "chats.jsonl"
+    record = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    }
+    chats.write_text(json.dumps(record) + "\n\n" + json.dumps(record) + "\n")
+    text = minimal_space(
+        study="mine", model="org/model", data=chats, engine="sft", hardware="H100 SXM 80GB",
+        usd_per_hour=2.5,
+    )  # fmt: skip
+    space = parse_space(text)
+    assert space.workload.samples == 2 and space.workload.dataset.messages_field == "messages"
+    assert space.search.max_seq_length == "auto" and space.budget.n_trials == 12
+    assert space.search.values("per_device_batch_size") == [4, 8, 16]
+    assert list(space.search.grid()) == []  # nothing runs before the data says the lengths
+    stats = {"token_percentiles": [10] * 100 + [700], "tokens_max": 700}
+    resolved = seqlen.resolve(space, stats)
+    assert resolved.search.values("max_seq_length") == [704]
+    assert {c.max_seq_length for c in resolved.search.grid()} == {704}
+    packed = parse_space(text + "search:\n  packing: [false, true]\n")
+    assert seqlen.resolve(packed, stats).search.values("max_seq_length") == [192, 384, 704]
+
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"body": "some text"}\n')
+    text = minimal_space(
+        study="p", model="m", data=plain, engine="loop", hardware="CPU", usd_per_hour=1,
+        device="cpu",
+    )  # fmt: skip
+    assert parse_space(text).workload.dataset.text_field == "body"
+
+
+def test_trls_packings_need_the_sft_engine() -> None:
+    text = TINY_SPACE.read_text().replace(
+        "  compile_mode: [none]\n",
+        "  compile_mode: [none]\n  packing: [true]\n  packing_strategy: [wrapped, bfd]\n",
+    )
+    with pytest.raises(SpaceError, match=r"packing_strategy \['bfd'\]: these are TRL's packings"):
+        parse_space(text)
+    sft = parse_space(text.replace("  epochs: 1\n", "  epochs: 1\n  engine: sft\n"))
+    assert sft.search.values("packing_strategy") == ["wrapped", "bfd"]

@@ -17,7 +17,6 @@ from sweeper.errors import ConflictError, StorageError
 from sweeper.recommend import best
 from sweeper.space import parse_space
 from sweeper.store import Store
-from sweeper.study import run_sweep
 from sweeper.studyfile import (
     StudyDocument,
     StudyFileError,
@@ -26,6 +25,7 @@ from sweeper.studyfile import (
     read_study_file,
     write_study_file,
 )
+from sweeper.sweep.run import run_sweep
 from tests.helpers import REPO, TINY_SPACE, assert_cheapest_or_tied, run_sweeper
 
 # The tiny space, where also_try asks for flash_attention_2: a trial that fails (as data).

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
-from api.cache import EncodedJSON
+from api.cache import EncodedJSON, StudyCache
 from api.deps import INT32_MAX, CacheDep, StoreDep, StudyName
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
@@ -57,8 +57,24 @@ def plotly_js() -> FileResponse:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(request: Request, store: StoreDep) -> HTMLResponse:
-    return render_page(request, "index.html", {"studies": study_summaries(store)})
+def overview(request: Request, store: StoreDep, cache: CacheDep) -> HTMLResponse:
+    studies = study_summaries(store)
+    recommendations = {s.name: _recommendation(store, cache, s.name) for s in studies}
+    return render_page(
+        request,
+        "index.html",
+        {"studies": studies, "recommendations": recommendations, "config_text": describe},
+    )
+
+
+def _recommendation(store: Store, cache: StudyCache, name: str) -> BestConfig | None:
+    """The study's recommendation as its page shows it (None: none yet, or none it can give)."""
+    try:
+        return cache.get(
+            store, name, ("best", recommend.Constraints()), lambda: recommend.best(store, name)
+        )
+    except SweeperError:  # no eligible trial yet, a study of an older schema
+        return None
 
 
 # Columns of the trials table that sort, and the direction a first click sorts them in (the
@@ -94,15 +110,16 @@ def study_page(
             name, sort=sort, descending=descending, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE
         )
     ]
+    no_best: NoResultError | None = None  # why there is no answer (and the truncating best)
     try:
         best: BestConfig | None = cache.get(
             store, name, ("best", recommend.Constraints()), lambda: recommend.best(store, name)
         )
-    except NoResultError:
-        best = None
+    except NoResultError as e:
+        best, no_best = None, e
     exports: dict[str, str] = {}
     if best is not None:
-        for fmt in ("trainer", "yaml"):
+        for fmt in ("trainer", "sft", "yaml"):
             try:
                 exports[fmt] = render(best, fmt, study.space_yaml)
             except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
@@ -119,6 +136,10 @@ def study_page(
         "study": study,
         "trials": trials,
         "best": best,
+        "no_best": no_best,
+        "no_best_line": describe(no_best.fallback.config)  # type: ignore[union-attr]
+        if getattr(no_best, "fallback", None) is not None
+        else None,
         "contended": contended,
         "skipped": skipped,
         "exports": exports,

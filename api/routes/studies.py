@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.responses import PlainTextResponse
@@ -24,7 +24,7 @@ from api.schemas import (
     assume_utc,
 )
 from api.security import WriteAccess
-from sweeper import importance, recommend, study
+from sweeper import control, importance, recommend
 from sweeper.errors import ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
 from sweeper.settings import Settings
@@ -35,7 +35,11 @@ from sweeper.store.store import TRIAL_SORT_KEYS, utcnow
 
 SortKey = Literal[TRIAL_SORT_KEYS]  # type: ignore[valid-type]
 # Lax validation turns the query's text into the knob's type ("8" → 8, "true" → True).
-_KNOB_TYPES = {name: TypeAdapter(f.annotation) for name, f in TrialConfig.model_fields.items()}
+_KNOB_TYPES = {
+    name: TypeAdapter(f.annotation)
+    for name, f in TrialConfig.model_fields.items()
+    if f.annotation is not None
+}
 
 router = APIRouter(prefix="/api/studies", tags=["studies"])
 
@@ -299,7 +303,7 @@ def list_workers(name: StudyName, store: StoreDep) -> list[WorkerSummary]:
             devices=worker.devices,
             state="silent"
             if worker.state == "alive" and assume_utc(worker.heartbeat_at) < silent_before
-            else worker.state,
+            else cast(Any, worker.state),  # alive, done or lost: the model checks it
             trials=trials,
             started_at=worker.started_at,
             heartbeat_at=worker.heartbeat_at,
@@ -328,7 +332,7 @@ _WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
 def enqueue_trial(name: StudyName, body: EnqueueRequest, store: StoreDep) -> EnqueueResponse:
     """Queue a config to measure: the running sweep runs it next (or the next ``sweeper
     launch`` of this study does). It must be a config of the study's space."""
-    params = study.enqueue_config(store, name, body.config)
+    params = control.enqueue_config(store, name, body.config)
     running = store.get_study(name).state == "running"
     return EnqueueResponse(
         study=name,
@@ -365,5 +369,5 @@ def stop_study(name: StudyName, store: StoreDep) -> StopResponse:
 )
 def delete_study(name: StudyName, store: StoreDep) -> Response:
     """Delete a study that is not running, with its trials (ours and Optuna's)."""
-    study.delete_study(store, name)
+    control.delete_study(store, name, grace_s=Settings().worker_grace_s)
     return Response(status_code=204)

@@ -211,7 +211,7 @@ class Store:
                 .where(StudyRow.id == study_id, StudyRow.state == "running")
                 .values(state="stopping", updated_at=utcnow())
             )
-            return bool(result.rowcount)
+            return bool(result.rowcount)  # type: ignore[attr-defined]  # an UPDATE's CursorResult
 
     def stop_requested(self, name: str) -> bool:
         with self.session() as s:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import TrialError
-from sweeper.space import GeneratedCorpus, Workload
-from sweeper.trial.protocol import PreparedData
+from sweeper.job import GeneratedCorpus, Workload
+from sweeper.trial.protocol import DatasetFormat, PreparedData
 
 SPECIAL_TOKENS = {"pad_token": "<|pad|>", "bos_token": "<|bos|>", "eos_token": "<|eos|>"}
 # Enough text to learn merges; more only slows the prepare step.
@@ -35,6 +35,7 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
     would trip over (a missing file, column or row, a tokenizer the model cannot take, a chat
     record the template refuses) stops the sweep here, before any trial, naming what to fix."""
     spec = workload.dataset
+    fmt: DatasetFormat
     if spec.generate is not None:
         path = generate_corpus(spec.generate, spec.text_field, cache_dir / "corpora")
         fmt = "json"
@@ -66,11 +67,11 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
             cache_dir / "tokenizers" / f"bpe-{dataset_hash[:16]}-{workload.tokenizer.vocab_size}"
         )
         if not (tokenizer_dir / "tokenizer.json").is_file():
-            sample = (
-                _chat_texts(rows, spec.messages_field)
-                if texts is None
-                else texts[:_TOKENIZER_TRAIN_SAMPLES]
-            )
+            if texts is None:
+                assert spec.messages_field is not None  # chat records: no plain text read
+                sample = _chat_texts(rows, spec.messages_field)
+            else:
+                sample = texts[:_TOKENIZER_TRAIN_SAMPLES]
             train_tokenizer(sample, workload.tokenizer.vocab_size, tokenizer_dir)
         tokenizer_path = str(tokenizer_dir)
     tokenizer = open_tokenizer(tokenizer_path, trust)
@@ -119,7 +120,7 @@ def prepare(workload: Workload, cache_dir: Path) -> PreparedData:
     )
 
 
-def dataset_format(path: Path) -> str:
+def dataset_format(path: Path) -> DatasetFormat:
     if path.is_dir():
         if any((path / name).is_file() for name in _SAVED_MARKERS):
             return "disk"
@@ -181,6 +182,13 @@ def open_dataset(path: str, fmt: str, cache_dir: Path, split: str = "train") -> 
                 fmt, data_files=path, split="train", cache_dir=str(cache_dir / "hf-datasets")
             )
     except Exception as e:  # datasets wraps a parser's error; its cause says which line
+        bad_line = _first_bad_json_line(Path(path)) if fmt == "json" else None
+        if bad_line is not None:
+            raise TrialError(
+                "error",
+                f"workload.dataset.path: {path}:{bad_line[0]}: not a JSON object ({bad_line[1]}); "
+                "each .jsonl line holds one JSON object: fix or drop that line",
+            ) from e
         cause = e.__cause__ or e.__context__
         detail = str(e) or type(e).__name__
         if cause is not None and str(cause) not in detail:
@@ -199,6 +207,40 @@ def open_dataset(path: str, fmt: str, cache_dir: Path, split: str = "train") -> 
             )
         rows = rows[split]
     return rows
+
+
+def _jsonl(path: Path) -> bool:
+    return path.is_file() and "".join(path.suffixes).lower() == ".jsonl"
+
+
+def row_place(path: Path, index: int) -> str:
+    """Where row ``index`` (0-based, as datasets counts) is, as the user's editor counts: the
+    1-based line of a .jsonl file (blank lines hold no row), else the 1-based row."""
+    if _jsonl(path):
+        with path.open("rb") as lines:
+            rows = -1
+            for number, line in enumerate(lines, start=1):
+                rows += bool(line.strip())
+                if rows == index:
+                    return f"{path}:{number} (row {index + 1})"
+    return f"row {index + 1} of {path}"
+
+
+def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
+    """The 1-based line of a .jsonl file that is not one JSON object, and why."""
+    if not _jsonl(path):
+        return None
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                return number, str(e)
+            if not isinstance(record, dict):
+                return number, f"a {type(record).__name__}, not an object"
+    return None
 
 
 def _first_bad_row(rows: Any, field: str) -> int | None:
@@ -232,7 +274,8 @@ def checked_texts(rows: Any, field: str, path: Path) -> list[str]:
     if bad is not None:
         raise TrialError(
             "error",
-            f"workload.dataset: row {bad} of {path} has no {field!r} (null); fill or drop the row",
+            f"workload.dataset: {row_place(path, bad)} has no {field!r} (null); fill or drop "
+            "the row",
         )
     return list(rows[field])
 
@@ -395,7 +438,7 @@ def render_chats(
             except Exception as e:  # noqa: BLE001 - the template's own error, named by row
                 raise TrialError(
                     "error",
-                    f"workload.dataset: row {index} of {path} cannot be rendered as a chat: "
+                    f"workload.dataset: {row_place(path, index)} cannot be rendered as a chat: "
                     f"{e}; fix or drop the row (or set tokenizer.chat_template)",
                 ) from e
             texts.append(text)

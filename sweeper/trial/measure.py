@@ -25,13 +25,24 @@ import torch
 
 from sweeper.errors import TrialError
 from sweeper.hardware import math_mode, peak_flops
+from sweeper.job import Workload
 from sweeper.measurement import parse_measurement
-from sweeper.space import TrialConfig, Workload
+from sweeper.space import TrialConfig
+from sweeper.trial import progress
 from sweeper.trial.contention import HostWatch
 from sweeper.trial.engines import TrialContext, engine, timer_for
+from sweeper.trial.engines.readback import has_generation_markers
+from sweeper.trial.oneoff import (
+    CheckpointCosts,
+    CompileSlot,
+    compile_slot,
+    graph_signature,
+    signature,
+    study_dir,
+)
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.recipe import Recorder, ci95_rel, is_steady, percentile, t95
-from sweeper.trial.workload import config_hash, load_tokenizer, resolve_device
+from sweeper.trial.workload import HFModel, config_hash, load_tokenizer, resolve_device
 
 __all__ = ["ci95_rel", "is_steady", "percentile", "run_trial", "t95"]
 
@@ -50,18 +61,31 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         device=device,
         tokenizer=tokenizer,
         recorder=Recorder(
-            settings.warmup, settings.measure, timer_for(device), HostWatch(_cuda_index(device))
+            settings.warmup,
+            settings.measure,
+            timer_for(device),
+            HostWatch(_cuda_index(device)),
+            on_phase=progress.mark,
         ),
         cache_dir=Path(request.cache_dir),
         last_phase_end=imports_done_at,
+        loss_labels="replies" if request.prepared.completion_only else "all",
     )
+    shared = study_dir(Path(request.cache_dir), request.study)
+    slot = None
+    if shared is not None and config.compile_mode != "none":
+        slot = compile_slot(shared, _graph(request))
     ctx.phase_done("tokenizer")
     run = engine(workload.engine)(ctx)
     recording = ctx.recorder.recording
     _check_finite(ctx.recorder.losses())
-    checkpoint = _time_checkpoint(
-        run.model, run.optimizer, workload, Path(request.cache_dir), device
+    window_end = time.time()
+    progress.mark("checkpoint")
+    checkpoint = _checkpoint_cost(
+        run.model, run.optimizer, workload, Path(request.cache_dir), device, shared
     )
+    checkpoint_phase_s = time.time() - window_end
+    progress.mark("done")
 
     summary = recording.summary()
     tokens_per_s = summary["tokens_per_s"]
@@ -76,7 +100,7 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             "samples_per_s": tokens_per_s / (request.prepared.tokens_per_sample or math.nan)
             if config.packing
             else summary["rows_per_s"],
-            "compile_s": summary["warmup_excess_s"] if config.compile_mode != "none" else 0.0,
+            **_compile_cost(config, summary["warmup_excess_s"], slot),
             "loss_first": losses[0],
             "loss_last": losses[-1],
             "losses": losses,
@@ -89,6 +113,11 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
             "effective_batch": config.effective_batch,
             "packing": config.packing,
+            "effective": run.effective,
+            "loss_labels": ctx.loss_labels,
+            "reply_markers": None
+            if request.prepared.chat_template is None
+            else has_generation_markers(request.prepared.chat_template),
             "startup_s": ctx.last_phase_end - process_started_at,
             **checkpoint,
             **_mfu(
@@ -109,6 +138,7 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
                 **ctx.phases,
                 "warmup": summary["warmup_s"],
                 "window": recording.window_s,
+                "checkpoint": checkpoint_phase_s,
             },
             "env": environment(device, config_hash(model.config), request.prepared),
         }
@@ -127,19 +157,123 @@ def measurement(values: dict[str, Any]) -> dict[str, Any]:
     return parse_measurement(values).model_dump()
 
 
-def _time_checkpoint(
+def _graph(request: ChildRequest) -> dict[str, Any]:
+    assert request.config is not None and request.prepared is not None
+    workload = request.workload
+    return graph_signature(
+        request.config.model_dump(),
+        {
+            "model": workload.model.model_dump(mode="json"),
+            "adapter": None
+            if workload.adapter is None
+            else workload.adapter.model_dump(mode="json"),
+            "engine": workload.engine,
+            "tokenizer": request.prepared.tokenizer_path,
+        },
+        torch.__version__,
+    )
+
+
+def _compile_cost(
+    config: TrialConfig, warmup_excess_s: float, slot: CompileSlot | None
+) -> dict[str, Any]:
+    """What compile costs a run (cold), and what this trial measured."""
+    if config.compile_mode == "none":
+        return {"compile_s": 0.0}
+    measured = {"compile_measured_s": warmup_excess_s}
+    if slot is None:  # no study: a private cache, cold
+        return {"compile_s": warmup_excess_s, "compile_cache": "cold", **measured}
+    if slot.cold_s is not None:
+        return {
+            "compile_s": slot.cold_s,
+            "compile_cache": "warm",
+            "compile_signature": slot.signature,
+            **measured,
+        }
+    slot.record_cold(warmup_excess_s)
+    return {
+        "compile_s": warmup_excess_s,
+        "compile_cache": "cold",
+        "compile_signature": slot.signature,
+        **measured,
+    }
+
+
+def _state_signature(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workload: Workload,
+    target: Path,
+) -> str:
+    """What a checkpoint save writes and where, read from the objects that trained."""
+    dtype_bytes: dict[str, int] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        key = str(tensor.dtype)
+        dtype_bytes[key] = dtype_bytes.get(key, 0) + tensor.numel() * tensor.element_size()
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+    return signature(
+        {
+            "model": type(model).__name__,
+            "config": config_hash(model.config),
+            "bytes": dtype_bytes,
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "adapter": None
+            if workload.adapter is None
+            else workload.adapter.model_dump(mode="json"),
+            "optimizer": type(inner).__name__,
+            "save_optimizer": workload.checkpoint.save_optimizer,
+            "dir": str(target.resolve()),
+            "host": socket.gethostname(),
+        }
+    )
+
+
+def _checkpoint_cost(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     workload: Workload,
     cache_dir: Path,
     device: torch.device,
+    shared: Path | None,
+) -> dict[str, Any]:
+    """The cost of one checkpoint save: the study's figure for this state where it has one,
+    otherwise saved and timed here (and kept for the study's later trials)."""
+    if workload.checkpoint.save_steps is None:
+        return {"checkpoint_save_s": None, "checkpoint_bytes": None}
+    target = _checkpoint_target(workload, cache_dir)
+    if shared is None:
+        return {**_time_checkpoint(model, optimizer, workload, target, device),
+                "checkpoint_source": "measured"}  # fmt: skip
+    state = _state_signature(model, optimizer, workload, target)
+    costs = CheckpointCosts(shared)
+    known = costs.get(state)
+    if known is not None:
+        return {
+            "checkpoint_save_s": float(known["save_s"]),
+            "checkpoint_bytes": int(known["bytes"]),
+            "checkpoint_source": "reused",
+            "checkpoint_signature": state,
+        }
+    figures = _time_checkpoint(model, optimizer, workload, target, device)
+    costs.put(state, figures["checkpoint_save_s"], figures["checkpoint_bytes"])
+    return {**figures, "checkpoint_source": "measured", "checkpoint_signature": state}
+
+
+def _checkpoint_target(workload: Workload, cache_dir: Path) -> Path:
+    spec = workload.checkpoint
+    return Path(spec.dir).expanduser() if spec.dir else cache_dir / "checkpoints"
+
+
+def _time_checkpoint(
+    model: HFModel,
+    optimizer: torch.optim.Optimizer,
+    workload: Workload,
+    target: Path,
+    device: torch.device,
 ) -> dict[str, Any]:
     """Save one checkpoint as Trainer does (safetensors weights, optimizer state), fsync it,
     time it, delete it. The real run pays this every ``checkpoint.save_steps`` steps."""
     spec = workload.checkpoint
-    if spec.save_steps is None:
-        return {"checkpoint_save_s": None, "checkpoint_bytes": None}
-    target = Path(spec.dir).expanduser() if spec.dir else cache_dir / "checkpoints"
     try:
         target.mkdir(parents=True, exist_ok=True)
         folder = Path(tempfile.mkdtemp(prefix="sweeper-checkpoint-", dir=target))
@@ -198,7 +332,7 @@ def _numel(parameter: torch.Tensor) -> int:
     return math.prod(shape) if shape is not None else parameter.numel()
 
 
-def _matmul_params(model: torch.nn.Module) -> int:
+def _matmul_params(model: HFModel) -> int:
     """Parameters that do matmuls per token: all but embedding lookups; a tied LM head counts."""
     total = sum(_numel(p) for p in model.parameters())
     embeddings = model.get_input_embeddings().weight

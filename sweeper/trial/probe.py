@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -66,7 +66,7 @@ def _time_steps(
     model = probe_model(request.workload, tokenizer, probe.attn_implementation, device)
     model.train()
     if probe.compile_mode != "none":
-        model = torch.compile(model, mode=probe.compile_mode)
+        model = cast(torch.nn.Module, torch.compile(model, mode=probe.compile_mode))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, len(tokenizer), (_BATCH, _SEQ), generator=generator).to(device)

@@ -17,6 +17,9 @@ from sweeper.space import (
     Workload,
 )
 
+# how the prepared dataset is stored: datasets' loader names, and save_to_disk's directory
+DatasetFormat = Literal["json", "parquet", "csv", "text", "disk"]
+
 
 class PreparedData(BaseModel):
     """Output of the prepare step, shared by every trial of a sweep."""
@@ -24,7 +27,7 @@ class PreparedData(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     dataset_path: str
-    dataset_format: Literal["json", "parquet", "csv", "text", "disk"]
+    dataset_format: DatasetFormat
     dataset_split: str = "train"  # of a save_to_disk directory
     text_field: str  # chat records are rendered into a "text" column first
     tokenizer_path: str
@@ -70,6 +73,9 @@ class ChildRequest(BaseModel):
     config: TrialConfig | None = None
     settings: TrialSettings | None = None
     probe: ProbeSpec | None = None
+    # the study the request serves: its trials share compile caches and one-off cost figures
+    # (sweeper/trial/oneoff.py); None shares nothing
+    study: str | None = None
     spawned_at: float = 0.0  # time.time() in the parent just before the spawn
 
     @classmethod
@@ -88,6 +94,7 @@ class ChildRequest(BaseModel):
                 "workload": space.workload,
                 "device": space.hardware.device,
                 "cache_dir": str(cache_dir),
+                "study": space.study,
                 **fields,
             },
         )

@@ -204,9 +204,13 @@ class Recorder:
         measure: MeasureSettings,
         timer: Timer,
         watch: Watch | None = None,
+        *,
+        on_phase: Callable[..., None] | None = None,
     ) -> None:
         self.warmup, self.measure, self.timer = warmup, measure, timer
         self.watch = watch
+        # told where the recorder is (``sweeper.trial.progress.mark``), never inside the window
+        self.on_phase = on_phase
         self.phase = "idle"  # idle → burn_in → window → done
         self.recording = Recording(target_ci=measure.target_ci)
         self._current = Step()
@@ -221,6 +225,8 @@ class Recorder:
             raise RuntimeError("the recorder was started twice")
         self.timer.sync()
         self.phase = "burn_in"
+        if self.on_phase is not None:
+            self.on_phase("burn_in", step=0)
         self._phase_started = self._step_started = self.timer.now()
 
     def batch(self, *, rows: int, real_tokens: int, padded_tokens: int, data_wait_s: float) -> None:
@@ -270,13 +276,19 @@ class Recorder:
                 self.measure.min_steps, math.ceil(self.measure.warmup_multiple * len(steps))
             )
             self.phase = "window"
+            if self.on_phase is not None:
+                self.on_phase("window", steps=len(steps))
             if self.watch is not None:
                 # read the host before the window opens, so the reading is not timed
                 self.watch.start()
+            if self.watch is not None or self.on_phase is not None:
                 now = self._step_started = self.timer.now()
             self._phase_started = now
             self._marks = [self.timer.mark()]
             self._known = 0
+        elif self.on_phase is not None:
+            self.on_phase("burn_in", step=len(steps))
+            self._step_started = self.timer.now()  # the write is not the next step's time
 
     def _end_window_step(self) -> None:
         step, self._current = self._current, Step()
@@ -301,6 +313,8 @@ class Recorder:
             if self.watch is not None:
                 self.recording.host = self.watch.stop()
             self.phase = "done"
+            if self.on_phase is not None:
+                self.on_phase("finishing")
 
     def _resolve(self, *, wait: bool) -> None:
         steps = self.recording.window

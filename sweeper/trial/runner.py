@@ -6,11 +6,13 @@ from __future__ import annotations
 import traceback
 from pathlib import Path
 
+from sweeper.trial import progress
 from sweeper.trial.failures import classify
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
 
 def execute(request_path: Path, result_path: Path, process_started_at: float) -> None:
+    progress.mark("started")
     try:
         request = ChildRequest.model_validate_json(request_path.read_text())
         if request.kind == "prepare":

@@ -6,6 +6,7 @@ import httpx
 import pytest
 from playwright.sync_api import Dialog, Page, expect
 
+from sweeper.knobs import describe
 from sweeper.store import Store
 from tests.browser.helpers import (
     ALL_STUDIES,
@@ -170,6 +171,41 @@ def test_every_chart_draws_and_the_copy_button_yields_training_arguments(
     ).text
     assert copied == exported
     assert "TrainingArguments(" in copied and "per_device_train_batch_size=2" in copied
+
+    # beside it, TRL's SFTConfig: every knob said, SFTConfig's own defaults overridden
+    page.get_by_role("button", name="Copy SFTConfig").click()
+    expect(page.locator("button[data-copy='export-sft']")).to_have_text("Copied ✓")
+    copied = page.evaluate("() => navigator.clipboard.readText()")
+    exported = httpx.get(
+        live_server.url(f"/api/studies/{priced_study}/export"), params={"format": "sft"}
+    ).text
+    assert copied == exported
+    assert "SFTConfig(" in copied and "gradient_checkpointing=False" in copied
+
+
+def test_the_overview_shows_each_studys_recommendation(
+    page: Page, live_server: LiveServer, priced_study: str
+) -> None:
+    """Each study's row says its answer in one line (config, $/run, hours), or that it has
+    none yet: the same answer as its page and GET /best."""
+    page.goto(live_server.url("/"))
+    rows = page.locator("main table tbody tr")
+    answered = 0
+    for index in range(rows.count()):
+        row = rows.nth(index)
+        name = row.locator("td").first.inner_text()
+        line = row.locator("td.recommendation").inner_text()
+        response = httpx.get(live_server.url(f"/api/{study_path(name).lstrip('/')}/best"))
+        if response.status_code == 409:  # no completed trial yet
+            assert line.strip() == "none yet", name
+            continue
+        best = response.json()
+        assert response.status_code == 200, (name, response.status_code, best)
+        assert describe(best["config"]) in line, (name, line)
+        assert f"${best['cost_per_run_usd']:,.2f}/run" in line
+        assert f"{best['hours_per_run']:,.1f} h" in line
+        answered += 1
+    assert answered >= 1  # the priced study has one
 
 
 def test_trials_table_sorts_by_a_clicked_column(

@@ -89,7 +89,7 @@ def test_a_4bit_lora_trial_trains_only_the_adapter(
     v_proj, gradient checkpointing; only the adapter trains and is saved."""
     pytest.importorskip("bitsandbytes", reason="4-bit needs bitsandbytes")
     pytest.importorskip("peft", reason="LoRA needs peft")
-    from sweeper.space import AdapterSpec
+    from sweeper.job import AdapterSpec
 
     workload = tiny_space.workload.model_copy(
         update={
@@ -113,3 +113,24 @@ def test_a_4bit_lora_trial_trains_only_the_adapter(
     assert 0 < m["trainable_params"] < m["n_params"] / 5
     assert m["checkpoint_bytes"] < 200_000  # the adapter is saved, not the base
     assert m["loss_last"] < m["loss_first"]
+
+
+@pytest.mark.parametrize("engine", ["loop", "trainer", "sft"])
+def test_cuda_only_knob_values_are_read_back_from_what_ran(
+    cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str
+) -> None:
+    """The values a CPU cannot run (pinned batches, TF32, the fused AdamW kernel) reach what
+    each engine runs on a GPU; tests/trial/test_readback.py covers the rest on the CPU."""
+    space = tiny_space.model_copy(
+        update={"workload": tiny_space.workload.model_copy(update={"engine": engine})}
+    )
+    config = tiny_config(
+        pin_memory=True, tf32=True, optim="adamw_torch_fused", precision="bf16", num_workers=1
+    )
+    run = run_child(
+        trial_request(space, tiny_prepared, cache_dir, config, device="cuda"), timeout_s=600
+    )
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    effective = (run.result.payload or {})["effective"]
+    for knob in ("pin_memory", "tf32", "optim", "precision"):
+        assert effective[knob] == getattr(config, knob), (knob, effective[knob])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -40,3 +41,22 @@ def test_workers_read_disjoint_shares_and_the_collator_pads_nothing() -> None:
     for batch in batches:
         assert batch["input_ids"].shape == (2, 8)
         assert bool(batch["attention_mask"].all()) and bool((batch["labels"] != -100).all())
+
+
+@pytest.mark.parametrize("strategy", ["wrapped", "bfd", "bfd_split"])
+def test_the_guard_says_which_of_trls_packings_cut_as_trl_does(strategy: str) -> None:
+    """The truncation guard's word on each ``packing_strategy`` (recommend.packing_cuts)
+    against what the installed TRL's own packing keeps of samples longer than a row."""
+    from datasets import Dataset
+    from trl import pack_dataset
+
+    from sweeper.recommend import StudyFacts, packing_cuts
+
+    lengths = [3, 11, 5, 2, 9, 4]  # two samples longer than the 8-token rows
+    samples = [[100 * i + j for j in range(n)] for i, n in enumerate(lengths)]
+    packed = pack_dataset(Dataset.from_dict({"input_ids": samples}), 8, strategy)
+    kept = sorted(t for row in packed["input_ids"] for t in row)
+    lost = sorted(t for s in samples for t in s if t not in set(kept))
+    facts = StudyFacts(name="s", hardware_name="CPU", usd_per_hour=1.0)
+    assert packing_cuts(facts, {"packing": True, "packing_strategy": strategy}) == bool(lost), lost
+    assert all(len(row) <= 8 for row in packed["input_ids"])

@@ -196,3 +196,29 @@ def test_losses_are_summed_over_micro_batches_and_kept_per_step() -> None:
         clock.t += 1
         recorder.step_end()
     assert recorder.losses() == [0.75, 0.75, 0.75]
+
+
+def test_progress_marks_come_at_phase_edges_and_are_never_timed() -> None:
+    """The recorder tells where it is at each burn-in step and the window's edges; a slow mark
+    (a progress file on a slow disk) costs the measurement nothing."""
+    clock = FakeClock()
+    marks: list[tuple[str, dict]] = []
+
+    def slow_mark(phase: str, **detail: object) -> None:
+        marks.append((phase, detail))
+        clock.t += 7.0  # far longer than any step: it would show in any timed figure
+
+    recorder = _recorder(clock)
+    recorder.on_phase = slow_mark
+    _run(recorder, clock, [30.0, 5.0] + [0.2] * 500)
+    recording = recorder.recording
+    phases = [phase for phase, _ in marks]
+    burn_in = len(recording.burn_in)
+    # burn_in at start and after each burn-in step but the last, then the window, then done
+    assert phases == ["burn_in"] * burn_in + ["window", "finishing"]
+    assert [d["step"] for p, d in marks if p == "burn_in"] == list(range(burn_in))
+    assert marks[-2][1] == {"steps": burn_in}
+    # no mark inside the window: its steps and its wall time are the steps' own
+    assert recording.burn_in_times[:2] == [30.0, 5.0]
+    assert recording.window_times == pytest.approx([0.2] * len(recording.window))
+    assert recording.window_s == pytest.approx(0.2 * len(recording.window))

@@ -103,7 +103,7 @@ def test_every_format_reads_the_same_rows(tmp_path: Path, cache_dir: Path) -> No
         (
             [{"text": "a"}, {"text": "b"}, {"text": None}, {"text": "d"}],
             {},
-            r"row 2 of .*data.jsonl has no 'text' \(null\); fill or drop the row",
+            r"data.jsonl:3 \(row 3\) has no 'text' \(null\); fill or drop the row",
         ),
         (
             [{"text": 1}, {"text": 2}],
@@ -113,13 +113,13 @@ def test_every_format_reads_the_same_rows(tmp_path: Path, cache_dir: Path) -> No
         (
             [{"messages": CHATS[0]}, {"messages": [{"role": "user"}]}],
             {"messages_field": "messages"},
-            r"row 1 of .*data.jsonl cannot be rendered as a chat: a message is not "
+            r"data.jsonl:2 \(row 2\) cannot be rendered as a chat: a message is not "
             r"\{role: str, content: str\}.*fix or drop the row",
         ),
         (
             [{"messages": CHATS[0][:2]}],
             {"messages_field": "messages", "loss": "completion"},
-            r"row 0 .* has no assistant message",
+            r"data.jsonl:1 \(row 1\) .* has no assistant message",
         ),
         (
             [{"messages": CHATS[0]}],
@@ -143,8 +143,11 @@ def test_bad_data_is_named_before_any_trial(
 
 def test_unreadable_files_say_which_and_how(tmp_path: Path, cache_dir: Path) -> None:
     broken = tmp_path / "broken.jsonl"
-    broken.write_text('{"text": "fine"}\n{"text": "cut off\n')
-    with pytest.raises(TrialError, match=r"datasets could not read .*broken.jsonl as json"):
+    broken.write_text('{"text": "fine"}\n\n{"text": "cut off\n')
+    with pytest.raises(TrialError, match=r"broken.jsonl:3: not a JSON object \(.*fix or drop"):
+        prepare(_space({"path": str(broken)}).workload, cache_dir)
+    broken.write_text('{"text": "fine"}\n["a list"]\n')
+    with pytest.raises(TrialError, match=r"broken.jsonl:2: not a JSON object \(a list, not an"):
         prepare(_space({"path": str(broken)}).workload, cache_dir)
     (tmp_path / "folder").mkdir()
     with pytest.raises(TrialError, match=r"is a directory but not one datasets' save_to_disk"):

@@ -7,6 +7,9 @@ Each engine builds its model, data and optimizer from the trial's config and fee
   loop;
 - ``trainer``: ``transformers.Trainer`` with ``TrainingArguments`` from the config;
 - ``sft``: TRL's ``SFTTrainer`` with ``SFTConfig`` (it tokenizes and packs the data itself).
+
+After its first optimizer step each engine reads every knob back from what runs
+(``readback.check``): a value that differs from the config's fails the trial as a mismatch.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import torch
 
 from sweeper.errors import TrialError
+from sweeper.trial import progress
 from sweeper.trial.protocol import ChildRequest
 from sweeper.trial.recipe import HostTimer, Recorder, Timer
 
@@ -63,12 +67,16 @@ class TrialContext:
     phases: dict[str, float | None] = field(default_factory=dict)
     # time.time() when the last build phase ended: the engine starts the recorder right after
     last_phase_end: float = field(default_factory=time.time)
+    # the tokens the loss is taken on: every token, or only the assistant's replies (loss:
+    # completion); an engine that cannot mask the replies as the user's run would says "all"
+    loss_labels: str = "all"
 
     def phase_done(self, name: str) -> None:
         """Close a build phase (``data``, ``model``, ``optimizer``...) at the current time."""
         now = time.time()
         self.phases[name] = (self.phases.get(name) or 0.0) + now - self.last_phase_end
         self.last_phase_end = now
+        progress.mark(name)
 
 
 @dataclass
@@ -80,6 +88,8 @@ class EngineRun:
     optimizer_name: str  # what ran, read back from the optimizer object
     loader_epochs: int = 1
     notes: dict[str, Any] = field(default_factory=dict)
+    # each knob's value read back from what ran (``readback.check``)
+    effective: dict[str, Any] = field(default_factory=dict)
 
 
 def count_batch(batch: dict[str, Any]) -> dict[str, Any]:
@@ -93,12 +103,30 @@ def count_batch(batch: dict[str, Any]) -> dict[str, Any]:
     return {"rows": ids.shape[0], "real_tokens": real, "padded_tokens": ids.numel()}
 
 
+def widest_row(batch: dict[str, Any]) -> int:
+    """Tokens in the batch's longest sequence. A padding-free batch (TRL's packing) holds its
+    sequences end to end in one row, each starting where its position ids restart at 0."""
+    ids = batch["input_ids"]
+    positions = batch.get("position_ids")
+    if positions is None or batch.get("attention_mask") is not None:
+        return int(ids.shape[-1])
+    flat = positions.reshape(-1)
+    starts = [*(flat == 0).nonzero().reshape(-1).tolist(), flat.numel()]
+    return max((end - start for start, end in zip(starts, starts[1:], strict=False)), default=0)
+
+
 class TimedBatches:
     """An iterable over ``loader`` that reports each batch, and the wait for it, to the
     recorder: the time the host is blocked on the data pipeline."""
 
     def __init__(self, loader: Any, recorder: Recorder) -> None:
         self._loader, self._recorder = loader, recorder
+        # read back after the first optimizer step: batches it took, the widest row; the
+        # engine stops watching then (the widest row of a padding-free batch is read from the
+        # device, a sync the timed steps must not have)
+        self.fetched = 0
+        self.widest_row = 0
+        self.watching = True
 
     def __iter__(self) -> Any:
         iterator = iter(self._loader)
@@ -109,6 +137,9 @@ class TimedBatches:
             except StopIteration:
                 return
             self._recorder.batch(**count_batch(batch), data_wait_s=time.perf_counter() - waited)
+            if self.watching:
+                self.fetched += 1
+                self.widest_row = max(self.widest_row, widest_row(batch))
             yield batch
 
     def __len__(self) -> int:

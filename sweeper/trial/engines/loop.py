@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -14,6 +14,7 @@ from sweeper.trial.engines import (
     build_optimizer,
     optimizer_name,
 )
+from sweeper.trial.engines.readback import ComputeDtype, Running, check
 from sweeper.trial.workload import build_loader, build_model, mixed_precision
 
 
@@ -30,21 +31,38 @@ def train(ctx: TrialContext) -> EngineRun:
     ctx.phase_done("model")
     runnable: torch.nn.Module = model
     if config.compile_mode != "none":
-        runnable = torch.compile(model, mode=config.compile_mode)
+        runnable = cast(torch.nn.Module, torch.compile(model, mode=config.compile_mode))
     optimizer = build_optimizer(config.optim, model, workload.learning_rate, device)
     ctx.phase_done("optimizer")
 
     stepper = _Stepper(runnable, optimizer, loader, ctx)
+    computed = ComputeDtype(model)
     recorder.start()
-    while True:
+    stepper.step()
+    computed.remove()
+    effective = check(
+        "loop",
+        Running(
+            device=device,
+            model=model,
+            runnables=[runnable],
+            optimizer=optimizer,
+            loader=loader,
+            micro_batches=stepper.loader.fetched,
+            widest_row=stepper.loader.widest_row,
+            compute_dtype=computed.dtype,
+        ),
+        config.model_dump(),
+    )
+    stepper.loader.watching = False
+    while not recorder.step_end():
         stepper.step()
-        if recorder.step_end():
-            break
     return EngineRun(
         model=model,
         optimizer=optimizer,
         optimizer_name=optimizer_name(optimizer),
         loader_epochs=stepper.loader_epochs,
+        effective=effective,
     )
 
 

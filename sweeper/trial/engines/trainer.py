@@ -20,6 +20,7 @@ from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.trial.corpus import encode
 from sweeper.trial.engines import EngineRun, TimedBatches, TrialContext, optimizer_name
+from sweeper.trial.engines.readback import ComputeDtype, Running, check, has_generation_markers
 from sweeper.trial.workload import build_model, build_training_dataset, make_collator, open_rows
 
 
@@ -45,21 +46,57 @@ def trainer_arguments(ctx: TrialContext) -> dict[str, Any]:
     }
 
 
-def _callback(ctx: TrialContext) -> Any:
+def _callback(ctx: TrialContext, engine: str) -> Any:
     from transformers import TrainerCallback
 
     recorder = ctx.recorder
 
     class Record(TrainerCallback):
+        trainer: Any = None  # set once the trainer exists
+        computed: ComputeDtype | None = None
+
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             ctx.phase_done("trainer_setup")  # accelerate's prepare, the optimizer, the scheduler
             recorder.start()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.computed is not None:  # the first optimizer step: read back what ran
+                self.computed.remove()
+                self.trainer.sweeper_effective = _read_back(engine, self.trainer, self.computed)
+                self.computed = None
             if recorder.step_end():
                 control.should_training_stop = True
 
     return Record()
+
+
+def _read_back(engine: str, trainer: Any, computed: ComputeDtype) -> dict[str, Any]:
+    ctx: TrialContext = trainer.sweeper_ctx
+    assert ctx.request.config is not None
+    loader = trainer.sweeper_loader
+    loader.watching = False
+    model = getattr(trainer.model, "_orig_mod", trainer.model)
+    return check(
+        engine,
+        Running(
+            device=ctx.device,
+            model=model,
+            runnables=[trainer.model_wrapped, trainer.model],
+            optimizer=trainer.optimizer,
+            loader=loader,
+            args=trainer.args,
+            micro_batches=loader.fetched,
+            widest_row=loader.widest_row,
+            compute_dtype=computed.dtype,
+        ),
+        ctx.request.config.model_dump(),
+    )
+
+
+def _start(trainer: Any, ctx: TrialContext, record: Any) -> None:
+    trainer.sweeper_ctx = ctx
+    record.trainer = trainer
+    record.computed = ComputeDtype(trainer.model)
 
 
 def _timed(trainer_class: type) -> type:
@@ -67,9 +104,14 @@ def _timed(trainer_class: type) -> type:
 
     class Timed(trainer_class):  # type: ignore[misc, valid-type]
         sweeper_ctx: TrialContext
+        sweeper_loader: TimedBatches
+        sweeper_effective: dict[str, Any] | None = None
 
         def get_train_dataloader(self) -> Any:
-            return TimedBatches(super().get_train_dataloader(), self.sweeper_ctx.recorder)
+            self.sweeper_loader = TimedBatches(
+                super().get_train_dataloader(), self.sweeper_ctx.recorder
+            )
+            return self.sweeper_loader
 
         def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
             loss = super().training_step(*args, **kwargs)
@@ -93,6 +135,7 @@ def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
         optimizer=trainer.optimizer,
         optimizer_name=optimizer_name(trainer.optimizer),
         loader_epochs=max(1, math.ceil(trainer.state.epoch or 1)),
+        effective=trainer.sweeper_effective or {},
     )
 
 
@@ -122,14 +165,15 @@ def train_trainer(ctx: TrialContext) -> EngineRun:
     model = build_model(workload, config, ctx.tokenizer, ctx.device, ctx.cache_dir)
     ctx.phase_done("model")
     args = _arguments(TrainingArguments, trainer_arguments(ctx))
+    record = _callback(ctx, "trainer")
     trainer = _timed(Trainer)(
         model=model,
         args=args,
         train_dataset=dataset,
         data_collator=make_collator(workload, config, ctx.tokenizer),
-        callbacks=[_callback(ctx)],
+        callbacks=[record],
     )
-    trainer.sweeper_ctx = ctx
+    _start(trainer, ctx, record)
     _train(trainer)
     return _finish(ctx, trainer)
 
@@ -159,7 +203,13 @@ def train_sft(ctx: TrialContext) -> EngineRun:
     config, workload, prepared = request.config, request.workload, request.prepared
     rows = open_rows(prepared, ctx.cache_dir)
     rows = rows.select(range(sft_rows(ctx, len(rows))))
-    if prepared.completion_only:
+    if prepared.completion_only and not has_generation_markers(prepared.chat_template):
+        # TRL's assistant_only_loss needs {% generation %} markers in the template: without
+        # them the user's SFTTrainer trains on every token, so the trial does too (and the
+        # export says so) rather than measure a loss the user's run cannot have
+        rows = rows.remove_columns("completion_spans")
+        ctx.loss_labels = "all"
+    if prepared.completion_only and ctx.loss_labels == "replies":
         # token ids with an assistant mask: SFTTrainer takes them as they are and labels only
         # the replies, as assistant_only_loss does from messages
         rows = rows.map(
@@ -182,15 +232,16 @@ def train_sft(ctx: TrialContext) -> EngineRun:
             "remove_unused_columns": True,
         },
     )
+    record = _callback(ctx, "sft")
     trainer = _timed(SFTTrainer)(
         model=model,
         args=args,
         train_dataset=rows,
         processing_class=ctx.tokenizer,
-        callbacks=[_callback(ctx)],
+        callbacks=[record],
     )
     ctx.phase_done("dataset")  # SFTTrainer tokenizes (and packs) its dataset in __init__
-    trainer.sweeper_ctx = ctx
+    _start(trainer, ctx, record)
     _train(trainer)
     return _finish(ctx, trainer)
 
@@ -206,6 +257,11 @@ def _reply_masks(batch: dict[str, list[Any]], tokenizer: Any, field: str) -> dic
 
 
 def _arguments(kind: type, kwargs: dict[str, Any]) -> Any:
+    fields = getattr(kind, "__dataclass_fields__", {})
+    if "activation_checkpointing" in fields and "gradient_checkpointing" in kwargs:
+        # transformers 5.23 renamed it (the old name still works, with a warning)
+        kwargs = {**kwargs, "activation_checkpointing": kwargs["gradient_checkpointing"]}
+        del kwargs["gradient_checkpointing"]
     try:
         return kind(**kwargs)
     except (ValueError, ImportError) as e:  # e.g. tf32 without an Ampere GPU, fp16 on a CPU

@@ -1,0 +1,366 @@
+"""Terminal rendering for the command line: the live sweep (``RichObserver``), the
+leaderboard, the recommendation, doctor's findings and the cross-machine comparison.
+
+``sweeper.cli`` holds the commands; everything they print to a terminal is drawn here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from sweeper.cost import one_off_text
+
+if TYPE_CHECKING:
+    from sweeper.doctor import DoctorReport
+    from sweeper.recommend import Comparison, Recommendation
+    from sweeper.space import TrialConfig
+    from sweeper.store import TrialRow
+    from sweeper.trial.protocol import PreparedData
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A terminal's console; piped to a file or CI (no terminal, no COLUMNS), lines are not
+    wrapped at rich's default 80 columns mid-sentence and tables get room for the config."""
+    made = Console(stderr=stderr)
+    if made.is_terminal or os.environ.get("COLUMNS"):
+        return made
+    return Console(stderr=stderr, width=160, soft_wrap=True)
+
+
+console = make_console()
+err_console = make_console(stderr=True)
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless there is one: "1 trial", "9 trials"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+class RichObserver:
+    """Shows the sweep while it runs: a progress bar and one line per finished trial."""
+
+    def __init__(self, study: str, n_trials: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task(f"{study}: starting", total=n_trials)
+        self.total, self.done = n_trials, 0
+        self.first_trial_at: float | None = None
+
+    def __enter__(self) -> RichObserver:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def prepare_started(self) -> None:
+        self.progress.update(self.task, description="preparing dataset and tokenizer")
+
+    def prepare_done(self, prepared: PreparedData, wall_s: float) -> None:
+        stats = prepared.stats
+        self.progress.console.print(
+            f"data: {stats['dataset_rows']} rows, tokens per sample p50 {stats['tokens_p50']}, "
+            f"p90 {stats['tokens_p90']}, max {stats['tokens_max']} (prepared in {wall_s:.1f} s)",
+            highlight=False,
+        )
+        # preflight (when the space has it) comes next; the first trial replaces this
+        self.progress.update(self.task, description="preflight: what can run here")
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        if self.first_trial_at is None:
+            self.first_trial_at = time.monotonic()
+        self.progress.update(self.task, description=f"trial {number}: {describe(config)}")
+
+    def _eta(self) -> str:
+        """`[3/8, about 4 min left]`: the mean trial so far times the trials left (an
+        estimate: re-measuring at the end adds to it)."""
+        left = self.total - self.done
+        if self.first_trial_at is None or left <= 0:
+            return f" [{self.done}/{self.total}]"
+        per_trial = (time.monotonic() - self.first_trial_at) / self.done
+        minutes = per_trial * left / 60
+        about = f"{minutes:.0f} min" if minutes >= 1 else f"{per_trial * left:.0f} s"
+        return f" [{self.done}/{self.total}, about {about} left]"
+
+    def trial_done(self, row: TrialRow) -> None:
+        self.done += 1
+        config = describe_dict(row.config)
+        if row.state == "complete":
+            line = (
+                f"[green]✓[/] #{row.number} {config} → {num(row.samples_per_s, ',.1f')} "
+                f"samples/s, {num(row.it_per_s, '.2f')} it/s, "
+                f"${num(row.cost_per_run_usd, ',.2f')}/run"
+            )
+        else:
+            message = (row.failure_message or "")[:160]
+            line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {escape(message)}"
+        self.progress.console.print(line + escape(self._eta()), highlight=False)
+        self.progress.advance(self.task)
+
+    def note(self, message: str) -> None:
+        self.progress.console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
+
+
+def num(value: float | None, spec: str) -> str:
+    """Format a figure that may be unknown (NULL in the store) as '—'."""
+    return "—" if value is None else format(value, spec)
+
+
+def describe(config: TrialConfig) -> str:
+    return describe_dict(config.model_dump())
+
+
+def describe_dict(config: dict[str, Any]) -> str:
+    from sweeper import knobs
+
+    return knobs.describe(config)
+
+
+def print_leaderboard(url: str, study: str, top: int = 10) -> None:
+    from sweeper.recommend import padding_share
+    from sweeper.store import Store
+
+    store = Store(url)
+    trials = store.list_trials(study)
+    store.dispose()
+    completed = sorted(
+        (t for t in trials if t.state == "complete" and t.cost_per_run_usd is not None),
+        key=lambda t: (t.cost_per_run_usd, t.number),
+    )
+    table = Table(title=f"{study}: cheapest per run", title_justify="left")
+    headers = ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run")
+    for header in (*headers, "$/run", "±95%"):
+        if header == "config":  # the config is the point of the table: it folds, never cut
+            table.add_column(header, justify="left", overflow="fold", min_width=40, ratio=1)
+        else:
+            table.add_column(header, justify="right", no_wrap=True)
+    for t in completed[:top]:
+        padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
+        table.add_row(
+            str(t.number),
+            describe_dict(t.config),
+            num(t.samples_per_s, ",.1f"),
+            num(t.tokens_per_s, ",.0f"),
+            num(t.it_per_s, ".2f"),
+            num(None if t.data_wait_share is None else t.data_wait_share * 100, ".0f") + "%",
+            num(None if padding is None else padding * 100, ".0f") + "%",
+            num(t.hours_per_run, ",.1f"),
+            num(t.cost_per_run_usd, ",.2f"),
+            num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
+            + "%"
+            + (f" ×{len(t.remeasures)}" if t.remeasures else "")
+            + (" [yellow]*[/]" if t.contended else ""),
+        )
+    console.print(table)
+    if any(t.remeasures for t in completed[:top]):
+        console.print("  ×N: measured N times, pooled (sweeper.noise)", highlight=False)
+    contended = [f"#{t.number}" for t in completed[:top] if t.contended]
+    if contended:
+        console.print(
+            f"  [yellow]*[/] measured only while the machine was shared: {', '.join(contended)}",
+            highlight=False,
+        )
+    failed = [t for t in trials if t.state == "failed"]
+    for t in failed:
+        console.print(
+            f"[red]failed[/] #{t.number} {describe_dict(t.config)}: {t.failure_kind}: "
+            f"{escape((t.failure_message or '')[:200])}",
+            highlight=False,
+        )
+
+
+def print_recommendation(rec: Recommendation) -> None:
+    config = rec.config
+    console.print(
+        f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
+        f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, "
+        + (
+            f"picked among the {len(rec.ties) + 1} that tie within the noise "
+            f"({count(rec.completed_trials, 'trial')} completed)"
+            if rec.ties
+            else f"the cheapest of {count(rec.completed_trials, 'trial')} completed"
+        ),
+        highlight=False,
+    )
+    for key, value in config.items():  # as YAML writes them, to paste into a space's baseline
+        shown = (
+            "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+        )
+        console.print(f"  {key}: {escape(str(shown))}", highlight=False)
+    console.print(
+        f"  → {rec.throughput_text()}, "
+        f"{num(rec.it_per_s, '.2f')} it/s; {num(rec.hours_per_run, ',.1f')} h/run, "
+        f"[bold]{rec.interval_text()}[/]",
+        highlight=False,
+    )
+    if rec.tie_note:
+        console.print(f"    {rec.tie_note}", highlight=False)
+    _print_projection(rec)
+    _print_versus_baseline(rec)
+    if rec.constraints != "no constraint":
+        console.print(f"  constraints: {escape(str(rec.constraints))}", highlight=False)
+    for warning in rec.warnings:
+        console.print(f"  [yellow]warning:[/] {escape(warning)}", highlight=False)
+    for note in rec.excluded:
+        console.print(f"  [yellow]left out:[/] {escape(note)}", highlight=False)
+
+
+def _print_projection(rec: Recommendation) -> None:
+    """Where the run's hours go, and what else the recommendation knows of it."""
+    part = rec.projection
+    if part:
+        console.print(
+            f"    training {part['train_hours']:,.2f} h + start-up {part['startup_s']:,.0f} s + "
+            f"compile {part['compile_s']:,.0f} s + {part['checkpoint_saves']} checkpoint saves "
+            f"{part['checkpoint_s']:,.0f} s",
+            highlight=False,
+        )
+        if sources := one_off_text(part):
+            console.print(f"    ({sources})", highlight=False)
+    details = []
+    if rec.padding_share is not None:
+        details.append(f"padding {rec.padding_share:.0%} of computed tokens")
+    if rec.truncated_tokens_share is not None:
+        details.append(f"truncates {rec.truncated_tokens_share:.1%} of tokens")
+    if rec.memory_headroom is not None:
+        details.append(f"memory headroom {rec.memory_headroom:.0%}")
+    if rec.trainable_text():
+        details.append(str(rec.trainable_text()))
+    if rec.measured_on:
+        details.append(f"measured on {rec.measured_on}")
+    if details:
+        console.print("    " + "; ".join(details), highlight=False)
+
+
+def _print_versus_baseline(rec: Recommendation) -> None:
+    """The recommendation against the baseline, and what the sweep cost."""
+    if rec.keeps_baseline:
+        console.print(
+            f"  this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}",
+            highlight=False,
+        )
+    elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
+        console.print(
+            f"  vs baseline (trial #{rec.baseline_trial_number}): "
+            f"{num(rec.baseline_hours_per_run, ',.1f')} h, "
+            f"${num(rec.baseline_cost_per_run_usd, ',.2f')}/run, "
+            f"{rec.baseline_throughput_text()} → "
+            f"{rec.speedup_vs_baseline:.2f}× faster, ${rec.usd_saved_per_run:,.2f} saved per run",
+            highlight=False,
+        )
+    if rec.sweep_cost_usd is not None:
+        payback = (
+            f"; it pays for itself after {rec.payback_runs} run"
+            f"{'s' if rec.payback_runs != 1 else ''}"
+            if rec.payback_runs is not None
+            else ""
+        )
+        console.print(
+            f"  the sweep used {num(rec.sweep_hours, ',.2f')} h of this machine "
+            f"(${rec.sweep_cost_usd:,.2f}){payback}",
+            highlight=False,
+        )
+
+
+def print_doctor(report: DoctorReport) -> None:
+    facts = report.facts
+    title = "this machine" + (f" for {report.space}" if report.space else "")
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("topic", style="bold")
+    table.add_column("finding", overflow="fold")
+    table.add_row(
+        "versions",
+        f"Python {facts['python']}, torch {facts['torch']} (CUDA {facts['torch_cuda'] or 'none'}"
+        f"), transformers {facts['transformers']}"
+        + (f", driver {facts['driver']}" if facts.get("driver") else ""),
+    )
+    installed = [
+        f"{name} {info['version']}" + ("" if info["imports"] else " (does not import)")
+        for name, info in facts["packages"].items()
+        if info["installed"]
+    ]
+    missing = [name for name, info in facts["packages"].items() if not info["installed"]]
+    table.add_row(
+        "packages",
+        (", ".join(installed) or "none of the optional ones")
+        + (f"; not installed: {', '.join(missing)}" if missing else ""),
+    )
+    marks = {"ok": "[green]✓[/]", "warning": "[yellow]![/]", "problem": "[red]✗[/]"}
+    for finding in report.findings:
+        if finding.level == "ok":
+            table.add_row(finding.topic, f"{marks['ok']} {finding.text}")
+    console.print(table)
+    for finding in report.findings:
+        if finding.level == "ok":
+            continue
+        console.print(
+            f"{marks[finding.level]} [bold]{finding.level}[/] ({finding.topic}): "
+            f"{escape(finding.text)}",
+            highlight=False,
+        )
+        if finding.fix:
+            console.print(f"    fix: {escape(finding.fix)}", highlight=False)
+    took = sum(report.phases_s.values())
+    if report.space is None:
+        console.print(f"\nexamined in {took:.0f} s", highlight=False)
+    elif report.problems:
+        console.print(
+            f"\n[red]{len(report.problems)} problem(s)[/]: {report.space} asks for what this "
+            f"machine cannot do (examined in {took:.0f} s)",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"\n[green]{report.space} can run here[/] (examined in {took:.0f} s)", highlight=False
+        )
+
+
+def print_comparison(comparison: Comparison) -> None:
+    cheapest = comparison.cheapest
+    console.print(
+        f"\n[bold]cheapest[/] across {len(comparison.per_study)} machine(s): "
+        f"{cheapest.hardware_name} (${cheapest.usd_per_hour:.2f}/h, study {cheapest.study}), "
+        f"trial #{cheapest.trial_number}: {num(cheapest.hours_per_run, ',.1f')} h, "
+        f"[bold]${cheapest.cost_per_run_usd:,.2f}/run[/]",
+        highlight=False,
+    )
+    table = Table(title="Pareto front: no other config is both faster and cheaper")
+    for column in ("machine", "$/h", "study", "trial", "config", "h/run", "$/run"):
+        table.add_column(column)
+    for point in comparison.pareto:
+        table.add_row(
+            point.hardware_name,
+            f"{point.usd_per_hour:.2f}",
+            point.study,
+            str(point.trial_number),
+            describe_dict(point.config),
+            f"{point.hours_per_run:,.1f}",
+            f"{point.cost_per_run_usd:,.2f}",
+        )
+    console.print(table)
+    for name, why in comparison.unavailable.items():
+        console.print(f"  [yellow]{escape(name)}:[/] {escape(why)}", highlight=False)

@@ -1,0 +1,62 @@
+"""Whether a new ``launch`` would run beside a live worker of its study on the same devices.
+
+Two workers training on one GPU (or one CPU) at once slow each other down, and both record
+the slowed figures as what their configs cost. A second ``sweeper launch`` of a running study
+is more often a mistake (the first is still running in another terminal) than a plan, so it
+is refused unless ``--join`` says it is meant; workers on other hosts or other GPUs are the
+normal way to share a study and are never refused.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sweeper.errors import SweeperError
+from sweeper.settings import Settings
+from sweeper.store import Store
+
+
+def devices_here() -> str | None:
+    """The devices a worker started here would use (its ``CUDA_VISIBLE_DEVICES``)."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def same_place_worker(url: str, study: str) -> str | None:
+    """Why launching ``study`` here now would share its devices with a live worker of it, with
+    the way out; None when no live worker of the study runs on this host and these devices."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    file = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if file not in (None, "", ":memory:") and not Path(str(file)).exists():
+        return None  # opening it would create it; a new file holds no worker
+    try:
+        store = Store(url)
+    except SweeperError:
+        return None  # the sweep itself says what is wrong with the storage
+    try:
+        live = store.live_workers(study, Settings().worker_grace_s)
+    except SweeperError:
+        return None  # no such study (or no tables yet): nobody works on it
+    finally:
+        store.dispose()
+    host, devices = socket.gethostname(), devices_here()
+    here = [w for w in live if w.host == host and w.devices == devices]
+    if not here:
+        return None
+    worker = here[0]
+    beat = worker.heartbeat_at
+    if beat.tzinfo is None:  # SQLite hands back naive UTC
+        beat = beat.replace(tzinfo=UTC)
+    ago = max(0.0, (datetime.now(UTC) - beat).total_seconds())
+    where = "every visible device" if devices is None else f"CUDA_VISIBLE_DEVICES={devices}"
+    return (
+        f"study {study!r} already has a live worker on this host using {where} (pid "
+        f"{worker.pid}, last heartbeat {ago:.0f} s ago): a second worker on the same devices "
+        "would slow both, and both would record the slowed figures. Wait for it to finish, "
+        f"stop it (kill {worker.pid}: its running trial is marked interrupted), or run "
+        "beside it on purpose with --join (on another GPU: CUDA_VISIBLE_DEVICES=N)"
+    )

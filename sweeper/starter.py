@@ -1,0 +1,124 @@
+"""``sweeper init``: the minimal space for your own fine-tune, written from a few answers.
+
+Only what sweeper cannot know is asked: the model, the data, the engine that trains it, the
+machine's name and price, and the size of the real job. Everything else is defaulted — the
+sequence lengths come from the data (``max_seq_length: auto``), a few batch sizes are
+searched, the budget is 12 trials — and the file says so, so it can be edited later.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from sweeper.errors import SpaceError
+from sweeper.space import parse_space
+
+ENGINES = ("sft", "trainer", "loop")
+
+
+def data_shape(path: Path) -> tuple[str, str, int | None]:
+    """(``text_field`` or ``messages_field``, the column, the number of records) of a .jsonl
+    file, read from its records: a ``messages`` list of ``{role, content}`` makes chat data.
+    Other formats: plain ``text``, count unknown."""
+    if "".join(path.suffixes).lower() != ".jsonl":
+        return "text_field", "text", None
+    kind, column, rows = "text_field", "text", 0
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            rows += 1
+            if rows > 1:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise SpaceError(f"{path}:{number}: not a JSON object ({e})") from None
+            if not isinstance(record, dict):
+                raise SpaceError(f"{path}:{number}: not a JSON object")
+            chats = [k for k, v in record.items() if isinstance(v, list) and v and _is_chat(v)]
+            if chats:
+                kind, column = "messages_field", chats[0]
+            elif "text" not in record:
+                texts = [k for k, v in record.items() if isinstance(v, str)]
+                if not texts:
+                    raise SpaceError(
+                        f"{path}:{number}: no text column and no chat records (a list of "
+                        "{role, content}); each line needs one"
+                    )
+                column = texts[0]
+    if rows == 0:
+        raise SpaceError(f"{path}: holds no records")
+    return kind, column, rows
+
+
+def study_name(out: Path) -> str:
+    """The study a space file at ``out`` names: its file name, as a study name may be.
+
+    >>> study_name(Path("spaces/my fine-tune.yaml"))
+    'my-fine-tune'
+    """
+    return re.sub(r"[^A-Za-z0-9._-]", "-", out.stem).strip("-._")[:100] or "mine"
+
+
+def _is_chat(messages: list[object]) -> bool:
+    return all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages)
+
+
+def minimal_space(
+    *,
+    study: str,
+    model: str,
+    data: Path,
+    engine: str,
+    hardware: str,
+    usd_per_hour: float,
+    samples: int | None = None,
+    epochs: float = 1.0,
+    device: str = "auto",
+) -> str:
+    """The text of the minimal space (validated before it is returned)."""
+    kind, column, rows = data_shape(data)
+    samples = samples or rows
+    if not samples:
+        raise SpaceError(
+            f"{data}: cannot count its records; say how many samples one epoch of the real job "
+            "has with --samples"
+        )
+    model_path = Path(model).expanduser()
+    model_id = str(model_path.resolve()) if model_path.exists() else model
+    field = f"      {kind}: {column}\n" if (kind, column) != ("text_field", "text") else ""
+    text = (
+        "# Your own fine-tune, written by `sweeper init`. Everything not here has a default\n"
+        '# (README: "Your own fine-tune"): max_seq_length is read off the data, batch sizes\n'
+        "# 4, 8 and 16 are searched, 12 trials. Add a search: section to search more knobs.\n"
+        f"study: {study}\n"
+        "hardware:\n"
+        f"  name: {_scalar(hardware)}          # the machine the real job rents\n"
+        f"  usd_per_hour: {usd_per_hour:g}\n"
+        + (f"  device: {device}\n" if device != "auto" else "")
+        + "workload:\n"
+        f"  model: {{id: {_scalar(model_id)}}}    # a save_pretrained directory or a hub id\n"
+        "  dataset:\n"
+        f"    path: {_scalar(str(data.expanduser().resolve()))}\n"
+        + field.replace("      ", "    ")
+        + f"  engine: {engine}                 # sft: TRL's SFTTrainer; trainer; loop (your own)\n"
+        f"  samples: {samples}              # samples in one epoch of the real job\n"
+        f"  epochs: {epochs:g}\n"
+        "budget:\n"
+        "  n_trials: 12\n"
+    )
+    parse_space(text, source="the space sweeper init writes")  # never write a broken file
+    return text
+
+
+def _scalar(value: str) -> str:
+    """``value`` as a YAML scalar (quoted when plain YAML would read it as something else)."""
+    plain = re.fullmatch(r"[A-Za-z0-9_./@+-][A-Za-z0-9_./@+ -]*", value) is not None
+    if plain and yaml.safe_load(value) == value:
+        return value
+    return json.dumps(value)

@@ -1,0 +1,155 @@
+"""N worker processes of one study on one machine (``launch --workers``, ``worker --devices``):
+which GPUs they may take, how many trials each runs, and a supervisor that starts them, passes
+SIGINT and SIGTERM on, and says which failed. ``--fill`` asks how many trials a study lacks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweeper.errors import SweeperError, Terminated
+from sweeper.settings import absent_sqlite_file
+
+
+class FleetError(SweeperError):
+    """The workers could not be started, or one of them failed; ``code`` is the exit code
+    the command ends with (2: a wrong option, 130/143: interrupted/terminated)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_devices(text: str) -> list[str]:
+    """``--devices 0,1`` (GPU indexes or UUIDs, as CUDA_VISIBLE_DEVICES takes them).
+
+    >>> parse_devices("0, 1")
+    ['0', '1']
+    """
+    devices = [d.strip() for d in text.split(",")]
+    if not all(devices) or len(set(devices)) != len(devices):
+        raise FleetError(
+            f"--devices {text!r}: give distinct GPUs separated by commas, e.g. --devices 0,1",
+            code=2,
+        )
+    return devices
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a worker may take: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    import shutil
+
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """``launch --fill``: of ``planned`` trials, the study has ``done``."""
+
+    done: int
+    planned: int
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.planned - self.done)
+
+
+def fill_plan(url: str, study: str, planned: int) -> FillPlan:
+    """How many of ``planned`` trials the study has. An SQLite file that does not exist holds
+    no trial (and is not created here). Raises FleetError (code 2) for a storage URL that
+    cannot be used, SweeperError for a database that cannot be read."""
+    from sweeper.store import Store
+    from sweeper.sweep.run import trials_done
+
+    if absent_sqlite_file(url) is not None:
+        return FillPlan(0, planned)
+    try:
+        store = Store(url)
+    except SweeperError as e:
+        raise FleetError(str(e), code=2) from None
+    try:
+        store.migrate()
+        return FillPlan(trials_done(store, study), planned)
+    finally:
+        store.dispose()
+
+
+def run_workers(
+    command: list[str],
+    name: str,
+    url: str,
+    devices: list[str],
+    count: int,
+    n_trials: int,
+    max_minutes: float | None,
+    *,
+    logs: Path,
+    say: Callable[[str], None],
+) -> None:
+    """``count`` worker processes running ``sweeper COMMAND`` on one study, each with its
+    share of the trials and, when ``devices`` are given, its own GPU; their output goes to log
+    files under ``logs``. SIGINT and SIGTERM are passed on to every worker (each marks its
+    running trial); ``say`` hears which worker runs where."""
+    if devices and count > len(devices):
+        raise FleetError(
+            f"--workers {count}: only {len(devices)} GPU(s) are visible ({devices})", 2
+        )
+    logs.mkdir(parents=True, exist_ok=True)
+    share = -(-n_trials // count)
+    processes = []
+    for index in range(count):
+        env = dict(os.environ)
+        if devices:
+            env["CUDA_VISIBLE_DEVICES"] = devices[index]
+        log = logs / f"{name}-{index}.log"
+        argv = [sys.executable, "-m", "sweeper.cli", *command]
+        argv += ["--storage", url, "--n-trials", str(share)]
+        if max_minutes is not None:
+            argv += ["--max-minutes", str(max_minutes)]
+        with log.open("w") as out:
+            processes.append(
+                (log, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+            )
+        say(
+            f"worker {index}"
+            + (f" on GPU {devices[index]}" if devices else "")
+            + f": {share} trials, log {log}"
+        )
+    failed = []
+    try:
+        for log, process in processes:
+            if process.wait() != 0:
+                failed.append((log, process.returncode))
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        # pass it on once; a second signal must not cut the wait for the workers short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for _, process in processes:
+            process.send_signal(signal.SIGTERM if terminated else signal.SIGINT)
+        for _, process in processes:
+            process.wait()
+        said = "terminated (SIGTERM)" if terminated else "interrupted"
+        code = 143 if terminated else 130
+        raise FleetError(f"{said}; each worker marked its running trial", code) from None
+    if failed:
+        raise FleetError(
+            "; ".join(f"a worker exited {code} (see {log})" for log, code in failed), code=1
+        )

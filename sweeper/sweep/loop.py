@@ -1,0 +1,278 @@
+"""The search loop: ask → rule out → claim → execute → tell, until the budget is spent."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import optuna
+
+from sweeper import knobs
+from sweeper.noise import Sample
+from sweeper.preflight import PreflightReport
+from sweeper.search import CONSTRAINT, CONTENDED_ATTR, REPEAT_ATTR, make_sampler, runnable_params
+from sweeper.space import Space, TrialConfig, optuna_params, suggest
+from sweeper.sweep.clock import SweepClock
+from sweeper.sweep.executor import TrialExecutor
+from sweeper.sweep.observer import SweepObserver
+from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.remeasure import Remeasure
+from sweeper.sweep.rules import (
+    AlreadyMeasured,
+    FailedPreflight,
+    OomDominated,
+    OutsideSpace,
+    PredictedOom,
+    Repeat,
+    Skip,
+    SkipRule,
+    first_skip,
+)
+from sweeper.sweep.stopping import Stopping, TimeBudget
+
+# Stop asking after this many consecutive configs that were measured or ruled out already.
+_MAX_SKIPS_IN_A_ROW = 50
+
+
+class SearchLoop:
+    """Ask, decide what a proposal is worth, run it (or not), tell — until the budget is spent;
+    then measure the best configs again until they separate (``budget.remeasure``).
+
+    What Optuna is told (``sweeper.search``): a measured config its $/run; a config proposed
+    again its earlier result again; a config that failed by its own doing (out of memory,
+    unsupported) or that the space's rules or preflight rule out, a completed trial with the
+    constraint violated; a config at least as heavy as one that ran out of memory is not run
+    (``sweeper.sweep.rules``).
+
+    What is measured again, and when the loop stops, its collaborators decide
+    (``sweeper.sweep.remeasure``, ``sweeper.sweep.stopping``). ``eligible`` says which configs
+    the recommendation may pick (it leaves out configs that truncate the data): only those are
+    re-measured at the end.
+    """
+
+    def __init__(
+        self,
+        space: Space,
+        study: optuna.Study,
+        executor: TrialExecutor,
+        preflight: PreflightReport,
+        observer: SweepObserver,
+        *,
+        earlier: Mapping[TrialConfig, Outcome] | None = None,
+        earlier_samples: Mapping[TrialConfig, Sequence[Sample]] | None = None,
+        seed: int | None = None,
+        eligible: Callable[[TrialConfig], bool] | None = None,
+    ) -> None:
+        self.space, self.study, self.executor = space, study, executor
+        self.preflight, self.observer = preflight, observer
+        self.stopped = False  # a stop was requested through the API
+        self.stop_reason = ""
+        self.known = set(space.known_configs())  # the user's named configs
+        self.search = preflight.search(space)  # knobs that fell back have one value
+        self.runnable = [c for c in self.search.grid() if preflight.allows(c) is None]
+        self._runnable = frozenset(self.runnable)
+        # what this study measured before (a resumed sweep): told again if proposed again
+        self.results: dict[TrialConfig, Outcome] = {
+            c: o for c, o in (earlier or {}).items() if c in self._runnable
+        }
+        self.rules: list[SkipRule] = [
+            OutsideSpace(self.search),
+            FailedPreflight(preflight),
+            AlreadyMeasured(self.results),
+            OomDominated(self.results),
+        ]
+        self.time = TimeBudget()
+        self.remeasure = Remeasure(
+            space, preflight, executor, observer, self.results, self.time,
+            earlier_samples=earlier_samples, eligible=eligible,
+        )  # fmt: skip
+        self.stopping = Stopping(space, self.results.values(), self.time)
+        study.sampler = make_sampler(
+            self.search.sampler,
+            space.budget.seed if seed is None else seed,
+            runnable_params(self.runnable, lambda c: optuna_params(c, self.search)),
+        )
+        for config, cost in self.remeasure.calm_since_told():
+            self._revise(config, cost)
+
+    def run(
+        self, n_trials: int, clock: SweepClock | None = None, deadline: float | None = None
+    ) -> dict[str, int]:
+        """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
+        with less time left than the longest trial so far took, and cap each one's timeout
+        at the time left. ``settle`` then measures the best configs again."""
+        counts = {"run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0}
+        skipped_in_a_row = 0
+        self.time.deadline = deadline
+        while counts["run"] < n_trials:
+            left_s = self.time.left_s()
+            reason = self._reason_not_to_ask(left_s)
+            if reason is not None:
+                self._stop(reason)
+                break
+            trial, config = self._propose()
+            skip = first_skip(self.rules, config)
+            if isinstance(skip, PredictedOom):
+                self._predicted_oom(trial, config, skip.heavier_than)
+                counts["predicted"] += 1
+                continue
+            if skip is None and self._claimed(trial, config):
+                counts["claimed"] += 1
+                skipped_in_a_row += 1
+                if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
+                    self._stop("the other workers have taken every config proposed")
+                    break
+                continue
+            if skip is None:
+                skipped_in_a_row = 0
+                if self._measure(trial, config, left_s, counts, clock):
+                    break
+                continue
+            self._tell_skipped(trial, skip, counts)
+            skipped_in_a_row += 1
+            if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
+                self._stop("the sampler keeps proposing measured or ruled-out configs")
+                break
+        if not self.stop_reason and counts["run"] >= n_trials:
+            self.stop_reason = (
+                f"{n_trials} trial{'' if n_trials == 1 else 's'} run, the number asked for"
+            )
+        return counts
+
+    def settle(self, clock: SweepClock | None = None) -> None:
+        """Measure the best configs again, interleaved, until their intervals separate or
+        ``remeasure.rounds`` rounds are spent (``Remeasure.settle``)."""
+        self.remeasure.settle(clock.charge if clock is not None else lambda: None)
+
+    # ------------------------------------------------------------------ one proposal
+
+    def _reason_not_to_ask(self, left_s: float | None) -> str | None:
+        if self.executor.stop_requested():
+            self.stopped = True
+            return "stop requested (REST); the sweep ends here"
+        if self._runnable <= self.results.keys():
+            return f"all {len(self._runnable)} runnable configs of the space are measured"
+        if self.time.spent(left_s):
+            return (
+                f"the sweep's time budget is spent ({max(0.0, left_s or 0.0):.0f} s left, the "
+                f"longest trial took {self.time.longest_s:.0f} s)"
+            )
+        return None
+
+    def _propose(self) -> tuple[optuna.Trial, TrialConfig]:
+        """Ask; the config to run for the proposal (a known config's knob that cannot run here
+        runs its fallback: tf32 on a CPU)."""
+        trial = self.study.ask()
+        proposed = suggest(trial, self.search)
+        config = self.preflight.adapt(proposed)
+        if proposed in self.known:  # the user's own config: measured as near as runs here
+            config, changed = self.preflight.nearest(proposed)
+            if changed:
+                self.observer.note(
+                    f"{knobs.describe(proposed.model_dump())} runs " + "; ".join(changed)
+                )
+        return trial, config
+
+    def _claimed(self, trial: optuna.Trial, config: TrialConfig) -> bool:
+        """Whether another worker proposed ``config`` first (this trial then ends, FAIL)."""
+        taken_by = self.executor.claim(trial.number, config)
+        if taken_by is None:
+            return False
+        if taken_by != trial.number:  # (the same queued trial, popped twice: it is the other's)
+            trial.set_user_attr("claimed_by", taken_by)
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return True
+
+    def _tell_skipped(self, trial: optuna.Trial, skip: Skip, counts: dict[str, int]) -> None:
+        # Optuna forbids changing a categorical's choices within a study: a config that
+        # preflight or the space's rules rule out is told as infeasible without a trial
+        if isinstance(skip, Repeat):
+            trial.set_user_attr(REPEAT_ATTR, skip.earlier.number)
+            self._tell(trial, skip.earlier)
+            counts["repeats"] += 1
+        else:
+            assert not isinstance(skip, PredictedOom)
+            trial.set_user_attr("skipped", skip.reason)
+            self._tell(trial, Outcome(number=trial.number, failure_kind="unsupported"))
+
+    def _measure(
+        self,
+        trial: optuna.Trial,
+        config: TrialConfig,
+        left_s: float | None,
+        counts: dict[str, int],
+        clock: SweepClock | None,
+    ) -> bool:
+        """Run the trial and tell it; whether the sweep stops after it."""
+        started = time.monotonic()
+        outcome = self.executor.execute(trial, config, left_s)
+        self.time.took(time.monotonic() - started)
+        self.results[config] = outcome
+        calm = False
+        if outcome.sample is not None:
+            calm = self.remeasure.measured(config, outcome.sample)
+            if not calm:
+                trial.set_user_attr(CONTENDED_ATTR, True)
+        # told after the reruns: the sampler learns the calm measurement, not the
+        # one a shared machine slowed (which would mark a good region as bad)
+        self._tell(trial, self.results[config])
+        if calm:
+            revised = self.remeasure.measure_waiting()
+            if revised is not None:
+                self._revise(*revised)
+        if clock is not None:
+            clock.charge()
+        counts["run"] += 1
+        counts["complete" if outcome.feasible else "failed"] += 1
+        reason = self.stopping.after_trial(self.results[config])
+        if reason is not None:
+            self._stop(reason)
+            return True
+        if self.remeasure.check_drift(self.stopping.measured) and clock is not None:
+            clock.charge()
+        return False
+
+    def _stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        self.observer.note(f"{reason}; stopping")
+
+    # ------------------------------------------------------------------ Optuna
+
+    def _revise(self, config: TrialConfig, cost: float) -> None:
+        """Tell a sampler that can learn it (``bayes``) the calm $/run of a config that Optuna
+        was told while it was contended."""
+        revise = getattr(self.study.sampler, "revise", None)
+        if revise is not None:
+            revise(optuna_params(config, self.search), cost)
+
+    def _predicted_oom(self, trial: optuna.Trial, config: TrialConfig, oom: int) -> None:
+        heavier = knobs.describe(config.model_dump())
+        message = (
+            f"not run: out of memory predicted, {heavier} needs at least the memory of trial "
+            f"{oom}, which ran out of memory (batch, sequence length and the other memory "
+            "knobs the same or heavier)"
+        )
+        outcome = Outcome(number=trial.number, failure_kind="oom", predicted=True)
+        self.results[config] = outcome
+        trial.set_user_attr("skipped", message)
+        self.executor.record_predicted(trial, config, message)
+        self._tell(trial, outcome)
+        self.observer.note(f"#{trial.number} {message}")
+
+    def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
+        if outcome.feasible:
+            trial.set_constraint(CONSTRAINT, 0.0)
+            self.study.tell(trial, outcome.cost)
+        elif outcome.infeasible:
+            if outcome.failure_kind is not None:
+                trial.set_user_attr("failure_kind", outcome.failure_kind)
+            trial.set_constraint(CONSTRAINT, 1.0)
+            # a value is required; samplers that read constraints rank it below every
+            # feasible trial whatever it is: the worst $/run so far keeps it in scale
+            self.study.tell(trial, self._worst_cost())
+        else:  # timed out, killed, a bug: nothing the sampler should learn from
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _worst_cost(self) -> float:
+        costs = [o.cost for o in self.results.values() if o.cost is not None]
+        return max(costs) if costs else 1.0

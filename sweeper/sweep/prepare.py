@@ -1,0 +1,84 @@
+"""Before the first trial: the workload's data and tokenizer made once (and the lengths
+``max_seq_length: auto`` stands for read off them), a fork server with them loaded, and the
+preflight probes that say which knob values can run here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sweeper import seqlen
+from sweeper.errors import PrepareError
+from sweeper.launcher import ForkServer, run_child
+from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
+from sweeper.space import Space
+from sweeper.sweep.observer import SilentObserver, SweepObserver
+from sweeper.trial.protocol import ChildRequest, PreparedData
+
+
+def prepare_workload(
+    space: Space, cache_dir: Path, observer: SweepObserver | None = None
+) -> PreparedData:
+    """Tokenizer, dataset and its token statistics, made once in a child for all trials."""
+    observer = observer or SilentObserver()
+    observer.prepare_started()
+    run = run_child(
+        ChildRequest.for_space("prepare", space, cache_dir, device="cpu"),
+        timeout_s=max(600.0, space.trial.timeout_s),
+    )
+    if run.result.status != "ok" or run.result.payload is None:
+        raise PrepareError(
+            f"preparing the dataset and tokenizer failed ({run.result.failure_kind}): "
+            f"{run.result.failure_message}\n{run.log_tail[-1500:]}"
+        )
+    prepared = PreparedData.model_validate(run.result.payload)
+    observer.prepare_done(prepared, run.wall_s)
+    return prepared
+
+
+def resolve_lengths(
+    space: Space, stats: dict[str, Any] | None, observer: SweepObserver | None = None
+) -> Space:
+    """``space`` with ``max_seq_length: auto`` read off the data (``sweeper.seqlen``)."""
+    resolved = seqlen.resolve(space, stats)
+    said = seqlen.describe(space, resolved)
+    if said is not None and observer is not None:
+        observer.note(said)
+    return resolved
+
+
+@contextmanager
+def workload_server(space: Space, prepared: PreparedData, cache_dir: Path) -> Iterator[ForkServer]:
+    """A fork server with the workload's tokenizer, data and model code loaded: probes and
+    trials forked from it start in milliseconds."""
+    with ForkServer(str(cache_dir)) as server:
+        server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
+        yield server
+
+
+def preflight(
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    observer: SweepObserver,
+    server: ForkServer,
+) -> PreflightReport:
+    """Probe the knob values that may not run here; says in one note what is kept."""
+    started = time.perf_counter()
+    report = run_preflight(
+        space, prepared, cache_dir, note=observer.note, server=server,
+        probe_cache=ProbeCache(cache_dir),
+    )  # fmt: skip
+    kept = {
+        knob: [v for v in space.search.values(knob) if str(v) not in report.dropped.get(knob, {})]
+        for knob in (*PROBED_KNOBS, *report.fallbacks)
+    }
+    kept.update({knob: [value] for knob, value in report.fallbacks.items()})
+    observer.note(
+        f"preflight ({time.perf_counter() - started:.0f} s, {len(report.outcomes)} probes): "
+        + "; ".join(f"{knob} {', '.join(map(str, values))}" for knob, values in kept.items())
+    )
+    return report

@@ -1,0 +1,64 @@
+"""What a launch runs before the sampler proposes anything: the user's known configs, then the
+configs whose trial was interrupted or lost with its worker, once more."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import optuna
+
+from sweeper.space import Space, TrialConfig, optuna_params
+from sweeper.store import Store, TrialRow
+
+LOST_RETRIES = 1  # a config whose worker died, or whose trial was interrupted, runs again once
+
+
+def json_key(config: Mapping[str, Any]) -> str:
+    """A config as a comparable key (its JSON with sorted keys)."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def times_lost(trials: Sequence[TrialRow], config: Mapping[str, Any], kind: str = "lost") -> int:
+    """How many of ``trials`` ran ``config`` and were lost with their worker (or ended with
+    failure ``kind``: ``interrupted``)."""
+    key = json_key(config)
+    return sum(t.failure_kind == kind and json_key(t.config) == key for t in trials)
+
+
+def enqueue_known(study: optuna.Study, space: Space) -> None:
+    """The user's current config runs first (every result is compared with it), then
+    also_try's, before the sampler proposes anything."""
+    for known in space.known_configs():
+        study.enqueue_trial(optuna_params(known, space.search), skip_if_exists=True)
+
+
+def enqueue_interrupted(store: Store, study: optuna.Study, space: Space) -> None:
+    """Configs whose trial was interrupted (by the user, or when the time budget ran out) and
+    that no other trial has measured run first at this launch, once more."""
+    trials = store.list_trials(space.study)
+    measured = {json_key(t.config) for t in trials if t.failure_kind != "interrupted"}
+    queued = {
+        t.user_attrs.get("retry_of")
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    }
+    for t in trials:
+        key = json_key(t.config)
+        if t.failure_kind != "interrupted" or key in measured or t.number in queued:
+            continue
+        measured.add(key)
+        if times_lost(trials, t.config, "interrupted") > LOST_RETRIES:
+            continue
+        config = TrialConfig.model_validate(t.config)
+        study.enqueue_trial(optuna_params(config, space.search), user_attrs={"retry_of": t.number})
+
+
+def enqueue_lost(store: Store, study: optuna.Study, space: Space, trial: TrialRow) -> None:
+    """``trial`` was lost with its worker: its config runs once more (not a second time)."""
+    lost = store.list_trials(space.study, failure_kinds=["lost"])
+    if times_lost(lost, trial.config) < LOST_RETRIES + 1:
+        config = TrialConfig.model_validate(trial.config)
+        study.enqueue_trial(
+            optuna_params(config, space.search), user_attrs={"retry_of": trial.number}
+        )

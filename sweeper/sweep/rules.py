@@ -1,0 +1,107 @@
+"""Skip rules: a proposal that cannot teach the sampler anything new is not run.
+
+Each rule looks at a proposed config and says, or not, why it is skipped; the first that
+speaks decides. A new rule is a new class here and one entry in ``SearchLoop``'s list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sweeper.preflight import PreflightReport
+from sweeper.search import oom_dominated
+from sweeper.space import SearchSpace, TrialConfig
+from sweeper.sweep.outcome import Outcome
+
+
+@dataclass(frozen=True)
+class RuledOut:
+    """The config cannot run here: told as infeasible without a trial."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """The config was measured before: told its earlier result again."""
+
+    earlier: Outcome
+
+
+@dataclass(frozen=True)
+class PredictedOom:
+    """The config is at least as heavy as one that ran out of memory: not run."""
+
+    heavier_than: int  # the trial that ran out of memory
+
+
+Skip = RuledOut | Repeat | PredictedOom
+
+
+class SkipRule(Protocol):
+    def check(self, config: TrialConfig) -> Skip | None: ...
+
+
+class OutsideSpace:
+    """The space's own rules (its constraints between knobs) rule the config out."""
+
+    def __init__(self, search: SearchSpace) -> None:
+        self.search = search
+
+    def check(self, config: TrialConfig) -> Skip | None:
+        reason = self.search.admits(config)
+        return None if reason is None else RuledOut(reason)
+
+
+class FailedPreflight:
+    """A knob value of the config failed preflight here (and has no fallback)."""
+
+    def __init__(self, preflight: PreflightReport) -> None:
+        self.preflight = preflight
+
+    def check(self, config: TrialConfig) -> Skip | None:
+        reason = self.preflight.allows(config)
+        return None if reason is None else RuledOut(reason)
+
+
+class AlreadyMeasured:
+    """The config has a result in this study (proposed again, or a resumed sweep's)."""
+
+    def __init__(self, results: Mapping[TrialConfig, Outcome]) -> None:
+        self.results = results
+
+    def check(self, config: TrialConfig) -> Skip | None:
+        earlier = self.results.get(config)
+        return None if earlier is None else Repeat(earlier)
+
+
+class OomDominated:
+    """The config needs at least the memory of one that ran out of memory
+    (``sweeper.search.oom_dominated``)."""
+
+    def __init__(self, results: Mapping[TrialConfig, Outcome]) -> None:
+        self.results = results
+
+    def check(self, config: TrialConfig) -> Skip | None:
+        oom = oom_dominated(config.model_dump(), oom_configs(self.results))
+        return None if oom is None else PredictedOom(oom)
+
+
+def oom_configs(results: Mapping[TrialConfig, Outcome]) -> list[tuple[int, dict[str, Any]]]:
+    """The configs that ran out of memory (not those predicted to), with their trial numbers."""
+    return [
+        (o.number, c.model_dump())
+        for c, o in results.items()
+        if o.failure_kind == "oom" and not o.predicted
+    ]
+
+
+def first_skip(rules: Sequence[SkipRule], config: TrialConfig) -> Skip | None:
+    """What the first rule that speaks says about ``config``; None: run it."""
+    for rule in rules:
+        skip = rule.check(config)
+        if skip is not None:
+            return skip
+    return None

@@ -1,0 +1,178 @@
+"""``run_sweep``: one worker's share of a sweep, from preparing the workload to the last
+re-measure; what it ran comes back as a ``SweepReport``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeper.errors import StudyNotFoundError
+from sweeper.preflight import PreflightReport
+from sweeper.search import worker_seed
+from sweeper.settings import Settings
+from sweeper.space import Space, TrialConfig
+from sweeper.store import Store, StudyRow
+from sweeper.store.optuna import create_or_load_study, optuna_storage
+from sweeper.sweep.clock import SweepClock
+from sweeper.sweep.executor import ChildExecutor
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.observer import SilentObserver, SweepObserver
+from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, workload_server
+from sweeper.sweep.queue import enqueue_interrupted, enqueue_known
+from sweeper.sweep.worker import Worker
+
+# How long a sweep waits out a lost database connection (a Postgres restart or failover)
+# before it gives up: the running trial's measurement is written once the database is back.
+DATABASE_RETRY_S = 120.0
+STARTUP_RETRY_S = 10.0  # the same, for the first connection of a sweep
+
+# Which configs the recommendation may pick, given the study row as prepared (its dataset
+# statistics): the caller decides (``sweeper.recommend.recommendable``); only those are
+# measured again at the end.
+EligibleFor = Callable[[StudyRow], Callable[[TrialConfig], bool]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepReport:
+    study: str
+    storage_url: str
+    trials_run: int
+    completed: int
+    failed: int
+    wall_s: float
+    predicted_oom: int = 0  # configs not run: as heavy as one that ran out of memory
+    stop_reason: str = ""  # why the sweep ended
+    remeasured: int = 0  # measurements of configs measured before (sweeper.noise)
+
+
+def study_fields(
+    space: Space, *, n_trials: int, space_text: str, space_path: str | None
+) -> dict[str, Any]:
+    """The study row's fields that come from the space (``Store.upsert_study`` keywords)."""
+    return {
+        "hardware_name": space.hardware.name,
+        "usd_per_hour": space.hardware.usd_per_hour,
+        "device": space.hardware.device,
+        "samples": space.workload.samples,
+        "epochs": space.workload.epochs,
+        "n_trials_planned": n_trials,
+        "space_yaml": space_text,
+        "space_path": space_path,
+        "baseline": None
+        if space.baseline is None
+        else space.baseline.as_config(space.search).model_dump(),
+        "workload_hash": space.workload_hash(),
+    }
+
+
+def trials_done(store: Store, study: str) -> int:
+    """Trials of ``study`` that count against its plan: finished, but not lost or interrupted
+    (their configs run again). 0 for a study the storage does not hold."""
+    try:
+        trials = store.list_trials(study, states=["complete", "failed", "pruned"])
+    except StudyNotFoundError:
+        return 0
+    return sum(t.failure_kind not in ("lost", "interrupted") for t in trials)
+
+
+_DEFAULTS = Settings.model_fields
+
+
+def run_sweep(
+    space: Space,
+    *,
+    storage_url: str,
+    cache_dir: Path,
+    space_text: str,
+    space_path: str | None = None,
+    n_trials: int | None = None,
+    max_minutes: float | None = None,
+    observer: SweepObserver | None = None,
+    worker: str | None = None,
+    eligible_for: EligibleFor | None = None,
+    heartbeat_s: float = _DEFAULTS["heartbeat_s"].default,
+    worker_grace_s: float = _DEFAULTS["worker_grace_s"].default,
+) -> SweepReport:
+    """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
+    ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial
+    that the time left cannot hold. Preparation and preflight count against that time. ``worker``:
+    which of the study's workers this is (each samples with its own seed; by default the first
+    live worker is "0" and the others are named by their worker id). ``heartbeat_s`` and
+    ``worker_grace_s``: ``Settings``' (the caller reads them)."""
+    observer = observer or SilentObserver()
+    n_trials = n_trials or space.budget.n_trials
+    max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
+    deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
+    started = time.perf_counter()
+    # a database out of reach at the start is more often a wrong URL or a server not started
+    # than a restart: said after a short wait, not after the 2 minutes a sweep rides out
+    store = Store(storage_url, retry_s=STARTUP_RETRY_S)
+    store.migrate()
+    store.retry_s = DATABASE_RETRY_S
+    # the data first: bad data leaves no study behind, and max_seq_length: auto is read off it
+    prepared = prepare_workload(space, cache_dir, observer)
+    space = resolve_lengths(space, prepared.stats, observer)
+    storage = optuna_storage(storage_url, retry_s=DATABASE_RETRY_S)
+    study = create_or_load_study(space.study, storage, space.budget.seed)
+    # a resumed study plans what it has and what this launch adds (16 after two launches of 8)
+    planned = trials_done(store, space.study) + n_trials
+    store.upsert_study(
+        space.study,
+        state="running",
+        **study_fields(space, n_trials=planned, space_text=space_text, space_path=space_path),
+    )
+    enqueue_known(study, space)
+    enqueue_interrupted(store, study, space)
+    clock = SweepClock(store, space.study)
+    member = Worker(store, storage, study, space, heartbeat_s, worker_grace_s)
+    member.start()
+    worker = worker or member.seed_name()
+    try:
+        store.upsert_study(space.study, dataset_stats=prepared.stats)
+        with workload_server(space, prepared, cache_dir) as server:
+            report = PreflightReport()
+            if space.trial.preflight:
+                report = preflight(space, prepared, cache_dir, observer, server)
+                fields: dict[str, Any] = {"preflight": report.to_json()}
+                if space.baseline is not None:  # what the baseline runs here (tf32 on a CPU)
+                    fields["baseline"] = report.nearest(space.baseline.as_config(space.search))[
+                        0
+                    ].model_dump()
+                store.upsert_study(space.study, **fields)
+            executor = ChildExecutor(
+                space, store, prepared, cache_dir, observer, server, worker_id=member.id
+            )
+            eligible = None if eligible_for is None else eligible_for(store.get_study(space.study))
+            loop = SearchLoop(
+                space, study, executor, report, observer,
+                earlier=executor.earlier(), earlier_samples=executor.earlier_samples(),
+                seed=worker_seed(space.budget.seed, worker), eligible=eligible,
+            )  # fmt: skip
+            counts = loop.run(n_trials, clock, deadline)
+            if not loop.stopped:
+                loop.settle(clock)
+    except KeyboardInterrupt:
+        member.stop("interrupted")
+        raise
+    except BaseException:
+        member.stop("failed")
+        raise
+    finally:
+        clock.charge()
+        storage.engine.dispose()
+    member.stop("stopped" if loop.stopped else "finished")
+    store.dispose()
+    return SweepReport(
+        study=space.study,
+        storage_url=storage_url,
+        trials_run=counts["run"],
+        completed=counts["complete"],
+        failed=counts["failed"],
+        wall_s=time.perf_counter() - started,
+        predicted_oom=counts["predicted"],
+        stop_reason=loop.stop_reason,
+        remeasured=loop.remeasure.remeasured,
+    )

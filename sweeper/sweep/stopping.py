@@ -1,0 +1,122 @@
+"""When a sweep stops asking: the time it has left (``TimeBudget``), and after each measured
+trial, ``budget.patience`` and ``budget.planned_runs`` (``Stopping``). Each says why it stops;
+the loop stops."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+
+from sweeper.space import Space
+from sweeper.sweep.outcome import Outcome
+
+# The stopping rule of budget.planned_runs looks at improvements over at least this many trials.
+_SAVING_WINDOW = 10
+
+
+class TimeBudget:
+    """The sweep's deadline (``time.monotonic()``; None: no limit) and how long its trials
+    (and re-measures) took: a trial starts only if the time left holds the longest so far."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self.trial_seconds: list[float] = []
+        self.longest_s = 0.0
+
+    def left_s(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def took(self, seconds: float) -> None:
+        self.trial_seconds.append(seconds)
+        self.longest_s = max(self.longest_s, seconds)
+
+    def spent(self, left_s: float | None) -> bool:
+        """Whether ``left_s`` (``left_s()``) cannot hold another trial as long as the longest."""
+        return left_s is not None and (left_s <= 0 or left_s < self.longest_s)
+
+
+def expected_saving(
+    gains: Sequence[tuple[int, float]], measured: int, window: int, best_cost: float, runs: int
+) -> float:
+    """Dollars the next trial is expected to save over ``runs`` runs: the chance that it
+    improves on the best (improvements beyond noise in the last ``window`` trials, with one
+    success and one failure added so that a quiet stretch never reads as certainty) times the
+    mean relative gain of the improvements so far times the best $/run times ``runs``.
+
+    >>> round(expected_saving([(3, 0.2), (8, 0.1)], 20, 10, 2.0, 5), 4)  # 0 in 10: (0+1)/(10+2)
+    0.125
+    >>> round(expected_saving([(3, 0.2), (18, 0.1)], 20, 10, 2.0, 5), 4)  # 1 in 10: (1+1)/(10+2)
+    0.25
+    """
+    recent = sum(1 for at, _ in gains if at > measured - window)
+    chance = (recent + 1) / (window + 2)
+    gain = statistics.fmean(g for _, g in gains) if gains else 0.0
+    return chance * gain * best_cost * runs
+
+
+class Stopping:
+    """Follows the best $/run beyond noise over the measured trials, and says when the next
+    trial is not worth running (``budget.patience``, ``budget.planned_runs``)."""
+
+    def __init__(self, space: Space, earlier: Iterable[Outcome], time_budget: TimeBudget) -> None:
+        self.space, self.time = space, time_budget
+        measured = [o for o in earlier if o.cost is not None]
+        # the best measured so far, beyond noise (a resumed sweep starts from its earlier best)
+        self.best: Outcome | None = min(measured, key=lambda o: o.cost or 0.0, default=None)
+        self.since_best = 0  # measured trials since it
+        self.gains: list[tuple[int, float]] = []  # (measured trials so far, relative gain)
+        self.measured = 0  # measured trials (feasible or not) of this sweep
+
+    def after_trial(self, outcome: Outcome) -> str | None:
+        """Count one more measured trial, which gave ``outcome``; why to stop now, if so."""
+        self.measured += 1
+        return self._out_of_patience(outcome) or self._not_worth_it()
+
+    def _out_of_patience(self, outcome: Outcome) -> str | None:
+        """Whether ``budget.patience`` measured trials in a row have not beaten the best $/run
+        by more than both measurements' 95% intervals."""
+        patience = self.space.budget.patience
+        if not outcome.feasible:
+            return None
+        assert outcome.cost is not None
+        best = self.best
+        if (
+            best is None
+            or best.cost is None
+            or (outcome.cost < best.cost * (1 - max(outcome.spread, best.spread)))
+        ):
+            if best is not None and best.cost:
+                self.gains.append((self.measured, 1 - outcome.cost / best.cost))
+            self.best, self.since_best = outcome, 0
+            return None
+        if outcome.cost < best.cost:  # cheaper, but within the noise: same best, kept
+            self.best = outcome
+        self.since_best += 1
+        if patience is not None and self.since_best >= patience:
+            return (
+                f"no trial in the last {patience} beat the best $/run (trial {best.number}) "
+                "by more than the measurements' noise (budget.patience)"
+            )
+        return None
+
+    def _not_worth_it(self) -> str | None:
+        """Whether the next trial is expected to cost more than it would save over
+        ``budget.planned_runs`` runs of the real job (see ``expected_saving``)."""
+        runs = self.space.budget.planned_runs
+        if runs is None or self.best is None or self.best.cost is None:
+            return None
+        window = max(_SAVING_WINDOW, self.space.budget.patience or 0)
+        if self.measured < window or not self.gains:
+            return None  # no improvement seen yet: nothing to expect from (budget.patience is)
+        saving = expected_saving(self.gains, self.measured, window, self.best.cost, runs)
+        trial_s = statistics.median(self.time.trial_seconds)
+        trial_usd = trial_s / 3600 * self.space.hardware.usd_per_hour
+        if saving >= trial_usd:
+            return None
+        recent = sum(1 for at, _ in self.gains if at > self.measured - window)
+        return (
+            f"the next trial is expected to save ${saving:,.4g} over {runs} planned run(s) "
+            f"({recent} improvement(s) beyond noise in the last {window} trials) and to cost "
+            f"${trial_usd:,.4g} of machine time (budget.planned_runs)"
+        )

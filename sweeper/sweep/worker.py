@@ -1,0 +1,79 @@
+"""This sweep process as one worker of its study: membership, heartbeat and the reaper."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+import optuna
+
+from sweeper.errors import SweeperError
+from sweeper.space import Space
+from sweeper.store import Store
+from sweeper.store.optuna import fail_trial
+from sweeper.sweep.queue import enqueue_lost
+
+
+class Worker:
+    """Registered, beating from a thread, and reaping the study's workers that went silent
+    (their running trials are marked ``lost`` in both stores, and each such config is queued
+    once more). The study's state follows its live workers: the last one to end sets it."""
+
+    def __init__(
+        self,
+        store: Store,
+        storage: optuna.storages.BaseStorage,
+        study: optuna.Study,
+        space: Space,
+        heartbeat_s: float,
+        grace_s: float,
+    ) -> None:
+        self.store, self.storage, self.study, self.space = store, storage, study, space
+        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        self.id = str(uuid.uuid4())
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="sweeper-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.reap()
+        self.store.register_worker(
+            self.space.study,
+            self.id,
+            socket.gethostname(),
+            os.getpid(),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        )
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self.heartbeat_s):
+            try:
+                self.store.beat(self.id)
+                self.reap()
+            except SweeperError:
+                continue  # the database is away: the next beat tries again
+
+    def reap(self) -> None:
+        for trial in self.store.reap(self.space.study, self.grace_s):
+            fail_trial(self.storage, self.space.study, trial.number)
+            enqueue_lost(self.store, self.study, self.space, trial)
+
+    def seed_name(self) -> str:
+        """Which worker of the study this is, for its sampler's seed: the study's first live
+        worker is "0" (it samples with the space's seed), one that joins others (launch
+        --workers, sweeper worker, compose replicas) is named by its id."""
+        live = self.store.live_workers(self.space.study, self.grace_s)
+        first = min(live, key=lambda w: (w.started_at, w.id)).id if live else self.id
+        return "0" if first == self.id else self.id
+
+    def stop(self, state: str) -> None:
+        """End this worker; the study takes ``state`` unless another worker is still alive."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.store.end_worker(self.id)
+        others = [w for w in self.store.live_workers(self.space.study, self.grace_s)]
+        if not others:
+            self.store.set_study_state(self.space.study, state)

@@ -1,0 +1,289 @@
+"""What ran, read back: each knob's effective value, taken from the objects that trained.
+
+After an engine's first optimizer step, ``Running`` holds what really ran: the model (its
+attention kernel, its checkpointing state, its quantized weights), what the engine calls (a
+compiled wrapper?), the optimizer object, the DataLoader the batches came from, the arguments
+after their defaults, how many batches the step consumed and the dtype its first linear layer
+computed in. Each engine declares, in ``READERS``, one reader per knob; ``check`` reads every knob,
+records the values and fails the trial, naming the knob, when one differs from what the config
+asked. A knob without a reader fails every trial of that engine, so a new knob cannot be
+measured before it can be read back (``tests/trial/test_readback.py`` also checks the table).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sweeper import knobs
+from sweeper.errors import TrialError
+
+Reader = Callable[["Running"], Any]
+
+
+@dataclass
+class Running:
+    """What an engine runs, gathered by the end of its first optimizer step."""
+
+    device: torch.device
+    model: torch.nn.Module  # unwrapped: no compile wrapper, no accelerate wrapper
+    runnables: list[Any]  # what the engine calls, outermost first (a compiled wrapper?)
+    optimizer: Any
+    loader: Any  # the DataLoader the batches came from (accelerate's wrapper is fine)
+    args: Any = None  # TrainingArguments / SFTConfig, after their defaults
+    micro_batches: int = 0  # batches the first optimizer step consumed
+    widest_row: int = 0  # the widest batch the first step saw, in tokens
+    compute_dtype: torch.dtype | None = None  # what the first linear layer computed in
+
+
+class ComputeDtype:
+    """A forward hook on the model's first linear layer: the dtype its output has inside the
+    training forward, which is the autocast dtype that really ran (an fp32 model under bf16
+    autocast computes bf16). Not the LM head, which TRL replaces by a fused kernel, nor the
+    outer module: Trainer's and accelerate's autocast wrap its forward, so a hook there would
+    run outside it."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.dtype: torch.dtype | None = None
+        base = _base(model)
+        head = base.get_output_embeddings()
+        first = next(
+            (m for m in base.modules() if isinstance(m, torch.nn.Linear) and m is not head), None
+        )
+        self._handle = first.register_forward_hook(self._seen) if first is not None else None
+
+    def _seen(self, module: Any, inputs: Any, output: Any) -> None:
+        if self.dtype is None and isinstance(output, torch.Tensor):
+            self.dtype = output.dtype
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+
+def _base(model: Any) -> Any:
+    """The transformers model under a peft wrapper."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _torch_loader(loader: Any) -> Any:
+    """The torch DataLoader under accelerate's wrapper (which proxies some attributes only)."""
+    return getattr(loader, "base_dataloader", loader)
+
+
+def batch_size(run: Running) -> Any:
+    loader = _torch_loader(run.loader)
+    if loader.batch_size is not None:
+        return loader.batch_size
+    return getattr(loader.batch_sampler, "batch_size", None)
+
+
+def micro_batches(run: Running) -> Any:
+    return run.micro_batches
+
+
+def num_workers(run: Running) -> Any:
+    return _torch_loader(run.loader).num_workers
+
+
+def prefetch_factor(run: Running) -> Any:
+    return _torch_loader(run.loader).prefetch_factor
+
+
+def persistent_workers(run: Running) -> Any:
+    return _torch_loader(run.loader).persistent_workers
+
+
+def multiprocessing_context(run: Running) -> Any:
+    context = _torch_loader(run.loader).multiprocessing_context
+    if context is None:  # workers start with the interpreter's default method
+        return multiprocessing.get_context().get_start_method()
+    return context.get_start_method()
+
+
+def pin_memory(run: Running) -> Any:
+    return bool(_torch_loader(run.loader).pin_memory)
+
+
+_PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def precision(run: Running) -> Any:
+    if run.compute_dtype is None:
+        return "not observed (no linear layer ran)"
+    return _PRECISIONS.get(run.compute_dtype, str(run.compute_dtype))
+
+
+def tf32(run: Running) -> Any:
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def compile_mode(run: Running) -> Any:
+    """The mode of the compiled wrapper the engine calls, from its Inductor settings (each
+    mode is a pair of them: max_autotune, CUDA graphs)."""
+    for runnable in run.runnables:
+        if isinstance(runnable, torch._dynamo.eval_frame.OptimizedModule):
+            settings = runnable.get_compiler_config() or {}
+            autotune = bool(settings.get("max_autotune"))
+            graphs = bool(settings.get("triton.cudagraphs"))
+            if autotune:
+                return "max-autotune" if graphs else "max-autotune-no-cudagraphs"
+            return "reduce-overhead" if graphs else "default"
+    return "none"
+
+
+def attn_implementation(run: Running) -> Any:
+    return _base(run.model).config._attn_implementation
+
+
+def gradient_checkpointing(run: Running) -> Any:
+    base = _base(run.model)
+    # transformers 5.23 renamed it (the old name warns); 5.17 has only the old one
+    if hasattr(type(base), "is_activation_checkpointing"):
+        return bool(base.is_activation_checkpointing)
+    return bool(base.is_gradient_checkpointing)
+
+
+def optim(run: Running) -> Any:
+    inner = getattr(run.optimizer, "optimizer", run.optimizer)  # accelerate wraps it
+    kind = type(inner).__name__
+    if kind == "AdamW":
+        return "adamw_torch_fused" if inner.defaults.get("fused") else "adamw_torch"
+    return {"AdamW8bit": "adamw_8bit", "Adafactor": "adafactor"}.get(kind, kind)
+
+
+def quantization(run: Running) -> Any:
+    settings = getattr(_base(run.model).config, "quantization_config", None)
+    if settings is None:
+        return "none"
+    get = settings.get if isinstance(settings, Mapping) else lambda k: getattr(settings, k, None)
+    return "4bit" if get("load_in_4bit") else "8bit" if get("load_in_8bit") else "none"
+
+
+def dataset_max_length(run: Running) -> Any:
+    """sweeper's own datasets (loop, trainer): the packed block, or where samples are cut;
+    never less than the widest row a batch really had."""
+    dataset = _torch_loader(run.loader).dataset
+    block = getattr(dataset, "block", None)  # PackedStream
+    if block is not None:
+        cut = block
+    elif getattr(dataset, "max_length", None) is not None:  # TokenizingDataset
+        cut = dataset.max_length
+    elif getattr(dataset, "keep", None) is not None:  # PretokenizedDataset
+        cut = dataset.keep + len(dataset.suffix)
+    else:
+        return f"uncut (a batch was {run.widest_row} tokens wide)"
+    return max(cut, run.widest_row)
+
+
+def dataset_packing(run: Running) -> Any:
+    return getattr(_torch_loader(run.loader).dataset, "block", None) is not None
+
+
+def dataset_packing_strategy(run: Running) -> Any:
+    """sweeper's own packing concatenates samples and cuts rows: TRL calls that 'wrapped'."""
+    return "wrapped" if dataset_packing(run) else None
+
+
+def args_packing_strategy(run: Running) -> Any:
+    return run.args.packing_strategy if run.args.packing else None
+
+
+def args_max_length(run: Running) -> Any:
+    """SFTConfig's max_length after its defaults; never less than the widest row seen."""
+    return max(run.args.max_length, run.widest_row)
+
+
+def args_packing(run: Running) -> Any:
+    return bool(run.args.packing)
+
+
+_COMMON: dict[str, Reader] = {
+    "per_device_batch_size": batch_size,
+    "gradient_accumulation_steps": micro_batches,
+    "num_workers": num_workers,
+    "prefetch_factor": prefetch_factor,
+    "persistent_workers": persistent_workers,
+    "multiprocessing_context": multiprocessing_context,
+    "pin_memory": pin_memory,
+    "precision": precision,
+    "tf32": tf32,
+    "compile_mode": compile_mode,
+    "attn_implementation": attn_implementation,
+    "gradient_checkpointing": gradient_checkpointing,
+    "optim": optim,
+    "quantization": quantization,
+}
+_OWN_DATA = {
+    "max_seq_length": dataset_max_length,
+    "packing": dataset_packing,
+    "packing_strategy": dataset_packing_strategy,
+}
+
+# engine → knob → how its effective value is read back
+READERS: dict[str, dict[str, Reader]] = {
+    "loop": _COMMON | _OWN_DATA,
+    "trainer": _COMMON | _OWN_DATA,
+    "sft": _COMMON
+    | {
+        "max_seq_length": args_max_length,
+        "packing": args_packing,
+        "packing_strategy": args_packing_strategy,
+    },
+}
+
+
+@dataclass
+class Readback:
+    """Every knob's effective value, and the knobs whose value differs from the config's."""
+
+    effective: dict[str, Any] = field(default_factory=dict)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def read(engine: str, run: Running, config: Mapping[str, Any]) -> Readback:
+    """Read every knob back; a knob that does not apply (None in the config) is recorded but
+    not compared, since what the object holds then is its own default."""
+    readers = READERS.get(engine, {})
+    result = Readback()
+    for knob in knobs.KNOBS:
+        reader = readers.get(knob.name)
+        if reader is None:
+            raise TrialError(
+                "error",
+                f"engine {engine} has no read-back for knob {knob.name}: add one to "
+                "sweeper/trial/engines/readback.py READERS before measuring with it",
+            )
+        value = reader(run)
+        result.effective[knob.name] = value
+        asked = config.get(knob.name)
+        if asked is not None and value != asked:
+            result.mismatches.append(f"{knob.name}: asked {asked!r}, ran {value!r}")
+    return result
+
+
+def check(engine: str, run: Running, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The effective values, or a ``mismatch`` failure naming each knob that differs."""
+    result = read(engine, run, config)
+    if result.mismatches:
+        raise TrialError(
+            "mismatch",
+            f"the {engine} engine did not run the config as asked (read back from what "
+            f"trained): {'; '.join(result.mismatches)}",
+        )
+    return result.effective
+
+
+_GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+def has_generation_markers(template: str | None) -> bool:
+    """Whether a chat template marks the assistant's replies (``{% generation %}``), which
+    TRL's assistant_only_loss needs."""
+    return bool(template and _GENERATION.search(template))

@@ -1,0 +1,180 @@
+"""Measured = recorded: every knob's value is read back from what each engine really ran.
+
+Each engine trains the tiny model in a real child with a few configs that between them set
+every knob the CPU can run to a value other than its default (and the CUDA-only knobs to the
+value the CPU runs); the trial records each knob's effective value, and a test per knob ×
+engine pair checks it is the value the config asked for. A config whose value does not reach
+what runs fails the trial as a ``mismatch`` naming the knob."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sweeper import knobs
+from sweeper.launcher import run_child
+from sweeper.space import Space
+from sweeper.trial.engines.readback import READERS, has_generation_markers
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import tiny_config, trial_request
+
+ENGINES = ("loop", "trainer", "sft")
+
+# Configs per engine, each knob set away from its default in one of them where the CPU can
+# run another value; several knobs share a trial to keep the test short, and a mismatch names
+# its knob, so a failure stays attributable.
+WORKERS_AND_LOOP = {
+    "per_device_batch_size": 3,
+    "gradient_accumulation_steps": 3,
+    "num_workers": 1,
+    "prefetch_factor": 3,
+    "persistent_workers": True,
+    "max_seq_length": 48,
+    "optim": "adafactor",
+    "gradient_checkpointing": True,
+    "attn_implementation": "eager",
+    # CUDA-only values are out of reach here: the CPU's value is asked and read back
+    "pin_memory": False,
+    "tf32": False,
+    "quantization": "none",
+}
+PACKED_COMPILED = {
+    "per_device_batch_size": 2,
+    "gradient_accumulation_steps": 1,
+    "packing": True,
+    "precision": "bf16",
+    "compile_mode": "default",
+    "max_seq_length": 64,
+    "gradient_checkpointing": False,  # SFTConfig's default is True: said explicitly
+}
+CONFIGS: dict[str, list[dict[str, Any]]] = {
+    # the Trainer engines start workers the default way (TrainingArguments has no
+    # multiprocessing_context); the plain loop takes spawn
+    "loop": [WORKERS_AND_LOOP | {"multiprocessing_context": "spawn"}, PACKED_COMPILED],
+    "trainer": [WORKERS_AND_LOOP | {"multiprocessing_context": "fork"}, PACKED_COMPILED],
+    # TRL's own packing strategy (bfd: best-fit decreasing), which sweeper's engines do not have
+    "sft": [
+        WORKERS_AND_LOOP | {"multiprocessing_context": "fork"},
+        PACKED_COMPILED | {"packing_strategy": "bfd"},
+    ],
+}
+
+
+def test_every_knob_has_a_read_back_in_every_engine() -> None:
+    for engine in ENGINES:
+        assert set(READERS[engine]) == set(knobs.NAMES), engine
+
+
+def test_the_configs_cover_every_knob_away_from_its_default_where_the_cpu_can() -> None:
+    for engine, configs in CONFIGS.items():
+        for knob in knobs.KNOBS:
+            values = {tiny_config(**c).model_dump()[knob.name] for c in configs}
+            choices = knob.choices()
+            # values other than the default that run without CUDA (None: an open type)
+            elsewhere = None if choices is None else set(choices) - {knob.default, *knob.needs}
+            if knob.name == "multiprocessing_context" and engine != "loop":
+                elsewhere = set()  # the Trainer engines start workers the default way only
+            if knob.name == "packing_strategy" and engine != "sft":
+                elsewhere = set()  # bfd and bfd_split are TRL's packings (engine: sft)
+            if elsewhere is None or elsewhere:
+                assert values - {knob.default, None}, f"{engine}: {knob.name} is only default"
+
+
+_RUNS: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+def _run(space: Space, prepared: PreparedData, cache_dir: Path, engine: str, index: int) -> Any:
+    key = (engine, index)
+    if key not in _RUNS:
+        engine_space = space.model_copy(
+            update={"workload": space.workload.model_copy(update={"engine": engine})}
+        )
+        config = tiny_config(**CONFIGS[engine][index])
+        run = run_child(
+            trial_request(
+                engine_space,
+                prepared,
+                cache_dir,
+                config,
+                warmup={"min_steps": 1, "max_steps": 1},
+                measure={"min_steps": 2, "max_steps": 2},
+            ),
+            timeout_s=420,
+        )
+        assert run.result.status == "ok", (run.result.failure_message, run.log_tail[-2000:])
+        _RUNS[key] = {"config": config.model_dump(), "measurement": run.result.payload}
+    return _RUNS[key]
+
+
+def _pairs() -> list[Any]:
+    return [
+        pytest.param(engine, knob.name, id=f"{engine}-{knob.name}")
+        for engine in ENGINES
+        for knob in knobs.KNOBS
+    ]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("engine", "knob"), _pairs())
+def test_the_recorded_value_is_what_ran(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str, knob: str
+) -> None:
+    checked = 0
+    for index in range(len(CONFIGS[engine])):
+        run = _run(tiny_space, tiny_prepared, cache_dir, engine, index)
+        asked = run["config"][knob]
+        effective = run["measurement"]["effective"]
+        assert knob in effective, f"{engine} recorded no effective {knob}"
+        if asked is None:  # the knob does not apply to this config (prefetch without workers)
+            continue
+        assert effective[knob] == asked, (engine, knob, asked, effective[knob])
+        checked += 1
+    assert checked, f"no config of {engine} makes {knob} apply"
+
+
+@pytest.mark.torch
+def test_a_value_that_does_not_reach_what_runs_fails_the_trial_naming_it() -> None:
+    """Real objects that differ from the config (a DataLoader of 2 rows for a config of 4, an
+    eager model for sdpa): the check names each knob, the value asked and the value that ran,
+    as a ``mismatch`` failure, and leaves the matching knobs out."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sweeper.errors import TrialError
+    from sweeper.trial.engines.readback import Running, check, read
+
+    model = LlamaForCausalLM._from_config(
+        LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=2,
+        ),
+        attn_implementation="eager",
+    )  # fmt: skip
+    config = tiny_config(per_device_batch_size=4, gradient_accumulation_steps=2).model_dump()
+    running = Running(
+        device=torch.device("cpu"),
+        model=model,
+        runnables=[model],
+        optimizer=torch.optim.AdamW(model.parameters()),
+        loader=torch.utils.data.DataLoader(list(range(8)), batch_size=2),
+        micro_batches=2,
+        widest_row=40,
+        compute_dtype=torch.float32,
+    )
+    assert read("loop", running, config).effective["per_device_batch_size"] == 2
+    with pytest.raises(TrialError) as failure:
+        check("loop", running, config)
+    assert failure.value.kind == "mismatch"
+    message = failure.value.message
+    assert "per_device_batch_size: asked 4, ran 2" in message
+    assert "attn_implementation: asked 'sdpa', ran 'eager'" in message
+    assert "gradient_accumulation_steps" not in message and "optim" not in message
+
+
+def test_generation_markers_are_recognised() -> None:
+    assert has_generation_markers("{% generation %}{{ m }}{% endgeneration %}")
+    assert has_generation_markers("{%- generation -%}x{%- endgeneration -%}")
+    assert not has_generation_markers("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert not has_generation_markers(None)
