@@ -26,21 +26,21 @@ def cuda_name() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def _bf16(space: Space) -> Space:
-    return space.model_copy(
-        update={"workload": space.workload.model_copy(update={"precision": "bf16", "tf32": True})}
-    )
-
-
 def test_bf16_trial_is_timed_by_cuda_events_with_mfu_and_memory(
     cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     request = trial_request(
-        _bf16(tiny_space),
+        tiny_space,
         tiny_prepared,
         cache_dir,
+        # precision and tf32 are knobs of the config (a space's workload.precision/tf32 become
+        # one-value search lists when the space is read; a copied Space skips that)
         tiny_config(
-            per_device_batch_size=8, gradient_accumulation_steps=2, optim="adamw_torch_fused"
+            per_device_batch_size=8,
+            gradient_accumulation_steps=2,
+            optim="adamw_torch_fused",
+            precision="bf16",
+            tf32=True,
         ),
         device="cuda",
         measure={"min_steps": 20, "max_steps": 200, "min_seconds": 2},
