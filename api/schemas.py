@@ -88,8 +88,11 @@ else:
 class TrialSummary(_MeasuredTrial):
     """One trial: its config, measured throughput and projected price, or how it failed."""
 
-    projection: dict[str, float | int] | None = Field(
-        default=None, description="training hours and one-time seconds of the projected run"
+    projection: dict[str, float | int | str] | None = Field(
+        default=None,
+        description="training hours and one-time seconds of the projected run, and where the "
+        "one-time figures came from (checkpoint_source: measured or reused; compile_cache: "
+        "cold or warm)",
     )
     failure_kind: str | None
     failure_message: str | None

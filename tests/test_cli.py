@@ -73,6 +73,7 @@ def test_a_space_file_that_is_not_utf8_exits_2_with_where_and_the_fix(
     assert not db.exists()
 
 
+@pytest.mark.torch  # the data is read by the prepare step, which runs the trial side (datasets)
 def test_bad_data_names_its_line_and_leaves_no_study(tmp_path: Path, env: dict[str, str]) -> None:
     data = tmp_path / "chats.jsonl"
     data.write_text('{"text": "fine"}\n\n{"text": "cut off\n')

@@ -214,7 +214,7 @@ def test_a_lora_space_counts_what_trains(cache_dir: Path) -> None:
     assert f"{trains / 1e6:,.1f}M" in memory.text and memory.level == "ok"
     if not report.facts["devices"]:  # no CUDA: trials load the base unquantized
         assert "4-bit" not in memory.text and "fp32, 4 bytes" in memory.text
-    (saves,) = [f for f in report.findings if "one checkpoint" in f.text]
+    (saves,) = [f for f in report.findings if "one checkpoint of this" in f.text]
     assert "of this adapter" in saves.text
 
     # on a GPU whose free memory holds the 4-bit base but not the fp32 one
