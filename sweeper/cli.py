@@ -19,12 +19,12 @@ from rich.markup import escape
 from sweeper.console import (
     RichObserver,
     console,
-    count,
     err_console,
     print_comparison,
     print_doctor,
     print_leaderboard,
     print_recommendation,
+    print_sweep_summary,
 )
 from sweeper.errors import SpaceError, SweeperError, Terminated
 
@@ -446,23 +446,7 @@ def _sweep_and_report(
     except SweeperError as e:
         raise _fail(str(e)) from None
     print_leaderboard(url, parsed.study)
-    console.print(
-        f"{count(report.trials_run, 'trial')} ({report.completed} complete, "
-        f"{report.failed} failed) in {report.wall_s:.0f} s"
-        + (
-            f"; {report.predicted_oom} not run (as heavy as a config that ran out of memory)"
-            if report.predicted_oom
-            else ""
-        )
-        + (
-            f"; {report.remeasured} re-measure{'s' if report.remeasured != 1 else ''} of "
-            "measured configs (shared machine, drift, the best configs' noise)"
-            if report.remeasured
-            else ""
-        )
-        + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
-        highlight=False,
-    )
+    print_sweep_summary(report)
     _print_best(url, parsed.study)
 
 
@@ -598,7 +582,8 @@ def best_command(
     ] = False,
 ) -> None:
     """Print the recommended (cheapest per run) config of a study, within the constraints."""
-    from sweeper.recommend import best, compare
+    from sweeper.compare import compare
+    from sweeper.recommend import best
 
     if across_hardware and usd_per_hour is not None:
         raise _fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)

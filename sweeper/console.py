@@ -17,10 +17,12 @@ from rich.table import Table
 from sweeper.cost import one_off_text
 
 if TYPE_CHECKING:
+    from sweeper.compare import Comparison
     from sweeper.doctor import DoctorReport
-    from sweeper.recommend import Comparison, Recommendation
+    from sweeper.recommend import Recommendation
     from sweeper.space import TrialConfig
     from sweeper.store import TrialRow
+    from sweeper.sweep.run import SweepReport
     from sweeper.trial.protocol import PreparedData
 
 
@@ -364,3 +366,25 @@ def print_comparison(comparison: Comparison) -> None:
     console.print(table)
     for name, why in comparison.unavailable.items():
         console.print(f"  [yellow]{escape(name)}:[/] {escape(why)}", highlight=False)
+
+
+def print_sweep_summary(report: SweepReport) -> None:
+    """The line after a sweep: trials run, complete and failed, its wall time, what it skipped
+    or measured again, and why it stopped."""
+    console.print(
+        f"{count(report.trials_run, 'trial')} ({report.completed} complete, "
+        f"{report.failed} failed) in {report.wall_s:.0f} s"
+        + (
+            f"; {report.predicted_oom} not run (as heavy as a config that ran out of memory)"
+            if report.predicted_oom
+            else ""
+        )
+        + (
+            f"; {report.remeasured} re-measure{'s' if report.remeasured != 1 else ''} of "
+            "measured configs (shared machine, drift, the best configs' noise)"
+            if report.remeasured
+            else ""
+        )
+        + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
+        highlight=False,
+    )

@@ -16,8 +16,7 @@
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
    with what the sweep itself cost (payback in runs).
 
-``compare`` does the same across studies of the same workload on different hardware and
-returns the cheapest option and the Pareto front of $ against hours.
+``sweeper.compare`` does the same across studies of the same workload on different hardware.
 """
 
 from __future__ import annotations
@@ -378,7 +377,10 @@ def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class Candidate:
+    """A completed trial as the decision sees it: its projected hours and $ at the price asked,
+    what it cuts, its memory headroom and its $/run's spread."""
+
     trial: TrialMetrics
     hours: float
     cost: float
@@ -395,9 +397,7 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def _candidates(
-    facts: StudyFacts, trials: Iterable[TrialMetrics], price: float
-) -> list[_Candidate]:
+def _candidates(facts: StudyFacts, trials: Iterable[TrialMetrics], price: float) -> list[Candidate]:
     """Completed trials with a usable projection, re-priced at ``price``."""
     cuts: dict[int, tuple[float, float] | None] = {}  # per max_seq_length: a space has few
     out = []
@@ -418,11 +418,11 @@ def _candidates(
         if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
         spread = t.cost_ci95_rel if _finite(t.cost_ci95_rel) else 0.0
-        out.append(_Candidate(t, hours, hours * price, truncated, headroom, spread or 0.0))
+        out.append(Candidate(t, hours, hours * price, truncated, headroom, spread or 0.0))
     return out
 
 
-def _meets(c: _Candidate, constraints: Constraints) -> bool:
+def _meets(c: Candidate, constraints: Constraints) -> bool:
     if constraints.max_hours is not None and c.hours > constraints.max_hours:
         return False
     if constraints.max_cost_usd is not None and c.cost > constraints.max_cost_usd:
@@ -455,8 +455,8 @@ def _describe(config: dict[str, Any]) -> str:
 
 
 def _eligible(
-    facts: StudyFacts, candidates: list[_Candidate], constraints: Constraints, price: float
-) -> tuple[list[_Candidate], list[str]]:
+    facts: StudyFacts, candidates: list[Candidate], constraints: Constraints, price: float
+) -> tuple[list[Candidate], list[str]]:
     """Candidates the answer may pick, and sentences about cheaper ones it had to leave out."""
     meets = [c for c in candidates if _meets(c, constraints)]
     if not meets:
@@ -503,12 +503,12 @@ def choose(
 
     Raises NoResultError when nothing is eligible, saying what the closest trials would take.
     """
-    return _decide(facts, trials, constraints or Constraints())[0]
+    return decide(facts, trials, constraints or Constraints())[0]
 
 
-def _decide(
+def decide(
     facts: StudyFacts, trials: Sequence[TrialMetrics], constraints: Constraints
-) -> tuple[Recommendation, list[_Candidate]]:
+) -> tuple[Recommendation, list[Candidate]]:
     """The recommendation and the eligible candidates it was chosen from."""
     price = constraints.usd_per_hour or facts.usd_per_hour
     candidates = _candidates(facts, trials, price)
@@ -518,7 +518,7 @@ def _decide(
         eligible, excluded = _eligible(facts, candidates, constraints, price)
     except TruncatesOnlyError as e:
         allowed = dataclasses.replace(constraints, allow_truncation=True)
-        e.fallback = fallback = _decide(facts, trials, allowed)[0]
+        e.fallback = fallback = decide(facts, trials, allowed)[0]
         cut = fallback.truncated_tokens_share
         e.args = (
             f"{e}. Until then the cheapest config, trial #{fallback.trial_number} "
@@ -625,8 +625,8 @@ def _decide(
 
 
 def _pick(
-    eligible: list[_Candidate], baseline: _Candidate | None = None
-) -> tuple[_Candidate, list[_Candidate], str | None]:
+    eligible: list[Candidate], baseline: Candidate | None = None
+) -> tuple[Candidate, list[Candidate], str | None]:
     """The winner, the candidates that tie with the cheapest (their $/run intervals overlap
     its interval), and why the winner was picked among them: the baseline when it ties (no
     measured config beats the user's own beyond the noise: switching buys nothing known),
@@ -668,7 +668,7 @@ def _gb(n: int | None) -> str:
     return "?" if n is None else f"{n / 1e9:.2f} GB"
 
 
-def _drift_warnings(candidates: list[_Candidate]) -> list[str]:
+def _drift_warnings(candidates: list[Candidate]) -> list[str]:
     """A warning for each config whose drift re-measures moved beyond the noise."""
     groups = {
         c.trial.number: [Sample.from_json(s) for s in c.trial.remeasures]
@@ -715,7 +715,7 @@ def _device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
     return None
 
 
-def _baseline(facts: StudyFacts, candidates: list[_Candidate]) -> _Candidate | None:
+def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | None:
     if not facts.baseline:
         return None
     from sweeper.knobs import normalize
@@ -750,124 +750,4 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             "n_params": n_params,
             "trainable_params": trainable if isinstance(trainable, int) else n_params,
         }
-    )
-
-
-# ------------------------------------------------------------------ across hardware
-
-
-class ParetoPoint(BaseModel):
-    """A config no other beats on both hours and $ per run."""
-
-    model_config = ConfigDict(frozen=True)
-
-    study: str
-    hardware_name: str
-    usd_per_hour: float
-    trial_number: int
-    config: dict[str, Any]
-    hours_per_run: float
-    cost_per_run_usd: float
-
-
-class Comparison(BaseModel):
-    """The same job on several machines: the cheapest option, each study's best, the front."""
-
-    model_config = ConfigDict(frozen=True)
-
-    workload_hash: str | None
-    cheapest: Recommendation
-    fastest: ParetoPoint
-    per_study: list[Recommendation]
-    unavailable: dict[str, str]  # study → why it has no recommendation
-    pareto: list[ParetoPoint]  # by hours, ascending (so by $, descending)
-    constraints: str
-
-
-def pareto_front(points: Iterable[ParetoPoint]) -> list[ParetoPoint]:
-    """Points not dominated on (hours, $); equal points keep the first study/trial.
-
-    >>> p = lambda n, h, c: ParetoPoint(study="s", hardware_name="h", usd_per_hour=1,
-    ...     trial_number=n, config={}, hours_per_run=h, cost_per_run_usd=c)
-    >>> [q.trial_number for q in pareto_front([p(0, 10, 5), p(1, 8, 6), p(2, 9, 7), p(3, 12, 4)])]
-    [1, 0, 3]
-    """
-    ordered = sorted(
-        points, key=lambda q: (q.hours_per_run, q.cost_per_run_usd, q.study, q.trial_number)
-    )
-    front: list[ParetoPoint] = []
-    for point in ordered:
-        if not front or point.cost_per_run_usd < front[-1].cost_per_run_usd:
-            front.append(point)
-    return front
-
-
-def compare(
-    store: Store,
-    study: str,
-    constraints: Constraints | None = None,
-    *,
-    loaded: Mapping[str, Sequence[TrialMetrics]] | None = None,
-) -> Comparison:
-    """Every study pricing the same workload as ``study`` (e.g. H100, A100, RTX 4090 at their
-    own prices): the cheapest option under the constraints and the Pareto front of $ vs hours.
-
-    ``constraints.usd_per_hour`` is ignored here: each machine keeps its own price.
-    ``loaded``: trials a caller already has, by study name (only completed ones count); the
-    other studies' trials are read from the store.
-    """
-    constraints = constraints or Constraints()
-    per_study_constraints = Constraints(
-        max_hours=constraints.max_hours,
-        max_cost_usd=constraints.max_cost_usd,
-        min_memory_headroom=constraints.min_memory_headroom,
-        allow_truncation=constraints.allow_truncation,
-    )
-    anchor = store.get_study(study)
-    rows = [anchor]
-    if anchor.workload_hash:
-        rows = store.studies_of_workload(anchor.workload_hash)
-    recommendations: list[Recommendation] = []
-    unavailable: dict[str, str] = {}
-    points: list[ParetoPoint] = []
-    for row in rows:
-        facts = StudyFacts.of(row)
-        if loaded is not None and row.name in loaded:
-            trials = loaded[row.name]
-        else:
-            trials = store.trial_metrics(row.name, states=["complete"])
-        try:
-            recommendation, eligible = _decide(facts, trials, per_study_constraints)
-        except NoResultError as e:
-            unavailable[row.name] = str(e)
-            continue
-        recommendations.append(recommendation)
-        points += [
-            ParetoPoint(
-                study=row.name,
-                hardware_name=row.hardware_name,
-                usd_per_hour=row.usd_per_hour,
-                trial_number=c.trial.number,
-                config=dict(c.trial.config),
-                hours_per_run=c.hours,
-                cost_per_run_usd=c.cost,
-            )
-            for c in eligible
-        ]
-    if not recommendations:
-        raise NoResultError(
-            "no study of this workload has an eligible trial: "
-            + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
-        )
-    front = pareto_front(points)
-    return Comparison(
-        workload_hash=anchor.workload_hash,
-        cheapest=min(
-            recommendations, key=lambda r: (r.cost_per_run_usd, r.hours_per_run or 0.0, r.study)
-        ),
-        fastest=front[0],
-        per_study=recommendations,
-        unavailable=unavailable,
-        pareto=front,
-        constraints=per_study_constraints.describe(),
     )

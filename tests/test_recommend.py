@@ -326,7 +326,7 @@ def _machine(store: Store, study: str, name: str, price: float, hours: list[floa
 
 
 def test_cheapest_and_pareto_front_across_hardware(sqlite_url: str) -> None:
-    from sweeper.recommend import compare
+    from sweeper.compare import compare
 
     store = Store(sqlite_url)
     store.migrate()

@@ -18,7 +18,7 @@ from api.deps import INT32_MAX, CacheDep, StoreDep, StudyName
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
 from dashboards import figures, path_segment, plotly_js_path
-from sweeper import importance, recommend
+from sweeper import compare, importance, recommend
 from sweeper.errors import ConflictError, NoResultError, SweeperError
 from sweeper.export import render
 from sweeper.knobs import KNOBS, describe
@@ -232,7 +232,7 @@ def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str
         for row in studies
     }
     try:
-        front = [p.model_dump() for p in recommend.compare(store, name, loaded=loaded).pareto]
+        front = [p.model_dump() for p in compare.compare(store, name, loaded=loaded).pareto]
     except NoResultError:
         front = []
     points = {

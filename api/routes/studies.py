@@ -24,7 +24,7 @@ from api.schemas import (
     assume_utc,
 )
 from api.security import WriteAccess
-from sweeper import control, importance, recommend
+from sweeper import compare, control, importance, recommend
 from sweeper.errors import ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
 from sweeper.settings import Settings
@@ -226,15 +226,15 @@ def get_best(
 
 @router.get(
     "/{name}/compare",
-    response_model=recommend.Comparison,
+    response_model=compare.Comparison,
     responses={409: {"description": "no study of this workload has an eligible trial"}},
 )
 def compare_hardware(
     name: StudyName, store: StoreDep, constraints: ConstraintsDep
-) -> recommend.Comparison:
+) -> compare.Comparison:
     """Every study of the same workload (other hardware at its own price): the cheapest
     option and the Pareto front of $ against hours. ``usd_per_hour`` is ignored here."""
-    return recommend.compare(store, name, constraints)
+    return compare.compare(store, name, constraints)
 
 
 @router.get(
@@ -255,15 +255,15 @@ def export_best(
 
 @router.get(
     "/{name}/pareto",
-    response_model=list[recommend.ParetoPoint],
+    response_model=list[compare.ParetoPoint],
     responses={409: {"description": "no study of this workload has an eligible trial"}},
 )
 def pareto_front(
     name: StudyName, store: StoreDep, constraints: ConstraintsDep
-) -> list[recommend.ParetoPoint]:
+) -> list[compare.ParetoPoint]:
     """The Pareto front of $/run against hours/run over every study of this workload (each
     hardware at its own price): no point on it is both cheaper and faster than another."""
-    return recommend.compare(store, name, constraints).pareto
+    return compare.compare(store, name, constraints).pareto
 
 
 @router.get(
