@@ -30,10 +30,16 @@ def _space(tmp_path: Path, engine: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("engine", ["trainer", "sft"])
+# each engine once and each store once (a sweep of 3 trials each): the stores are tested
+# against each other elsewhere
+@pytest.mark.parametrize(
+    ("engine", "backend"),
+    [("trainer", "sqlite"), pytest.param("sft", "postgres", marks=pytest.mark.postgres)],
+)
 def test_a_sweep_measures_with_the_users_trainer(
-    tmp_path: Path, storage_url: str, cache_dir: Path, engine: str
+    tmp_path: Path, request: pytest.FixtureRequest, cache_dir: Path, engine: str, backend: str
 ) -> None:
+    storage_url: str = request.getfixturevalue(f"{backend}_url")
     space = _space(tmp_path, engine)
     result = run_sweeper(
         "launch", "--space", str(space), "--storage", storage_url, "--n-trials", "3",

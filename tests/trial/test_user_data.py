@@ -349,7 +349,7 @@ def test_chat_records_train_replies_only_with_every_engine(
 
 
 def test_lora_trains_only_the_adapter_and_quantization_is_dropped_on_a_cpu(
-    tmp_path: Path, cache_dir: Path, storage_url: str
+    tmp_path: Path, cache_dir: Path, sqlite_url: str
 ) -> None:
     """workload.adapter: LoRA through peft trains on the CPU; 4-bit quantization needs
     bitsandbytes on CUDA, so preflight drops it with the reason and the sweep goes on."""
@@ -367,13 +367,13 @@ def test_lora_trains_only_the_adapter_and_quantization_is_dropped_on_a_cpu(
     space_file = tmp_path / "lora.yaml"
     space_file.write_text(yaml.safe_dump(text))
     result = run_sweeper(
-        "launch", "--space", str(space_file), "--storage", storage_url,
+        "launch", "--space", str(space_file), "--storage", sqlite_url,
         cache_dir=cache_dir, timeout=600,
     )  # fmt: skip
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, output
     assert "quantization=4bit: needs bitsandbytes with a CUDA device" in output, output
-    store = Store(storage_url)
+    store = Store(sqlite_url)
     try:
         trials = store.list_trials("tiny-lora", states=["complete"], include_measurement=True)
     finally:
