@@ -128,11 +128,16 @@ def one_off_text(projection: Mapping[str, Any] | None) -> str:
     'checkpoint save timed by an earlier trial with the same state and disk'
     >>> text.split("; ")[1].split(" (")[1]
     'this one compiled warm in 4.2 s)'
+    >>> one_off_text({"checkpoint_source": "reused", "checkpoint_saves": 0})
+    ''
     """
     if not projection:
         return ""
     parts = []
-    source = projection.get("checkpoint_source")
+    # a run that saves no checkpoint prices none: where the save's figure came from is moot
+    source = (
+        projection.get("checkpoint_source") if projection.get("checkpoint_saves") != 0 else None
+    )
     if source == "reused":
         parts.append("checkpoint save timed by an earlier trial with the same state and disk")
     elif source == "measured":
