@@ -124,13 +124,13 @@ def study_page(
                 exports[fmt] = render(best, fmt, study.space_yaml)
             except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
                 exports[fmt] = f"# cannot export this config: {e!r}"
-    every = store.list_trials(name)  # in number order
-    running = [t.number for t in every if t.state == "running"]
+    every = store.trial_marks(name)  # (number, state, contended), in number order
+    running = [number for number, state, _ in every if state == "running"]
     # measured only while the machine was shared: the page warns once, above the figures
-    contended = [t.number for t in every if t.state == "complete" and t.contended]
+    contended = [number for number, state, shared in every if state == "complete" and shared]
     # Optuna numbers the proposals; one that repeated a measured config (or one another worker
     # had taken) ran nothing, so its number has no row: the page says so rather than hide it
-    numbers = {t.number for t in every}
+    numbers = {number for number, _, _ in every}
     skipped = [n for n in range(max(numbers) + 1) if n not in numbers] if numbers else []
     context: dict[str, Any] = {
         "study": study,
@@ -163,7 +163,7 @@ def study_page(
             "figures_url": f"/studies/{path_segment(name)}/figures.json",
             "importance_url": f"/studies/{path_segment(name)}/importance-figure.json",
             "study_state": study.state,
-            "highest": every[-1].number if every else -1,
+            "highest": every[-1][0] if every else -1,
             "running": running,
         },
     }

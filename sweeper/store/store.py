@@ -609,6 +609,17 @@ class Store:
             query = _filter_trials(select(*METRIC_COLUMNS), study_row.id, None, states, None, None)
             return s.execute(query.order_by(TrialRow.number)).all()  # type: ignore[return-value]
 
+    def trial_marks(self, study: str) -> Sequence[tuple[int, str, bool | None]]:
+        """Every trial's (number, state, contended) in number order: what the study page marks
+        (running, measured only on a shared machine, numbers with no row). Three columns, not
+        ``list_trials``'s ORM rows: at 10,000 trials those made the page 9x slower."""
+        with self.session() as s:
+            study_row = self._study(s, study)
+            query = select(TrialRow.number, TrialRow.state, TrialRow.contended).where(
+                TrialRow.study_id == study_row.id
+            )
+            return s.execute(query.order_by(TrialRow.number)).all()  # type: ignore[return-value]
+
     def count_trials(
         self,
         study: str,
