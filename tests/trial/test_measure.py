@@ -4,7 +4,6 @@ compile cost kept out of throughput, data wait, and failures classified from rea
 from __future__ import annotations
 
 import signal
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from sweeper.space import Space
 from sweeper.trial.measure import ci95_rel
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.recipe import is_steady
+from sweeper.trial.workload import build_training_dataset, load_tokenizer
 from tests.helpers import tiny_config, trial_request
 
 
@@ -146,18 +146,43 @@ def pretokenized(tiny_space: Space, cache_dir: Path) -> tuple[Space, PreparedDat
     return space, PreparedData.model_validate(_ok(run))
 
 
-def test_pretokenized_data_trains_and_waits_less(
+def test_pretokenized_data_trains_and_is_read_not_tokenized(
     tiny_space: Space,
     tiny_prepared: PreparedData,
     pretokenized: tuple[Space, PreparedData],
     cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The claim is that the loader does no tokenizing: counted, not timed. How much wait
+    that saves is a machine's figure (bench/trial_overhead.py); a timing ratio of two
+    millisecond waits failed here once on a loaded CI machine (9.5 ms vs 8.0 ms)."""
     space, prepared = pretokenized
     assert prepared.pretokenized_path and Path(prepared.pretokenized_path).is_dir()
-    # long samples, a tiny model, no workers: tokenizing in the loop is a visible share of a step
     config = tiny_config(
         per_device_batch_size=16, gradient_accumulation_steps=1, max_seq_length=256
     )
+    tokenizer = load_tokenizer(prepared)
+    fly_data = build_training_dataset(tiny_space.workload, tiny_prepared, config, tokenizer, cache_dir)
+    pre_data = build_training_dataset(space.workload, prepared, config, tokenizer, cache_dir)
+    calls: list[int] = []
+    real_call = type(tokenizer).__call__
+
+    def counting_call(self: object, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", counting_call)
+    count = min(64, len(fly_data))
+    fly_samples = [fly_data[i] for i in range(count)]
+    fly_calls = len(calls)
+    pre_samples = [pre_data[i] for i in range(count)]
+    monkeypatch.undo()
+    assert fly_calls == count  # on the fly: one tokenizer call per sample read
+    assert len(calls) == fly_calls  # pretokenized: none
+    # the same ids, cut at the same length, with the same EOS: only where they come from differs
+    assert pre_samples == fly_samples
+    assert any(len(ids) == 256 for ids, _ in fly_samples)  # the cut is exercised
+
     measure = {"min_steps": 8, "max_steps": 8}
     fly = _ok(
         run_child(
@@ -168,13 +193,7 @@ def test_pretokenized_data_trains_and_waits_less(
     pre = _ok(
         run_child(trial_request(space, prepared, cache_dir, config, measure=measure), timeout_s=120)
     )
-    # host blocked on the loader per step: tokenizing on the fly vs reading token ids; a ratio
-    # of two waits, so a slow or busy machine slows both alike. Medians, not means: on a loaded
-    # machine one preempted step can wait longer than the other seven together.
-    fly_wait = statistics.median(fly["data_wait_s"][-8:])
-    pre_wait = statistics.median(pre["data_wait_s"][-8:])
-    assert fly["data_wait_share"] > 0
-    assert pre_wait < fly_wait / 2
+    assert pre["measured_steps"] >= 8 and pre["samples_per_s"] > 0
     # same data, same truncation: the same real tokens per sample
     assert pre["tokens_per_s"] / pre["samples_per_s"] == pytest.approx(
         fly["tokens_per_s"] / fly["samples_per_s"], rel=0.15
