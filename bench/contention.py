@@ -23,7 +23,7 @@ import sys
 import time
 from datetime import UTC, datetime
 
-from trial_quality import _measured, _ok, _request  # bench/ is the script's directory
+from trial_quality import measured_of, ok_payload, trial_request  # bench/ is the script's directory
 
 from sweeper.launcher import ForkServer, run_child
 from sweeper.measurement import Measurement
@@ -81,16 +81,16 @@ def main() -> None:
         kind="prepare", workload=space.workload, device=space.hardware.device,
         cache_dir=str(cache_dir),
     )  # fmt: skip
-    prepared = PreparedData.model_validate(_ok(run_child(prepare, timeout_s=900)))
+    prepared = PreparedData.model_validate(ok_payload(run_child(prepare, timeout_s=900)))
     rows: list[tuple[str, Measurement]] = []
     with ForkServer(str(cache_dir)) as server:
-        request = _request(space, prepared, cache_dir, config)
+        request = trial_request(space, prepared, cache_dir, config)
         server.preload(request)
         for _ in range(args.rounds):
-            calm = _measured(run_child(request, timeout_s=space.trial.timeout_s, server=server))
+            calm = measured_of(run_child(request, timeout_s=space.trial.timeout_s, server=server))
             rows.append(("calm", calm))
             with _Load(cpus):
-                loaded = _measured(
+                loaded = measured_of(
                     run_child(request, timeout_s=space.trial.timeout_s, server=server)
                 )
             rows.append(("loaded", loaded))

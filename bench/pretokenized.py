@@ -27,9 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from sweeper.knobs import TrialConfig  # noqa: E402
 from sweeper.launcher import run_child  # noqa: E402
 from sweeper.space import load_space  # noqa: E402
-from sweeper.knobs import TrialConfig  # noqa: E402
 from sweeper.trial.protocol import ChildRequest, PreparedData  # noqa: E402
 from sweeper.trial.workload import (  # noqa: E402
     build_training_dataset,
@@ -86,8 +86,10 @@ def main() -> None:
                 t = time.perf_counter()
                 collate([dataset[i] for i in range(start, start + args.batch)])
                 times[name].append(time.perf_counter() - t)
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-          f"batch {args.batch}, max_seq_length {args.max_seq_length}, {args.rounds} rounds")
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+        f"batch {args.batch}, max_seq_length {args.max_seq_length}, {args.rounds} rounds"
+    )
     medians = {}
     for name, values in times.items():
         values.sort()

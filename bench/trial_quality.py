@@ -33,7 +33,7 @@ from sweeper.space import Space, TrialConfig, load_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
 
-def _request(
+def trial_request(
     space: Space, prepared: PreparedData, cache_dir: Path, config: TrialConfig, **measure: float
 ) -> ChildRequest:
     settings = space.trial.model_copy(
@@ -50,14 +50,14 @@ def _request(
     )
 
 
-def _ok(run: ChildRun) -> dict:
+def ok_payload(run: ChildRun) -> dict:
     if run.result.status != "ok" or run.result.payload is None:
         sys.exit(f"trial failed: {run.result.failure_kind}: {run.result.failure_message}")
     return run.result.payload
 
 
-def _measured(run: ChildRun) -> Measurement:
-    return parse_measurement(_ok(run))
+def measured_of(run: ChildRun) -> Measurement:
+    return parse_measurement(ok_payload(run))
 
 
 def _describe(c: TrialConfig) -> str:
@@ -139,24 +139,24 @@ def main() -> None:
         ),
         timeout_s=900,
     )
-    prepared = PreparedData.model_validate(_ok(run))
+    prepared = PreparedData.model_validate(ok_payload(run))
     trials: list[tuple[TrialConfig, Measurement, float]] = []  # config, measurement, wall_s
     fidelity_rows = []
     repeat_rows = []
     with ForkServer(str(cache_dir)) as server:
-        server.preload(_request(space, prepared, cache_dir, configs[0]))
+        server.preload(trial_request(space, prepared, cache_dir, configs[0]))
         for config in configs:
             trial_run = run_child(
-                _request(space, prepared, cache_dir, config),
+                trial_request(space, prepared, cache_dir, config),
                 timeout_s=space.trial.timeout_s,
                 server=server,
             )
-            trial = _measured(trial_run)
+            trial = measured_of(trial_run)
             trials.append((config, trial, trial_run.wall_s))
             steps = trial.measured_steps * args.long_factor
-            long = _measured(
+            long = measured_of(
                 run_child(
-                    _request(
+                    trial_request(
                         space,
                         prepared,
                         cache_dir,
@@ -174,11 +174,11 @@ def main() -> None:
             fidelity_rows.append((config, trial, long))
         for _ in range(args.repeats):
             repeat_run = run_child(
-                _request(space, prepared, cache_dir, configs[0]),
+                trial_request(space, prepared, cache_dir, configs[0]),
                 timeout_s=space.trial.timeout_s,
                 server=server,
             )
-            measurement = _measured(repeat_run)
+            measurement = measured_of(repeat_run)
             repeat_rows.append(measurement)
             trials.append((configs[0], measurement, repeat_run.wall_s))
 

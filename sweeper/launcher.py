@@ -120,7 +120,7 @@ def run_child(
         _signal_group(handle.pid, signal.SIGKILL)
         log_tail = _tail(log_path)
         return ChildRun(
-            result=_read_result(result_path, returncode, log_tail),
+            result=read_result(result_path, returncode, log_tail),
             wall_s=wall_s,
             log_tail=log_tail,
             pid=handle.pid,
@@ -279,7 +279,7 @@ class _Forked:
         return self.server.wait_exit(self.pid, timeout)
 
 
-def _read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
+def read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
     if path.is_file():
         try:
             return ChildResult.model_validate_json(path.read_text())

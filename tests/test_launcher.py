@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from sweeper.errors import TrialError
-from sweeper.launcher import ForkServer, _read_result, run_child
+from sweeper.launcher import ForkServer, read_result, run_child
 from sweeper.space import Space
 from sweeper.trial.failures import classify
 from sweeper.trial.protocol import PreparedData
@@ -57,13 +57,13 @@ def test_timeout_kills_child_and_its_workers(
 
 
 def test_death_by_signal_without_result_is_killed() -> None:
-    result = _read_result(Path("/nonexistent/result.json"), -signal.SIGKILL, "log")
+    result = read_result(Path("/nonexistent/result.json"), -signal.SIGKILL, "log")
     assert result.failure_kind == "killed"
     assert "SIGKILL" in (result.failure_message or "") and "OOM" in (result.failure_message or "")
 
 
 def test_exit_without_result_keeps_last_log_line() -> None:
-    result = _read_result(Path("/nonexistent/result.json"), 3, "starting\nImportError: boom\n")
+    result = read_result(Path("/nonexistent/result.json"), 3, "starting\nImportError: boom\n")
     assert result.failure_kind == "error"
     assert "exited 3" in (result.failure_message or "") and "ImportError: boom" in (
         result.failure_message or ""

@@ -154,17 +154,17 @@ def busy_processes() -> Iterator[int]:
 _WATCH = textwrap.dedent(
     """
     import json, subprocess, sys, time
-    from sweeper.trial.contention import HostWatch, _tree_ticks
+    from sweeper.trial.contention import HostWatch, tree_ticks
     import os
     own = int(sys.argv[1])
     kids = [subprocess.Popen([sys.executable, "-c", {busy!r}]) for _ in range(own)]
     time.sleep(0.3)
     watch = HostWatch()
-    before = _tree_ticks(os.getpid())
+    before = tree_ticks(os.getpid())
     watch.start()
     time.sleep(2.0)
     result = watch.stop()
-    result["own_cpu"] = (_tree_ticks(os.getpid()) - before) / os.sysconf("SC_CLK_TCK") / 2.0
+    result["own_cpu"] = (tree_ticks(os.getpid()) - before) / os.sysconf("SC_CLK_TCK") / 2.0
     for kid in kids:
         kid.kill()
     print(json.dumps(result))
@@ -195,7 +195,7 @@ def test_the_watch_flags_other_processes_busy_during_the_window(busy_processes: 
 _OWN_WATCH = textwrap.dedent(
     """
     import json, os, subprocess, sys, time
-    from sweeper.trial.contention import HostWatch, _proc_stat, _tree_ticks
+    from sweeper.trial.contention import HostWatch, proc_stat, tree_ticks
     def ticks(pid):
         text = open(f"/proc/{{pid}}/stat").read()
         rest = text[text.rindex(")") + 2 :].split()
@@ -203,7 +203,7 @@ _OWN_WATCH = textwrap.dedent(
     kid = subprocess.Popen([sys.executable, "-c", {busy!r}])
     time.sleep(0.3)
     watch = HostWatch()
-    kid_before, busy_before = ticks(kid.pid), _proc_stat()[0]
+    kid_before, busy_before = ticks(kid.pid), proc_stat()[0]
     started = time.monotonic()
     watch.start()
     # however loaded the machine is, the window lasts until the worker has had 50 ticks
@@ -213,7 +213,7 @@ _OWN_WATCH = textwrap.dedent(
     result = watch.stop()
     result["seconds"] = time.monotonic() - started
     result["kid_ticks"] = ticks(kid.pid) - kid_before
-    result["busy_ticks"] = _proc_stat()[0] - busy_before
+    result["busy_ticks"] = proc_stat()[0] - busy_before
     result["hz"] = os.sysconf("SC_CLK_TCK")
     kid.kill()
     print(json.dumps(result))

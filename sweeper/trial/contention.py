@@ -38,7 +38,7 @@ class _Reading:
     gpu_others: int | None
 
 
-def _proc_stat() -> tuple[int, int, int] | None:
+def proc_stat() -> tuple[int, int, int] | None:
     """(busy, total, steal) ticks of all CPUs since boot."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
@@ -51,7 +51,7 @@ def _proc_stat() -> tuple[int, int, int] | None:
     return None
 
 
-def _tree_ticks(root: int) -> int | None:
+def tree_ticks(root: int) -> int | None:
     """User + system ticks of ``root`` and its descendants alive now (their threads included)."""
     parents: dict[int, int] = {}
     ticks: dict[int, int] = {}
@@ -128,13 +128,13 @@ class HostWatch:
         self._start: _Reading | None = None
 
     def _read(self) -> _Reading:
-        stat = _proc_stat()
+        stat = proc_stat()
         return _Reading(
             at=time.monotonic(),
             busy_ticks=None if stat is None else stat[0],
             total_ticks=None if stat is None else stat[1],
             steal_ticks=None if stat is None else stat[2],
-            own_ticks=_tree_ticks(os.getpid()),
+            own_ticks=tree_ticks(os.getpid()),
             gpu_others=_gpu_others(self.device_index),
         )
 

@@ -162,7 +162,9 @@ def test_pretokenized_data_trains_and_is_read_not_tokenized(
         per_device_batch_size=16, gradient_accumulation_steps=1, max_seq_length=256
     )
     tokenizer = load_tokenizer(prepared)
-    fly_data = build_training_dataset(tiny_space.workload, tiny_prepared, config, tokenizer, cache_dir)
+    fly_data = build_training_dataset(
+        tiny_space.workload, tiny_prepared, config, tokenizer, cache_dir
+    )
     pre_data = build_training_dataset(space.workload, prepared, config, tokenizer, cache_dir)
     calls: list[int] = []
     real_call = type(tokenizer).__call__
