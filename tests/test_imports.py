@@ -51,3 +51,41 @@ def test_no_module_is_a_hub() -> None:
         and (n := len(path.read_text(encoding="utf-8").splitlines())) > 800
     }
     assert not too_long, too_long
+
+
+def _imports_of(path: object) -> set[str]:
+    """Every sweeper module a file imports, at the top or inside a function."""
+    import ast
+    from pathlib import Path
+
+    assert isinstance(path, Path)
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name.startswith("sweeper")}
+
+
+def test_the_layering_rules_hold() -> None:
+    """shared/STYLE.md's rules: the sweep never imports the recommendation (its caller decides);
+    the space never imports the search (so reading one stays light); doctor and studyfile use
+    sweep.prepare and store.optuna, never the sweep loop."""
+    from tests.helpers import REPO
+
+    broken = []
+    for path in sorted((REPO / "sweeper" / "sweep").glob("*.py")):
+        for name in _imports_of(path):
+            if name.startswith(("sweeper.recommend", "sweeper.compare", "sweeper.console")):
+                broken.append(f"{path.name} imports {name}")
+    for name in _imports_of(REPO / "sweeper" / "space.py") | _imports_of(REPO / "sweeper/job.py"):
+        if name.startswith(("sweeper.search", "sweeper.sweep", "sweeper.store")):
+            broken.append(f"space/job import {name}")
+    allowed = ("sweeper.sweep.prepare",)
+    for module in ("doctor.py", "studyfile.py"):
+        for name in _imports_of(REPO / "sweeper" / module):
+            if name.startswith("sweeper.sweep") and not name.startswith(allowed):
+                broken.append(f"{module} imports {name}")
+    assert not broken, broken
