@@ -8,8 +8,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import pytest
+# Torch's threads, one share of the cores per test process. Two pytest-xdist processes on 2
+# cores, each running trial children with torch's default of one thread per core, oversubscribe
+# the CPU and OpenMP's spinning waits make each step several times slower: tests/test_seeds.py
+# with test_readback.py took 400 s at -n 2 with the default, 181 s with one thread each (2.2x).
+# Set before anything imports torch; trial children inherit it. A value set outside is kept.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _share))
+
+import psycopg  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import settings
 
 from sweeper.launcher import run_child
