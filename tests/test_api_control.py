@@ -193,6 +193,17 @@ def test_trial_filters_sort_and_total(client: TestClient) -> None:
         assert response.status_code == 422
         assert bad in response.json()["detail"]
     assert client.get(f"/api/studies/{STUDY}/trials", params={"sort": "config"}).status_code == 422
+    # integers past what a stored knob holds match no trial: never Postgres' "integer out of
+    # range" (503) or SQLite's OverflowError (500); the largest 32-bit one is an ordinary value
+    int_knobs = ("per_device_batch_size", "gradient_accumulation_steps", "max_seq_length")
+    for knob in (*int_knobs, "num_workers", "prefetch_factor"):
+        for value in (2**31 - 1, 2**31, 2**63, 10**30):
+            response = client.get(
+                f"/api/studies/{STUDY}/trials", params={"config": f"{knob}:{value}"}
+            )
+            assert response.status_code == 200, (knob, value, response.text)
+            assert response.json() == [] and response.headers["x-total-count"] == "0"
+    assert client.get(f"/api/studies/{STUDY}/trials").status_code == 200  # the next one too
 
 
 def test_importance_names_the_knob_that_decides_the_price(client: TestClient) -> None:

@@ -26,6 +26,7 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    false,
     func,
     make_url,
     select,
@@ -679,8 +680,14 @@ def _config_equals(knob: str, value: Any) -> ColumnElement[bool]:
     if isinstance(value, bool):
         return element.as_boolean() == value
     if isinstance(value, int):
+        # a stored knob value is a 32-bit integer (as Postgres casts it): a larger one matches
+        # no trial, and must not reach the cast ("integer out of range") or SQLite (OverflowError)
+        if not -(2**31) <= value < 2**31:
+            return false()
         return element.as_integer() == value
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return false()
         return element.as_float() == value
     return element.as_string() == str(value)
 
