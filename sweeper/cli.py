@@ -306,7 +306,7 @@ def worker(
     run a config another worker runs or ran."""
     from sweeper.errors import StudyNotFoundError
     from sweeper.settings import resolve_storage
-    from sweeper.space import parse_space
+    from sweeper.space import stored_space
     from sweeper.store import Store
     from sweeper.sweep.fleet import FleetError, parse_devices
 
@@ -325,7 +325,7 @@ def worker(
     finally:
         store.dispose()
     try:
-        parsed = parse_space(row.space_yaml, source=row.space_path or f"study {study}")
+        parsed = stored_space(row.space_yaml, row.name, row.space_path or f"study {study}")
     except SpaceError as e:
         raise _fail(f"the study's stored space no longer loads\n{e}", code=2) from None
     if len(gpus) > 1:

@@ -727,13 +727,31 @@ def parse_space(text: str, source: str = "<space>") -> Space:
         raise SpaceError("\n".join(problems)) from None
 
 
+def stored_space(text: str, study: str, source: str) -> Space:
+    """The space a study stored, as that study: one imported ``--as NAME`` keeps its file's
+    text, whose ``study:`` is still the name it was exported under (a worker reading the text
+    alone would sweep, and create, the old name)."""
+    return parse_space(text, source).model_copy(update={"study": study})
+
+
+# A space file is a page of YAML; a larger one is a mistake (``--space /dev/zero``, a dataset
+# passed by accident), refused before it is read whole.
+MAX_SPACE_BYTES = 1 << 20
+
+
 def load_space(path: str | Path) -> Space:
     """Read and validate a space file."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            data = file.read(MAX_SPACE_BYTES + 1)
     except OSError as e:
         raise SpaceError(f"{path}: cannot read space file: {e.strerror}") from e
+    if len(data) > MAX_SPACE_BYTES:
+        raise SpaceError(
+            f"{path}: larger than {MAX_SPACE_BYTES // 1024} KiB, so not a space file; pass "
+            "the YAML file that describes the sweep (see spaces/ for examples)"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

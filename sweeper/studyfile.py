@@ -32,7 +32,7 @@ import sweeper
 from sweeper.errors import ConflictError, SweeperError
 from sweeper.space import StudyName
 from sweeper.store import Store
-from sweeper.store.models import StudyRow, TrialRow
+from sweeper.store.models import STUDY_STATES, TRIAL_STATES, StudyRow, TrialRow
 
 FORMAT = "sweeper-study"
 VERSION = 1
@@ -301,6 +301,7 @@ def import_study(store: Store, document: StudyDocument, *, name: str | None = No
         _with_interval(_load_row(TrialRow, t, f"{source}: trials[{i}]"))
         for i, t in enumerate(document.trials)
     ]
+    _check_states_and_configs(study, trials, source)
     numbers = [t.get("number") for t in trials]
     if len(set(numbers)) != len(numbers):
         raise StudyFileError(f"{source}: trial numbers repeat")
@@ -321,6 +322,41 @@ def import_study(store: Store, document: StudyDocument, *, name: str | None = No
             delete_study_at(store.url, target)
         raise
     return target
+
+
+def _check_states_and_configs(
+    study: dict[str, Any], trials: list[dict[str, Any]], source: str
+) -> None:
+    """What a live write could never store: a state no page knows, a config outside the
+    knobs' choices. The pages and charts read both (an unknown state once answered 500 for
+    every page of the storage)."""
+    from pydantic import ValidationError as ConfigError
+
+    from sweeper.knobs import TrialConfig
+
+    if study.get("state") not in STUDY_STATES:
+        raise StudyFileError(
+            f"{source}: study.state: {study.get('state')!r} is not a study state; expected "
+            f"one of {', '.join(STUDY_STATES)}"
+        )
+    for index, trial in enumerate(trials):
+        where = f"{source}: trials[{index}]"
+        if trial.get("state") not in TRIAL_STATES:
+            raise StudyFileError(
+                f"{where}.state: {trial.get('state')!r} is not a trial state; expected one of "
+                f"{', '.join(TRIAL_STATES)}"
+            )
+        config = trial.get("config")
+        if not isinstance(config, dict):
+            raise StudyFileError(f"{where}.config: expected an object of knob values")
+        try:
+            TrialConfig.model_validate(config)
+        except ConfigError as e:
+            first = e.errors()[0]
+            knob = ".".join(str(p) for p in first["loc"])
+            raise StudyFileError(
+                f"{where}.config.{knob}: {first['msg']} (got {first.get('input')!r})"
+            ) from None
 
 
 def _with_interval(trial: dict[str, Any]) -> dict[str, Any]:

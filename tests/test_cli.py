@@ -73,6 +73,17 @@ def test_a_space_file_that_is_not_utf8_exits_2_with_where_and_the_fix(
     assert not db.exists()
 
 
+def test_an_endless_space_file_is_refused_unread(tmp_path: Path, env: dict[str, str]) -> None:
+    """``--space /dev/zero`` once read without bound; a space file is a page of YAML."""
+    db = tmp_path / "never.db"
+    result = _sweeper(
+        "launch", "--space", "/dev/zero", "--storage", f"sqlite:///{db}", env=env, timeout=60
+    )
+    assert result.returncode == 2, result.stderr
+    assert "/dev/zero: larger than 1024 KiB, so not a space file" in result.stderr
+    assert "Traceback" not in result.stderr and not db.exists()
+
+
 @pytest.mark.torch  # the data is read by the prepare step, which runs the trial side (datasets)
 def test_bad_data_names_its_line_and_leaves_no_study(tmp_path: Path, env: dict[str, str]) -> None:
     data = tmp_path / "chats.jsonl"

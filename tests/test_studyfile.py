@@ -198,6 +198,43 @@ def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> N
             json.dumps({**data, "trials": [{**data["trials"][0], "samples_per_s": "fast"}]}),
             "trials[0].samples_per_s: expected a finite number",
         ),
+        # what a live write never stores, and what once made every page answer 500
+        "bad-state.json": (
+            json.dumps({**data, "trials": [{**data["trials"][0], "state": "zombie"}]}),
+            "trials[0].state: 'zombie' is not a trial state; expected one of running, complete",
+        ),
+        "bad-study-state.json": (
+            json.dumps({**data, "study": {**data["study"], "state": "sleeping"}}),
+            "study.state: 'sleeping' is not a study state",
+        ),
+        "bad-knob.json": (
+            json.dumps(
+                {
+                    **data,
+                    "trials": [
+                        {
+                            **data["trials"][0],
+                            "config": {**data["trials"][0]["config"], "attn_implementation": "x"},
+                        }
+                    ],
+                }
+            ),
+            "trials[0].config.attn_implementation: Input should be",
+        ),
+        "bad-batch.json": (
+            json.dumps(
+                {
+                    **data,
+                    "trials": [
+                        {
+                            **data["trials"][0],
+                            "config": {**data["trials"][0]["config"], "per_device_batch_size": 0},
+                        }
+                    ],
+                }
+            ),
+            "trials[0].config.per_device_batch_size: Input should be greater than 0 (got 0)",
+        ),
     }
     for name, (text, message) in cases.items():
         bad = tmp_path / name
@@ -215,6 +252,30 @@ def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> N
     store.dispose()
     missing = run_sweeper("study", "export", "--study", "nope", "--storage", fresh, cwd=tmp_path)
     assert missing.returncode == 1 and "no study named 'nope'" in missing.stderr
+
+
+def test_a_worker_resumes_a_study_imported_under_another_name(
+    recorded: Path, tmp_path: Path, cache_dir: Path
+) -> None:
+    """The stored space still says ``study: tiny``; the worker sweeps the study it was given
+    (it once created a second study under the file's name and measured its configs again)."""
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    imported = run_sweeper("study", "import", str(recorded), "--storage", target, "--as", "copy")
+    assert imported.returncode == 0, imported.stderr
+    worker = run_sweeper(
+        "worker", "--study", "copy", "--storage", target, "--n-trials", "1",
+        cache_dir=cache_dir, timeout=900,
+    )  # fmt: skip
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    store = Store(target)
+    names = [row.name for row, _ in store.list_studies()]
+    trials = store.list_trials("copy")
+    store.dispose()
+    assert names == ["copy"]
+    assert len(trials) == len(read_study_file(recorded).trials) + 1
+    storage = optuna.storages.RDBStorage(target)
+    assert optuna.get_all_study_names(storage=storage) == ["copy"]
+    storage.engine.dispose()
 
 
 def test_the_committed_demo_study_loads(sqlite_url: str) -> None:
