@@ -19,6 +19,7 @@ import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
 from sweeper.errors import StorageError
+from sweeper.store.bounds import bound_engine
 from sweeper.store.retry import retried
 from sweeper.store.store import redact, schema_lock
 
@@ -65,6 +66,10 @@ def optuna_storage(storage_url: str, retry_s: float = 0.0) -> optuna.storages.RD
         schema_lock(storage_url),  # Optuna creates its tables here
     ):
         storage = _RetryingRDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
+    # Optuna builds its engine (and connects) in the constructor: bound it, and drop the
+    # connection it made so that every later one is bounded (sweeper.store.bounds)
+    bound_engine(storage.engine)
+    storage.engine.dispose()
     storage.retry_s = retry_s
     return storage
 

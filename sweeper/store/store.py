@@ -40,6 +40,7 @@ from sqlalchemy.pool import NullPool
 from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample
+from sweeper.store.bounds import SQLITE_BUSY_S, bound_engine
 from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
 from sweeper.store.retry import retried
 
@@ -697,7 +698,7 @@ def _make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -708,7 +709,9 @@ def _make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True)
+    bound_engine(engine)  # connect, keepalive and per-call bounds (sweeper.store.bounds)
+    return engine
 
 
 def _retrying_method(method: Callable[..., Any]) -> Callable[..., Any]:
