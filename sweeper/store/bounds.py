@@ -49,7 +49,7 @@ def postgres_connect_args() -> dict[str, Any]:
 
 
 @functools.cache
-def bounded_connection_class() -> type:
+def bounded_connection_class() -> Any:
     """psycopg's Connection whose every wait ends after ``statement_bound_s()``: the
     connection is then closed (its state is unknown) and an ``OperationalError`` raised."""
     import psycopg
