@@ -3,6 +3,7 @@
     SweeperError
     ├── SpaceError            a space file is missing, not YAML, or fails validation (exit 2)
     ├── StorageError          the database cannot be reached or its schema is wrong
+    │   └── DatabaseLostError     a sweep's database stayed away past its retry window
     ├── StudyNotFoundError    no study of that name in the storage
     ├── NoResultError         a study has no completed trial to recommend
     │   └── TruncatesOnlyError    every completed trial truncates: the fix, and the best of them
@@ -48,6 +49,12 @@ class SpaceError(SweeperError):
 
 class StorageError(SweeperError):
     """The storage URL is invalid or the database cannot be reached."""
+
+
+class DatabaseLostError(StorageError):
+    """A running sweep lost its database for longer than it waits (``database_retry_s``): it
+    stops, and its worker is left for the reaper, which marks the trial in flight lost and
+    queues its config again once the database answers."""
 
 
 class StudyNotFoundError(SweeperError):

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         description="a worker silent this long is lost: its running trial is marked lost and "
         "its config tried once more",
     )
+    database_retry_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="how long a sweep waits out a database that stopped answering (a restart, "
+        "a failover) before it stops; its running trial is then run again on resume",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="origins allowed to call the API from a browser, comma-separated; none "

@@ -28,6 +28,7 @@ from tests.helpers import (
     tally_study,
     tiny_space_without_baseline,
 )
+from tests.proxy import FaultProxy
 from tests.test_cli import (  # noqa: F401 (env is a fixture)
     _launch,
     _slow_space,
@@ -85,6 +86,72 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+@pytest.mark.torch
+def test_an_outage_past_the_retry_window_ends_in_one_line_and_the_resume_runs_the_trial_again(
+    tmp_path: Path,
+    postgres_url: str,
+    env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
+) -> None:
+    """The database refuses for longer than the sweep waits (a 4 s window here, 120 s by
+    default), through a real TCP proxy (tests/proxy.py): the sweep stops with one paragraph
+    (no traceback) that says how to resume, and the resumed sweep runs the trial in flight
+    again; nothing stays RUNNING. It once ended in a 190-line traceback, its trial RUNNING
+    for good and its worker marked done, so no reaper touched it."""
+    timed = tmp_path / "timed.yaml"  # trials of about 10 s: the outage starts inside one
+    timed.write_text(
+        tiny_space_without_baseline()
+        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 10")
+        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
+    )
+    short = env | {
+        "SWEEPER_DATABASE_RETRY_S": "4",
+        "SWEEPER_DB_STATEMENT_BOUND_S": "3",
+        "SWEEPER_HEARTBEAT_S": "0.5",
+        "SWEEPER_WORKER_GRACE_S": "2",
+    }
+    store = Store(postgres_url)
+    with FaultProxy() as proxy:
+        through = proxy.url_for(postgres_url)
+        process = _launch(timed, through, short, "--n-trials", "2")
+        try:
+            _wait_for_a_running_trial(process, store)
+            (running,) = store.list_trials("tiny", states=["running"])
+            proxy.mode = "refuse"  # until the sweep has given up
+            stdout, stderr = process.communicate(timeout=300)
+            proxy.mode = "forward"
+            assert process.returncode == 1, stderr[-4000:]
+            assert "Traceback" not in stdout + stderr, stderr[-4000:]
+            said = " ".join(stderr.split())
+            assert (
+                "did not answer for 4 s (SWEEPER_DATABASE_RETRY_S), so this sweep stopped" in said
+            )
+            assert f"trial #{running.number} was running" in said, said
+            assert "sweeper worker --study tiny" in said, said
+            # what a crashed sweep leaves: RUNNING until someone reaps it
+            assert store.get_trial("tiny", running.number).state == "running"
+            again = _launch(timed, through, short, "--n-trials", "1")
+            _, stderr = again.communicate(timeout=600)
+            assert again.returncode == 0, stderr[-4000:]
+        finally:
+            for child in (process, locals().get("again")):
+                if child is not None and child.poll() is None:
+                    child.kill()
+                    child.communicate()
+    trials = {t.number: t for t in store.list_trials("tiny")}
+    store.dispose()
+    assert (trials[running.number].state, trials[running.number].failure_kind) == (
+        "failed",
+        "lost",
+    )
+    rerun = [t for n, t in trials.items() if n > running.number]
+    assert [t.config for t in rerun] == [running.config] and rerun[0].state == "complete"
+    tally = fault_report(
+        tally_study(postgres_url, "tiny", "Postgres refused past the 4 s window, then resumed", 2)
+    )
+    assert (tally.lost, tally.duplicates, tally.stuck) == (1, 0, 0), tally
 
 
 def _start_worker(url: str, barrier: Any, results: Any) -> None:

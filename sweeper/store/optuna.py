@@ -38,6 +38,8 @@ def mapped_errors(doing: str) -> Iterator[None]:
         yield
     except SQLAlchemyError as e:
         raise StorageError(f"{doing}: {e}") from e
+    except optuna.exceptions.StorageInternalError as e:  # what Optuna makes of a database error
+        raise StorageError(f"{doing}: {e.__cause__ or e}") from e
 
 
 class _RetryingRDBStorage(optuna.storages.RDBStorage):

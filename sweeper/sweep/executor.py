@@ -70,6 +70,7 @@ class ChildExecutor:
         worker_id: str | None = None,
     ) -> None:
         self.space, self.store, self.worker_id = space, store, worker_id
+        self.in_flight: int | None = None  # the trial number being run and recorded, if any
         self.prepared, self.cache_dir, self.observer, self.server = (
             prepared, cache_dir, observer, server,
         )  # fmt: skip
@@ -202,6 +203,7 @@ class ChildExecutor:
         self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
     ) -> tuple[TrialRow, Sample | None]:
         space, store, observer = self.space, self.store, self.observer
+        self.in_flight = trial.number
         store.start_trial(space.study, trial.number, config.model_dump(), self.worker_id)
         observer.trial_started(trial.number, config)
         try:
@@ -268,6 +270,7 @@ class ChildExecutor:
                 details={"traceback": result.traceback, "log_tail": run.log_tail},
             )
         observer.trial_done(row)
+        self.in_flight = None
         return row, sample
 
 

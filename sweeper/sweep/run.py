@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.errors import StudyNotFoundError
+from sweeper.errors import DatabaseLostError, StudyNotFoundError
 from sweeper.preflight import PreflightReport
 from sweeper.search import worker_seed
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig
-from sweeper.store import Store, StudyRow
+from sweeper.store import Store, StudyRow, redact
 from sweeper.store.optuna import create_or_load_study, optuna_storage
+from sweeper.store.retry import connection_lost
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import ChildExecutor
 from sweeper.sweep.loop import SearchLoop
@@ -24,10 +25,28 @@ from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, 
 from sweeper.sweep.queue import enqueue_interrupted, enqueue_known
 from sweeper.sweep.worker import Worker
 
-# How long a sweep waits out a lost database connection (a Postgres restart or failover)
-# before it gives up: the running trial's measurement is written once the database is back.
-DATABASE_RETRY_S = 120.0
+# How long a sweep waits out a lost database (Settings.database_retry_s, 120 s) before it
+# stops: the running trial's measurement is written if the database is back within it.
 STARTUP_RETRY_S = 10.0  # the same, for the first connection of a sweep
+
+
+def database_lost_message(
+    study: str, storage_url: str, waited_s: float, in_flight: int | None
+) -> str:
+    """What a sweep that lost its database says, in one paragraph: what, and how to resume."""
+    trial = (
+        f"trial #{in_flight} was running: it is marked lost and its config queued again "
+        "as soon as a worker of the study meets the database"
+        if in_flight is not None
+        else "no trial was running"
+    )
+    return (
+        f"the database {redact(storage_url)} did not answer for {waited_s:g} s "
+        f"(SWEEPER_DATABASE_RETRY_S), so this sweep stopped; {trial}. Finished trials are "
+        f"kept. Resume when it answers: `sweeper worker --study {study}` (or `sweeper launch` "
+        "of the same space)"
+    )
+
 
 # Which configs the recommendation may pick, given the study row as prepared (its dataset
 # statistics): the caller decides (``sweeper.recommend.recommendable``); only those are
@@ -95,13 +114,17 @@ def run_sweep(
     eligible_for: EligibleFor | None = None,
     heartbeat_s: float = _DEFAULTS["heartbeat_s"].default,
     worker_grace_s: float = _DEFAULTS["worker_grace_s"].default,
+    database_retry_s: float = _DEFAULTS["database_retry_s"].default,
 ) -> SweepReport:
     """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
     ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial
     that the time left cannot hold. Preparation and preflight count against that time. ``worker``:
     which of the study's workers this is (each samples with its own seed; by default the first
-    live worker is "0" and the others are named by their worker id). ``heartbeat_s`` and
-    ``worker_grace_s``: ``Settings``' (the caller reads them)."""
+    live worker is "0" and the others are named by their worker id). ``heartbeat_s``,
+    ``worker_grace_s`` and ``database_retry_s``: ``Settings``' (the caller reads them).
+
+    A database away for longer than ``database_retry_s`` ends the sweep with
+    ``DatabaseLostError``; its worker is left for the reaper (see ``Worker.abandon``)."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
@@ -109,13 +132,13 @@ def run_sweep(
     started = time.perf_counter()
     # a database out of reach at the start is more often a wrong URL or a server not started
     # than a restart: said after a short wait, not after the 2 minutes a sweep rides out
-    store = Store(storage_url, retry_s=STARTUP_RETRY_S)
+    store = Store(storage_url, retry_s=min(STARTUP_RETRY_S, database_retry_s))
     store.migrate()
-    store.retry_s = DATABASE_RETRY_S
+    store.retry_s = database_retry_s
     # the data first: bad data leaves no study behind, and max_seq_length: auto is read off it
     prepared = prepare_workload(space, cache_dir, observer)
     space = resolve_lengths(space, prepared.stats, observer)
-    storage = optuna_storage(storage_url, retry_s=DATABASE_RETRY_S)
+    storage = optuna_storage(storage_url, retry_s=database_retry_s)
     study = create_or_load_study(space.study, storage, space.budget.seed)
     # a resumed study plans what it has and what this launch adds (16 after two launches of 8)
     planned = trials_done(store, space.study) + n_trials
@@ -130,6 +153,7 @@ def run_sweep(
     member = Worker(store, storage, study, space, heartbeat_s, worker_grace_s)
     member.start()
     worker = worker or member.seed_name()
+    executor: ChildExecutor | None = None
     try:
         store.upsert_study(space.study, dataset_stats=prepared.stats)
         with workload_server(space, prepared, cache_dir) as server:
@@ -157,6 +181,15 @@ def run_sweep(
     except KeyboardInterrupt:
         member.stop("interrupted")
         raise
+    except Exception as e:
+        if not connection_lost(e):
+            member.stop("failed")
+            raise
+        member.abandon()  # no word to a database that is away: the reaper ends this worker
+        in_flight = None if executor is None else executor.in_flight
+        raise DatabaseLostError(
+            database_lost_message(space.study, storage_url, database_retry_s, in_flight)
+        ) from e
     except BaseException:
         member.stop("failed")
         raise

@@ -13,6 +13,7 @@ from sweeper.errors import SweeperError
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.store.optuna import fail_trial
+from sweeper.store.retry import connection_lost
 from sweeper.sweep.queue import enqueue_lost
 
 
@@ -52,8 +53,10 @@ class Worker:
             try:
                 self.store.beat(self.id)
                 self.reap()
-            except SweeperError:
-                continue  # the database is away: the next beat tries again
+            except Exception as e:
+                if isinstance(e, SweeperError) or connection_lost(e):
+                    continue  # the database is away: the next beat tries again
+                raise
 
     def reap(self) -> None:
         for trial in self.store.reap(self.space.study, self.grace_s):
@@ -67,6 +70,14 @@ class Worker:
         live = self.store.live_workers(self.space.study, self.grace_s)
         first = min(live, key=lambda w: (w.started_at, w.id)).id if live else self.id
         return "0" if first == self.id else self.id
+
+    def abandon(self) -> None:
+        """Stop beating without a word to the database (it is away): this worker's row goes
+        silent, and the next reaper (another worker's, or the study's next launch) marks its
+        running trial lost and queues the config again."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def stop(self, state: str) -> None:
         """End this worker; the study takes ``state`` unless another worker is still alive."""
