@@ -3,7 +3,8 @@
     SweeperError
     ├── SpaceError            a space file is missing, not YAML, or fails validation (exit 2)
     ├── StorageError          the database cannot be reached or its schema is wrong
-    │   └── DatabaseLostError     a sweep's database stayed away past its retry window
+    │   ├── DatabaseLostError     a sweep's database stayed away past its retry window
+    │   └── DiskFullError         the disk under the database is full
     ├── StudyNotFoundError    no study of that name in the storage
     ├── NoResultError         a study has no completed trial to recommend
     │   └── TruncatesOnlyError    every completed trial truncates: the fix, and the best of them
@@ -55,6 +56,11 @@ class DatabaseLostError(StorageError):
     """A running sweep lost its database for longer than it waits (``database_retry_s``): it
     stops, and its worker is left for the reaper, which marks the trial in flight lost and
     queues its config again once the database answers."""
+
+
+class DiskFullError(StorageError):
+    """The database could not write: its disk is full. Said at once, with where and how much
+    is free; waiting would not help."""
 
 
 class StudyNotFoundError(SweeperError):

@@ -17,11 +17,38 @@ from pathlib import Path
 from sweeper.errors import SweeperError
 from sweeper.settings import Settings
 from sweeper.store import Store
+from sweeper.store.models import WorkerRow
 
 
 def devices_here() -> str | None:
     """The devices a worker started here would use (its ``CUDA_VISIBLE_DEVICES``)."""
     return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def gone_here(worker: WorkerRow, heartbeat_s: float) -> bool:
+    """Whether ``worker`` ran on this host and its process is gone (killed, or stopped by a
+    database it lost), so that it need not wait out the grace period to be reaped. Its beat
+    must also have missed three heartbeats: a worker in another PID namespace under the same
+    host name (containers on the host network) is invisible to ``kill(pid, 0)`` but beats."""
+    if worker.host != socket.gethostname() or process_alive(worker.pid):
+        return False
+    beat = worker.heartbeat_at
+    if beat.tzinfo is None:  # SQLite hands back naive UTC
+        beat = beat.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - beat).total_seconds() > 3 * heartbeat_s
+
+
+def process_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` of this host exists (None: unknown, taken as alive)."""
+    if pid is None:
+        return True  # not known: as live as its heartbeat says
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process of that number
+    return True
 
 
 def same_place_worker(url: str, study: str) -> str | None:
@@ -38,13 +65,20 @@ def same_place_worker(url: str, study: str) -> str | None:
     except SweeperError:
         return None  # the sweep itself says what is wrong with the storage
     try:
-        live = store.live_workers(study, Settings().worker_grace_s)
+        settings = Settings()
+        live = store.live_workers(study, settings.worker_grace_s)
     except SweeperError:
         return None  # no such study (or no tables yet): nobody works on it
     finally:
         store.dispose()
     host, devices = socket.gethostname(), devices_here()
-    here = [w for w in live if w.host == host and w.devices == devices]
+    # a worker whose process is gone (killed, or stopped by a database it lost) is not live,
+    # however recent its last heartbeat: its trial is the reaper's, and this launch may resume
+    here = [
+        w
+        for w in live
+        if w.host == host and w.devices == devices and not gone_here(w, settings.heartbeat_s)
+    ]
     if not here:
         return None
     worker = here[0]

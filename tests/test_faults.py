@@ -3,13 +3,14 @@ under a running sweep."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +90,19 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
 
 
 @pytest.mark.torch
-def test_an_outage_past_the_retry_window_ends_in_one_line_and_the_resume_runs_the_trial_again(
+def test_an_outage_past_the_retry_window_ends_in_one_line_and_keeps_the_measurement(
     tmp_path: Path,
     postgres_url: str,
     env: dict[str, str],  # noqa: F811
     fault_report: Callable[[FaultTally], FaultTally],
 ) -> None:
     """The database refuses for longer than the sweep waits (a 4 s window here, 120 s by
-    default), through a real TCP proxy (tests/proxy.py): the sweep stops with one paragraph
-    (no traceback) that says how to resume, and the resumed sweep runs the trial in flight
-    again; nothing stays RUNNING. It once ended in a 190-line traceback, its trial RUNNING
-    for good and its worker marked done, so no reaper touched it."""
+    default), through a real TCP proxy (tests/proxy.py). The trial in flight finishes while
+    the database refuses: the sweep keeps its measurement on disk (sweeper.sweep.spool) and
+    stops with one paragraph (no traceback) that says how to resume; the resumed sweep writes
+    the kept measurement and runs one new trial; nothing stays RUNNING. It once ended in a
+    190-line traceback, the measurement lost, its trial RUNNING for good and its worker marked
+    done, so no reaper touched it."""
     timed = tmp_path / "timed.yaml"  # trials of about 10 s: the outage starts inside one
     timed.write_text(
         tiny_space_without_baseline()
@@ -128,30 +131,117 @@ def test_an_outage_past_the_retry_window_ends_in_one_line_and_the_resume_runs_th
             assert (
                 "did not answer for 4 s (SWEEPER_DATABASE_RETRY_S), so this sweep stopped" in said
             )
-            assert f"trial #{running.number} was running" in said, said
+            assert f"trial #{running.number} had finished: its measurement is kept in" in said
             assert "sweeper worker --study tiny" in said, said
-            # what a crashed sweep leaves: RUNNING until someone reaps it
+            # RUNNING until the study resumes (the database never took the result)
             assert store.get_trial("tiny", running.number).state == "running"
+            kept = [p for p in Path(short["SWEEPER_CACHE_DIR"]).rglob("spool/tiny/*.json")]
+            assert [p.name for p in kept] == [f"{running.number}.json"]
             again = _launch(timed, through, short, "--n-trials", "1")
-            _, stderr = again.communicate(timeout=600)
+            stdout, stderr = again.communicate(timeout=600)
             assert again.returncode == 0, stderr[-4000:]
+            assert f"#{running.number}: wrote the measurement kept" in " ".join(stdout.split())
         finally:
             for child in (process, locals().get("again")):
                 if child is not None and child.poll() is None:
                     child.kill()
                     child.communicate()
-    trials = {t.number: t for t in store.list_trials("tiny")}
+    trials = {t.number: t for t in store.list_trials("tiny", include_measurement=True)}
     store.dispose()
-    assert (trials[running.number].state, trials[running.number].failure_kind) == (
-        "failed",
-        "lost",
-    )
-    rerun = [t for n, t in trials.items() if n > running.number]
-    assert [t.config for t in rerun] == [running.config] and rerun[0].state == "complete"
+    assert not kept[0].exists()  # written, then dropped
+    written = trials[running.number]
+    assert (written.state, written.config) == ("complete", running.config)
+    assert written.cost_per_run_usd and written.measurement and written.measurement["window_s"] > 5
+    assert [t.state for t in trials.values()] == ["complete", "complete"]
+    storage = optuna.storages.RDBStorage(postgres_url)
+    try:
+        told = optuna.load_study(study_name="tiny", storage=storage).trials[running.number]
+    finally:
+        storage.engine.dispose()
+    assert told.state == optuna.trial.TrialState.COMPLETE
+    assert told.value == pytest.approx(written.cost_per_run_usd)
     tally = fault_report(
         tally_study(postgres_url, "tiny", "Postgres refused past the 4 s window, then resumed", 2)
     )
-    assert (tally.lost, tally.duplicates, tally.stuck) == (1, 0, 0), tally
+    assert (tally.complete, tally.lost, tally.duplicates, tally.stuck) == (2, 0, 0, 0), tally
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MB tmpfs to put a SQLite study on (mounting needs root: skipped without)."""
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
+
+
+@pytest.mark.torch
+def test_a_full_disk_under_sqlite_is_said_at_once_and_the_measurement_is_kept(
+    tmp_path: Path,
+    small_disk: Path,
+    env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
+) -> None:
+    """The disk under the SQLite file fills while a trial runs: the sweep says so at once
+    (where, how much is free), keeps the measurement, and a resume after space is freed
+    writes it. It was once taken for a lost connection: 170 retry lines over 6 m 46 s, then
+    one line, and the measurement lost."""
+    timed = tmp_path / "timed.yaml"
+    timed.write_text(
+        tiny_space_without_baseline()
+        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 6")
+        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
+    )
+    url = f"sqlite:///{small_disk / 'sweeper.db'}"
+    env = env | {"SWEEPER_HEARTBEAT_S": "1"}  # the stopped worker misses 3 beats in 3 s
+    process = _launch(timed, url, env, "--n-trials", "2")
+    store = Store(url)
+    filler = small_disk / "filler"
+    try:
+        _wait_for_a_running_trial(process, store)
+        (running,) = store.list_trials("tiny", states=["running"])
+        store.dispose()
+        # every free byte, as a full disk has none
+        with filler.open("wb") as fill, contextlib.suppress(OSError):
+            while True:
+                fill.write(b"\0" * 65536)
+                fill.flush()
+        started = time.monotonic()
+        stdout, stderr = process.communicate(timeout=300)
+        said = " ".join(stderr.split())
+        assert process.returncode == 1, stderr[-4000:]
+        assert "Traceback" not in stdout + stderr and "retrying" not in stderr, stderr[-4000:]
+        assert f"the disk under {small_disk.resolve() / 'sweeper.db'} is full (" in said, said
+        assert f"trial #{running.number} had finished: its measurement is kept in" in said, said
+        # at once: the trial's own window (6 s) and teardown, no retry window
+        assert time.monotonic() - started < 120
+        filler.unlink()
+        again = _launch(timed, url, env, "--n-trials", "1")
+        stdout, stderr = again.communicate(timeout=600)
+        assert again.returncode == 0, stderr[-4000:]
+        assert f"#{running.number}: wrote the measurement kept" in " ".join(stdout.split())
+    finally:
+        for child in (process, locals().get("again")):
+            if child is not None and child.poll() is None:
+                child.kill()
+                child.communicate()
+        store.dispose()
+    store = Store(url)
+    written = store.get_trial("tiny", running.number)
+    store.dispose()
+    assert written.state == "complete" and written.cost_per_run_usd
+    tally = fault_report(
+        tally_study(url, "tiny", "disk full under SQLite mid-trial, then freed and resumed", 2)
+    )
+    assert (tally.complete, tally.lost, tally.stuck) == (2, 0, 0), tally
 
 
 def _start_worker(url: str, barrier: Any, results: Any) -> None:

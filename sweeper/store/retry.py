@@ -29,17 +29,39 @@ FIRST_WAIT_S = 0.25
 LONGEST_WAIT_S = 4.0
 
 
-def connection_lost(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) says the database connection went away."""
-    seen: set[int] = set()
+def _chain(error: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
     current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    while current is not None and all(current is not e for e in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the database's disk is full: SQLite's
+    SQLITE_FULL, Postgres' SQLSTATE 53100 (disk_full). Waiting does not free a disk."""
+    for current in _chain(error):
+        orig = getattr(current, "orig", current)
+        if getattr(orig, "sqlite_errorname", None) == "SQLITE_FULL":
+            return True
+        if getattr(orig, "sqlstate", None) == "53100":
+            return True
+        if "database or disk is full" in str(orig) or "No space left on device" in str(orig):
+            return True
+    return False
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the database connection went away; a full
+    disk is not (it is said at once, see ``disk_full``)."""
+    if disk_full(error):
+        return False
+    for current in _chain(error):
         if isinstance(current, OperationalError | InterfaceError):
             return True
         if isinstance(current, DBAPIError) and current.connection_invalidated:
             return True
-        current = current.__cause__ or current.__context__
     return False
 
 

@@ -11,6 +11,7 @@ import functools
 import inspect
 import math
 import re
+import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,7 @@ from sqlalchemy import (
     false,
     func,
     make_url,
+    or_,
     select,
     text,
     update,
@@ -37,12 +39,12 @@ from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from sweeper.errors import ConflictError, StorageError, StudyNotFoundError
+from sweeper.errors import ConflictError, DiskFullError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample
 from sweeper.store.bounds import SQLITE_BUSY_S, bound_engine
 from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
-from sweeper.store.retry import retried
+from sweeper.store.retry import disk_full, retried
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any 64-bit constant: serialises concurrent schema upgrades of one Postgres database.
@@ -144,6 +146,8 @@ class Store:
             session.commit()
         except SQLAlchemyError as e:
             session.rollback()
+            if disk_full(e):
+                raise DiskFullError(disk_full_message(self.url, e)) from e
             raise StorageError(f"database error on {redact(self.url)}: {e}") from e
         except BaseException:
             session.rollback()
@@ -433,10 +437,11 @@ class Store:
                 )
             )
 
-    def reap(self, study: str, grace_s: float) -> list[TrialRow]:
-        """Mark the study's workers silent for more than ``grace_s`` seconds ``lost``, and
-        their running trials failed with kind ``lost``; the trials marked. A study left
-        ``running`` with no live worker becomes ``interrupted``."""
+    def reap(self, study: str, grace_s: float, gone: Sequence[str] = ()) -> list[TrialRow]:
+        """Mark the study's workers silent for more than ``grace_s`` seconds ``lost`` (and
+        those in ``gone``, known dead however recent their heartbeat), and their running
+        trials failed with kind ``lost``; the trials marked. A study left ``running`` with no
+        live worker becomes ``interrupted``."""
         now = utcnow()
         since = now - timedelta(seconds=grace_s)
         with self.session() as s:
@@ -447,7 +452,7 @@ class Store:
                     .where(
                         WorkerRow.study_id == row.id,
                         WorkerRow.state == "alive",
-                        WorkerRow.heartbeat_at < since,
+                        or_(WorkerRow.heartbeat_at < since, WorkerRow.id.in_(list(gone))),
                     )
                     .with_for_update(skip_locked=True)
                 )
@@ -691,6 +696,26 @@ def _config_equals(knob: str, value: Any) -> ColumnElement[bool]:
             return false()
         return element.as_float() == value
     return element.as_string() == str(value)
+
+
+def disk_full_message(url: str, error: BaseException) -> str:
+    """Where the disk is full and how much is free (SQLite: the file's own disk)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database).resolve()  # type: ignore[arg-type]
+        try:
+            free = f"{shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        return (
+            f"the disk under {path} is full ({free}): SQLite could not write. Free space "
+            "there, or move the study to another disk (`sweeper study export`, then "
+            "`--storage` elsewhere); nothing of the failed write was kept"
+        )
+    return (
+        f"the database server at {redact(url)} is out of disk space ({error.__class__.__name__}"
+        "): free space on its data volume; nothing of the failed write was kept"
+    )
 
 
 def _make_engine(url: str) -> Engine:

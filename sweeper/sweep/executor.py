@@ -16,11 +16,14 @@ from typing import Any, Protocol
 import optuna
 
 from sweeper.cost import RunPlan, RunProjection, project_run
+from sweeper.errors import StorageError
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, MeasurementError, parse_measurement
 from sweeper.noise import Estimate, Sample, SampleKind, now_iso
 from sweeper.space import Space, TrialConfig
 from sweeper.store import Store, TrialRow
+from sweeper.store.retry import connection_lost, disk_full
+from sweeper.sweep import spool
 from sweeper.sweep.observer import SweepObserver
 from sweeper.sweep.outcome import Outcome
 from sweeper.sweep.queue import LOST_RETRIES, json_key, times_lost
@@ -71,6 +74,7 @@ class ChildExecutor:
     ) -> None:
         self.space, self.store, self.worker_id = space, store, worker_id
         self.in_flight: int | None = None  # the trial number being run and recorded, if any
+        self.kept: Path | None = None  # where a measurement the database refused was kept
         self.prepared, self.cache_dir, self.observer, self.server = (
             prepared, cache_dir, observer, server,
         )  # fmt: skip
@@ -219,25 +223,40 @@ class ChildExecutor:
         if measurement is not None and projection is not None:
             if math.isfinite(projection.cost_per_run_usd):
                 sample = measured.sample("trial")
-            for key, value in measurement.optuna_attrs().items():
-                trial.set_user_attr(key, value)
-            trial.set_user_attr("hours_per_run", projection.hours_per_run)
-            trial.set_user_attr("effective_batch", config.effective_batch)
+            attrs: dict[str, Any] = {
+                **measurement.optuna_attrs(),
+                "hours_per_run": projection.hours_per_run,
+                "effective_batch": config.effective_batch,
+            }
             if measurement.contended:
-                trial.set_user_attr("contention", measurement.contention)
-            row = store.finish_trial(
-                space.study,
-                trial.number,
-                "complete",
-                wall_s=run.wall_s,
-                hours_per_run=projection.hours_per_run,
-                cost_per_run_usd=projection.cost_per_run_usd,
-                projection=projection.breakdown() | measurement.one_off_sources(),
-                measurement=measurement.model_dump(),
-                cost_ci95_rel=None if sample is None else sample.ci95_rel,
-                contended=measurement.contended,
+                attrs["contention"] = measurement.contention
+            fields: dict[str, Any] = {
+                "wall_s": run.wall_s,
+                "hours_per_run": projection.hours_per_run,
+                "cost_per_run_usd": projection.cost_per_run_usd,
+                "projection": projection.breakdown() | measurement.one_off_sources(),
+                "measurement": measurement.model_dump(),
+                "cost_ci95_rel": None if sample is None else sample.ci95_rel,
+                "contended": measurement.contended,
                 **measurement.columns(),
-            )
+            }
+            try:
+                for key, value in attrs.items():
+                    trial.set_user_attr(key, value)
+                row = store.finish_trial(space.study, trial.number, "complete", **fields)
+            except Exception as e:
+                if not (isinstance(e, StorageError) or connection_lost(e) or disk_full(e)):
+                    raise
+                # the database cannot take it: the measurement is kept on this disk, and the
+                # study's next launch or worker writes it (sweeper.sweep.spool)
+                try:
+                    self.kept = spool.keep(
+                        self.cache_dir, space.study, trial.number, fields,
+                        projection.cost_per_run_usd, attrs,
+                    )  # fmt: skip
+                except OSError as kept_error:
+                    observer.note(f"#{trial.number}'s measurement could not be kept: {kept_error}")
+                raise
         elif measured.invalid is not None:
             # a child of another version, or an engine's typo: this trial fails, the sweep goes on
             row = _record_failure(

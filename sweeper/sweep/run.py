@@ -9,14 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.errors import DatabaseLostError, StudyNotFoundError
+from sweeper.errors import DatabaseLostError, DiskFullError, StudyNotFoundError
 from sweeper.preflight import PreflightReport
 from sweeper.search import worker_seed
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig
 from sweeper.store import Store, StudyRow, redact
 from sweeper.store.optuna import create_or_load_study, optuna_storage
-from sweeper.store.retry import connection_lost
+from sweeper.store.retry import connection_lost, disk_full
+from sweeper.store.store import disk_full_message
+from sweeper.sweep import spool
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import ChildExecutor
 from sweeper.sweep.loop import SearchLoop
@@ -30,21 +32,33 @@ from sweeper.sweep.worker import Worker
 STARTUP_RETRY_S = 10.0  # the same, for the first connection of a sweep
 
 
+def _kept_words(study: str, in_flight: int | None, kept: Path | None) -> str:
+    if kept is not None:
+        trial = (
+            f"trial #{in_flight} had finished: its measurement is kept in {kept} and written "
+            "when the study resumes"
+        )
+    elif in_flight is not None:
+        trial = (
+            f"trial #{in_flight} was running: it is marked lost and its config queued again "
+            "as soon as a worker of the study meets the database"
+        )
+    else:
+        trial = "no trial was running"
+    return (
+        f"{trial}. Finished trials are kept. Resume: `sweeper worker --study {study}` (or "
+        "`sweeper launch` of the same space)"
+    )
+
+
 def database_lost_message(
-    study: str, storage_url: str, waited_s: float, in_flight: int | None
+    study: str, storage_url: str, waited_s: float, in_flight: int | None, kept: Path | None
 ) -> str:
     """What a sweep that lost its database says, in one paragraph: what, and how to resume."""
-    trial = (
-        f"trial #{in_flight} was running: it is marked lost and its config queued again "
-        "as soon as a worker of the study meets the database"
-        if in_flight is not None
-        else "no trial was running"
-    )
     return (
         f"the database {redact(storage_url)} did not answer for {waited_s:g} s "
-        f"(SWEEPER_DATABASE_RETRY_S), so this sweep stopped; {trial}. Finished trials are "
-        f"kept. Resume when it answers: `sweeper worker --study {study}` (or `sweeper launch` "
-        "of the same space)"
+        f"(SWEEPER_DATABASE_RETRY_S), so this sweep stopped; "
+        + _kept_words(study, in_flight, kept).replace("Resume:", "Resume when it answers:")
     )
 
 
@@ -147,6 +161,8 @@ def run_sweep(
         state="running",
         **study_fields(space, n_trials=planned, space_text=space_text, space_path=space_path),
     )
+    for number in spool.replay(store, storage, space.study, cache_dir):  # before the reaper
+        observer.note(f"#{number}: wrote the measurement kept while the database was away")
     enqueue_known(study, space)
     enqueue_interrupted(store, study, space)
     clock = SweepClock(store, space.study)
@@ -182,13 +198,18 @@ def run_sweep(
         member.stop("interrupted")
         raise
     except Exception as e:
-        if not connection_lost(e):
+        full = disk_full(e)
+        if not (full or connection_lost(e)):
             member.stop("failed")
             raise
-        member.abandon()  # no word to a database that is away: the reaper ends this worker
+        member.abandon()  # no word to a database that cannot take it: the reaper ends us
         in_flight = None if executor is None else executor.in_flight
+        kept = None if executor is None else executor.kept
+        if full:
+            said = disk_full_message(storage_url, e)
+            raise DiskFullError(f"{said}; {_kept_words(space.study, in_flight, kept)}") from e
         raise DatabaseLostError(
-            database_lost_message(space.study, storage_url, database_retry_s, in_flight)
+            database_lost_message(space.study, storage_url, database_retry_s, in_flight, kept)
         ) from e
     except BaseException:
         member.stop("failed")

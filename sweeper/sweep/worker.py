@@ -10,6 +10,7 @@ import uuid
 import optuna
 
 from sweeper.errors import SweeperError
+from sweeper.joining import gone_here
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.store.optuna import fail_trial
@@ -59,7 +60,14 @@ class Worker:
                 raise
 
     def reap(self) -> None:
-        for trial in self.store.reap(self.space.study, self.grace_s):
+        # a worker of this host whose process is gone (killed, or stopped by a database it
+        # lost) is reaped at once, not after the grace period
+        gone = [
+            w.id
+            for w in self.store.live_workers(self.space.study, self.grace_s)
+            if w.id != self.id and gone_here(w, self.heartbeat_s)
+        ]
+        for trial in self.store.reap(self.space.study, self.grace_s, gone):
             fail_trial(self.storage, self.space.study, trial.number)
             enqueue_lost(self.store, self.study, self.space, trial)
 

@@ -1,0 +1,72 @@
+"""A finished trial's record, kept on local disk when the database cannot take it.
+
+A trial can finish while the database is away past the sweep's retry window, or while its disk
+is full. Its measurement cost GPU minutes; it is written here (``<cache>/spool/<study>/<n>.json``,
+atomically) and the sweep stops. The study's next launch or worker replays it before anything
+else: our row is finished as it would have been, Optuna is told the trial's value, and the reaper
+then finds nothing of it left to re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import optuna
+from pydantic_core import to_jsonable_python
+
+from sweeper.store import Store
+
+
+def spool_dir(cache_dir: Path, study: str) -> Path:
+    return cache_dir / "spool" / study
+
+
+def keep(
+    cache_dir: Path,
+    study: str,
+    number: int,
+    fields: dict[str, Any],
+    value: float,
+    user_attrs: dict[str, Any],
+) -> Path:
+    """Write trial ``number``'s record (``Store.finish_trial``'s fields, Optuna's value and
+    user attributes); raises OSError if even the local disk cannot take it."""
+    folder = spool_dir(cache_dir, study)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{number}.json"
+    record = {"number": number, "fields": fields, "value": value, "user_attrs": user_attrs}
+    partial = path.with_suffix(".part")
+    partial.write_text(json.dumps(to_jsonable_python(record), allow_nan=False))
+    os.replace(partial, path)
+    return path
+
+
+def replay(
+    store: Store, storage: optuna.storages.BaseStorage, study: str, cache_dir: Path
+) -> list[int]:
+    """Write every kept record of ``study`` whose trial is still running in both stores;
+    returns the trial numbers written. A record whose trial has moved on is dropped."""
+    folder = spool_dir(cache_dir, study)
+    if not folder.is_dir():
+        return []
+    study_id = storage.get_study_id_from_name(study)
+    written = []
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text())
+        number = int(record["number"])
+        row = store.get_trial(study, number)
+        if row is not None and row.state == "running":
+            store.finish_trial(study, number, "complete", **record["fields"])
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+            if storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
+                for key, value in record["user_attrs"].items():
+                    storage.set_trial_user_attr(trial_id, key, value)
+                storage.set_trial_state_values(
+                    trial_id, optuna.trial.TrialState.COMPLETE, [float(record["value"])]
+                )
+            written.append(number)
+        path.unlink()
+    return written
