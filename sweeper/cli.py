@@ -307,7 +307,6 @@ def worker(
     from sweeper.errors import StudyNotFoundError
     from sweeper.settings import resolve_storage
     from sweeper.space import stored_space
-    from sweeper.store import Store
     from sweeper.sweep.fleet import FleetError, parse_devices
 
     try:
@@ -315,7 +314,7 @@ def worker(
     except FleetError as e:
         raise _fleet_failed(e) from None
     url = resolve_storage(storage)
-    store = Store(url)
+    store = _reading_store(storage)  # a missing SQLite file is said, never created
     try:
         row = store.get_study(study)
     except StudyNotFoundError as e:

@@ -73,6 +73,25 @@ def test_a_space_file_that_is_not_utf8_exits_2_with_where_and_the_fix(
     assert not db.exists()
 
 
+def test_worker_on_a_database_without_the_study_says_so_without_sql(
+    tmp_path: Path, postgres_url: str, env: dict[str, str]
+) -> None:
+    """Issue 31: ``sweeper worker`` on an empty database printed raw SQL, and on a missing
+    SQLite path created an empty file."""
+    missing = tmp_path / "nowhere" / "sweeper.db"
+    result = _sweeper("worker", "--study", "x", "--storage", f"sqlite:///{missing}", env=env)
+    assert result.returncode == 2, result.stderr
+    assert f"no database at {missing}" in result.stderr and not missing.parent.exists()
+    for command in (["worker", "--study", "x"], ["best", "--study", "x"]):
+        result = _sweeper(*command, "--storage", postgres_url, env=env)
+        assert result.returncode != 0
+        said = " ".join(result.stderr.split())
+        assert "holds no sweeper study (it has no sweeper tables)" in said or (
+            "no study named 'x'" in said
+        ), said
+        assert "[SQL:" not in said and "SELECT" not in said and "Traceback" not in said, said
+
+
 def test_an_endless_space_file_is_refused_unread(tmp_path: Path, env: dict[str, str]) -> None:
     """``--space /dev/zero`` once read without bound; a space file is a page of YAML."""
     db = tmp_path / "never.db"

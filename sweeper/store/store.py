@@ -148,6 +148,12 @@ class Store:
             session.rollback()
             if disk_full(e):
                 raise DiskFullError(disk_full_message(self.url, e)) from e
+            if _no_tables(e):
+                raise StorageError(
+                    f"{redact(self.url)} holds no sweeper study (it has no sweeper tables): "
+                    "check --storage (or SWEEPER_STORAGE), or create a study there with "
+                    "`sweeper launch --space FILE --storage URL`"
+                ) from e
             raise StorageError(f"database error on {redact(self.url)}: {e}") from e
         except BaseException:
             session.rollback()
@@ -696,6 +702,16 @@ def _config_equals(knob: str, value: Any) -> ColumnElement[bool]:
             return false()
         return element.as_float() == value
     return element.as_string() == str(value)
+
+
+def _no_tables(error: BaseException) -> bool:
+    """Whether ``error`` says one of our tables does not exist (a database sweeper never
+    wrote to): SQLite's "no such table", Postgres' SQLSTATE 42P01."""
+    orig = getattr(error, "orig", None)
+    text = str(orig)
+    if "sweeper_" not in text:
+        return False
+    return "no such table" in text or getattr(orig, "sqlstate", None) == "42P01"
 
 
 def disk_full_message(url: str, error: BaseException) -> str:
