@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,15 +70,20 @@ def run_child(
     server: ForkServer | None = None,
 ) -> ChildRun:
     """Run ``request`` in a child; return its result, or a classified failure."""
-    with tempfile.TemporaryDirectory(prefix="sweeper-trial-", dir=workdir) as tmp:
+    sweep_stale_trial_dirs(workdir)
+    prefix = f"{TRIAL_DIR_PREFIX}{os.getpid()}-"  # the owner: see sweep_stale_trial_dirs
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=workdir) as tmp:
         tmp_path = Path(tmp)
         request_path, result_path = tmp_path / "request.json", tmp_path / "result.json"
         log_path = tmp_path / "child.log"
-        # per-trial Inductor/Triton caches: otherwise compile times become warm-cache numbers
+        (tmp_path / "tmp").mkdir()
         per_child_env = {
+            # per-trial Inductor/Triton caches: otherwise compile times become warm-cache numbers
             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
             "TRITON_CACHE_DIR": str(tmp_path / "triton"),
             PROGRESS_ENV: str(tmp_path / "progress.json"),
+            # the child's temporary files (DataLoader workers' pymp-* among them) go with it
+            "TMPDIR": str(tmp_path / "tmp"),
         }
         request = request.model_copy(update={"spawned_at": time.time()})
         request_path.write_text(request.model_dump_json())
@@ -126,6 +132,34 @@ def run_child(
             pid=handle.pid,
             inherited_startup_s=inherited_startup_s,
         )
+
+
+TRIAL_DIR_PREFIX = "sweeper-trial-"
+_swept: set[str] = set()
+
+
+def sweep_stale_trial_dirs(workdir: Path | None = None) -> list[Path]:
+    """Remove trial directories whose owner process is gone (a launch killed with SIGKILL
+    cannot remove its own); once per process and directory. Returns what was removed."""
+    folder = Path(workdir or tempfile.gettempdir())
+    if str(folder) in _swept:
+        return []
+    _swept.add(str(folder))
+    removed = []
+    for path in folder.glob(f"{TRIAL_DIR_PREFIX}*-*"):
+        owner = path.name.removeprefix(TRIAL_DIR_PREFIX).split("-", 1)[0]
+        if not owner.isdigit() or int(owner) == os.getpid():
+            continue
+        try:
+            os.kill(int(owner), 0)
+            continue  # its owner runs (or another process took the number): leave it
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 class _Spawned:

@@ -9,6 +9,7 @@ import multiprocessing
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -303,6 +304,9 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         process.kill()  # kill -9: no handler runs
         process.communicate()
         psutil.wait_procs(children, timeout=30)
+        # what it could not remove: its trial's directory (request, log, the child's TMPDIR)
+        left = list(Path(tempfile.gettempdir()).glob(f"sweeper-trial-{process.pid}-*"))
+        assert len(left) == 1 and (left[0] / "tmp").is_dir(), left
         time.sleep(5)  # past the grace period
         monkeypatch.setenv("SWEEPER_WORKER_GRACE_S", beats["SWEEPER_WORKER_GRACE_S"])
         with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
@@ -314,6 +318,7 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         again = _launch(quick, postgres_url, beats, "--n-trials", "1")
         _, stderr = again.communicate(timeout=600)
         assert again.returncode == 0, stderr[-4000:]
+        assert not left[0].exists()  # swept by the next launch: its owner is gone
         trials = {t.number: t for t in store.list_trials("tiny")}
         lost = trials[running.number]
         assert (lost.state, lost.failure_kind) == ("failed", "lost")

@@ -48,6 +48,9 @@ def _child(message: dict[str, Any], zygote_pid: int, inherited_fds: tuple[int, .
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.environ.update(message.get("env", {}))
+        import tempfile
+
+        tempfile.tempdir = None  # the trial's TMPDIR, not the one the zygote cached
         from sweeper.trial.runner import execute
 
         execute(Path(message["request"]), Path(message["result"]), started_at)
