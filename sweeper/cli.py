@@ -431,6 +431,7 @@ def _sweep_and_report(
                 heartbeat_s=settings.heartbeat_s,
                 worker_grace_s=settings.worker_grace_s,
                 database_retry_s=settings.database_retry_s,
+                fleet_trials=settings.fleet_trials,
             )
     except Terminated:
         raise _fail(

@@ -44,6 +44,12 @@ class Settings(BaseSettings):
         description="how long a sweep waits out a database that stopped answering (a restart, "
         "a failover) before it stops; its running trial is then run again on resume",
     )
+    fleet_trials: int | None = Field(
+        default=None,
+        gt=0,
+        description="set by `launch --workers N` / `worker --devices` for the workers it starts: "
+        "the trials of the whole fleet, so the study plans them all, not one worker's share",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="origins allowed to call the API from a browser, comma-separated; none "

@@ -374,9 +374,12 @@ def test_three_workers_on_one_study_run_distinct_configs(
     store = Store(url)
     try:
         trials = store.list_trials("tiny")
-        state = store.get_study("tiny").state
+        study = store.get_study("tiny")
+        state = study.state
     finally:
         store.dispose()
+    # the study plans the fleet's 6 trials, not one worker's share of 2 (issue 31)
+    assert study.n_trials_planned == 6
     configs = [json.dumps(t.config, sort_keys=True) for t in trials]
     assert len(trials) == 6 and len(set(configs)) == 6, [(t.number, t.config) for t in trials]
     assert len({t.number for t in trials}) == 6

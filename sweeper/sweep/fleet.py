@@ -115,7 +115,7 @@ def run_workers(
     share = -(-n_trials // count)
     processes = []
     for index in range(count):
-        env = dict(os.environ)
+        env = dict(os.environ, SWEEPER_FLEET_TRIALS=str(n_trials))  # the study plans them all
         if devices:
             env["CUDA_VISIBLE_DEVICES"] = devices[index]
         log = logs / f"{name}-{index}.log"

@@ -129,6 +129,7 @@ def run_sweep(
     heartbeat_s: float = _DEFAULTS["heartbeat_s"].default,
     worker_grace_s: float = _DEFAULTS["worker_grace_s"].default,
     database_retry_s: float = _DEFAULTS["database_retry_s"].default,
+    fleet_trials: int | None = None,
 ) -> SweepReport:
     """Run ``n_trials`` measured trials (default: the space's budget) and record them; with
     ``max_minutes`` (default: the tightest of the space's ``budget`` limits), start no trial
@@ -154,8 +155,9 @@ def run_sweep(
     space = resolve_lengths(space, prepared.stats, observer)
     storage = optuna_storage(storage_url, retry_s=database_retry_s)
     study = create_or_load_study(space.study, storage, space.budget.seed)
-    # a resumed study plans what it has and what this launch adds (16 after two launches of 8)
-    planned = trials_done(store, space.study) + n_trials
+    # a resumed study plans what it has and what this launch adds (16 after two launches of 8);
+    # a worker of a fleet, what the whole fleet adds (``fleet_trials``), not its own share
+    planned = trials_done(store, space.study) + (fleet_trials or n_trials)
     store.upsert_study(
         space.study,
         state="running",
