@@ -379,22 +379,27 @@ def test_what_preflight_left_out_is_on_the_page_and_in_the_api(sqlite_url: str) 
     assert "attention sdpa: trains (29 ms/step, first step 0.2 s)." in said
 
 
-def test_trial_numbers_without_a_row_are_explained(sqlite_url: str) -> None:
+def test_trial_numbers_without_a_row_are_explained(storage_url: str) -> None:
     """Issue 18: trial #7 was missing from the table while the header said "0 pruned": a
-    proposal that repeated a measured config has an Optuna number and no row. The page says so."""
+    proposal that repeated a measured config has an Optuna number and no row. The page says so
+    (the gaps are found in SQL, so on both databases)."""
+    sqlite_url = storage_url
     store = Store(sqlite_url)
     store.migrate()
     store.upsert_study(
         "gaps", state="finished", hardware_name="CPU", usd_per_hour=0.1, device="cpu",
         samples=1000, epochs=1.0, n_trials_planned=3, space_yaml="",
     )  # fmt: skip
-    for number in (0, 1, 3):
+    for number in (0, 1, 3, 7):
         store.start_trial("gaps", number, {"per_device_batch_size": 2 + number})
         store.finish_trial("gaps", number, "complete", samples_per_s=5.0, hours_per_run=1.0)
+    marks = store.trial_marks("gaps", rows=4)
+    assert (marks.skipped, marks.highest, marks.running) == ([2, 4, 5, 6], 7, [])
+    assert store.trial_marks("gaps").skipped == [2, 4, 5, 6]  # without the count
     store.dispose()
     with TestClient(create_app(sqlite_url)) as client:
         page = client.get("/studies/gaps").text
     note = re.search(r'<p class="muted" id="skipped-numbers">(.*?)</p>', page, re.S)
     assert note is not None
     said = " ".join(note.group(1).split())
-    assert said.startswith("No row for trial number #2: that proposal repeated a config")
+    assert said.startswith("No row for trial numbers #2, #4, #5, #6: those proposals repeated")

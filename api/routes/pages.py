@@ -124,14 +124,10 @@ def study_page(
                 exports[fmt] = render(best, fmt, study.space_yaml)
             except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
                 exports[fmt] = f"# cannot export this config: {e!r}"
-    every = store.trial_marks(name)  # (number, state, contended), in number order
-    running = [number for number, state, _ in every if state == "running"]
-    # measured only while the machine was shared: the page warns once, above the figures
-    contended = [number for number, state, shared in every if state == "complete" and shared]
-    # Optuna numbers the proposals; one that repeated a measured config (or one another worker
-    # had taken) ran nothing, so its number has no row: the page says so rather than hide it
-    numbers = {number for number, _, _ in every}
-    skipped = [n for n in range(max(numbers) + 1) if n not in numbers] if numbers else []
+    # running; measured only while the machine was shared (the page warns once, above the
+    # figures); and numbers with no row: Optuna numbers the proposals, and one that repeated a
+    # measured config (or one another worker had taken) ran nothing, which the page says
+    marks = store.trial_marks(name, rows=total)
     context: dict[str, Any] = {
         "study": study,
         "trials": trials,
@@ -140,8 +136,8 @@ def study_page(
         "no_best_line": describe(no_best.fallback.config)  # type: ignore[union-attr]
         if getattr(no_best, "fallback", None) is not None
         else None,
-        "contended": contended,
-        "skipped": skipped,
+        "contended": marks.contended,
+        "skipped": marks.skipped,
         "exports": exports,
         "config_keys": _config_keys(trials),
         "knob_labels": {knob.name: knob.label for knob in KNOBS},
@@ -163,8 +159,8 @@ def study_page(
             "figures_url": f"/studies/{path_segment(name)}/figures.json",
             "importance_url": f"/studies/{path_segment(name)}/importance-figure.json",
             "study_state": study.state,
-            "highest": every[-1][0] if every else -1,
-            "running": running,
+            "highest": marks.highest,
+            "running": marks.running,
         },
     }
     return render_page(request, "study.html", context)

@@ -14,6 +14,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,16 @@ def schema_lock(url: str) -> Iterator[None]:
                 connection.commit()
     finally:
         engine.dispose()
+
+
+@dataclass(frozen=True)
+class TrialMarks:
+    """What the study page marks beside the table (``Store.trial_marks``)."""
+
+    running: list[int]
+    contended: list[int]  # complete, every measurement taken on a shared machine
+    skipped: list[int]  # numbers Optuna gave that have no row (a repeated proposal)
+    highest: int  # -1: no trial
 
 
 class Store:
@@ -622,16 +633,38 @@ class Store:
             query = _filter_trials(select(*METRIC_COLUMNS), study_row.id, None, states, None, None)
             return s.execute(query.order_by(TrialRow.number)).all()  # type: ignore[return-value]
 
-    def trial_marks(self, study: str) -> Sequence[tuple[int, str, bool | None]]:
-        """Every trial's (number, state, contended) in number order: what the study page marks
-        (running, measured only on a shared machine, numbers with no row). Three columns, not
-        ``list_trials``'s ORM rows: at 10,000 trials those made the page 9x slower."""
+    def trial_marks(self, study: str, rows: int | None = None) -> TrialMarks:
+        """What the study page marks: running trials, those measured only on a shared
+        machine, numbers with no row, and the highest number. Small queries; reading every
+        trial's (number, state, contended) took 72-108 ms at 10,000 trials. ``rows``: the
+        study's trial count if the caller has it (``count_trials``); numbers 0..highest with
+        as many rows have no gap, and the gap query is skipped."""
         with self.session() as s:
-            study_row = self._study(s, study)
-            query = select(TrialRow.number, TrialRow.state, TrialRow.contended).where(
-                TrialRow.study_id == study_row.id
-            )
-            return s.execute(query.order_by(TrialRow.number)).all()  # type: ignore[return-value]
+            study_id = self._study(s, study).id
+            of_study = TrialRow.study_id == study_id
+            numbers = select(TrialRow.number).where(of_study).order_by(TrialRow.number)
+            running = s.scalars(numbers.where(TrialRow.state == "running")).all()
+            contended = s.scalars(
+                numbers.where(TrialRow.state == "complete", TrialRow.contended.is_(True))
+            ).all()
+            highest = s.scalar(select(func.max(TrialRow.number)).where(of_study))
+            gaps: Sequence[Any] = []
+            if highest is not None and rows != highest + 1:
+                # gaps in the numbering, found in SQL: each row whose number is more than one
+                # above the one before it, with the one before
+                previous = func.lag(TrialRow.number).over(order_by=TrialRow.number)
+                pairs = select(TrialRow.number.label("n"), previous.label("p")).where(of_study)
+                q = pairs.subquery()
+                gaps = s.execute(
+                    select(q.c.n, q.c.p).where(q.c.n - func.coalesce(q.c.p, -1) > 1)
+                ).all()
+        skipped = [k for n, p in gaps for k in range(0 if p is None else p + 1, n)]
+        return TrialMarks(
+            running=list(running),
+            contended=list(contended),
+            skipped=skipped,
+            highest=-1 if highest is None else highest,
+        )
 
     def count_trials(
         self,
