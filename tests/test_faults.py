@@ -109,6 +109,7 @@ def test_an_outage_past_the_retry_window_ends_in_one_line_and_keeps_the_measurem
         tiny_space_without_baseline()
         .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 10")
         .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
+        .replace("  timeout_s: 120", "  timeout_s: 900")  # a loaded machine: never the clock
     )
     short = env | {
         "SWEEPER_DATABASE_RETRY_S": "4",
@@ -167,6 +168,59 @@ def test_an_outage_past_the_retry_window_ends_in_one_line_and_keeps_the_measurem
     assert (tally.complete, tally.lost, tally.duplicates, tally.stuck) == (2, 0, 0, 0), tally
 
 
+@pytest.mark.torch
+def test_a_database_that_stops_answering_mid_sweep_is_waited_out_not_hung_on(
+    tmp_path: Path,
+    postgres_url: str,
+    env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
+) -> None:
+    """The database keeps its sockets open and answers nothing for 15 s (a black hole,
+    through tests/proxy.py), mid-trial: every call is bounded (3 s here, 60 s by default), so
+    the sweep and its heartbeat fail over to new connections once it answers, and the sweep
+    finishes with every trial. It once hung in poll() for more than 4 minutes after the
+    database was back."""
+    timed = tmp_path / "timed.yaml"
+    timed.write_text(
+        tiny_space_without_baseline()
+        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 8")
+        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
+        .replace("  timeout_s: 120", "  timeout_s: 900")  # a loaded machine: never the clock
+    )
+    bounded = env | {"SWEEPER_DB_STATEMENT_BOUND_S": "3", "SWEEPER_HEARTBEAT_S": "1"}
+    store = Store(postgres_url)
+    with FaultProxy() as proxy:
+        process = _launch(timed, proxy.url_for(postgres_url), bounded, "--n-trials", "2")
+        try:
+            _wait_for_a_running_trial(process, store)
+            proxy.mode = "blackhole"
+            time.sleep(15)
+            proxy.mode = "forward"
+            stdout, stderr = process.communicate(timeout=600)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    store.dispose()
+    assert process.returncode == 0, stderr[-4000:]
+    assert "Traceback" not in stdout + stderr
+    tally = fault_report(
+        tally_study(postgres_url, "tiny", "Postgres black-holed 15 s mid-trial (half-open)", 2)
+    )
+    assert (tally.lost, tally.interrupted, tally.duplicates, tally.stuck) == (0, 0, 0, 0), tally
+    store = Store(postgres_url)
+    trials = store.list_trials("tiny")
+    store.dispose()
+    # a sampled config may fail as data (the tiny space holds ones a CPU cannot run); none
+    # failed for the database
+    assert len(trials) == 2 and trials[0].state == "complete", trials
+    for trial in trials:
+        assert trial.state == "complete" or trial.failure_kind == "unsupported", (
+            trial.failure_kind,
+            trial.failure_message,
+        )
+
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 4 MB tmpfs to put a SQLite study on (mounting needs root: skipped without)."""
@@ -200,6 +254,7 @@ def test_a_full_disk_under_sqlite_is_said_at_once_and_the_measurement_is_kept(
         tiny_space_without_baseline()
         .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 6")
         .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
+        .replace("  timeout_s: 120", "  timeout_s: 900")  # a loaded machine: never the clock
     )
     url = f"sqlite:///{small_disk / 'sweeper.db'}"
     env = env | {"SWEEPER_HEARTBEAT_S": "1"}  # the stopped worker misses 3 beats in 3 s
