@@ -90,6 +90,26 @@ def test_a_postgres_outage_mid_sweep_loses_no_trial(
             process.communicate()
 
 
+def _timed_space(tmp_path: Path, seconds: int) -> Path:
+    """The tiny space whose trials measure for ``seconds`` (a fault starts inside one), with
+    a timeout a loaded machine never reaches."""
+    timed = tmp_path / "timed.yaml"
+    timed.write_text(
+        tiny_space_without_baseline()
+        .replace("    max_steps: 3", f"    max_steps: 100000\n    max_seconds: {seconds}")
+        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
+        .replace("  timeout_s: 120", "  timeout_s: 900")
+    )
+    return timed
+
+
+def _kill_if_running(*processes: subprocess.Popen[str] | None) -> None:
+    for process in processes:
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
 @pytest.mark.torch
 def test_an_outage_past_the_retry_window_ends_in_one_line_and_keeps_the_measurement(
     tmp_path: Path,
@@ -104,13 +124,7 @@ def test_an_outage_past_the_retry_window_ends_in_one_line_and_keeps_the_measurem
     the kept measurement and runs one new trial; nothing stays RUNNING. It once ended in a
     190-line traceback, the measurement lost, its trial RUNNING for good and its worker marked
     done, so no reaper touched it."""
-    timed = tmp_path / "timed.yaml"  # trials of about 10 s: the outage starts inside one
-    timed.write_text(
-        tiny_space_without_baseline()
-        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 10")
-        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
-        .replace("  timeout_s: 120", "  timeout_s: 900")  # a loaded machine: never the clock
-    )
+    timed = _timed_space(tmp_path, 10)  # trials of about 10 s: the outage starts inside one
     short = env | {
         "SWEEPER_DATABASE_RETRY_S": "4",
         "SWEEPER_DB_STATEMENT_BOUND_S": "3",
@@ -144,10 +158,7 @@ def test_an_outage_past_the_retry_window_ends_in_one_line_and_keeps_the_measurem
             assert again.returncode == 0, stderr[-4000:]
             assert f"#{running.number}: wrote the measurement kept" in " ".join(stdout.split())
         finally:
-            for child in (process, locals().get("again")):
-                if child is not None and child.poll() is None:
-                    child.kill()
-                    child.communicate()
+            _kill_if_running(process, locals().get("again"))
     trials = {t.number: t for t in store.list_trials("tiny", include_measurement=True)}
     store.dispose()
     assert not kept[0].exists()  # written, then dropped
@@ -180,13 +191,7 @@ def test_a_database_that_stops_answering_mid_sweep_is_waited_out_not_hung_on(
     the sweep and its heartbeat fail over to new connections once it answers, and the sweep
     finishes with every trial. It once hung in poll() for more than 4 minutes after the
     database was back."""
-    timed = tmp_path / "timed.yaml"
-    timed.write_text(
-        tiny_space_without_baseline()
-        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 8")
-        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
-        .replace("  timeout_s: 120", "  timeout_s: 900")  # a loaded machine: never the clock
-    )
+    timed = _timed_space(tmp_path, 8)
     bounded = env | {"SWEEPER_DB_STATEMENT_BOUND_S": "3", "SWEEPER_HEARTBEAT_S": "1"}
     store = Store(postgres_url)
     with FaultProxy() as proxy:
@@ -198,9 +203,7 @@ def test_a_database_that_stops_answering_mid_sweep_is_waited_out_not_hung_on(
             proxy.mode = "forward"
             stdout, stderr = process.communicate(timeout=600)
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+            _kill_if_running(process)
     store.dispose()
     assert process.returncode == 0, stderr[-4000:]
     assert "Traceback" not in stdout + stderr
@@ -249,13 +252,7 @@ def test_a_full_disk_under_sqlite_is_said_at_once_and_the_measurement_is_kept(
     (where, how much is free), keeps the measurement, and a resume after space is freed
     writes it. It was once taken for a lost connection: 170 retry lines over 6 m 46 s, then
     one line, and the measurement lost."""
-    timed = tmp_path / "timed.yaml"
-    timed.write_text(
-        tiny_space_without_baseline()
-        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 6")
-        .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
-        .replace("  timeout_s: 120", "  timeout_s: 900")  # a loaded machine: never the clock
-    )
+    timed = _timed_space(tmp_path, 6)
     url = f"sqlite:///{small_disk / 'sweeper.db'}"
     env = env | {"SWEEPER_HEARTBEAT_S": "1"}  # the stopped worker misses 3 beats in 3 s
     process = _launch(timed, url, env, "--n-trials", "2")
@@ -285,10 +282,7 @@ def test_a_full_disk_under_sqlite_is_said_at_once_and_the_measurement_is_kept(
         assert again.returncode == 0, stderr[-4000:]
         assert f"#{running.number}: wrote the measurement kept" in " ".join(stdout.split())
     finally:
-        for child in (process, locals().get("again")):
-            if child is not None and child.poll() is None:
-                child.kill()
-                child.communicate()
+        _kill_if_running(process, locals().get("again"))
         store.dispose()
     store = Store(url)
     written = store.get_trial("tiny", running.number)
