@@ -119,11 +119,11 @@ def study_page(
         best, no_best = None, e
     exports: dict[str, str] = {}
     if best is not None:
-        for fmt in ("trainer", "sft", "yaml"):
-            try:
-                exports[fmt] = render(best, fmt, study.space_yaml)
-            except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
-                exports[fmt] = f"# cannot export this config: {e!r}"
+        # rendered once per state of the study (the three took 180 ms at 10,000 trials: each
+        # reads the stored space), cached beside the recommendation they come from
+        exports = cache.get(
+            store, name, ("page-exports",), lambda: _exports(best, study.space_yaml)
+        )
     # running; measured only while the machine was shared (the page warns once, above the
     # figures); and numbers with no row: Optuna numbers the proposals, and one that repeated a
     # measured config (or one another worker had taken) ran nothing, which the page says
@@ -164,6 +164,16 @@ def study_page(
         },
     }
     return render_page(request, "study.html", context)
+
+
+def _exports(best: BestConfig, space_yaml: str) -> dict[str, str]:
+    exports = {}
+    for fmt in ("trainer", "sft", "yaml"):
+        try:
+            exports[fmt] = render(best, fmt, space_yaml)
+        except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
+            exports[fmt] = f"# cannot export this config: {e!r}"
+    return exports
 
 
 @router.get("/studies/{name}/figures.json")
