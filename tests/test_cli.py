@@ -298,13 +298,13 @@ def _trial_processes(parent: int) -> list[psutil.Process]:
     return found
 
 
-def _slow_space(tmp_path: Path, workers: int = 0) -> Path:
-    """The tiny space with a window that would run for 10 minutes."""
+def _slow_space(tmp_path: Path, workers: int = 0, seconds: int = 600) -> Path:
+    """The tiny space with a window that runs for ``seconds`` (10 minutes by default)."""
     slow = tmp_path / "slow.yaml"
     slow.write_text(
         tiny_space_without_baseline()
         .replace("  num_workers: [0]", f"  num_workers: [{workers}]")
-        .replace("    max_steps: 3", "    max_steps: 100000\n    max_seconds: 600")
+        .replace("    max_steps: 3", f"    max_steps: 100000\n    max_seconds: {seconds}")
         .replace("    min_seconds: 0", "    min_seconds: 0\n    target_ci: 0.000001")
     )
     return slow
@@ -601,8 +601,10 @@ def test_best_guards_truncation_and_compares_hardware(sqlite_url: str, env: dict
 def test_a_stop_request_ends_the_sweep_after_its_running_trial(
     tmp_path: Path, sqlite_url: str, env: dict[str, str]
 ) -> None:
-    """What POST /api/studies/{name}/stop does (Store.request_stop), seen by a real sweep."""
-    process = _launch(TINY_SPACE, sqlite_url, env, "--n-trials", "3")
+    """What POST /api/studies/{name}/stop does (Store.request_stop), seen by a real sweep.
+    Trials of 6 s: a 3-step trial could end, and the next start, between the wait and the
+    request (seen once with a torch thread per test process)."""
+    process = _launch(_slow_space(tmp_path, seconds=6), sqlite_url, env, "--n-trials", "3")
     store = Store(sqlite_url)
     try:
         _wait_for_a_running_trial(process, store)

@@ -11,7 +11,6 @@ import functools
 import inspect
 import math
 import re
-import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from sweeper.errors import ConflictError, DiskFullError, StorageError, StudyNotF
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample
 from sweeper.store.bounds import SQLITE_BUSY_S, bound_engine
+from sweeper.store.diagnose import disk_full_message, no_tables
 from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
 from sweeper.store.retry import disk_full, retried
 
@@ -159,7 +159,7 @@ class Store:
             session.rollback()
             if disk_full(e):
                 raise DiskFullError(disk_full_message(self.url, e)) from e
-            if _no_tables(e):
+            if no_tables(e):
                 raise StorageError(
                     f"{redact(self.url)} holds no sweeper study (it has no sweeper tables): "
                     "check --storage (or SWEEPER_STORAGE), or create a study there with "
@@ -735,36 +735,6 @@ def _config_equals(knob: str, value: Any) -> ColumnElement[bool]:
             return false()
         return element.as_float() == value
     return element.as_string() == str(value)
-
-
-def _no_tables(error: BaseException) -> bool:
-    """Whether ``error`` says one of our tables does not exist (a database sweeper never
-    wrote to): SQLite's "no such table", Postgres' SQLSTATE 42P01."""
-    orig = getattr(error, "orig", None)
-    text = str(orig)
-    if "sweeper_" not in text:
-        return False
-    return "no such table" in text or getattr(orig, "sqlstate", None) == "42P01"
-
-
-def disk_full_message(url: str, error: BaseException) -> str:
-    """Where the disk is full and how much is free (SQLite: the file's own disk)."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        path = Path(parsed.database).resolve()  # type: ignore[arg-type]
-        try:
-            free = f"{shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free"
-        except OSError:
-            free = "free space unknown"
-        return (
-            f"the disk under {path} is full ({free}): SQLite could not write. Free space "
-            "there, or move the study to another disk (`sweeper study export`, then "
-            "`--storage` elsewhere); nothing of the failed write was kept"
-        )
-    return (
-        f"the database server at {redact(url)} is out of disk space ({error.__class__.__name__}"
-        "): free space on its data volume; nothing of the failed write was kept"
-    )
 
 
 def _make_engine(url: str) -> Engine:

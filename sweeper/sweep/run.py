@@ -15,9 +15,9 @@ from sweeper.search import worker_seed
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig
 from sweeper.store import Store, StudyRow, redact
+from sweeper.store.diagnose import disk_full_message
 from sweeper.store.optuna import create_or_load_study, optuna_storage
 from sweeper.store.retry import connection_lost, disk_full
-from sweeper.store.store import disk_full_message
 from sweeper.sweep import spool
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import ChildExecutor

@@ -1,0 +1,42 @@
+"""What a database error means to the person who reads it: a disk that is full (where, and how
+much is free), a database sweeper never wrote to. ``Store.session`` and the sweep raise these
+messages instead of SQLAlchemy's (``sweeper.store.retry.disk_full`` tells the kind)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sqlalchemy import make_url
+
+
+def no_tables(error: BaseException) -> bool:
+    """Whether ``error`` says one of our tables does not exist (a database sweeper never
+    wrote to): SQLite's "no such table", Postgres' SQLSTATE 42P01."""
+    orig = getattr(error, "orig", None)
+    text = str(orig)
+    if "sweeper_" not in text:
+        return False
+    return "no such table" in text or getattr(orig, "sqlstate", None) == "42P01"
+
+
+def disk_full_message(url: str, error: BaseException) -> str:
+    """Where the disk is full and how much is free (SQLite: the file's own disk)."""
+    from sweeper.store.store import redact  # store.py imports this module
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        path = Path(parsed.database).resolve()  # type: ignore[arg-type]
+        try:
+            free = f"{shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free"
+        except OSError:
+            free = "free space unknown"
+        return (
+            f"the disk under {path} is full ({free}): SQLite could not write. Free space "
+            "there, or move the study to another disk (`sweeper study export`, then "
+            "`--storage` elsewhere); nothing of the failed write was kept"
+        )
+    return (
+        f"the database server at {redact(url)} is out of disk space ({error.__class__.__name__}"
+        "): free space on its data volume; nothing of the failed write was kept"
+    )
