@@ -254,7 +254,7 @@ class ChildExecutor:
                         self.cache_dir, space.study, trial.number, fields,
                         projection.cost_per_run_usd, attrs,
                     )  # fmt: skip
-                except OSError as kept_error:
+                except (OSError, ValueError, TypeError) as kept_error:  # the first error stands
                     observer.note(f"#{trial.number}'s measurement could not be kept: {kept_error}")
                 raise
         elif measured.invalid is not None:

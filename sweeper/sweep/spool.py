@@ -33,13 +33,16 @@ def keep(
     user_attrs: dict[str, Any],
 ) -> Path:
     """Write trial ``number``'s record (``Store.finish_trial``'s fields, Optuna's value and
-    user attributes); raises OSError if even the local disk cannot take it."""
+    user attributes); raises OSError if even the local disk cannot take it, ValueError or
+    TypeError for a value JSON cannot hold."""
     folder = spool_dir(cache_dir, study)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{number}.json"
     record = {"number": number, "fields": fields, "value": value, "user_attrs": user_attrs}
     partial = path.with_suffix(".part")
-    partial.write_text(json.dumps(to_jsonable_python(record), allow_nan=False))
+    # NaN and inf stay as they are (a window with no spread has an infinite interval):
+    # Python's json reads them back, and finish_trial stores them as it always does
+    partial.write_text(json.dumps(to_jsonable_python(record)))
     os.replace(partial, path)
     return path
 
