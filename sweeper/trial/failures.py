@@ -7,6 +7,7 @@ Matching is by class name and message so that this module needs no torch import.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Iterator
 
 from sweeper.errors import TrialError
@@ -57,6 +58,12 @@ def classify(exc: BaseException) -> tuple[str, str]:
         text = str(link)
         if "DataLoader worker" in text:
             return "dataloader", _first_line(link)
+        # a worker killed while its batch's shared memory was being handed over: the reader
+        # sees the dead worker's socket reset before torch's own worker check says so
+        if isinstance(link, ConnectionResetError | EOFError | BrokenPipeError):
+            frames = "".join(str(f.filename) for f in traceback.extract_tb(link.__traceback__))
+            if "torch/utils/data" in frames or "resource_sharer" in frames:
+                return "dataloader", f"a DataLoader worker died: {type(link).__name__}: {text}"
     return "error", f"{type(exc).__name__}: {_first_line(exc)}"
 
 
