@@ -32,10 +32,15 @@ def gone_here(worker: WorkerRow, heartbeat_s: float) -> bool:
     host name (containers on the host network) is invisible to ``kill(pid, 0)`` but beats."""
     if worker.host != socket.gethostname() or process_alive(worker.pid):
         return False
+    return _beat_age_s(worker) > 3 * heartbeat_s
+
+
+def _beat_age_s(worker: WorkerRow) -> float:
+    """Seconds since ``worker``'s last heartbeat (SQLite hands back naive UTC)."""
     beat = worker.heartbeat_at
-    if beat.tzinfo is None:  # SQLite hands back naive UTC
+    if beat.tzinfo is None:
         beat = beat.replace(tzinfo=UTC)
-    return (datetime.now(UTC) - beat).total_seconds() > 3 * heartbeat_s
+    return max(0.0, (datetime.now(UTC) - beat).total_seconds())
 
 
 def process_alive(pid: int | None) -> bool:
@@ -82,10 +87,7 @@ def same_place_worker(url: str, study: str) -> str | None:
     if not here:
         return None
     worker = here[0]
-    beat = worker.heartbeat_at
-    if beat.tzinfo is None:  # SQLite hands back naive UTC
-        beat = beat.replace(tzinfo=UTC)
-    ago = max(0.0, (datetime.now(UTC) - beat).total_seconds())
+    ago = _beat_age_s(worker)
     where = "every visible device" if devices is None else f"CUDA_VISIBLE_DEVICES={devices}"
     return (
         f"study {study!r} already has a live worker on this host using {where} (pid "

@@ -32,7 +32,9 @@ from sweeper.sweep.worker import Worker
 STARTUP_RETRY_S = 10.0  # the same, for the first connection of a sweep
 
 
-def _kept_words(study: str, in_flight: int | None, kept: Path | None) -> str:
+def _kept_words(
+    study: str, in_flight: int | None, kept: Path | None, resume: str = "Resume"
+) -> str:
     if kept is not None:
         trial = (
             f"trial #{in_flight} had finished: its measurement is kept in {kept} and written "
@@ -46,7 +48,7 @@ def _kept_words(study: str, in_flight: int | None, kept: Path | None) -> str:
     else:
         trial = "no trial was running"
     return (
-        f"{trial}. Finished trials are kept. Resume: `sweeper worker --study {study}` (or "
+        f"{trial}. Finished trials are kept. {resume}: `sweeper worker --study {study}` (or "
         "`sweeper launch` of the same space)"
     )
 
@@ -58,7 +60,7 @@ def database_lost_message(
     return (
         f"the database {redact(storage_url)} did not answer for {waited_s:g} s "
         f"(SWEEPER_DATABASE_RETRY_S), so this sweep stopped; "
-        + _kept_words(study, in_flight, kept).replace("Resume:", "Resume when it answers:")
+        + _kept_words(study, in_flight, kept, resume="Resume when it answers")
     )
 
 
