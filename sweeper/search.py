@@ -50,6 +50,7 @@ INFEASIBLE_KINDS = frozenset(
 CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasible, 0 feasible
 REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
 CONTENDED_ATTR = "contended"  # user attr: every measurement was taken on a shared machine
+WORKER_ATTR = "worker"  # user attr: the id of the study's worker that asked for the trial
 
 
 def infeasible(trial: FrozenTrial) -> bool:

@@ -4,6 +4,7 @@ under a running sweep."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing
 import signal
@@ -22,9 +23,12 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.search import CONSTRAINT, WORKER_ATTR
+from sweeper.space import Space
 from sweeper.store import Store
 from tests.helpers import (
     REPO,
+    STUDY_FIELDS,
     TINY_SPACE,
     FaultTally,
     tally_study,
@@ -546,3 +550,69 @@ def test_worker_devices_must_be_distinct_gpus(sqlite_url: str, devices: str) -> 
     assert done.returncode == 2, done.stderr
     assert "--devices" in done.stderr and "e.g. --devices 0,1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_trials_optuna_still_has_running_after_their_worker_died_are_told_from_our_rows(
+    storage_url: str, tiny_space: Space
+) -> None:
+    """A worker that recorded its trial and then lost the database (past its retry window, or
+    killed) never told Optuna: the trial stayed RUNNING there for good, the samplers counting
+    it as in flight, though our row said complete. One that died between asking and starting
+    left a RUNNING trial with no row and its config claimed. The next worker's reaper tells
+    Optuna each of them from our row as the dead worker would have, fails the row-less one and
+    frees its config, and leaves a live worker's trials alone. The state is built with the
+    store's and Optuna's own calls (which write the worker died between cannot be timed with a
+    real outage: the tell follows the record within milliseconds)."""
+    from sweeper.store.optuna import create_or_load_study, optuna_storage
+    from sweeper.sweep.executor import ChildExecutor
+    from sweeper.sweep.worker import Worker
+
+    study_name = tiny_space.study
+    store = Store(storage_url)
+    store.migrate()
+    storage = optuna_storage(storage_url)
+    try:
+        store.upsert_study(study_name, **STUDY_FIELDS)
+        study = create_or_load_study(study_name, storage, 0)
+        store.register_worker(study_name, "dead", "elsewhere", 1)
+        time.sleep(1.2)  # its heartbeat is now older than the grace period below
+        store.register_worker(study_name, "live", "elsewhere", 2)
+        asked = [study.ask() for _ in range(5)]
+        for trial, owner in zip(asked, ["dead", "dead", "dead", "live", "live"], strict=True):
+            trial.set_user_attr(WORKER_ATTR, owner)
+        configs = [c.model_dump() for c in itertools.islice(tiny_space.search.grid(), 5)]
+        # 0: measured, then the database went away before the tell
+        store.start_trial(study_name, 0, configs[0], "dead")
+        store.finish_trial(study_name, 0, "complete", cost_per_run_usd=3.0)
+        # 1: ran out of memory (a config that cannot run: infeasible, not failed)
+        store.start_trial(study_name, 1, configs[1], "dead")
+        store.finish_trial(study_name, 1, "failed", failure_kind="oom", failure_message="OOM")
+        # 2: asked and claimed, never started
+        assert store.claim(study_name, "config-2", 2, "dead") is None
+        # 3 and 4: a live worker's, recorded or not yet; it tells them itself
+        store.start_trial(study_name, 4, configs[4], "live")
+        store.finish_trial(study_name, 4, "complete", cost_per_run_usd=2.0)
+
+        reaper = Worker(store, storage, study, tiny_space, heartbeat_s=0.2, grace_s=1.0)
+        store.beat("live")
+        reaper.reap()
+        assert reaper.settle_orphans() == []  # told once: a second pass finds nothing
+        trials = optuna.load_study(study_name=study_name, storage=storage).trials
+        states = [t.state.name for t in trials]
+        assert states == ["COMPLETE", "COMPLETE", "FAIL", "RUNNING", "RUNNING"], states
+        assert (trials[0].value, trials[0].constraints) == (3.0, {CONSTRAINT: 0.0})
+        # the worst $/run so far, the constraint violated: as the loop tells an OOM
+        assert (trials[1].value, trials[1].constraints) == (3.0, {CONSTRAINT: 1.0})
+        assert trials[1].user_attrs["failure_kind"] == "oom"
+        assert "between asking for it and running it" in trials[2].user_attrs["skipped"]
+        assert store.claim(study_name, "config-2", 7, "another") is None  # free again
+        # what a resumed sweep learns from them is what the dead worker would have told
+        earlier = ChildExecutor(tiny_space, store, None, Path(), None).earlier()  # type: ignore[arg-type]
+        assert {o.number: (o.cost, o.failure_kind) for o in earlier.values()} == {
+            0: (3.0, None),
+            1: (None, "oom"),
+            4: (2.0, None),
+        }
+    finally:
+        store.dispose()
+        storage.engine.dispose()

@@ -94,14 +94,7 @@ class ChildExecutor:
                 and times_lost(trials, t.config, "interrupted") <= LOST_RETRIES
             ):
                 continue  # stopped before it measured anything: tried once more
-            cost = t.cost_per_run_usd if t.state == "complete" else None
-            results[TrialConfig.model_validate(t.config)] = Outcome(
-                number=t.number,
-                cost=cost,
-                failure_kind=None if cost is not None else (t.failure_kind or "error"),
-                predicted=t.state == "pruned",
-                spread=t.cost_ci95_rel or 0.0,
-            )
+            results[TrialConfig.model_validate(t.config)] = Outcome.of_row(t)
         return results
 
     def earlier_samples(self) -> dict[TrialConfig, list[Sample]]:
@@ -132,7 +125,7 @@ class ChildExecutor:
         return self.store.claim(self.space.study, key, number, self.worker_id)
 
     def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
-        self.store.start_trial(self.space.study, trial.number, config.model_dump())
+        self.store.start_trial(self.space.study, trial.number, config.model_dump(), self.worker_id)
         self.store.finish_trial(
             self.space.study, trial.number, "pruned", failure_kind="oom", failure_message=message
         )

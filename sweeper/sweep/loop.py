@@ -10,12 +10,12 @@ import optuna
 from sweeper import knobs
 from sweeper.noise import Sample
 from sweeper.preflight import PreflightReport
-from sweeper.search import CONSTRAINT, CONTENDED_ATTR, REPEAT_ATTR, make_sampler, runnable_params
+from sweeper.search import CONTENDED_ATTR, REPEAT_ATTR, WORKER_ATTR, make_sampler, runnable_params
 from sweeper.space import Space, TrialConfig, optuna_params, suggest
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import TrialExecutor
 from sweeper.sweep.observer import SweepObserver
-from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.outcome import Outcome, tell
 from sweeper.sweep.remeasure import Remeasure
 from sweeper.sweep.rules import (
     AlreadyMeasured,
@@ -62,8 +62,10 @@ class SearchLoop:
         earlier_samples: Mapping[TrialConfig, Sequence[Sample]] | None = None,
         seed: int | None = None,
         eligible: Callable[[TrialConfig], bool] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self.space, self.study, self.executor = space, study, executor
+        self.worker_id = worker_id  # written on each trial asked: a reaper knows whose it was
         self.preflight, self.observer = preflight, observer
         self.stopped = False  # a stop was requested through the API
         self.stop_reason = ""
@@ -163,6 +165,8 @@ class SearchLoop:
         """Ask; the config to run for the proposal (a known config's knob that cannot run here
         runs its fallback: tf32 on a CPU)."""
         trial = self.study.ask()
+        if self.worker_id is not None:
+            trial.set_user_attr(WORKER_ATTR, self.worker_id)
         proposed = suggest(trial, self.search)
         config = self.preflight.adapt(proposed)
         if proposed in self.known:  # the user's own config: measured as near as runs here
@@ -260,18 +264,7 @@ class SearchLoop:
         self.observer.note(f"#{trial.number} {message}")
 
     def _tell(self, trial: optuna.Trial, outcome: Outcome) -> None:
-        if outcome.feasible:
-            trial.set_constraint(CONSTRAINT, 0.0)
-            self.study.tell(trial, outcome.cost)
-        elif outcome.infeasible:
-            if outcome.failure_kind is not None:
-                trial.set_user_attr("failure_kind", outcome.failure_kind)
-            trial.set_constraint(CONSTRAINT, 1.0)
-            # a value is required; samplers that read constraints rank it below every
-            # feasible trial whatever it is: the worst $/run so far keeps it in scale
-            self.study.tell(trial, self._worst_cost())
-        else:  # timed out, killed, a bug: nothing the sampler should learn from
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        tell(self.study, trial, outcome, self._worst_cost())
 
     def _worst_cost(self) -> float:
         costs = [o.cost for o in self.results.values() if o.cost is not None]

@@ -194,6 +194,7 @@ def run_sweep(
                 space, study, executor, report, observer,
                 earlier=executor.earlier(), earlier_samples=executor.earlier_samples(),
                 seed=worker_seed(space.budget.seed, worker), eligible=eligible,
+                worker_id=member.id,
             )  # fmt: skip
             counts = loop.run(n_trials, clock, deadline)
             if not loop.stopped:

@@ -6,15 +6,18 @@ import os
 import socket
 import threading
 import uuid
+from datetime import datetime
 
 import optuna
 
 from sweeper.errors import SweeperError
 from sweeper.joining import gone_here
+from sweeper.search import WORKER_ATTR
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.store.optuna import fail_trial
 from sweeper.store.retry import connection_lost
+from sweeper.sweep.outcome import Outcome, tell
 from sweeper.sweep.queue import enqueue_lost
 
 
@@ -70,6 +73,54 @@ class Worker:
         for trial in self.store.reap(self.space.study, self.grace_s, gone):
             fail_trial(self.storage, self.space.study, trial.number)
             enqueue_lost(self.store, self.study, self.space, trial)
+        self.settle_orphans()
+
+    def settle_orphans(self) -> list[int]:
+        """Tell Optuna the trials it still has RUNNING whose worker is no longer alive and
+        whose row is not running (the reaper's business): the worker recorded the trial and
+        lost the database before telling Optuna (told from our row now, as the worker would
+        have), or lost it between asking and starting the trial (told failed, and the config's
+        claim released). Without an owner to go by (a study from before ``WORKER_ATTR``), a
+        trial asked more than the grace period ago. Returns the trial numbers told."""
+        study = self.space.study
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if not running:
+            return []
+        live = {w.id for w in self.store.live_workers(study, self.grace_s)} | {self.id}
+        study_id = self.storage.get_study_id_from_name(study)
+        told = []
+        for frozen in running:
+            row = self.store.get_trial(study, frozen.number)
+            if row is not None and row.state == "running":
+                continue
+            owner = (row.worker_id if row is not None else None) or frozen.user_attrs.get(
+                WORKER_ATTR
+            )
+            if owner in live:
+                continue  # telling it now, or about to
+            if owner is None and _age_s(frozen.datetime_start) < self.grace_s:
+                continue
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, frozen.number)
+            trial = optuna.trial.Trial(self.study, trial_id)
+            if row is None:
+                self.store.release_claim(study, frozen.number)
+                trial.set_user_attr(
+                    "skipped", "its worker stopped between asking for it and running it"
+                )
+                outcome = Outcome(number=frozen.number, failure_kind="lost")
+            else:
+                outcome = Outcome.of_row(row)
+            tell(self.study, trial, outcome, self._worst_cost())
+            told.append(frozen.number)
+        return told
+
+    def _worst_cost(self) -> float:
+        costs = [
+            t.cost_per_run_usd
+            for t in self.store.list_trials(self.space.study, states=["complete"])
+            if t.cost_per_run_usd is not None
+        ]
+        return max(costs) if costs else 1.0
 
     def seed_name(self) -> str:
         """Which worker of the study this is, for its sampler's seed: the study's first live
@@ -96,3 +147,8 @@ class Worker:
         others = [w for w in self.store.live_workers(self.space.study, self.grace_s)]
         if not others:
             self.store.set_study_state(self.space.study, state)
+
+
+def _age_s(started: datetime | None) -> float:
+    """Seconds since ``started``, an Optuna time (naive, this machine's local time)."""
+    return float("inf") if started is None else (datetime.now() - started).total_seconds()
