@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from sweeper.cli_common import StorageOption, fail, reading_store, with_storage
 from sweeper.console import (
     RichObserver,
     console,
@@ -30,7 +31,7 @@ from sweeper.errors import SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
     from sweeper.recommend import Constraints
-    from sweeper.store import Store
+    from sweeper.space import Space
     from sweeper.sweep.fleet import FleetError
 
 # -h as well as --help, on every command
@@ -80,56 +81,19 @@ def _main(
     """Find the cheapest way to run a training job: timed trials, priced per run."""
 
 
-StorageOption = Annotated[
-    str | None,
-    typer.Option(
-        "--storage",
-        help="SQLAlchemy URL: sqlite:///file.db or postgresql+psycopg://user@host/db, or a path "
-        "to an SQLite file (default: $SWEEPER_STORAGE, then the space's storage, then "
-        "sqlite:///sweeper.db in the current directory)",
-    ),
-]
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
-def _reading_store(storage: str | None) -> Store:
-    """The storage a reading command (best, export, study export) reads: an SQLite file that
-    does not exist is an error that says where it looked, never a new empty database."""
-    from sweeper.settings import absent_sqlite_file, resolve_storage
-    from sweeper.store import Store
-
-    url = resolve_storage(storage)
-    absent = absent_sqlite_file(url)
-    if absent is not None:
-        where = "--storage" if storage else "the default storage"
-        raise _fail(
-            f"no database at {absent.resolve()} ({where}, {url}): `sweeper launch` "
-            "writes its database where it runs (sqlite:///sweeper.db in that directory); "
-            "run this there, or pass --storage with that file's path",
-            code=2,
-        )
-    try:
-        return Store(url)
-    except SweeperError as e:
-        raise _fail(str(e), code=2) from None
-
-
-def _with_storage(error: SweeperError, store: Store) -> str:
-    """The error, naming the storage when a study was not found in it."""
-    from sweeper.errors import StudyNotFoundError
-
-    if isinstance(error, StudyNotFoundError):
-        return str(error).replace("in this storage", f"in {store.redacted_url}", 1)
-    return str(error)
-
-
 @app.command()
 def launch(
-    space: Annotated[Path, typer.Option("--space", help="a space file, e.g. spaces/h100.yaml")],
+    space: Annotated[
+        Path | None, typer.Option("--space", help="a space file, e.g. spaces/h100.yaml")
+    ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option(
+            "--study",
+            help="resume this stored study with the space it stored (one imported --as NAME "
+            "included); with --space, the file's space under this name",
+        ),
+    ] = None,
     storage: StorageOption = None,
     n_trials: Annotated[
         int | None,
@@ -177,18 +141,28 @@ def launch(
 ) -> None:
     """Run a sweep: each trial trains the workload with one config in a child process."""
     from sweeper.joining import same_place_worker
-    from sweeper.space import load_space
-
-    try:
-        parsed = load_space(space)
-    except SpaceError as e:
-        raise _fail(f"invalid space file\n{e}", code=2) from None
     from sweeper.settings import resolve_storage
+    from sweeper.space import as_study, load_space
 
-    url = resolve_storage(storage, parsed.storage)
+    if space is not None:
+        try:
+            parsed = load_space(space)
+        except SpaceError as e:
+            raise fail(f"invalid space file\n{e}", code=2) from None
+        try:
+            parsed = parsed if study is None else as_study(parsed, study)
+        except SpaceError as e:
+            raise fail(str(e), code=2) from None
+        url = resolve_storage(storage, parsed.storage)
+        text, path = space.read_text(encoding="utf-8"), str(space)  # type: str, str | None
+    elif study is not None:
+        url = resolve_storage(storage)
+        parsed, text, path = _stored_study(storage, study)
+    else:
+        raise fail("pass --space FILE (a space file) or --study NAME (a stored study)", code=2)
     busy = None if join else same_place_worker(url, parsed.study)
     if busy is not None:
-        raise _fail(busy, code=2)
+        raise fail(busy, code=2)
     if fill:
         n_trials = _missing_trials(url, parsed.study, n_trials or parsed.budget.n_trials)
         if n_trials == 0:
@@ -197,20 +171,37 @@ def launch(
     if workers > 1:
         from sweeper.sweep.fleet import visible_gpus
 
-        _launch_workers(
-            ["launch", "--space", str(space), "--join"],  # the N workers share on purpose
-            parsed.study,
-            url,
-            visible_gpus(),
-            workers,
-            n_trials or parsed.budget.n_trials,
-            max_minutes,
-        )
+        command = ["launch", "--join"]  # the N workers share on purpose
+        command += ["--space", str(space)] if space is not None else []
+        command += ["--study", study] if study is not None else []
+        total = n_trials or parsed.budget.n_trials
+        _launch_workers(command, parsed.study, url, visible_gpus(), workers, total, max_minutes)
         print_leaderboard(url, parsed.study)
         return
-    _sweep_and_report(
-        parsed, url, space.read_text(encoding="utf-8"), str(space), n_trials, max_minutes
-    )
+    _sweep_and_report(parsed, url, text, path, n_trials, max_minutes)
+
+
+def _stored_study(storage: str | None, study: str) -> tuple[Space, str, str | None]:
+    """The space study ``study`` stored (as that study, though imported ``--as`` another
+    name), its text and the path it came from."""
+    from sweeper.errors import StudyNotFoundError
+    from sweeper.space import stored_space
+
+    store = reading_store(storage)  # a missing SQLite file is said, never created
+    try:
+        row = store.get_study(study)
+    except StudyNotFoundError as e:
+        said = with_storage(e, store)
+        raise fail(f"{said}; create it first with `sweeper launch --space FILE`", code=2) from None
+    except SweeperError as e:
+        raise fail(str(e)) from None
+    finally:
+        store.dispose()
+    try:
+        parsed = stored_space(row.space_yaml, row.name, row.space_path or f"study {study}")
+    except SpaceError as e:
+        raise fail(f"the study's stored space no longer loads\n{e}", code=2) from None
+    return parsed, row.space_yaml, row.space_path
 
 
 @app.command()
@@ -255,13 +246,13 @@ def init(
     from sweeper.starter import ENGINES, minimal_space, study_name
 
     if engine not in ENGINES:
-        raise _fail(f"--engine {engine}: use one of {', '.join(ENGINES)}", code=2)
+        raise fail(f"--engine {engine}: use one of {', '.join(ENGINES)}", code=2)
     if device not in ("auto", "cuda", "cpu"):
-        raise _fail(f"--device {device}: use auto, cuda or cpu", code=2)
+        raise fail(f"--device {device}: use auto, cuda or cpu", code=2)
     if not data.is_file():
-        raise _fail(f"--data {data}: no such file", code=2)
+        raise fail(f"--data {data}: no such file", code=2)
     if out.exists() and not force:
-        raise _fail(f"{out} exists; pick another --out, or --force to replace it", code=2)
+        raise fail(f"{out} exists; pick another --out, or --force to replace it", code=2)
     study = study_name(out)
     try:
         text = minimal_space(
@@ -269,7 +260,7 @@ def init(
             usd_per_hour=price, samples=samples, epochs=epochs, device=device,
         )  # fmt: skip
     except SpaceError as e:
-        raise _fail(str(e), code=2) from None
+        raise fail(str(e), code=2) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     console.print(
@@ -304,9 +295,7 @@ def worker(
     """Join a study that `sweeper launch` created (on this machine or another one, through
     the same Postgres URL): run trials of its space until its budget is spent. Workers never
     run a config another worker runs or ran."""
-    from sweeper.errors import StudyNotFoundError
     from sweeper.settings import resolve_storage
-    from sweeper.space import stored_space
     from sweeper.sweep.fleet import FleetError, parse_devices
 
     try:
@@ -314,19 +303,7 @@ def worker(
     except FleetError as e:
         raise _fleet_failed(e) from None
     url = resolve_storage(storage)
-    store = _reading_store(storage)  # a missing SQLite file is said, never created
-    try:
-        row = store.get_study(study)
-    except StudyNotFoundError as e:
-        raise _fail(f"{e}; create it first with `sweeper launch --space FILE`", code=2) from None
-    except SweeperError as e:
-        raise _fail(str(e)) from None
-    finally:
-        store.dispose()
-    try:
-        parsed = stored_space(row.space_yaml, row.name, row.space_path or f"study {study}")
-    except SpaceError as e:
-        raise _fail(f"the study's stored space no longer loads\n{e}", code=2) from None
+    parsed, text, path = _stored_study(storage, study)
     if len(gpus) > 1:
         command = ["worker", "--study", study]
         total = n_trials or parsed.budget.n_trials
@@ -335,7 +312,7 @@ def worker(
         return
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
-    _sweep_and_report(parsed, url, row.space_yaml, row.space_path, n_trials, max_minutes)
+    _sweep_and_report(parsed, url, text, path, n_trials, max_minutes)
 
 
 def _launch_workers(
@@ -362,7 +339,7 @@ def _launch_workers(
 
 
 def _fleet_failed(error: FleetError) -> typer.Exit:
-    return _fail(str(error), error.code)
+    return fail(str(error), error.code)
 
 
 def _missing_trials(url: str, study: str, planned: int) -> int:
@@ -375,7 +352,7 @@ def _missing_trials(url: str, study: str, planned: int) -> int:
     except FleetError as e:
         raise _fleet_failed(e) from None
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if plan.missing == 0:
         console.print(
             f"study {study} in {redact(url)} already has {plan.done} of its {planned} trials: "
@@ -434,18 +411,18 @@ def _sweep_and_report(
                 fleet_trials=settings.fleet_trials,
             )
     except Terminated:
-        raise _fail(
+        raise fail(
             "terminated (SIGTERM); finished trials are kept, the running one is marked interrupted",
             143,
         ) from None
     except KeyboardInterrupt:
-        raise _fail(
+        raise fail(
             "interrupted; finished trials are kept, the running one is marked", 130
         ) from None
     except PreflightError as e:
-        raise _fail(f"preflight: {e}", code=2) from None
+        raise fail(f"preflight: {e}", code=2) from None
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     print_leaderboard(url, parsed.study)
     print_sweep_summary(report)
     _print_best(url, parsed.study)
@@ -459,7 +436,7 @@ def _print_best(url: str, study: str) -> None:
     try:
         store = Store(url)
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     try:
         print_recommendation(best(store, study))
     except SweeperError as e:
@@ -492,10 +469,10 @@ def serve(
     try:
         settings = Settings()
     except ValidationError as e:
-        raise _fail(f"invalid SWEEPER_* environment: {e}", 2) from None
+        raise fail(f"invalid SWEEPER_* environment: {e}", 2) from None
     taken = address_taken(host or settings.host, port or settings.port)
     if taken is not None:
-        raise _fail(taken, code=3)
+        raise fail(taken, code=3)
     if check:
         return
     url = resolve_storage(storage)
@@ -503,7 +480,7 @@ def serve(
     try:
         application = create_app(url, api_token=token, cors_origins=settings.cors_origins)
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     bind_host, bind_port = host or settings.host, port or settings.port
     console.print(
         f"dashboard on http://{bind_host}:{bind_port}/  (storage {redact(url)})", highlight=False
@@ -587,9 +564,9 @@ def best_command(
     from sweeper.recommend import best
 
     if across_hardware and usd_per_hour is not None:
-        raise _fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)
+        raise fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)
     constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation, usd_per_hour)
-    store = _reading_store(storage)
+    store = reading_store(storage)
     try:
         store.migrate()
         result = (
@@ -598,7 +575,7 @@ def best_command(
             else best(store, study, constraints)
         )
     except SweeperError as e:
-        raise _fail(_with_storage(e, store)) from None
+        raise fail(with_storage(e, store)) from None
     finally:
         store.dispose()
     if as_json:
@@ -627,15 +604,15 @@ def export(
     from sweeper.recommend import best
 
     if fmt not in FORMATS:
-        raise _fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
+        raise fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
     constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation)
-    store = _reading_store(storage)
+    store = reading_store(storage)
     try:
         store.migrate()
         recommendation = best(store, study, constraints)
         space_yaml = store.get_study(study).space_yaml
     except SweeperError as e:
-        raise _fail(_with_storage(e, store)) from None
+        raise fail(with_storage(e, store)) from None
     finally:
         store.dispose()
     sys.stdout.write(render(recommendation, fmt, space_yaml))  # type: ignore[arg-type]
@@ -668,7 +645,7 @@ def doctor(
         try:
             parsed = load_space(space)
         except SpaceError as e:
-            raise _fail(f"invalid space file\n{e}", code=2) from None
+            raise fail(f"invalid space file\n{e}", code=2) from None
     quiet = as_json or not sys.stderr.isatty()
     with err_console.status("examining this machine") as status:
 
@@ -685,7 +662,7 @@ def doctor(
                 progress=progress,
             )
         except DoctorError as e:
-            raise _fail(str(e)) from None
+            raise fail(str(e)) from None
     if as_json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
     else:
@@ -722,23 +699,23 @@ def study_export(
 
     path = out or Path("studies") / f"{study}.json"
     if path.exists() and not overwrite:
-        raise _fail(
+        raise fail(
             f"{path} exists and was left as it is; write elsewhere with --out FILE, or replace "
             "it with --overwrite",
             code=2,
         )
-    store = _reading_store(storage)
+    store = reading_store(storage)
     try:
         store.migrate()
         document = export_study(store, study, allow_running=force)
     except SweeperError as e:
-        raise _fail(_with_storage(e, store)) from None
+        raise fail(with_storage(e, store)) from None
     finally:
         store.dispose()
     try:
         write_study_file(document, path)
     except OSError as e:
-        raise _fail(f"cannot write {path}: {e.strerror or e}") from None
+        raise fail(f"cannot write {path}: {e.strerror or e}") from None
     completed = sum(1 for t in document.trials if t["state"] == "complete")
     console.print(
         f"wrote {path}: study {study!r}, {len(document.trials)} trials ({completed} complete)",
@@ -762,15 +739,15 @@ def study_import(
     try:
         document = read_study_file(file)
     except StudyFileError as e:
-        raise _fail(str(e), code=2) from None
+        raise fail(str(e), code=2) from None
     store = Store(resolve_storage(storage))
     try:
         store.migrate()
         name = import_study(store, document, name=as_name)
     except StudyFileError as e:
-        raise _fail(str(e), code=2) from None
+        raise fail(str(e), code=2) from None
     except SweeperError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     finally:
         store.dispose()
     console.print(

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AttnImplementation", "CompileMode", "Precision", "TrialConfig"]
 
-StudyName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
+STUDY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+StudyName = Annotated[str, Field(pattern=STUDY_NAME_PATTERN)]
 
 
 class Hardware(_Frozen):
@@ -731,7 +732,18 @@ def stored_space(text: str, study: str, source: str) -> Space:
     """The space a study stored, as that study: one imported ``--as NAME`` keeps its file's
     text, whose ``study:`` is still the name it was exported under (a worker reading the text
     alone would sweep, and create, the old name)."""
-    return parse_space(text, source).model_copy(update={"study": study})
+    return as_study(parse_space(text, source), study)
+
+
+def as_study(space: Space, study: str) -> Space:
+    """``space`` swept as study ``study`` (``launch --space FILE --study NAME``); a name the
+    space file could not hold is a ``SpaceError``."""
+    if re.fullmatch(STUDY_NAME_PATTERN, study) is None:
+        raise SpaceError(
+            f"--study {study!r}: a study name is 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return space.model_copy(update={"study": study})
 
 
 # A space file is a page of YAML; a larger one is a mistake (``--space /dev/zero``, a dataset

@@ -276,6 +276,23 @@ def test_a_worker_resumes_a_study_imported_under_another_name(
     storage = optuna.storages.RDBStorage(target)
     assert optuna.get_all_study_names(storage=storage) == ["copy"]
     storage.engine.dispose()
+    # launch --fill counts the imported study's trials, not those of the file's name (none):
+    # it has every one asked for, so it runs nothing
+    filled = run_sweeper(
+        "launch", "--study", "copy", "--storage", target, "--fill", "--n-trials", str(len(trials)),
+        cache_dir=cache_dir,
+    )  # fmt: skip
+    assert filled.returncode == 0, filled.stdout + filled.stderr
+    said = " ".join(filled.stdout.split())
+    assert f"study copy in {target} already has {len(trials)} of its {len(trials)} trials" in said
+    for args, message in [
+        ([], "pass --space FILE (a space file) or --study NAME (a stored study)"),
+        (["--study", "nope"], f"no study named 'nope' in {target} (its studies: copy)"),
+        (["--space", str(TINY_SPACE), "--study", "bad name"], "--study 'bad name': a study name"),
+    ]:
+        refused = run_sweeper("launch", "--storage", target, *args, cache_dir=cache_dir)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert message in " ".join(refused.stderr.split()), refused.stderr
 
 
 def test_the_committed_demo_study_loads(sqlite_url: str) -> None:
