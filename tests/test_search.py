@@ -263,3 +263,79 @@ def test_the_posterior_is_exact_in_both_of_its_forms(n: int) -> None:
     np.testing.assert_allclose(
         posterior.variance(new), np.einsum("if,fg,ig->i", new, covariance, new), rtol=1e-6
     )
+
+
+class _Notes:
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+
+def _whole(config: TrialConfig) -> bool:
+    """As a study whose data needs 128 tokens whole: 64 without packing truncates."""
+    return config.max_seq_length >= 128 or config.packing
+
+
+@pytest.mark.parametrize("sampler", ["bayes", "tpe", "random", "grid"])
+def test_configs_the_recommendation_could_not_pick_are_never_run(
+    sampler: str, storage: optuna.storages.RDBStorage
+) -> None:
+    """A config that cuts samples the coverage needs whole is left out by the recommendation;
+    running it would spend a trial for nothing. It is not run: the samplers that pick from the
+    grid never propose it, the others are told it is infeasible (the constraint), and the
+    sweep says so once. The user's baseline runs whatever it truncates (it is the yardstick)."""
+    text = SPACE + (
+        "baseline:\n  per_device_batch_size: 2\n  gradient_accumulation_steps: 1\n"
+        "  num_workers: 0\n  max_seq_length: 64\n"
+        "  attn_implementation: eager\n"
+    )
+    space = _space(sampler, text)
+    study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
+    enqueue_known(study, space)
+    table, notes = _Table(), _Notes()
+    loop = SearchLoop(
+        space,
+        study,
+        table,
+        PreflightReport(),
+        notes,
+        seed=0,
+        eligible=_whole,  # type: ignore[arg-type]
+    )
+    counts = loop.run(100)  # until every config it may run is measured
+    baseline = space.baseline.as_config(space.search)
+    assert table.ran[0] == baseline  # the one truncating config that runs
+    assert all(_whole(c) for c in table.ran[1:]), [c for c in table.ran if not _whole(c)]
+    assert "are not run: at max_seq_length 64 they cut samples" in " ".join(notes.notes)
+    assert {c for c in loop.runnable if c != baseline} <= {c for c in loop.runnable if _whole(c)}
+    assert counts["run"] == len(set(table.ran))
+    ruled_out = [
+        t for t in study.trials if "cuts samples" in t.user_attrs.get("skipped", "")
+    ]  # proposed, ruled out: told infeasible, never run
+    assert all(t.params["max_seq_length"] == 64 for t in ruled_out)  # packing: [false]
+    assert all(t.constraints[CONSTRAINT] > 0 for t in ruled_out)
+    # bayes and grid pick among the runnable configs only; TPE and random search propose
+    # anything of the space, and learn from the constraint
+    assert bool(ruled_out) == (sampler in ("tpe", "random")), len(ruled_out)
+
+
+def test_when_every_config_truncates_all_are_measured_and_the_sweep_says_why(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    space = _space("grid")
+    study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
+    table, notes = _Table(), _Notes()
+    loop = SearchLoop(
+        space,
+        study,
+        table,
+        PreflightReport(),
+        notes,
+        seed=0,
+        eligible=lambda c: False,  # type: ignore[arg-type]
+    )
+    loop.run(100)
+    assert len(table.ran) + len(table.predicted) == len(loop.runnable) == 40
+    assert "only `sweeper best --allow-truncation` can recommend one" in " ".join(notes.notes)

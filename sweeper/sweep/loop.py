@@ -20,6 +20,7 @@ from sweeper.sweep.remeasure import Remeasure
 from sweeper.sweep.rules import (
     AlreadyMeasured,
     FailedPreflight,
+    Ineligible,
     OomDominated,
     OutsideSpace,
     PredictedOom,
@@ -71,7 +72,13 @@ class SearchLoop:
         self.stop_reason = ""
         self.known = set(space.known_configs())  # the user's named configs
         self.search = preflight.search(space)  # knobs that fell back have one value
-        self.runnable = [c for c in self.search.grid() if preflight.allows(c) is None]
+        runnable = [c for c in self.search.grid() if preflight.allows(c) is None]
+        ineligible = None
+        if eligible is not None:
+            exempt = self.known | {preflight.nearest(c)[0] for c in self.known}
+            ineligible = Ineligible(eligible, space.workload.coverage_percentile, exempt)
+            runnable, ineligible = _recommendable_only(runnable, ineligible, observer)
+        self.runnable = runnable
         self._runnable = frozenset(self.runnable)
         # what this study measured before (a resumed sweep): told again if proposed again
         self.results: dict[TrialConfig, Outcome] = {
@@ -80,6 +87,7 @@ class SearchLoop:
         self.rules: list[SkipRule] = [
             OutsideSpace(self.search),
             FailedPreflight(preflight),
+            *([] if ineligible is None else [ineligible]),
             AlreadyMeasured(self.results),
             OomDominated(self.results),
         ]
@@ -269,3 +277,27 @@ class SearchLoop:
     def _worst_cost(self) -> float:
         costs = [o.cost for o in self.results.values() if o.cost is not None]
         return max(costs) if costs else 1.0
+
+
+def _recommendable_only(
+    runnable: list[TrialConfig], rule: Ineligible, observer: SweepObserver
+) -> tuple[list[TrialConfig], Ineligible | None]:
+    """The configs the recommendation could pick, and the rule that rules out the others; all
+    of them, and no rule, when it could pick none (only `best --allow-truncation` can then
+    answer, and it needs them measured)."""
+    kept = [c for c in runnable if rule.check(c) is None]
+    coverage = f"workload.coverage_percentile ({rule.coverage:g})"
+    if not kept:
+        observer.note(
+            f"every config of the space cuts samples that {coverage} needs whole: all are "
+            "measured, and only `sweeper best --allow-truncation` can recommend one"
+        )
+        return runnable, None
+    if len(kept) < len(runnable):
+        cut = sorted({c.max_seq_length for c in runnable if c not in kept})
+        observer.note(
+            f"{len(runnable) - len(kept)} of the space's {len(runnable)} configs are not run: "
+            f"at max_seq_length {', '.join(map(str, cut))} they cut samples that {coverage} "
+            "needs whole, so the recommendation could not pick them"
+        )
+    return kept, rule

@@ -6,7 +6,7 @@ speaks decides. A new rule is a new class here and one entry in ``SearchLoop``'s
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,6 +64,32 @@ class FailedPreflight:
     def check(self, config: TrialConfig) -> Skip | None:
         reason = self.preflight.allows(config)
         return None if reason is None else RuledOut(reason)
+
+
+class Ineligible:
+    """The recommendation could not pick the config (it cuts samples that the workload's
+    coverage needs whole: ``sweeper.recommend.recommendable``), so measuring it buys nothing.
+    The user's own configs (``exempt``: the baseline, ``also_try``) run all the same: they are
+    what the recommendation is compared with."""
+
+    def __init__(
+        self,
+        eligible: Callable[[TrialConfig], bool],
+        coverage_percentile: float,
+        exempt: Collection[TrialConfig] = (),
+    ) -> None:
+        self.eligible, self.coverage, self.exempt = eligible, coverage_percentile, exempt
+
+    def check(self, config: TrialConfig) -> Skip | None:
+        if config in self.exempt or self.eligible(config):
+            return None
+        return RuledOut(
+            f"not run: max_seq_length {config.max_seq_length}"
+            + ("" if config.packing else " without packing")
+            + f" cuts samples that workload.coverage_percentile ({self.coverage:g}) needs "
+            "whole, so the recommendation could not pick it; lower coverage_percentile to "
+            "measure such configs"
+        )
 
 
 class AlreadyMeasured:
