@@ -57,7 +57,6 @@ from sweeper.sweep.queue import enqueue_known
 METRICS = ("samples_per_s", "tokens_per_s")
 THRESHOLDS = (0.05, 0.10)
 REGRET_AT = (10, 20, 40)
-Replayed = tuple[list[float | None], list[int]]  # values of the distinct configs, measurements
 
 
 # ------------------------------------------------------------------ the table
@@ -72,6 +71,8 @@ class Row:
     contended_share: float = 0.0  # the chance that a measurement is taken under load
     slowdown: float = 1.0  # what the load does to a measurement
     peak_memory_bytes: int | None = None
+    # cuts samples the coverage needs whole: the recommendation cannot pick it
+    truncates: bool = False
 
     def value(self, metric: str) -> float | None:
         return self.samples_per_s if metric == "samples_per_s" else self.tokens_per_s
@@ -98,8 +99,20 @@ def read_table(path: Path, space: Space) -> dict[TrialConfig, Row]:
             contended_share=float(data.get("contended_share", 0.0)),
             slowdown=float(data.get("slowdown", 1.0)),
             peak_memory_bytes=data.get("peak_memory_bytes"),
+            truncates=bool(data.get("truncates", False)),
         )
     return rows
+
+
+def eligible_best(table: dict[TrialConfig, Row], metric: str) -> float:
+    """The best value the recommendation could pick (no truncating config)."""
+    return max(
+        v
+        for r in table.values()
+        if r.status == "ok" and not r.truncates
+        for v in [r.value(metric)]
+        if v
+    )
 
 
 class LookupExecutor:
@@ -185,11 +198,22 @@ class LookupExecutor:
 # ------------------------------------------------------------------ one replay
 
 
+@dataclass
+class Replay:
+    """One search on a table: the true value of each distinct config it ran, in order (None:
+    failed), the measurements taken when each ran (a config measured again counts each time),
+    and what the search did before it first ran a config within 5% of the best: trials that
+    failed, and proposals it did not run (out of memory predicted, ruled out as ineligible)."""
+
+    values: list[float | None]
+    measured_at: list[int]
+    failed_to_5: float  # inf: never reached
+    skips_to_5: float
+
+
 def replay(
     space: Space, table: dict[TrialConfig, Row], sampler: str, metric: str, seed: int
-) -> tuple[list[float | None], list[int]]:
-    """The true metric value of each distinct config the search ran, in order (None: failed),
-    and the measurements taken when each ran (a config measured again counts each time)."""
+) -> Replay:
     space = space.model_copy(
         update={"search": space.search.model_copy(update={"sampler": sampler})}
     )
@@ -198,19 +222,29 @@ def replay(
     executor = LookupExecutor(
         table, metric, space.hardware.usd_per_hour, space.workload.samples, seed
     )
-    loop = SearchLoop(space, study, executor, PreflightReport(), SilentObserver(), seed=seed)
-    best = max(v for r in table.values() if r.status == "ok" for v in [r.value(metric)] if v)
+    truncating = {c for c, r in table.items() if r.truncates}
+    loop = SearchLoop(
+        space, study, executor, PreflightReport(), SilentObserver(), seed=seed,
+        eligible=(lambda c: c not in truncating) if truncating else None,
+    )  # fmt: skip
+    best = eligible_best(table, metric)
     target = (1 - max(THRESHOLDS)) * best
     reached_at = None
+    failed = skips = 0
+    failed_to_5 = skips_to_5 = math.inf
     while True:
         counts = loop.run(1)
+        skips += counts["predicted"] + counts["ruled_out"]
         if counts["run"] == 0:
             break  # every config ran, or the sampler keeps proposing what it has seen
         run = executor.run
         last = table.get(run[-1])
         value = None if last is None or last.status != "ok" else last.value(metric)
+        failed += value is None
         if reached_at is None and value is not None and value >= target:
             reached_at = len(run)
+        if math.isinf(failed_to_5) and value is not None and value >= 0.95 * best:
+            failed_to_5, skips_to_5 = failed, skips
         strict = [r for r in run if r in table and table[r].status == "ok"]
         found_5 = any((table[r].value(metric) or 0) >= 0.95 * best for r in strict)
         if found_5 and len(run) >= max(REGRET_AT):
@@ -219,10 +253,10 @@ def replay(
         None if c not in table or table[c].status != "ok" else table[c].value(metric)
         for c in executor.run
     ]
-    return values, executor.measured_at
+    return Replay(values, executor.measured_at, float(failed_to_5), float(skips_to_5))
 
 
-def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, Replayed]:
+def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, Replay]:
     space_path, table_path, sampler, metric, seed = args
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
@@ -260,7 +294,7 @@ def _fmt(value: float) -> str:
 
 
 def summarize(
-    results: dict[tuple[str, str], list[Replayed]],
+    results: dict[tuple[str, str], list[Replay]],
     table: dict[TrialConfig, Row],
     samplers: Sequence[str],
     size: int,
@@ -270,22 +304,23 @@ def summarize(
     p90 = lambda a: float(np.percentile(a, 90, method="inverted_cdf"))  # noqa: E731
     lines = []
     for metric in METRICS:
-        oks = [r.value(metric) for r in table.values() if r.status == "ok"]
-        best = max(v for v in oks if v)
+        oks = [r.value(metric) for r in table.values() if r.status == "ok" and not r.truncates]
+        best = eligible_best(table, metric)
         within = {t: sum(1 for v in oks if v and v >= (1 - t) * best) for t in THRESHOLDS}
         lines += [
             f"\n**{metric}** (best {best:,.4g}; configs within 5%: {within[0.05]}, within 10%: "
             f"{within[0.10]}, of {size})\n",
             "| search | seeds | to 5%: median [95% CI] | p90 [95% CI] | to 10%: median [95% CI] "
-            "| p90 [95% CI] | regret @10 | @20 | @40 | measurements to 5%: median |",
-            "|---|---:|---|---|---|---|---:|---:|---:|---:|",
+            "| p90 [95% CI] | regret @10 | @20 | @40 | measurements to 5%: median "
+            "| failed trials to 5%: median | not run (skips) to 5%: median |",
+            "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|",
         ]
         medians = {}
         for sampler in samplers:
             replayed = results.get((sampler, metric), [])
             if not replayed:
                 continue
-            runs = [values for values, _ in replayed]
+            runs = [r.values for r in replayed]
             cells = []
             for t in THRESHOLDS:
                 counts = [trials_until(r, (1 - t) * best) for r in runs]
@@ -302,11 +337,15 @@ def summarize(
             ]
             # what reaching it cost: every measurement (reruns, drift checks) up to that config
             costs = [
-                float(at[int(n) - 1]) if math.isfinite(n := trials_until(v, 0.95 * best))
-                else math.inf
-                for v, at in replayed
+                float(r.measured_at[int(n) - 1])
+                if math.isfinite(n := trials_until(r.values, 0.95 * best)) else math.inf
+                for r in replayed
             ]  # fmt: skip
             regrets.append(_fmt(float(np.median(costs))))
+            # what it spent on the way: trials that failed (out of memory, a compile error),
+            # and proposals it did not run (out of memory predicted, truncating)
+            regrets.append(_fmt(float(np.median([r.failed_to_5 for r in replayed]))))
+            regrets.append(_fmt(float(np.median([r.skips_to_5 for r in replayed]))))
             name = f"{sampler} (default)" if sampler == DEFAULT_SAMPLER else sampler
             lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells + regrets) + " |")
         if DEFAULT_SAMPLER in medians and "random" in medians:
@@ -388,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for seed in range(args.seeds)
     ]
     started = time.perf_counter()
-    results: dict[tuple[str, str], list[Replayed]] = {}
+    results: dict[tuple[str, str], list[Replay]] = {}
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         for sampler, metric, _seed, values in pool.imap_unordered(_job, jobs, chunksize=4):
             results.setdefault((sampler, metric), []).append(values)

@@ -10,7 +10,6 @@ import multiprocessing
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -355,7 +354,13 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
     env: dict[str, str],  # noqa: F811
     fault_report: Callable[[FaultTally], FaultTally],
 ) -> None:
-    beats = env | {"SWEEPER_HEARTBEAT_S": "0.5", "SWEEPER_WORKER_GRACE_S": "4"}
+    # a temp dir of its own: any sweep that starts sweeps the trial dirs of dead sweeps in its
+    # temp dir, and a sweep of another test (under -n 2) once swept this one's before it looked
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    beats = env | {
+        "SWEEPER_HEARTBEAT_S": "0.5", "SWEEPER_WORKER_GRACE_S": "4", "TMPDIR": str(own_tmp),
+    }  # fmt: skip
     process = _launch(_slow_space(tmp_path), postgres_url, beats)
     store = Store(postgres_url)
     try:
@@ -368,7 +373,7 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         process.communicate()
         psutil.wait_procs(children, timeout=30)
         # what it could not remove: its trial's directory (request, log, the child's TMPDIR)
-        left = list(Path(tempfile.gettempdir()).glob(f"sweeper-trial-{process.pid}-*"))
+        left = list(own_tmp.glob(f"sweeper-trial-{process.pid}-*"))
         assert len(left) == 1 and (left[0] / "tmp").is_dir(), left
         time.sleep(5)  # past the grace period
         monkeypatch.setenv("SWEEPER_WORKER_GRACE_S", beats["SWEEPER_WORKER_GRACE_S"])

@@ -111,7 +111,10 @@ class SearchLoop:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
         at the time left. ``settle`` then measures the best configs again."""
-        counts = {"run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0}
+        counts = {
+            "run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0,
+            "ruled_out": 0,
+        }  # fmt: skip
         skipped_in_a_row = 0
         self.time.deadline = deadline
         while counts["run"] < n_trials:
@@ -205,6 +208,7 @@ class SearchLoop:
         else:
             assert not isinstance(skip, PredictedOom)
             trial.set_user_attr("skipped", skip.reason)
+            counts["ruled_out"] += 1
             self._tell(trial, Outcome(number=trial.number, failure_kind="unsupported"))
 
     def _measure(
