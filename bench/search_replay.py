@@ -355,7 +355,39 @@ def summarize(
                 f"\nmedian trials to 5%, {DEFAULT_SAMPLER} ÷ random: {ratio:.2f} ({verdict} the "
                 "goal of at most 0.5)"
             )
+        lines += _in_noise_units(results, table, samplers, metric, best)
     return "\n".join(lines)
+
+
+def _in_noise_units(
+    results: dict[tuple[str, str], list[Replay]],
+    table: dict[TrialConfig, Row],
+    samplers: Sequence[str],
+    metric: str,
+    best: float,
+) -> list[str]:
+    """Where one measurement's spread is as wide as "within 5% of the best", reaching it is
+    partly a lottery: the regret after 20 trials in units of that spread (the median row's
+    ``noise``; a regret under 1 is within one measurement's spread of the best)."""
+    noises = [r.noise for r in table.values() if r.status == "ok" and r.noise > 0]
+    if not noises:
+        return []
+    noise = float(np.median(noises))
+    within = sum(
+        1
+        for r in table.values()
+        if r.status == "ok" and not r.truncates and (r.value(metric) or 0) >= best * (1 - noise)
+    )
+    cells = []
+    for sampler in samplers:
+        replayed = results.get((sampler, metric), [])
+        if replayed:
+            regret = float(np.median([regret_after(r.values, best, 20) for r in replayed]))
+            cells.append(f"{sampler} {regret / noise:.2f}")
+    return [
+        f"\none measurement's spread is {noise:.1%} here ({within} configs lie within it of the "
+        f"best): median regret after 20 trials in units of it: {', '.join(cells)}"
+    ]
 
 
 # ------------------------------------------------------------------ export
