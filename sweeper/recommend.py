@@ -399,7 +399,8 @@ def _finite(value: float | None) -> bool:
 
 def _candidates(facts: StudyFacts, trials: Iterable[TrialMetrics], price: float) -> list[Candidate]:
     """Completed trials with a usable projection, re-priced at ``price``."""
-    cuts: dict[int, tuple[float, float] | None] = {}  # per max_seq_length: a space has few
+    # what a config cuts depends on its length and packing only: a space has few of those
+    cuts: dict[tuple[Any, Any, Any], tuple[float, float] | None] = {}
     out = []
     for t in trials:
         hours = t.hours_per_run
@@ -409,11 +410,12 @@ def _candidates(facts: StudyFacts, trials: Iterable[TrialMetrics], price: float)
         if hours <= 0 or t.samples_per_s <= 0:
             continue
         seq = t.config.get("max_seq_length")
-        truncated = None
-        if truncates(facts, t.config) and isinstance(seq, int):
-            if seq not in cuts:
-                cuts[seq] = truncation(facts.dataset_stats, seq)
-            truncated = cuts[seq] or (math.nan, math.nan)
+        key = (seq, t.config.get("packing"), t.config.get("packing_strategy"))
+        if key not in cuts:
+            cuts[key] = None
+            if truncates(facts, t.config) and isinstance(seq, int):
+                cuts[key] = truncation(facts.dataset_stats, seq) or (math.nan, math.nan)
+        truncated = cuts[key]
         headroom = None
         if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
@@ -718,15 +720,21 @@ def _device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
 def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | None:
     if not facts.baseline:
         return None
-    from sweeper.knobs import normalize
+    from sweeper.knobs import KNOBS, normalize
 
     # configs stored before a knob existed lack it: both take the knob's default
     baseline = normalize(facts.baseline)
-    matches = [
-        c
-        for c in candidates
-        if all(normalize(c.trial.config).get(k) == v for k, v in baseline.items())
-    ]
+    # a required knob is stored as it ran (never defaulted): most configs differ there, and
+    # only the rest are normalized (once each; at 10,000 trials this took half of best())
+    required = [(k.name, baseline.get(k.name)) for k in KNOBS if k.required]
+
+    def same(config: dict[str, Any]) -> bool:
+        if any(config.get(name) != value for name, value in required):
+            return False
+        normal = normalize(config)
+        return all(normal.get(k) == v for k, v in baseline.items())
+
+    matches = [c for c in candidates if same(c.trial.config)]
     return min(matches, key=lambda c: c.trial.number) if matches else None
 
 
