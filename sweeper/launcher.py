@@ -331,6 +331,8 @@ def read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
             traceback=log_tail,
         )
     last = next((ln for ln in reversed(log_tail.splitlines()) if ln.strip()), "no output")
+    if not log_tail.strip() and not path.parent.is_dir():  # its log went with it
+        last = f"its directory {path.parent} was removed while it ran"
     return ChildResult(
         status="failed",
         failure_kind="error",

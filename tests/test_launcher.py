@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from sweeper.launcher import ForkServer, read_result, run_child
 from sweeper.space import Space
 from sweeper.trial.failures import classify
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import REPO, tiny_config, trial_request
 
 
 def _live_group_members(pgid: int, wait_s: float = 5.0) -> list[int]:
@@ -68,6 +70,21 @@ def test_exit_without_result_keeps_last_log_line() -> None:
     assert "exited 3" in (result.failure_message or "") and "ImportError: boom" in (
         result.failure_message or ""
     )
+
+
+def test_an_exit_that_left_nothing_says_why_it_cannot_say_more(tmp_path: Path) -> None:
+    """A trial that exited without a word: its directory was removed under it (so its log
+    went too), or it found its parent gone at start (the lifeline now says so in its log)."""
+    gone = read_result(tmp_path / "removed" / "result.json", 1, "")
+    assert "its directory" in (gone.failure_message or "")
+    assert "was removed while it ran" in (gone.failure_message or "")
+    orphan = subprocess.run(
+        [sys.executable, "-c",
+         "from sweeper.trial.lifeline import die_with_parent; die_with_parent(1)"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert orphan.returncode == 1
+    assert "parent 1 is gone (parent now " in orphan.stderr, orphan.stderr
 
 
 def test_classify_walks_the_cause_chain() -> None:
