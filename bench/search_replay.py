@@ -228,8 +228,6 @@ def replay(
         eligible=(lambda c: c not in truncating) if truncating else None,
     )  # fmt: skip
     best = eligible_best(table, metric)
-    target = (1 - max(THRESHOLDS)) * best
-    reached_at = None
     failed = skips = 0
     failed_to_5 = skips_to_5 = math.inf
     while True:
@@ -241,13 +239,9 @@ def replay(
         last = table.get(run[-1])
         value = None if last is None or last.status != "ok" else last.value(metric)
         failed += value is None
-        if reached_at is None and value is not None and value >= target:
-            reached_at = len(run)
         if math.isinf(failed_to_5) and value is not None and value >= 0.95 * best:
             failed_to_5, skips_to_5 = failed, skips
-        strict = [r for r in run if r in table and table[r].status == "ok"]
-        found_5 = any((table[r].value(metric) or 0) >= 0.95 * best for r in strict)
-        if found_5 and len(run) >= max(REGRET_AT):
+        if math.isfinite(failed_to_5) and len(run) >= max(REGRET_AT):  # reached 5%
             break
     values = [
         None if c not in table or table[c].status != "ok" else table[c].value(metric)

@@ -191,3 +191,17 @@ def tally_study(url: str, study: str, scenario: str, requested: int) -> FaultTal
         + sum(t.state == optuna.trial.TrialState.RUNNING for t in optuna_trials)
         + sum(w.state == "alive" for w, _ in workers),
     )
+
+
+class Notes:
+    """A sweep observer that keeps the notes it hears (``SweepObserver.note``) and shows
+    nothing else."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of SweepObserver: nothing to show
+        return lambda *args, **kwargs: None

@@ -41,7 +41,7 @@ from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.outcome import Outcome
 from sweeper.sweep.queue import enqueue_known
 from sweeper.sweep.stopping import expected_saving
-from tests.helpers import TINY_SPACE, tiny_space_without_baseline
+from tests.helpers import TINY_SPACE, Notes, tiny_space_without_baseline
 
 
 def _sample(cost: float, kind: SampleKind = "trial", ci: float = 0.01, **kw: object) -> Sample:
@@ -314,17 +314,6 @@ class _Script:
         self.estimates.update({n: e for n, (e, _) in estimates.items()})
 
 
-class _Notes:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def note(self, message: str) -> None:
-        self.notes.append(message)
-
-    def __getattr__(self, name: str):  # the rest of SweepObserver: nothing to show
-        return lambda *args, **kwargs: None
-
-
 @pytest.fixture
 def storage(sqlite_url: str) -> Iterator[optuna.storages.RDBStorage]:
     storage = optuna.storages.RDBStorage(sqlite_url)
@@ -334,7 +323,7 @@ def storage(sqlite_url: str) -> Iterator[optuna.storages.RDBStorage]:
 
 def _loop(
     space: Space, storage: optuna.storages.RDBStorage, script: _Script
-) -> tuple[SearchLoop, _Notes]:
+) -> tuple[SearchLoop, Notes]:
     study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
     # the batches in order, eager attention, accumulation 1: the script decides the rest
     for batch in sorted(script.script):
@@ -346,7 +335,7 @@ def _loop(
             }
         )
     enqueue_known(study, space)
-    notes = _Notes()
+    notes = Notes()
     loop = SearchLoop(space, study, script, PreflightReport(), notes, seed=0)  # type: ignore[arg-type]
     return loop, notes
 
@@ -535,7 +524,7 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
     text = TINY_SPACE.read_text().replace(
         TINY_REMEASURE, "  remeasure: {rounds: 0, drift_every: 2, contended_reruns: 1}\n"
     )
-    notes = _Notes()
+    notes = Notes()
     report = run_sweep(
         parse_space(text), storage_url=sqlite_url, cache_dir=cache_dir, space_text=text,
         n_trials=2, observer=notes,  # type: ignore[arg-type]

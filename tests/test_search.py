@@ -7,7 +7,7 @@ test is what the loop asks, skips and tells), on a real Optuna study in a real S
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +29,10 @@ from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.store import Store
 from sweeper.sweep.executor import ChildExecutor
 from sweeper.sweep.loop import SearchLoop
-from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.sweep.outcome import Outcome
 from sweeper.sweep.queue import enqueue_known
-from tests.helpers import STUDY_FIELDS, tiny_space_without_baseline
+from tests.helpers import STUDY_FIELDS, Notes, tiny_space_without_baseline
 
 SPACE = (
     tiny_space_without_baseline()
@@ -87,12 +87,19 @@ def storage(sqlite_url: str) -> Iterator[optuna.storages.RDBStorage]:
 
 
 def _loop(
-    space: Space, storage: optuna.storages.RDBStorage, seed: int = 0
+    space: Space,
+    storage: optuna.storages.RDBStorage,
+    seed: int = 0,
+    observer: SweepObserver | None = None,
+    eligible: Callable[[TrialConfig], bool] | None = None,
 ) -> tuple[SearchLoop, optuna.Study, _Table]:
     study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
     enqueue_known(study, space)
     table = _Table()
-    loop = SearchLoop(space, study, table, PreflightReport(), SilentObserver(), seed=seed)
+    loop = SearchLoop(
+        space, study, table, PreflightReport(), observer or SilentObserver(), seed=seed,
+        eligible=eligible,
+    )  # fmt: skip
     return loop, study, table
 
 
@@ -265,14 +272,6 @@ def test_the_posterior_is_exact_in_both_of_its_forms(n: int) -> None:
     )
 
 
-class _Notes:
-    def __init__(self) -> None:
-        self.notes: list[str] = []
-
-    def note(self, message: str) -> None:
-        self.notes.append(message)
-
-
 def _whole(config: TrialConfig) -> bool:
     """As a study whose data needs 128 tokens whole: 64 without packing truncates."""
     return config.max_seq_length >= 128 or config.packing
@@ -292,18 +291,8 @@ def test_configs_the_recommendation_could_not_pick_are_never_run(
         "  attn_implementation: eager\n"
     )
     space = _space(sampler, text)
-    study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
-    enqueue_known(study, space)
-    table, notes = _Table(), _Notes()
-    loop = SearchLoop(
-        space,
-        study,
-        table,
-        PreflightReport(),
-        notes,
-        seed=0,
-        eligible=_whole,  # type: ignore[arg-type]
-    )
+    notes = Notes()
+    loop, study, table = _loop(space, storage, observer=notes, eligible=_whole)  # type: ignore[arg-type]
     counts = loop.run(100)  # until every config it may run is measured
     baseline = space.baseline.as_config(space.search)
     assert table.ran[0] == baseline  # the one truncating config that runs
@@ -324,18 +313,8 @@ def test_configs_the_recommendation_could_not_pick_are_never_run(
 def test_when_every_config_truncates_all_are_measured_and_the_sweep_says_why(
     storage: optuna.storages.RDBStorage,
 ) -> None:
-    space = _space("grid")
-    study = optuna.create_study(study_name=space.study, storage=storage, direction="minimize")
-    table, notes = _Table(), _Notes()
-    loop = SearchLoop(
-        space,
-        study,
-        table,
-        PreflightReport(),
-        notes,
-        seed=0,
-        eligible=lambda c: False,  # type: ignore[arg-type]
-    )
+    notes = Notes()
+    loop, _, table = _loop(_space("grid"), storage, observer=notes, eligible=lambda c: False)  # type: ignore[arg-type]
     loop.run(100)
     assert len(table.ran) + len(table.predicted) == len(loop.runnable) == 40
     assert "only `sweeper best --allow-truncation` can recommend one" in " ".join(notes.notes)

@@ -15,7 +15,7 @@ from sweeper.space import Space, TrialConfig, optuna_params, suggest
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import TrialExecutor
 from sweeper.sweep.observer import SweepObserver
-from sweeper.sweep.outcome import Outcome, tell
+from sweeper.sweep.outcome import Outcome, tell, worst_cost
 from sweeper.sweep.remeasure import Remeasure
 from sweeper.sweep.rules import (
     AlreadyMeasured,
@@ -279,8 +279,7 @@ class SearchLoop:
         tell(self.study, trial, outcome, self._worst_cost())
 
     def _worst_cost(self) -> float:
-        costs = [o.cost for o in self.results.values() if o.cost is not None]
-        return max(costs) if costs else 1.0
+        return worst_cost(o.cost for o in self.results.values())
 
 
 def _recommendable_only(

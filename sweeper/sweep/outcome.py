@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import optuna
@@ -41,6 +42,12 @@ class Outcome:
     @property
     def infeasible(self) -> bool:
         return self.failure_kind in INFEASIBLE_KINDS
+
+
+def worst_cost(costs: Iterable[float | None]) -> float:
+    """What an infeasible config is told: the worst $/run measured so far (1.0 before any)."""
+    measured = [c for c in costs if c is not None]
+    return max(measured) if measured else 1.0
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome, worst_cost: float) -> None:

@@ -17,7 +17,7 @@ from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.store.optuna import fail_trial
 from sweeper.store.retry import connection_lost
-from sweeper.sweep.outcome import Outcome, tell
+from sweeper.sweep.outcome import Outcome, tell, worst_cost
 from sweeper.sweep.queue import enqueue_lost
 
 
@@ -88,7 +88,8 @@ class Worker:
             return []
         live = {w.id for w in self.store.live_workers(study, self.grace_s)} | {self.id}
         study_id = self.storage.get_study_id_from_name(study)
-        told = []
+        told: list[int] = []
+        worst: float | None = None  # read once, and only if a trial needs telling
         for frozen in running:
             row = self.store.get_trial(study, frozen.number)
             if row is not None and row.state == "running":
@@ -110,17 +111,12 @@ class Worker:
                 outcome = Outcome(number=frozen.number, failure_kind="lost")
             else:
                 outcome = Outcome.of_row(row)
-            tell(self.study, trial, outcome, self._worst_cost())
+            if worst is None:
+                completed = self.store.trial_metrics(study, states=["complete"])
+                worst = worst_cost(t.cost_per_run_usd for t in completed)
+            tell(self.study, trial, outcome, worst)
             told.append(frozen.number)
         return told
-
-    def _worst_cost(self) -> float:
-        costs = [
-            t.cost_per_run_usd
-            for t in self.store.list_trials(self.space.study, states=["complete"])
-            if t.cost_per_run_usd is not None
-        ]
-        return max(costs) if costs else 1.0
 
     def seed_name(self) -> str:
         """Which worker of the study this is, for its sampler's seed: the study's first live
