@@ -10,6 +10,7 @@ child and its DataLoader workers — gets SIGTERM, then SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,7 +74,10 @@ def run_child(
     """Run ``request`` in a child; return its result, or a classified failure."""
     sweep_stale_trial_dirs(workdir)
     prefix = f"{TRIAL_DIR_PREFIX}{os.getpid()}-"  # the owner: see sweep_stale_trial_dirs
-    with tempfile.TemporaryDirectory(prefix=prefix, dir=workdir) as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix=prefix, dir=workdir) as tmp,
+        _owned(Path(tmp)),
+    ):
         tmp_path = Path(tmp)
         request_path, result_path = tmp_path / "request.json", tmp_path / "result.json"
         log_path = tmp_path / "child.log"
@@ -135,27 +140,66 @@ def run_child(
 
 
 TRIAL_DIR_PREFIX = "sweeper-trial-"
+OWNER_LOCK = "owner.lock"
+# a directory without its lock this young may be one whose owner has not taken it yet
+_UNLOCKED_GRACE_S = 120.0
 _swept: set[str] = set()
+
+
+@contextlib.contextmanager
+def _owned(directory: Path) -> Iterator[None]:
+    """Hold an exclusive flock on the trial directory's lock file while the directory is in
+    use: the kernel drops it when its holder dies, even by SIGKILL, and other processes see
+    it whatever PID namespace they run in (the pid in the name does not tell them)."""
+    with (directory / OWNER_LOCK).open("wb") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _owner_alive(path: Path) -> bool:
+    """Whether the trial directory ``path`` is still in use. Its lock answers; a directory
+    without one (being created, or from a sweeper before the lock) falls back to the pid in
+    its name, and is only taken for stale once it is older than a fresh one can be."""
+    try:
+        handle = (path / OWNER_LOCK).open("rb")
+    except FileNotFoundError:
+        owner = path.name.removeprefix(TRIAL_DIR_PREFIX).split("-", 1)[0]
+        try:
+            young = time.time() - path.stat().st_mtime < _UNLOCKED_GRACE_S
+        except FileNotFoundError:
+            return True  # removed meanwhile: nothing to do
+        if young or not owner.isdigit():
+            return True
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True  # its owner runs (or another process took the number)
+    except OSError:
+        return True  # unreadable: not ours to judge
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
 
 
 def sweep_stale_trial_dirs(workdir: Path | None = None) -> list[Path]:
     """Remove trial directories whose owner process is gone (a launch killed with SIGKILL
-    cannot remove its own); once per process and directory. Returns what was removed."""
+    cannot remove its own); once per process and directory. Returns what was removed.
+    Another launch's directory is left alone even when its owner runs in another PID
+    namespace (a container sharing /tmp), where the pid in the name means nothing."""
     folder = Path(workdir or tempfile.gettempdir())
     if str(folder) in _swept:
         return []
     _swept.add(str(folder))
     removed = []
+    mine = f"{TRIAL_DIR_PREFIX}{os.getpid()}-"
     for path in folder.glob(f"{TRIAL_DIR_PREFIX}*-*"):
-        owner = path.name.removeprefix(TRIAL_DIR_PREFIX).split("-", 1)[0]
-        if not owner.isdigit() or int(owner) == os.getpid():
-            continue
-        try:
-            os.kill(int(owner), 0)
-            continue  # its owner runs (or another process took the number): leave it
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        if path.name.startswith(mine) or not path.is_dir() or _owner_alive(path):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

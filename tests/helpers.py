@@ -16,6 +16,15 @@ from sweeper.trial.protocol import ChildRequest, PreparedData
 SPACES = Path(__file__).parent / "spaces"
 REPO = Path(__file__).parent.parent
 TINY_SPACE = SPACES / "tiny.yaml"
+# a new PID namespace, as a container's: its processes do not see ours
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def can_unshare() -> bool:
+    try:
+        return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
 
 
 def tiny_space_without_baseline() -> str:

@@ -26,7 +26,9 @@ from tests.helpers import (
     REPO,
     STUDY_FIELDS,
     TINY_SPACE,
+    UNSHARE,
     assert_cheapest_or_tied,
+    can_unshare,
     run_sweeper,
     tiny_space_without_baseline,
 )
@@ -335,16 +337,6 @@ def _launch(
     )
 
 
-UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
-
-
-def _can_unshare() -> bool:
-    try:
-        return subprocess.run([*UNSHARE, "true"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
 def _wait_for_a_running_trial(
     process: subprocess.Popen[str], store: Store, timeout_s: float = 120, parent: int = 0
 ) -> list[psutil.Process]:
@@ -395,7 +387,7 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
     code: int,
     said: str,
 ) -> None:
-    if how == "pid-1" and not _can_unshare():
+    if how == "pid-1" and not can_unshare():
         pytest.skip("needs `unshare --pid` (root or user namespaces) to start a PID namespace")
     process = _launch(
         _slow_space(tmp_path),

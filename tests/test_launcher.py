@@ -12,11 +12,11 @@ from pathlib import Path
 import psutil
 
 from sweeper.errors import TrialError
-from sweeper.launcher import ForkServer, read_result, run_child
+from sweeper.launcher import ForkServer, read_result, run_child, sweep_stale_trial_dirs
 from sweeper.space import Space
 from sweeper.trial.failures import classify
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import REPO, tiny_config, trial_request
+from tests.helpers import REPO, UNSHARE, can_unshare, tiny_config, trial_request
 
 
 def _live_group_members(pgid: int, wait_s: float = 5.0) -> list[int]:
@@ -85,6 +85,76 @@ def test_an_exit_that_left_nothing_says_why_it_cannot_say_more(tmp_path: Path) -
     )  # fmt: skip
     assert orphan.returncode == 1
     assert "parent 1 is gone (parent now " in orphan.stderr, orphan.stderr
+
+
+_SWEEP = (
+    "import sys; from pathlib import Path; "
+    "from sweeper.launcher import sweep_stale_trial_dirs as sweep; "
+    "print(sorted(p.name for p in sweep(Path(sys.argv[1]))))"
+)
+_HOLD = (
+    "import sys, time; from pathlib import Path; from sweeper.launcher import _owned; "
+    "d = Path(sys.argv[1]); d.mkdir()\n"
+    "with _owned(d):\n    print('held', flush=True); time.sleep(600)"
+)
+
+
+def _gone_pid() -> int:
+    """A pid no process has now: what a live owner's pid looks like from another namespace."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    return int(process.stdout)
+
+
+def test_a_trial_directory_is_swept_only_once_its_owner_is_gone_whatever_its_pid_says(
+    tmp_path: Path,
+) -> None:
+    """CI lost a live trial's directory (test_seed_004, "was removed while it ran"): a launch
+    in another PID namespace (the SIGTERM-to-PID-1 test's `unshare --pid`, or a container
+    sharing /tmp) saw the owner's pid as dead. The owner's flock answers instead."""
+    live = tmp_path / f"sweeper-trial-{_gone_pid()}-live"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(live)], cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    killed_owner = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path / "x")],
+                                    cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert killed_owner.stdout is not None and killed_owner.stdout.readline() == "held\n"
+        killed_owner.kill()  # SIGKILL: no clean-up ran, the kernel dropped its lock
+        killed_owner.wait(timeout=60)
+        dead = tmp_path / f"sweeper-trial-{killed_owner.pid}-dead"
+        (tmp_path / "x").rename(dead)
+        # no lock: a directory from before the lock, or one whose owner has not taken it yet
+        unlocked_old = tmp_path / f"sweeper-trial-{_gone_pid()}-old"
+        unlocked_young = tmp_path / f"sweeper-trial-{_gone_pid()}-young"
+        for path in (unlocked_old, unlocked_young):
+            path.mkdir()
+        os.utime(unlocked_old, (time.time() - 3600, time.time() - 3600))
+        sweepers = [[sys.executable, "-c", _SWEEP, str(tmp_path)]]
+        if can_unshare():  # the failure as CI met it: a sweep from another PID namespace
+            sweepers.insert(0, [*UNSHARE, *sweepers[0]])
+        outputs = []
+        for command in sweepers:
+            swept = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+            assert swept.returncode == 0, swept.stderr
+            outputs.append(swept.stdout.strip())
+        assert outputs[0] == str(sorted([dead.name, unlocked_old.name])), outputs
+        assert live.is_dir() and (live / "owner.lock").exists() and unlocked_young.is_dir()
+        assert not dead.exists() and not unlocked_old.exists()
+        assert holder.poll() is None  # the live owner was never disturbed
+        holder.kill()
+        holder.wait(timeout=60)
+        # once the live owner is gone a new sweeper (this process, not swept yet) takes it,
+        # and never one of its own: an unlocked, old directory named by this process
+        ours = tmp_path / f"sweeper-trial-{os.getpid()}-ours"
+        ours.mkdir()
+        os.utime(ours, (time.time() - 3600, time.time() - 3600))
+        assert sweep_stale_trial_dirs(tmp_path) == [live]
+        assert ours.is_dir()
+    finally:
+        for process in (holder, killed_owner):
+            process.kill()
+            process.communicate(timeout=60)  # reaps it and closes its pipe
 
 
 def test_classify_walks_the_cause_chain() -> None:
