@@ -29,6 +29,8 @@ from tests.helpers import TINY_SPACE, FaultTally
 # Fixtures that run a trial child (so torch, transformers and datasets): a test using one is
 # marked ``torch``, and the controller run on Python 3.13 (scripts/test.sh) leaves it out.
 TORCH_FIXTURES = {"tiny_prepared", "recorded", "swept_url", "measured", "users_env"}
+# the trial side's own tests (and doctests) import torch themselves
+TRIAL_SIDE = (Path(__file__).parent / "trial", Path(__file__).parent.parent / "sweeper" / "trial")
 
 # Property tests draw the same examples on every run, so a red run is a change's doing, not the
 # draw's. SWEEPER_HYPOTHESIS=explore draws new examples each run, to look for new cases.
@@ -113,7 +115,7 @@ def tiny_prepared(tiny_space: Space, cache_dir: Path) -> PreparedData:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if TORCH_FIXTURES & fixtures:
+        if TORCH_FIXTURES & fixtures or any(item.path.is_relative_to(d) for d in TRIAL_SIDE):
             item.add_marker(pytest.mark.torch)
         # marked at collection, so that -m "not postgres" leaves out the Postgres variants of
         # parametrized tests (a marker applied while a fixture sets up comes too late for -m)
