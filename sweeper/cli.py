@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from sweeper.cli_common import StorageOption, fail, reading_store, with_storage
+from sweeper.cluster import cluster_app
 from sweeper.console import (
     RichObserver,
     console,
@@ -676,6 +677,7 @@ study_app = typer.Typer(
     context_settings=_CONTEXT,
 )
 app.add_typer(study_app, name="study")
+app.add_typer(cluster_app, name="cluster")
 
 
 @study_app.command("export")
