@@ -21,8 +21,15 @@ import psutil
 import pytest
 import yaml
 
-from sweeper.cluster import WORKER_COMMAND, WORKER_ENV, GpuOffer, time_estimator
+from sweeper.cluster import (
+    WORKER_COMMAND,
+    WORKER_ENV,
+    GpuOffer,
+    measured_hours,
+    time_estimator,
+)
 from sweeper.errors import StorageError, StudyNotFoundError
+from sweeper.recommend import best
 from sweeper.settings import Settings
 from sweeper.space import load_space
 from sweeper.store import Store
@@ -498,3 +505,16 @@ def test_workers_started_as_the_recipes_start_them_share_one_study(
     tally = tally_study(postgres_url, "tiny", "recipes' workers, one preempted", 6)
     assert (tally.complete, tally.interrupted, tally.lost, tally.other_failed) == (6, 1, 0, 0)
     assert (tally.duplicates, tally.duplicate_numbers, tally.stuck) == (0, 0, 0), tally
+    # what SkyPilot's time estimate would take from this study: its recommendation's hours
+    store = Store(postgres_url)
+    try:
+        hours = measured_hours(store, ["tiny"])
+        recommended = best(store, "tiny").hours_per_run
+    finally:
+        store.dispose()
+    assert hours == {"CPU": recommended} and recommended and recommended > 0
+
+    class OnThisCpu:
+        accelerators = {"CPU": 1}
+
+    assert time_estimator(hours)(OnThisCpu()) == round(recommended * 3600)
