@@ -299,7 +299,11 @@ cluster_app = typer.Typer(
 )
 
 
-@cluster_app.command("skypilot")
+@cluster_app.command(
+    "skypilot",
+    short_help="Write a SkyPilot task (and a pool variant) running workers on a set of GPU "
+    "types, one study per type.",
+)
 def skypilot_command(
     space: Annotated[
         Path, typer.Option("--space", help="the space to sweep, e.g. spaces/h100.yaml")

@@ -169,6 +169,31 @@ class AdapterSpec(Frozen):
     )
 
 
+class ScriptSpec(Frozen):
+    """Your own training program as the trial (``engine: script``). It runs in the trial's
+    process group with the trial's timeout, devices and cache, and one line in it feeds
+    sweeper's recorder: ``callbacks=[sweeper.callback()]`` in ``Trainer(...)``/``SFTTrainer``,
+    or ``with sweeper.step(batch, model=model, optimizer=optimizer):`` around each optimizer
+    step of your own loop. Outside a trial that line does nothing."""
+
+    command: list[str] = Field(
+        min_length=1,
+        description="the command, as a list of words: [python, train.py, --model_name, ./m] "
+        "(or an accelerate launch / torchrun line)",
+    )
+    knobs: Literal["flags", "env"] = Field(
+        default="flags",
+        description="flags: the knobs are appended as TrainingArguments command-line flags "
+        "(HfArgumentParser's --per_device_train_batch_size 8); env: only the environment "
+        "(SWEEPER_TRIAL_CONFIG, JSON; sweeper.trial_config() reads it). The config is in the "
+        "environment either way, for the knobs that are not TrainingArguments",
+    )
+    cwd: str | None = Field(
+        default=None,
+        description="the directory the command runs in (default: where sweeper was started)",
+    )
+
+
 class Workload(Frozen):
     """The real training job the sweep is pricing."""
 
@@ -187,10 +212,14 @@ class Workload(Frozen):
         default=None, description="TF32 matmuls on CUDA, when not searched (search.tf32)"
     )
     padding: Literal["max_length", "longest"] = "max_length"
-    engine: Literal["loop", "trainer", "sft"] = Field(
+    engine: Literal["loop", "trainer", "sft", "script"] = Field(
         default="loop",
         description="what trains each trial, as the real run does: loop (a plain PyTorch "
-        "AMP loop), trainer (transformers.Trainer), sft (TRL's SFTTrainer)",
+        "AMP loop), trainer (transformers.Trainer), sft (TRL's SFTTrainer), script (your own "
+        "training program: workload.script)",
+    )
+    script: ScriptSpec | None = Field(
+        default=None, description="engine: script: your command and how the knobs reach it"
     )
     logging_steps: int = Field(
         default=500,
@@ -224,3 +253,17 @@ class Workload(Frozen):
         description="the throughput the CLI and dashboard lead with: samples/s, or tokens/s "
         "for a job counted in tokens (packed pre-training); the ranking is $/run either way",
     )
+
+    @model_validator(mode="after")
+    def _script_with_its_engine(self) -> Workload:
+        if self.engine == "script" and self.script is None:
+            raise ValueError(
+                "engine: script needs workload.script.command, the command that trains "
+                "(e.g. script: {command: [python, train.py]})"
+            )
+        if self.script is not None and self.engine != "script":
+            raise ValueError(
+                f"workload.script is for engine: script (this workload's engine is "
+                f"{self.engine}); set engine: script, or remove script"
+            )
+        return self

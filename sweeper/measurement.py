@@ -332,7 +332,7 @@ class Measurement(_Strict):
     loader_epochs: int = Field(description="times the loader was restarted at its end")
 
     # ---------------------------------------------------------------- what ran
-    engine: Literal["loop", "trainer", "sft"] = Field(
+    engine: Literal["loop", "trainer", "sft", "script"] = Field(
         default="loop",
         description="what trained: sweeper's plain loop, transformers' Trainer or TRL's "
         "SFTTrainer (measurements stored before engines existed ran the loop)",

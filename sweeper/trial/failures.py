@@ -7,6 +7,7 @@ Matching is by class name and message so that this module needs no torch import.
 
 from __future__ import annotations
 
+import re
 import traceback
 from collections.abc import Iterator
 
@@ -73,3 +74,35 @@ def _first_line(exc: BaseException) -> str:
     if not lines:
         return type(exc).__name__
     return lines[0][:2000]
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failed|Unsupported))"
+                     r"(?::\s*(.*))?$")  # fmt: skip
+
+
+def classify_output(text: str) -> tuple[str, str]:
+    """(kind, message) from what a program printed before it died: the exceptions of its
+    Python traceback(s), innermost last, classified as if raised here (a user's script that
+    ran out of CUDA memory is ``oom``); otherwise its last line.
+
+    >>> classify_output("Traceback (most recent call last):\\n  ...\\n"
+    ...                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+    ('oom', 'CUDA out of memory. Tried to allocate 2 GiB')
+    >>> classify_output("Segmentation fault\\n")
+    ('error', 'Segmentation fault')
+    >>> classify_output("")
+    ('error', 'it printed nothing')
+    """
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    raised: BaseException | None = None
+    for line in lines:
+        match = _RAISED.match(line)
+        if match is None:
+            continue
+        kind = type(match.group(1).rsplit(".", 1)[-1], (Exception,), {})
+        current = kind(match.group(2) or "")
+        current.__context__ = raised  # the chain, as Python printed it (outermost first)
+        raised = current
+    if raised is not None:
+        return classify(raised)
+    return "error", lines[-1][:2000] if lines else "it printed nothing"

@@ -30,7 +30,7 @@ from sweeper.measurement import parse_measurement
 from sweeper.space import TrialConfig
 from sweeper.trial import progress
 from sweeper.trial.contention import HostWatch
-from sweeper.trial.engines import TrialContext, engine, timer_for
+from sweeper.trial.engines import EngineRun, TrialContext, engine, timer_for
 from sweeper.trial.engines.readback import has_generation_markers
 from sweeper.trial.oneoff import (
     CheckpointCosts,
@@ -77,6 +77,23 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         slot = compile_slot(shared, _graph(request))
     ctx.phase_done("tokenizer")
     run = engine(workload.engine)(ctx)
+    return finish(ctx, run, slot, process_started_at, imports_done_at)
+
+
+def finish(
+    ctx: TrialContext,
+    run: EngineRun,
+    slot: CompileSlot | None,
+    process_started_at: float,
+    imports_done_at: float,
+) -> dict[str, Any]:
+    """The measurement of a trial whose recorder is done: the window's figures, the one-off
+    costs (compile, a checkpoint save), MFU, memory and the environment. Shared by the
+    built-in engines and a user's script (``sweeper.trial.hook``)."""
+    request, device = ctx.request, ctx.device
+    assert request.config and request.prepared
+    workload, config = request.workload, request.config
+    shared = study_dir(Path(request.cache_dir), request.study)
     recording = ctx.recorder.recording
     _check_finite(ctx.recorder.losses())
     window_end = time.time()
@@ -118,7 +135,9 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             "reply_markers": None
             if request.prepared.chat_template is None
             else has_generation_markers(request.prepared.chat_template),
-            "startup_s": ctx.last_phase_end - process_started_at,
+            "startup_s": ctx.startup_s
+            if ctx.startup_s is not None
+            else ctx.last_phase_end - process_started_at,
             **checkpoint,
             **_mfu(
                 device,

@@ -27,6 +27,10 @@ def execute(request_path: Path, result_path: Path, process_started_at: float) ->
             from sweeper.trial.facts import machine_facts
 
             payload = machine_facts(request)
+        elif request.workload.engine == "script":
+            from sweeper.trial.engines.script import run_script
+
+            payload = run_script(request, request_path, process_started_at)
         else:
             from sweeper.trial.measure import run_trial
 

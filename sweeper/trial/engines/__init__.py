@@ -70,6 +70,9 @@ class TrialContext:
     # the tokens the loss is taken on: every token, or only the assistant's replies (loss:
     # completion); an engine that cannot mask the replies as the user's run would says "all"
     loss_labels: str = "all"
+    # start-up as the run pays it, where the engine measures it otherwise (a script: from its
+    # own process start to its first step, not the trial child's)
+    startup_s: float | None = None
 
     def phase_done(self, name: str) -> None:
         """Close a build phase (``data``, ``model``, ``optimizer``...) at the current time."""
@@ -193,6 +196,8 @@ def engine(name: str) -> Callable[[TrialContext], EngineRun]:
         from sweeper.trial.engines.trainer import train_trainer as train
     elif name == "sft":
         from sweeper.trial.engines.trainer import train_sft as train
+    elif name == "script":
+        raise TrialError("error", "engine script runs the user's command (runner.execute)")
     else:
         raise TrialError("error", f"unknown engine {name!r}")
     return train

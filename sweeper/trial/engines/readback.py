@@ -39,6 +39,12 @@ class Running:
     micro_batches: int = 0  # batches the first optimizer step consumed
     widest_row: int = 0  # the widest batch the first step saw, in tokens
     compute_dtype: torch.dtype | None = None  # what the first linear layer computed in
+    first_rows: int = 0  # rows of the first micro-batch (a script's loop: no loader to read)
+
+
+class Unobserved(str):
+    """A knob the engine cannot read back (a user's script that did not show sweeper the
+    object): recorded as such, never compared, never taken for the config's value."""
 
 
 class ComputeDtype:
@@ -226,6 +232,79 @@ _OWN_DATA = {
     "packing_strategy": dataset_packing_strategy,
 }
 
+
+def _needs(reader: Reader, *parts: str, how: str) -> Reader:
+    """``reader`` where the script showed sweeper each of ``parts``; Unobserved otherwise."""
+
+    def read(run: Running) -> Any:
+        if any(getattr(run, part) is None for part in parts):
+            return Unobserved(f"not observed ({how})")
+        return reader(run)
+
+    return read
+
+
+def script_batch_size(run: Running) -> Any:
+    return batch_size(run) if run.loader is not None else run.first_rows
+
+
+def script_max_length(run: Running) -> Any:
+    """SFTConfig's max_length where the script has one, else the widest row a batch had:
+    a script that ignores max_seq_length shows it in its batches' width."""
+    if run.args is not None and getattr(run.args, "max_length", None) is not None:
+        return args_max_length(run)
+    return Unobserved(f"cut not observed (the widest batch was {run.widest_row} tokens)")
+
+
+def script_compile_mode(run: Running) -> Any:
+    """The compiled wrapper where the script shows it; a Trainer's callback sees the model
+    before accelerate compiles it, so its arguments after their defaults say."""
+    mode = compile_mode(run)
+    if mode == "none" and run.args is not None and getattr(run.args, "torch_compile", False):
+        return run.args.torch_compile_mode or "default"
+    return mode
+
+
+def script_packing(run: Running) -> Any:
+    if run.args is not None and hasattr(run.args, "packing"):
+        return args_packing(run)
+    return Unobserved("not observed (the script's own data; packing is not in its arguments)")
+
+
+def script_packing_strategy(run: Running) -> Any:
+    if run.args is not None and hasattr(run.args, "packing_strategy"):
+        return args_packing_strategy(run)
+    return Unobserved("not observed (the script's own data)")
+
+
+_LOADER = "pass loader= to sweeper.step, or use Trainer"
+_SCRIPT: dict[str, Reader] = {
+    **{
+        name: _needs(reader, "loader", how=_LOADER)
+        for name, reader in _COMMON.items()
+        if name
+        in (
+            "num_workers",
+            "prefetch_factor",
+            "persistent_workers",
+            "multiprocessing_context",
+            "pin_memory",
+        )  # fmt: skip
+    },
+    "per_device_batch_size": script_batch_size,
+    "gradient_accumulation_steps": micro_batches,
+    "precision": precision,
+    "tf32": tf32,
+    "compile_mode": script_compile_mode,
+    "attn_implementation": attn_implementation,
+    "gradient_checkpointing": gradient_checkpointing,
+    "optim": _needs(optim, "optimizer", how="pass optimizer= to sweeper.step"),
+    "quantization": quantization,
+    "max_seq_length": script_max_length,
+    "packing": script_packing,
+    "packing_strategy": script_packing_strategy,
+}
+
 # engine → knob → how its effective value is read back
 READERS: dict[str, dict[str, Reader]] = {
     "loop": _COMMON | _OWN_DATA,
@@ -236,6 +315,7 @@ READERS: dict[str, dict[str, Reader]] = {
         "packing": args_packing,
         "packing_strategy": args_packing_strategy,
     },
+    "script": _SCRIPT,
 }
 
 
@@ -263,7 +343,13 @@ def read(engine: str, run: Running, config: Mapping[str, Any]) -> Readback:
         value = reader(run)
         result.effective[knob.name] = value
         asked = config.get(knob.name)
-        if asked is not None and value != asked:
+        if knob.name == "max_seq_length" and asked is not None and run.widest_row > asked:
+            # whatever the objects say, a batch wider than the cut says it was not applied
+            result.mismatches.append(
+                f"max_seq_length: asked {asked!r}, a batch was {run.widest_row} tokens wide"
+            )
+            continue
+        if asked is not None and value != asked and not isinstance(value, Unobserved):
             result.mismatches.append(f"{knob.name}: asked {asked!r}, ran {value!r}")
     return result
 

@@ -1,0 +1,349 @@
+"""sweeper's one line in your own training program (``engine: script``).
+
+For a ``transformers.Trainer`` or TRL ``SFTTrainer``::
+
+    import sweeper
+    trainer = Trainer(..., callbacks=[sweeper.callback()])
+
+For your own loop, around each optimizer step (a batch, or the list of micro-batches the step
+accumulates)::
+
+    for batch in loader:
+        with sweeper.step(batch, model=model, optimizer=optimizer, loader=loader) as s:
+            loss = model(**batch).loss
+            loss.backward(); optimizer.step(); optimizer.zero_grad()
+            s.loss(loss)
+
+Outside a sweeper trial both do nothing: the line stays in your code. Inside one they feed
+the recorder every built-in engine uses (burn-in, the timed window, compile split, data wait,
+memory, MFU, the knobs read back from your objects), and when the measurement is done they
+write it for the trial and end the program (exit 0): it need not know how many steps a trial
+takes. ``sweeper.trial_config()`` gives the trial's knobs (None outside a trial) for those that
+are not TrainingArguments (attn_implementation, max_seq_length, packing).
+
+In a loop, the time from the end of one step to the start of the next (your ``for`` fetching the
+batch) counts as waiting for data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sweeper.trial.engines.script import CONFIG_ENV, REQUEST_ENV, RESULT_ENV
+
+_session: _Session | None = None
+
+
+def active() -> bool:
+    """Whether this process is a sweeper trial."""
+    return REQUEST_ENV in os.environ
+
+
+def trial_config() -> dict[str, Any] | None:
+    """The trial's knobs (``per_device_batch_size``, ``max_seq_length``...), or None outside
+    a trial."""
+    text = os.environ.get(CONFIG_ENV)
+    return None if text is None else dict(json.loads(text))
+
+
+def callback() -> Any:
+    """A ``TrainerCallback`` for ``Trainer(callbacks=[...])``: records the trial inside a
+    sweeper trial, does nothing outside one."""
+    from transformers import TrainerCallback
+
+    if not active():
+        return TrainerCallback()
+    return _the_session().trainer_callback()
+
+
+class _NoStep:
+    def loss(self, value: Any) -> None:
+        pass
+
+
+def step(
+    batch: Any,
+    *,
+    model: Any = None,
+    optimizer: Any = None,
+    loader: Any = None,
+) -> contextlib.AbstractContextManager[Any]:
+    """One optimizer step of your own loop: ``with sweeper.step(batch, model=model,
+    optimizer=optimizer):``. ``batch`` is the step's batch (a dict with ``input_ids``) or
+    the list of its micro-batches. ``model`` is needed once (read back, MFU, the checkpoint
+    cost); ``optimizer`` and ``loader`` let the trial read back what they ran."""
+    if not active():
+        return contextlib.nullcontext(_NoStep())
+    return _the_session().step(batch, model, optimizer, loader)
+
+
+def _the_session() -> _Session:
+    global _session
+    if _session is None:
+        _session = _Session()
+    return _session
+
+
+def _process_start() -> float:
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
+class _Session:
+    """One trial inside the user's program: the request, the recorder, what ran."""
+
+    def __init__(self) -> None:
+        from sweeper.trial.protocol import ChildRequest
+
+        self.request = ChildRequest.model_validate_json(Path(os.environ[REQUEST_ENV]).read_text())
+        self.result_path = Path(os.environ[RESULT_ENV])
+        self.started_at = _process_start()
+        self.ctx: Any = None
+        self.model: Any = None
+        self.optimizer: Any = None
+        self.loader: Any = None
+        self.args: Any = None
+        self.computed: Any = None
+        self.first_step_read = False
+        self.micro_batches = 0
+        self.first_rows = 0
+        self.widest_row = 0
+        self.last_step_end: float | None = None
+        self.loss_seen = False  # the model's output carried a loss in this step
+        self.effective: dict[str, Any] = {}
+        self._loss_hook: Any = None
+        self._previous_hook = sys.excepthook
+        sys.excepthook = self._crashed  # an exception in the program: a classified failure
+
+    # -- the program's end -------------------------------------------------------------------
+
+    def _write(self, result: Any) -> None:
+        partial = self.result_path.with_suffix(".partial")
+        partial.write_text(result.model_dump_json())
+        partial.replace(self.result_path)
+
+    def _crashed(
+        self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        from sweeper.trial.failures import classify
+        from sweeper.trial.protocol import ChildResult
+
+        with contextlib.suppress(Exception):
+            failure, message = classify(exc)
+            self._write(
+                ChildResult(
+                    status="failed",
+                    failure_kind=failure,
+                    failure_message=message,
+                    traceback="".join(traceback.format_exception(exc))[-20000:],
+                )
+            )
+        self._previous_hook(kind, exc, tb)
+
+    def _fail(self, kind: str, message: str) -> None:
+        from sweeper.errors import TrialError
+
+        raise TrialError(kind, message)
+
+    def _done(self) -> None:
+        """The recorder is done: measure the rest, write the result, end the program."""
+        from sweeper.trial.engines import EngineRun, optimizer_name
+        from sweeper.trial.measure import finish
+        from sweeper.trial.protocol import ChildResult
+
+        if self._loss_hook is not None:
+            self._loss_hook.remove()
+        model = _unwrap(self.model)
+        run = EngineRun(
+            model=model,
+            optimizer=self.optimizer,
+            optimizer_name=optimizer_name(self.optimizer) if self.optimizer is not None else "?",
+            effective=self.effective,
+        )
+        payload = finish(self.ctx, run, None, self.started_at, self.started_at)
+        payload["phases_s"]["imports"] = None  # the program's own start-up, not told apart
+        self._write(ChildResult(status="ok", payload=payload))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # the measurement is written; the rest of the program (saving, evaluation) is not
+        # the trial's. DataLoader workers die with us (their parent-death signal).
+        os._exit(0)
+
+    # -- the recorder ------------------------------------------------------------------------
+
+    def _start(self, model: Any) -> None:
+        from sweeper.trial import progress
+        from sweeper.trial.contention import HostWatch
+        from sweeper.trial.engines import TrialContext, timer_for
+        from sweeper.trial.engines.readback import ComputeDtype
+        from sweeper.trial.recipe import Recorder
+
+        if model is None or self.optimizer is None:
+            self._fail(
+                "error",
+                "sweeper.step needs the model and the optimizer (model=..., optimizer=...) "
+                "at the first step: the trial reads back what ran from them, counts the "
+                "model's FLOPs and times a checkpoint of both",
+            )
+        request = self.request
+        assert request.settings is not None and request.prepared is not None
+        self.model = model
+        base = _unwrap(model)
+        device = next(base.parameters()).device
+        index = (device.index or 0) if device.type == "cuda" else None
+        self.ctx = TrialContext(
+            request=request,
+            device=device,
+            tokenizer=None,
+            recorder=Recorder(
+                request.settings.warmup,
+                request.settings.measure,
+                timer_for(device),
+                HostWatch(index),
+                on_phase=progress.mark,
+            ),
+            cache_dir=Path(request.cache_dir),
+            loss_labels="replies" if request.prepared.completion_only else "all",
+        )
+        self.ctx.startup_s = time.time() - self.started_at
+        self.computed = ComputeDtype(base)
+        self._loss_hook = base.register_forward_hook(self._seen_loss)
+        self.ctx.recorder.start()
+
+    def _seen_loss(self, module: Any, inputs: Any, output: Any) -> None:
+        loss = getattr(output, "loss", None)
+        if loss is not None and self.ctx is not None and self.ctx.recorder.phase != "done":
+            self.loss_seen = True
+            self.ctx.recorder.loss(loss.detach().float())
+
+    def _batch(self, batch: Any, waited: float) -> None:
+        from sweeper.trial.engines import count_batch, widest_row
+
+        counts = count_batch(batch)
+        self.ctx.recorder.batch(**counts, data_wait_s=waited)
+        if not self.first_step_read:
+            self.micro_batches += 1
+            self.first_rows = self.first_rows or int(counts["rows"])
+            self.widest_row = max(self.widest_row, widest_row(batch))
+
+    def _step_end(self) -> None:
+        if not self.first_step_read:
+            self._read_back()
+        self.loss_seen = False
+        if self.ctx.recorder.step_end():
+            self._done()
+
+    def _read_back(self) -> None:
+        from sweeper.trial.engines.readback import Running, check
+
+        self.first_step_read = True
+        if self.computed is not None:
+            self.computed.remove()
+        config = self.request.config
+        assert config is not None
+        self.effective = check(
+            "script",
+            Running(
+                device=self.ctx.device,
+                model=_unwrap(self.model),
+                runnables=[self.model, getattr(self.model, "module", None)],
+                optimizer=self.optimizer,
+                loader=self.loader,
+                args=self.args,
+                micro_batches=self.micro_batches,
+                widest_row=self.widest_row,
+                compute_dtype=None if self.computed is None else self.computed.dtype,
+                first_rows=self.first_rows,
+            ),
+            config.model_dump(),
+        )
+
+    # -- your loop ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def step(self, batch: Any, model: Any, optimizer: Any, loader: Any) -> Iterator[Any]:
+        entered = time.perf_counter()
+        self.optimizer = optimizer if optimizer is not None else self.optimizer
+        self.loader = loader if loader is not None else self.loader
+        if self.ctx is None:
+            self._start(model)
+        waited = 0.0 if self.last_step_end is None else entered - self.last_step_end
+        micro = batch if isinstance(batch, list | tuple) else [batch]
+        for index, one in enumerate(micro):
+            self._batch(one, waited if index == 0 else 0.0)
+        yield _Step(self)
+        self._step_end()
+        self.last_step_end = time.perf_counter()
+
+    # -- a Trainer ---------------------------------------------------------------------------
+
+    def trainer_callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        session = self
+
+        class SweeperCallback(TrainerCallback):  # type: ignore[misc]
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                session.args = args
+                session.optimizer = kwargs.get("optimizer")
+                session.loader = kwargs.get("train_dataloader")
+                session._start(kwargs.get("model"))
+                if session.loader is not None:
+                    _time_batches(session.loader, session)
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                session._step_end()
+
+        return SweeperCallback()
+
+
+class _Step:
+    def __init__(self, session: _Session) -> None:
+        self._session = session
+
+    def loss(self, value: Any) -> None:
+        """The step's loss, for a loss computed outside the model (one whose output carries
+        ``.loss`` is recorded already, and this call is then ignored)."""
+        session = self._session
+        if not session.loss_seen and session.ctx.recorder.phase != "done":
+            session.ctx.recorder.loss(value.detach().float() if hasattr(value, "detach") else value)
+
+
+def _unwrap(model: Any) -> Any:
+    """The transformers model under DDP's and torch.compile's wrappers."""
+    for attribute in ("module", "_orig_mod"):
+        model = getattr(model, attribute, model)
+    return model
+
+
+def _time_batches(loader: Any, session: _Session) -> None:
+    """Make the Trainer's own DataLoader report each batch and the wait for it: the Trainer
+    iterates this very object, so its class gains a timed ``__iter__``."""
+    base = type(loader)
+
+    def __iter__(self: Any) -> Iterator[Any]:  # noqa: N807
+        iterator = base.__iter__(self)
+        while True:
+            waited = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            if session.ctx is not None and session.ctx.recorder.phase != "done":
+                session._batch(batch, time.perf_counter() - waited)
+            yield batch
+
+    timed = type(f"Timed{base.__name__}", (base,), {"__iter__": __iter__})
+    # object's own __class__ setter: accelerate's DataLoaderShard shadows __class__ with a
+    # read-only property (it proxies the torch DataLoader's)
+    object.__dict__["__class__"].__set__(loader, timed)
