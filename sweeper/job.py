@@ -181,10 +181,11 @@ class ScriptSpec(Frozen):
         description="the command, as a list of words: [python, train.py, --model_name, ./m] "
         "(or an accelerate launch / torchrun line)",
     )
-    knobs: Literal["flags", "env"] = Field(
+    knobs: Literal["flags", "sft_flags", "env"] = Field(
         default="flags",
         description="flags: the knobs are appended as TrainingArguments command-line flags "
-        "(HfArgumentParser's --per_device_train_batch_size 8); env: only the environment "
+        "(HfArgumentParser's --per_device_train_batch_size 8); sft_flags: SFTConfig's too "
+        "(--max_length, --packing: TRL's scripts); env: only the environment "
         "(SWEEPER_TRIAL_CONFIG, JSON; sweeper.trial_config() reads it). The config is in the "
         "environment either way, for the knobs that are not TrainingArguments",
     )

@@ -1,0 +1,182 @@
+"""``engine: script``: the user's own training program is the trial.
+
+The examples a user copies (``examples/trainer``: a Trainer script fed TrainingArguments flags;
+``examples/amp_loop``: seed 004's custom AMP loop reading ``sweeper.trial_config()``) are swept
+end to end with ``sweeper launch`` on the tiny stand-in job (``scripts/tiny_job.py``), on SQLite
+and on Postgres. Scripts that go wrong run as real trial children: one that never calls the
+hook, one that crashes, one that hangs, one that ignores a knob.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeper.job import ScriptSpec
+from sweeper.launcher import run_child
+from sweeper.measurement import parse_measurement
+from sweeper.space import Space
+from sweeper.store import Store
+from sweeper.trial.protocol import PreparedData
+from tests.helpers import REPO, run_sweeper, tiny_config, trial_request
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in for a user's own job: a tiny Llama directory and chat records."""
+    out = tmp_path_factory.mktemp("job") / "my-job"
+    made = subprocess.run(
+        [sys.executable, "scripts/tiny_job.py", "--out", str(out), "--records", "120"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return out
+
+
+def _example_space(example: str, job: Path, tmp_path: Path, **search: list[object]) -> Path:
+    """The example's space as a user would point it at their job: its paths made absolute,
+    its python this one, two trials."""
+    text = (REPO / "examples" / example / "space.yaml").read_text()
+    text = text.replace("my-job/", f"{job}/")
+    text = text.replace("[python, examples/", f"[{sys.executable}, {REPO}/examples/")
+    space = yaml.safe_load(text)
+    space["budget"]["n_trials"] = 2
+    space["trial"]["preflight"] = False  # preflight's probes have tests of their own
+    space["search"].update(search)
+    path = tmp_path / f"{example}.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> None:
+    launch = run_sweeper(
+        "launch", "--space", str(space), "--storage", url, cache_dir=cache_dir, timeout=900
+    )
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    store = Store(url)
+    try:
+        trials = store.list_trials(study, include_measurement=True)
+    finally:
+        store.dispose()
+    done = [t for t in trials if t.state == "complete"]
+    assert len(done) == 2, [(t.state, t.failure_message) for t in trials]
+    for trial in done:
+        assert trial.measurement is not None
+        measured = parse_measurement(trial.measurement)
+        assert measured.engine == "script"
+        # read back from the script's own objects, not copied from the config
+        effective = measured.effective
+        assert effective["per_device_batch_size"] == trial.config["per_device_batch_size"]
+        assert (
+            effective["gradient_accumulation_steps"]
+            == (trial.config["gradient_accumulation_steps"])
+        )
+        assert effective["attn_implementation"] == trial.config["attn_implementation"]
+        assert effective["optim"] == "adamw_torch"
+        assert measured.measured_steps >= 3 and measured.tokens_per_s > 0
+        assert 0 < measured.padding_share < 1  # the script's own padded chat batches
+        assert measured.flops_per_token > 0 and measured.loss_first > 0
+        assert measured.startup_s > 0
+    best = run_sweeper("best", "--study", study, "--storage", url, "--json", cache_dir=cache_dir)
+    assert best.returncode == 0, best.stderr
+    assert json.loads(best.stdout)["config"]["per_device_batch_size"] in (2, 4)
+
+
+def test_the_trainer_example_is_swept_end_to_end(
+    job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    space = _example_space("trainer", job, tmp_path, attn_implementation=["sdpa"])
+    _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir)
+
+
+@pytest.mark.postgres
+def test_the_amp_loop_example_is_swept_end_to_end_on_postgres(
+    job: Path, tmp_path: Path, postgres_url: str, cache_dir: Path
+) -> None:
+    space = _example_space("amp_loop", job, tmp_path, attn_implementation=["eager"])
+    _sweep_and_check(space, postgres_url, "amp-loop", cache_dir)
+
+
+def _run_script(
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    command: list[str],
+    *,
+    knobs: str = "flags",
+    timeout_s: float = 300,
+) -> tuple[str | None, str]:
+    workload = tiny_space.workload.model_copy(
+        update={"engine": "script", "script": ScriptSpec(command=command, knobs=knobs)}
+    )
+    request = trial_request(
+        tiny_space.model_copy(update={"workload": workload}),
+        tiny_prepared,
+        cache_dir,
+        tiny_config(per_device_batch_size=2, gradient_accumulation_steps=1),
+    )
+    run = run_child(request, timeout_s=timeout_s)
+    assert run.result.status == "failed", run.result
+    return run.result.failure_kind, run.result.failure_message or ""
+
+
+def test_a_script_that_never_calls_the_hook_is_told_the_line_to_add(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    kind, message = _run_script(
+        tiny_space, tiny_prepared, cache_dir, [sys.executable, "-c", "print('trained')"]
+    )
+    assert kind == "error"
+    assert "never reached sweeper's recorder" in message
+    assert "callbacks=[sweeper.callback()]" in message and "sweeper.step(" in message
+
+
+def test_a_script_that_crashes_is_classified_from_what_it_raised(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    oom = (
+        "import torch; raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')"
+    )
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, [sys.executable, "-c", oom])
+    assert kind == "oom" and "Tried to allocate 2 GiB" in message, message
+    kind, message = _run_script(
+        tiny_space, tiny_prepared, cache_dir, [sys.executable, "-c", "import sys; sys.exit(3)"]
+    )
+    assert kind == "error" and "exited 3" in message
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, ["no-such-program-here"])
+    assert kind == "error" and "could not start" in message
+
+
+def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    kind, message = _run_script(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        timeout_s=15,
+    )
+    assert kind == "timeout" and "15 s" in message
+
+
+def test_a_script_that_ignores_a_knob_fails_naming_it(
+    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """The Trainer example given its knobs in the environment only: TrainingArguments keep
+    their defaults (batch size 8), and the read-back from the script's Trainer says so."""
+    command = [
+        sys.executable, str(REPO / "examples/trainer/train.py"),
+        "--model_name_or_path", str(job / "model"), "--data_file", str(job / "chats.jsonl"),
+        "--output_dir", str(job / "out"), "--report_to", "none", "--use_cpu", "True",
+    ]  # fmt: skip
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, command, knobs="env")
+    assert kind == "mismatch", message
+    assert "per_device_batch_size: asked 2, ran 8" in message
