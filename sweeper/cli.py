@@ -591,7 +591,10 @@ def best_command(
 def export(
     study: Annotated[str, typer.Option("--study", help="study name")],
     fmt: Annotated[
-        str, typer.Option("--format", help="trainer | sft | dataloader | yaml | json")
+        str,
+        typer.Option(
+            "--format", help="trainer | sft | dataloader | yaml | json | command (engine: script)"
+        ),
     ] = "trainer",
     storage: StorageOption = None,
     max_hours: MaxHoursOption = None,

@@ -18,9 +18,10 @@ from sweeper.errors import ConflictError, SpaceError
 from sweeper.recommend import Recommendation
 from sweeper.space import Space, parse_space
 
-ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json"]
-FORMATS: tuple[ExportFormat, ...] = ("trainer", "sft", "dataloader", "yaml", "json")
+ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json", "command"]
+FORMATS: tuple[ExportFormat, ...] = ("trainer", "sft", "dataloader", "yaml", "json", "command")
 MEDIA_TYPES = {
+    "command": "text/x-shellscript",
     "trainer": "text/x-python",
     "sft": "text/x-python",
     "dataloader": "text/x-python",
@@ -355,6 +356,48 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
     )
 
 
+def _command(rec: Recommendation, space_yaml: str) -> str:
+    """``engine: script``: the user's own command with the winner's knobs in the form the
+    trials gave them (TrainingArguments/SFTConfig flags), and the rest as the values the
+    script read from ``sweeper.trial_config()``."""
+    import shlex
+
+    from sweeper.trial.engines.script import flags
+
+    space = _space(space_yaml)
+    script = None if space is None else space.workload.script
+    if script is None:
+        raise ConflictError(
+            f"study {rec.study!r} does not train with a script of yours (workload.engine: "
+            "script), so there is no command to export; use trainer, sft or dataloader"
+        )
+    config = full_config(rec, space_yaml)
+    words = [*script.command, *flags(config, script.knobs)]
+    given = knobs.trainer_arguments(config)
+    if script.knobs == "sft_flags":
+        given |= knobs.sft_arguments(config)
+    passed = {name for name, value in given.items() if value is not None}
+    rest = {
+        knob.name: config[knob.name]
+        for knob in knobs.KNOBS
+        if config.get(knob.name) is not None
+        and (script.knobs == "env" or not (set(knob.trainer(config[knob.name])) & passed
+                                           or set(knob.sft(config[knob.name])) & passed))
+    }  # fmt: skip
+    lines = [
+        _header(rec).rstrip("\n"),
+        f"# the command the trials ran{' (in ' + script.cwd + ')' if script.cwd else ''}, "
+        "with the recommended knobs",
+    ]
+    if rest:
+        lines.append(
+            "# your script read these from sweeper.trial_config() in the trials; set them "
+            "the way it does outside one:"
+        )
+        lines += [f"#   {name}: {value}" for name, value in rest.items()]
+    return "\n".join(lines) + "\n" + shlex.join(words) + "\n"
+
+
 class _Raw(str):
     """A name written as is in a generated call (not quoted)."""
 
@@ -394,4 +437,6 @@ def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
         return _sft(rec, space_yaml)
     if fmt == "dataloader":
         return _dataloader(rec, space_yaml)
+    if fmt == "command":
+        return _command(rec, space_yaml)
     raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")

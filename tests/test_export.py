@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from sweeper.errors import ConflictError
 from sweeper.export import render, trainer_kwargs
 from sweeper.recommend import best
 from sweeper.store import Store
@@ -188,6 +190,40 @@ def test_rest_export(url: str) -> None:
         assert "TrainingArguments(" in trainer
         assert client.get("/api/studies/cpu/export", params={"format": "xml"}).status_code == 422
         assert client.get("/api/studies/nope/export").status_code == 404
+
+
+SCRIPT_SPACE = CPU_SPACE.replace(
+    "  samples: 10000\n",
+    "  samples: 10000\n  engine: script\n"
+    "  script: {command: [python, train.py, --output_dir, 'my out'], knobs: flags}\n",
+)
+
+
+def test_the_command_export_is_the_users_command_with_the_measured_flags(url: str) -> None:
+    store = Store(url)
+    store.upsert_study("mine", **(STUDY_FIELDS | {"space_yaml": SCRIPT_SPACE}))
+    store.start_trial("mine", 0, CONFIG)
+    store.finish_trial("mine", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                       hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
+    store.dispose()
+    rec, space_yaml = _recommendation(url, "mine")
+    text = render(rec, "command", space_yaml)
+    command = shlex.split(text.strip().splitlines()[-1])
+    assert command[:4] == ["python", "train.py", "--output_dir", "my out"]  # quoted as given
+    flags = dict(zip(command[4::2], command[5::2], strict=True))
+    assert flags["--per_device_train_batch_size"] == str(CONFIG["per_device_batch_size"])
+    assert flags["--gradient_accumulation_steps"] == str(CONFIG["gradient_accumulation_steps"])
+    assert f"#   attn_implementation: {CONFIG['attn_implementation']}" in text  # not a flag
+    assert "--attn_implementation" not in flags and "--max_length" not in flags
+    # a study of a built-in engine has no command of the user's to export
+    rec, space_yaml = _recommendation(url, "cpu")
+    with pytest.raises(ConflictError, match="does not train with a script of yours"):
+        render(rec, "command", space_yaml)
+    with TestClient(create_app(url)) as client:
+        answer = client.get("/api/studies/cpu/export", params={"format": "command"})
+        assert answer.status_code == 409 and "script" in answer.json()["detail"]
+        answer = client.get("/api/studies/mine/export", params={"format": "command"})
+        assert answer.status_code == 200 and "train.py" in answer.text
 
 
 def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:

@@ -10,6 +10,8 @@ hook, one that crashes, one that hangs, one that ignores a knob.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +49,7 @@ def _example_space(example: str, job: Path, tmp_path: Path, **search: list[objec
     text = text.replace("my-job/", f"{job}/")
     text = text.replace("[python, examples/", f"[{sys.executable}, {REPO}/examples/")
     space = yaml.safe_load(text)
-    space["budget"]["n_trials"] = 2
+    space["budget"]["n_trials"] = 1  # one trial is the whole path; the search has its own tests
     space["trial"]["preflight"] = False  # preflight's probes have tests of their own
     space["search"].update(search)
     path = tmp_path / f"{example}.yaml"
@@ -55,7 +57,7 @@ def _example_space(example: str, job: Path, tmp_path: Path, **search: list[objec
     return path
 
 
-def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> None:
+def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> dict:
     launch = run_sweeper(
         "launch", "--space", str(space), "--storage", url, cache_dir=cache_dir, timeout=900
     )
@@ -66,7 +68,7 @@ def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> None
     finally:
         store.dispose()
     done = [t for t in trials if t.state == "complete"]
-    assert len(done) == 2, [(t.state, t.failure_message) for t in trials]
+    assert len(done) == 1, [(t.state, t.failure_message) for t in trials]
     for trial in done:
         assert trial.measurement is not None
         measured = parse_measurement(trial.measurement)
@@ -86,14 +88,38 @@ def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> None
         assert measured.startup_s > 0
     best = run_sweeper("best", "--study", study, "--storage", url, "--json", cache_dir=cache_dir)
     assert best.returncode == 0, best.stderr
-    assert json.loads(best.stdout)["config"]["per_device_batch_size"] in (2, 4)
+    answer = json.loads(best.stdout)
+    assert answer["config"]["per_device_batch_size"] in (2, 4)
+    return dict(answer)
 
 
 def test_the_trainer_example_is_swept_end_to_end(
     job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:
     space = _example_space("trainer", job, tmp_path, attn_implementation=["sdpa"])
-    _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir)
+    answer = _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir)
+    # the export is the user's own command with the winner's flags; run as the user runs it
+    # (outside a trial the callback does nothing), two steps of it
+    export = run_sweeper(
+        "export", "--study", "trainer-script", "--storage", sqlite_url, "--format", "command",
+        cache_dir=cache_dir,
+    )  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    command = export.stdout.strip().splitlines()[-1]
+    batch = answer["config"]["per_device_batch_size"]
+    assert f"--per_device_train_batch_size {batch} " in command
+    assert "#   attn_implementation: sdpa" in export.stdout  # read via trial_config()
+    out = tmp_path / "real-run"
+    ran = subprocess.run(
+        [*shlex.split(command), "--max_steps", "2", "--output_dir", str(out)],
+        capture_output=True, text=True, timeout=600, env=_outside_a_trial(),
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (out / "model.safetensors").is_file()
+
+
+def _outside_a_trial() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
 
 
 @pytest.mark.postgres
