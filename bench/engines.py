@@ -1,6 +1,12 @@
-"""The plain loop against transformers' Trainer (and TRL's SFTTrainer) on the same configs.
+"""The plain loop against transformers' Trainer (and TRL's SFTTrainer) on the same configs; or
+sweeper's Trainer engine against the user's own Trainer script (``engine: script``).
 
     .venv/bin/python bench/engines.py [--space spaces/cpu-demo.yaml] [--rounds 3] > /tmp/engines.md
+    .venv/bin/python scripts/tiny_job.py --out my-job     # the job the script parity runs
+    .venv/bin/python bench/engines.py --space bench/spaces/script-parity.yaml
+
+A space whose engine is ``script`` compares ``trainer`` (sweeper's Trainer built from the same
+model, data and knobs) with ``script`` (the space's command); ratios are to the first engine.
 
 For each config, the engines run in interleaved rounds (loop, trainer, sft, loop, trainer, sft,
 ...): a drift of the machine hits every engine alike. Each trial is a real child forked from a
@@ -41,7 +47,10 @@ def _ok(run: ChildRun) -> dict:
 def _request(
     space: Space, engine: str, prepared: PreparedData, config: TrialConfig
 ) -> ChildRequest:
-    workload = space.workload.model_copy(update={"engine": engine})
+    script = space.workload.script if engine == "script" else None
+    if engine == "script" and script is None:
+        sys.exit("--engines script needs a space with workload.script (engine: script)")
+    workload = space.workload.model_copy(update={"engine": engine, "script": script})
     return ChildRequest.for_space(
         "trial",
         space.model_copy(update={"workload": workload}),
@@ -62,10 +71,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--space", default="spaces/cpu-demo.yaml")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--engines", default=None, help="default: loop,trainer,sft; "
+                        "trainer,script for a space of engine: script")  # fmt: skip
     args = parser.parse_args()
-    engines = args.engines.split(",")
     space = load_space(args.space)
+    default = "trainer,script" if space.workload.engine == "script" else ",".join(ENGINES)
+    engines = (args.engines or default).split(",")
+    first_engine = engines[0]
     cache_dir = Settings().cache_dir
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
@@ -89,7 +101,8 @@ def main() -> None:
     first = next(iter(results.values()))[0]
     print(
         f"### Engines on {first.env.device_name}, {datetime.now(UTC):%Y-%m-%d}\n\n"
-        f"Command: `python bench/engines.py --space {args.space} --rounds {args.rounds}`. "
+        f"Command: `python bench/engines.py --space {args.space} --rounds {args.rounds}"
+        f"{' --engines ' + args.engines if args.engines else ''}`. "
         f"torch {first.env.torch}, transformers {first.env.transformers}, Python "
         f"{platform.python_version()}; {args.rounds} interleaved rounds; "
         f"{time.perf_counter() - started:.0f} s; load average {load_before:.1f} before, "
@@ -104,12 +117,12 @@ def main() -> None:
         + ".\n"
     )
     print(
-        "| config | engine | samples/s median (min–max) | × loop | tokens/s | tokens per row | "
-        "data wait | step CV | burn-in steps | optimizer |"
+        f"| config | engine | samples/s median (min–max) | × {first_engine} | tokens/s | "
+        "tokens per row | data wait | step CV | burn-in steps | start-up s | optimizer |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for index, config in enumerate(configs):
-        loop = statistics.median(m.samples_per_s for m in results[(index, "loop")])
+        loop = statistics.median(m.samples_per_s for m in results[(index, first_engine)])
         for engine in engines:
             runs = results[(index, engine)]
             rates = [m.samples_per_s for m in runs]
@@ -121,18 +134,20 @@ def main() -> None:
                 f"{statistics.median(m.mean_row_tokens or 0 for m in runs):,.0f} | "
                 f"{statistics.median(m.data_wait_share for m in runs):.1%} | "
                 f"{statistics.median(m.step_time_cv for m in runs):.2f} | "
-                f"{statistics.median(m.warmup_steps for m in runs):.0f} | {runs[0].optimizer} |"
+                f"{statistics.median(m.warmup_steps for m in runs):.0f} | "
+                f"{statistics.median(m.startup_s for m in runs):.1f} | {runs[0].optimizer} |"
             )
     print()
     beyond = []
     for index, config in enumerate(configs):
-        loop_rates = [m.samples_per_s for m in results[(index, "loop")]]
+        loop_rates = [m.samples_per_s for m in results[(index, first_engine)]]
         for engine in engines[1:]:
             rates = [m.samples_per_s for m in results[(index, engine)]]
             if max(rates) < min(loop_rates) or min(rates) > max(loop_rates):
                 beyond.append(
                     f"{engine} on {describe(config.model_dump())}: "
-                    f"{statistics.median(rates) / statistics.median(loop_rates):.2f}× the loop"
+                    f"{statistics.median(rates) / statistics.median(loop_rates):.2f}× "
+                    f"{first_engine}"
                 )
     print(
         "Differences beyond the rounds' spread: "
