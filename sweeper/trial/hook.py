@@ -120,6 +120,9 @@ class _Session:
         self.widest_row = 0
         self.last_step_end: float | None = None
         self.loss_seen = False  # the model's output carried a loss in this step
+        # this step's micro-batch losses, each with whether the model normalised it over the
+        # whole step (Trainer passes num_items_in_batch) or over its own micro-batch only
+        self.step_losses: list[tuple[Any, bool]] = []
         self.effective: dict[str, Any] = {}
         self._loss_hook: Any = None
         self._previous_hook = sys.excepthook
@@ -217,14 +220,30 @@ class _Session:
         )
         self.ctx.startup_s = time.time() - self.started_at
         self.computed = ComputeDtype(base)
-        self._loss_hook = base.register_forward_hook(self._seen_loss)
+        self._loss_hook = base.register_forward_hook(self._seen_loss, with_kwargs=True)
         self.ctx.recorder.start()
 
-    def _seen_loss(self, module: Any, inputs: Any, output: Any) -> None:
+    def _seen_loss(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         loss = getattr(output, "loss", None)
         if loss is not None and self.ctx is not None and self.ctx.recorder.phase != "done":
             self.loss_seen = True
-            self.ctx.recorder.loss(loss.detach().float())
+            whole_step = kwargs.get("num_items_in_batch") is not None
+            self.step_losses.append((loss.detach().float(), whole_step))
+
+    def _step_loss(self) -> None:
+        """The step's loss as training took it: the sum of micro-batch losses the model
+        normalised over the whole step (Trainer), else their mean (TRL's SFTTrainer calls the
+        model without num_items_in_batch; a plain loop's model(**batch))."""
+        if not self.step_losses:
+            return
+        over_step = [loss for loss, whole in self.step_losses if whole]
+        if over_step:
+            self.ctx.recorder.loss(sum(over_step))
+        else:
+            self.ctx.recorder.loss(
+                sum(loss for loss, _ in self.step_losses) / len(self.step_losses)
+            )
+        self.step_losses = []
 
     def _batch(self, batch: Any, waited: float) -> None:
         from sweeper.trial.engines import count_batch, widest_row
@@ -239,6 +258,7 @@ class _Session:
     def _step_end(self) -> None:
         if not self.first_step_read:
             self._read_back()
+        self._step_loss()
         self.loss_seen = False
         if self.ctx.recorder.step_end():
             self._done()

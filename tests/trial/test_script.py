@@ -10,6 +10,7 @@ hook, one that crashes, one that hangs, one that ignores a knob.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -30,18 +31,6 @@ from tests.helpers import REPO, run_sweeper, tiny_config, trial_request
 pytestmark = pytest.mark.torch
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The stand-in for a user's own job: a tiny Llama directory and chat records."""
-    out = tmp_path_factory.mktemp("job") / "my-job"
-    made = subprocess.run(
-        [sys.executable, "scripts/tiny_job.py", "--out", str(out), "--records", "120"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    return out
-
-
 def _example_space(example: str, job: Path, tmp_path: Path, **search: list[object]) -> Path:
     """The example's space as a user would point it at their job: its paths made absolute,
     its python this one, two trials."""
@@ -57,7 +46,7 @@ def _example_space(example: str, job: Path, tmp_path: Path, **search: list[objec
     return path
 
 
-def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> dict:
+def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path, job: Path) -> dict:
     launch = run_sweeper(
         "launch", "--space", str(space), "--storage", url, cache_dir=cache_dir, timeout=900
     )
@@ -85,6 +74,9 @@ def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path) -> dict
         assert measured.measured_steps >= 3 and measured.tokens_per_s > 0
         assert 0 < measured.padding_share < 1  # the script's own padded chat batches
         assert measured.flops_per_token > 0 and measured.loss_first > 0
+        # a step's loss, not one per micro-batch added up: random weights start near ln(vocab)
+        vocab = json.loads((job / "model" / "config.json").read_text())["vocab_size"]
+        assert measured.loss_first < 1.5 * math.log(vocab), (measured.losses, vocab)
         assert measured.startup_s > 0
     best = run_sweeper("best", "--study", study, "--storage", url, "--json", cache_dir=cache_dir)
     assert best.returncode == 0, best.stderr
@@ -97,7 +89,7 @@ def test_the_trainer_example_is_swept_end_to_end(
     job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:
     space = _example_space("trainer", job, tmp_path, attn_implementation=["sdpa"])
-    answer = _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir)
+    answer = _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir, job)
     # the export is the user's own command with the winner's flags; run as the user runs it
     # (outside a trial the callback does nothing), two steps of it
     export = run_sweeper(
@@ -127,7 +119,7 @@ def test_the_amp_loop_example_is_swept_end_to_end_on_postgres(
     job: Path, tmp_path: Path, postgres_url: str, cache_dir: Path
 ) -> None:
     space = _example_space("amp_loop", job, tmp_path, attn_implementation=["eager"])
-    _sweep_and_check(space, postgres_url, "amp-loop", cache_dir)
+    _sweep_and_check(space, postgres_url, "amp-loop", cache_dir, job)
 
 
 def _run_script(
