@@ -362,8 +362,6 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
     script read from ``sweeper.trial_config()``."""
     import shlex
 
-    from sweeper.trial.engines.script import flags
-
     space = _space(space_yaml)
     script = None if space is None else space.workload.script
     if script is None:
@@ -372,7 +370,7 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
             "script), so there is no command to export; use trainer, sft or dataloader"
         )
     config = full_config(rec, space_yaml)
-    words = [*script.command, *flags(config, script.knobs)]
+    words = [*script.command, *knobs.command_flags(config, script.knobs)]
     given = knobs.trainer_arguments(config)
     if script.knobs == "sft_flags":
         given |= knobs.sft_arguments(config)

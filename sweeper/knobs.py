@@ -502,3 +502,25 @@ def machine_drops(
             if missing is not None:
                 dropped.setdefault(name, {})[str(value)] = f"{CAPABILITY_NEEDS[need]} ({missing})"
     return dropped
+
+
+def command_flags(config: Mapping[str, Any], form: str) -> list[str]:
+    """The config as command-line flags in HfArgumentParser's form, for a user's script
+    (``workload.script.knobs``): flags: TrainingArguments' fields; sft_flags: SFTConfig's too
+    (max_length, packing); env: none. An argument whose value is None keeps its default.
+
+    >>> command_flags({"per_device_batch_size": 8, "precision": "bf16", "num_workers": 0},
+    ...               "flags")  # doctest: +NORMALIZE_WHITESPACE
+    ['--per_device_train_batch_size', '8', '--dataloader_num_workers', '0', '--bf16', 'True',
+     '--fp16', 'False']
+    """
+    if form == "env":
+        return []
+    arguments = trainer_arguments(config)
+    if form == "sft_flags":
+        arguments |= sft_arguments(config)
+    words: list[str] = []
+    for key, value in arguments.items():
+        if value is not None:
+            words += [f"--{key}", str(value)]
+    return words

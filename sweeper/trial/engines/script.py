@@ -37,31 +37,10 @@ THE_LINE = (
 )
 
 
-def flags(config: dict[str, Any], form: str) -> list[str]:
-    """The config as command-line flags in HfArgumentParser's form; ``form`` flags:
-    TrainingArguments' fields, sft_flags: SFTConfig's too (max_length, packing); env: none.
-
-    >>> flags({"per_device_batch_size": 8, "precision": "bf16", "num_workers": 0}, "flags")
-    ['--per_device_train_batch_size', '8', '--dataloader_num_workers', '0', '--bf16', 'True', \
-'--fp16', 'False']
-    """
-    if form == "env":
-        return []
-    arguments = knobs.trainer_arguments(config)
-    if form == "sft_flags":
-        arguments |= knobs.sft_arguments(config)
-    words: list[str] = []
-    for key, value in arguments.items():
-        if value is None:  # the argument's own default (None) stands
-            continue
-        words += [f"--{key}", str(value)]
-    return words
-
-
 def command_of(request: ChildRequest) -> list[str]:
     script = request.workload.script
     assert script is not None and request.config is not None
-    return [*script.command, *flags(request.config.model_dump(), script.knobs)]
+    return [*script.command, *knobs.command_flags(request.config.model_dump(), script.knobs)]
 
 
 def run_script(request: ChildRequest, request_path: Path, process_started_at: float) -> Any:
