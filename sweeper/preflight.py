@@ -398,6 +398,9 @@ class _PreflightRun:
         missing = self.capabilities.get(f"engine:{engine}")
         if missing is not None:
             self.problem(f"workload.engine: {engine} cannot run here: {missing}")
+        if self.space.workload.script is not None:
+            for problem in script_problems(self.space.workload.script):
+                self.problem(problem)
         adapter = self.space.workload.adapter
         missing = None if adapter is None else self.capabilities.get(f"adapter:{adapter.kind}")
         if missing is not None:
@@ -483,3 +486,44 @@ def check_precision(space: Space, precision: str, payload: dict[str, Any]) -> st
         f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file "
         "(or add fp32 to search.precision), or run on hardware with native support"
     )
+
+
+def script_problems(script: Any) -> list[str]:
+    """What stops ``workload.script.command`` before any trial: a program that is not there,
+    a Python file that is not where the command runs, a Python that cannot import sweeper
+    (the hook in the script needs it)."""
+    import shutil
+    import subprocess
+
+    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    if not cwd.is_dir():
+        return [f"workload.script.cwd: {cwd} is not a directory"]
+    program = script.command[0]
+    found = (
+        shutil.which(program, path=os.environ.get("PATH"))
+        if "/" not in program
+        else (str(cwd / program) if (cwd / program).is_file() else None)
+    )
+    if found is None:
+        return [
+            f"workload.script.command: {program!r} is not a program here (not on PATH, not a "
+            f"file in {cwd}); name your python (e.g. {sys.executable}) or the launcher"
+        ]
+    problems = [
+        f"workload.script.command: {word} is not a file in {cwd} (the command runs there; set "
+        "workload.script.cwd, or give the path from there)"
+        for word in script.command[1:]
+        if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
+    ]
+    if Path(program).name.startswith("python"):
+        check = subprocess.run(
+            [found, "-c", "import sweeper"], cwd=cwd, capture_output=True, text=True, timeout=120
+        )
+        if check.returncode != 0:
+            said = (check.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append(
+                f"workload.script.command: {found} cannot import sweeper ({said}), which the "
+                f"script's one line needs: install sweeper in that environment, or run the "
+                f"script with the python sweeper runs in ({sys.executable})"
+            )
+    return problems

@@ -10,12 +10,14 @@ from pathlib import Path
 import optuna
 import pytest
 
+from sweeper.job import ScriptSpec
 from sweeper.preflight import (
     PreflightError,
     PreflightReport,
     ProbeCache,
     check_precision,
     run_preflight,
+    script_problems,
 )
 from sweeper.space import Space
 from sweeper.store import Store
@@ -233,3 +235,28 @@ def test_only_stable_results_are_kept_and_only_for_this_software(
     other = ProbeCache(tmp_path)
     other.fingerprint["packages"]["flash-attn"] = "2.8.3"  # flash-attn installed since
     assert other.get(request) is None
+
+
+def test_a_script_that_cannot_start_is_said_before_any_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """engine: script: the program, the Python file and sweeper's importability in the
+    script's python are checked by preflight (and so by doctor), each named with its fix."""
+    (tmp_path / "train.py").write_text("print('training')\n")
+    fine = ScriptSpec(command=[sys.executable, "train.py", "--x", "1"], cwd=str(tmp_path))
+    assert script_problems(fine) == []
+    (missing,) = script_problems(ScriptSpec(command=["no-such-python-here", "train.py"]))
+    assert "'no-such-python-here' is not a program here" in missing and sys.executable in missing
+    (elsewhere,) = script_problems(ScriptSpec(command=[sys.executable, "trian.py"],
+                                              cwd=str(tmp_path)))  # fmt: skip
+    assert f"trian.py is not a file in {tmp_path}" in elsewhere
+    # a python that has no sweeper: a venv of its own, without site-packages from ours (and
+    # no PYTHONPATH, through which the script, like this check, would find it)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
+                   timeout=120)  # fmt: skip
+    (cannot,) = script_problems(
+        ScriptSpec(command=[str(bare / "bin" / "python"), "train.py"], cwd=str(tmp_path))
+    )
+    assert "cannot import sweeper (ModuleNotFoundError" in cannot, cannot
