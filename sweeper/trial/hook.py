@@ -156,7 +156,28 @@ class _Session:
     def _fail(self, kind: str, message: str) -> None:
         from sweeper.errors import TrialError
 
-        raise TrialError(kind, message)
+        self._abort(TrialError(kind, message))
+
+    def _abort(self, exc: BaseException) -> None:
+        """sweeper's own verdict on this trial (a knob that did not run as asked, a loss that
+        is not finite, a step without the model): written and the program ended here, so a
+        script that catches its exceptions cannot turn it into "never measured"."""
+        from sweeper.trial.failures import classify
+        from sweeper.trial.protocol import ChildResult
+
+        failure, message = classify(exc)
+        print(f"sweeper: the trial failed ({failure}): {message}", file=sys.stderr)
+        self._write(
+            ChildResult(
+                status="failed",
+                failure_kind=failure,
+                failure_message=message,
+                traceback="".join(traceback.format_exception(exc))[-20000:],
+            )
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
 
     def _done(self) -> None:
         """The recorder is done: measure the rest, write the result, end the program."""
@@ -256,12 +277,16 @@ class _Session:
             self.widest_row = max(self.widest_row, widest_row(batch))
 
     def _step_end(self) -> None:
-        if not self.first_step_read:
-            self._read_back()
-        self._step_loss()
-        self.loss_seen = False
-        if self.ctx.recorder.step_end():
-            self._done()
+        try:
+            if not self.first_step_read:
+                self._read_back()
+            self._step_loss()
+            self.loss_seen = False
+            done = self.ctx.recorder.step_end()
+            if done:
+                self._done()
+        except Exception as exc:  # noqa: BLE001 - every failure here is the trial's result
+            self._abort(exc)
 
     def _read_back(self) -> None:
         from sweeper.trial.engines.readback import Running, check
