@@ -10,7 +10,8 @@ COPY spaces ./spaces
 RUN pip install -c constraints.txt "torch==2.13.0" .
 # g++ is what torch.compile's Inductor needs for CPU kernels; Triton brings its own for CUDA.
 RUN apt-get update && apt-get install -y --no-install-recommends g++ && rm -rf /var/lib/apt/lists/*
-RUN useradd --create-home --uid 1000 sweeper   # uid 1000: deploy/kubernetes runs it as that
+# uid 1000: deploy/kubernetes runs the pods as that user
+RUN useradd --create-home --uid 1000 sweeper
 USER sweeper
 ENV SWEEPER_CACHE_DIR=/home/sweeper/.cache/sweeper
 CMD ["sweeper", "--help"]
