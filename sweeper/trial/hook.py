@@ -138,20 +138,25 @@ class _Session:
     def _crashed(
         self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
+        with contextlib.suppress(Exception):
+            self._write_failure(exc)
+        self._previous_hook(kind, exc, tb)
+
+    def _write_failure(self, exc: BaseException) -> tuple[str, str]:
+        """The trial's result: ``exc`` classified as the built-in engines' failures are."""
         from sweeper.trial.failures import classify
         from sweeper.trial.protocol import ChildResult
 
-        with contextlib.suppress(Exception):
-            failure, message = classify(exc)
-            self._write(
-                ChildResult(
-                    status="failed",
-                    failure_kind=failure,
-                    failure_message=message,
-                    traceback="".join(traceback.format_exception(exc))[-20000:],
-                )
+        failure, message = classify(exc)
+        self._write(
+            ChildResult(
+                status="failed",
+                failure_kind=failure,
+                failure_message=message,
+                traceback="".join(traceback.format_exception(exc))[-20000:],
             )
-        self._previous_hook(kind, exc, tb)
+        )
+        return failure, message
 
     def _fail(self, kind: str, message: str) -> None:
         from sweeper.errors import TrialError
@@ -162,19 +167,8 @@ class _Session:
         """sweeper's own verdict on this trial (a knob that did not run as asked, a loss that
         is not finite, a step without the model): written and the program ended here, so a
         script that catches its exceptions cannot turn it into "never measured"."""
-        from sweeper.trial.failures import classify
-        from sweeper.trial.protocol import ChildResult
-
-        failure, message = classify(exc)
+        failure, message = self._write_failure(exc)
         print(f"sweeper: the trial failed ({failure}): {message}", file=sys.stderr)
-        self._write(
-            ChildResult(
-                status="failed",
-                failure_kind=failure,
-                failure_message=message,
-                traceback="".join(traceback.format_exception(exc))[-20000:],
-            )
-        )
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
