@@ -498,12 +498,20 @@ def test_workers_started_as_the_recipes_start_them_share_one_study(
     complete = [t for t in trials if t.state == "complete"]
     configs = [json.dumps(t.config, sort_keys=True) for t in complete]
     # the pod and its replacement run the space's 3 trials each; the preempted trial's
-    # config is among the replacement's
-    assert len(complete) == 6 and len(set(configs)) == 6, [(t.number, t.config) for t in trials]
+    # config is among the replacement's. The Slurm worker may have finished a trial before
+    # its preempted one (a loaded CI machine: 7 complete once), never run it twice.
+    slurm_done = len(complete) - 6
+    assert slurm_done in (0, 1, 2), [(t.number, t.state, t.worker_id) for t in trials]
+    assert len(set(configs)) == len(configs), [(t.number, t.config) for t in trials]
     assert json.dumps(interrupted[0].config, sort_keys=True) in configs
-    assert len(workers) == 3 and len({t.worker_id for t in complete}) == 2
-    tally = tally_study(postgres_url, "tiny", "recipes' workers, one preempted", 6)
-    assert (tally.complete, tally.interrupted, tally.lost, tally.other_failed) == (6, 1, 0, 0)
+    assert len(workers) == 3 and len({t.worker_id for t in complete}) == 2 + (slurm_done > 0)
+    tally = tally_study(postgres_url, "tiny", "recipes' workers, one preempted", len(complete))
+    assert (tally.complete, tally.interrupted, tally.lost, tally.other_failed) == (
+        len(complete),
+        1,
+        0,
+        0,
+    )
     assert (tally.duplicates, tally.duplicate_numbers, tally.stuck) == (0, 0, 0), tally
     # what SkyPilot's time estimate would take from this study: its recommendation's hours
     store = Store(postgres_url)
