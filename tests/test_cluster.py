@@ -24,8 +24,11 @@ import yaml
 from sweeper.cluster import (
     WORKER_COMMAND,
     WORKER_ENV,
+    ClusterError,
     GpuOffer,
     measured_hours,
+    parse_gpu,
+    skypilot_files,
     time_estimator,
 )
 from sweeper.errors import StorageError, StudyNotFoundError
@@ -33,7 +36,14 @@ from sweeper.recommend import best
 from sweeper.settings import Settings
 from sweeper.space import load_space
 from sweeper.store import Store
-from tests.helpers import REPO, TINY_SPACE, run_sweeper, tally_study
+from tests.helpers import (
+    REPO,
+    STUDY_FIELDS,
+    TINY_SPACE,
+    run_sweeper,
+    tally_study,
+    tiny_config,
+)
 from tests.test_cli import _slow_space, env  # noqa: F401 (env is a fixture)
 
 DEPLOY = REPO / "deploy"
@@ -221,17 +231,68 @@ def test_secrets_come_from_the_secret_and_its_template_holds_no_real_value() -> 
 # --- SkyPilot ------------------------------------------------------------------------------
 
 
-def test_the_skypilot_example_is_what_the_command_writes(tmp_path: Path) -> None:
+def test_the_skypilot_example_is_what_the_command_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In this process (the command's own path, files on disk and all, is
+    test_cluster_skypilot_keeps_files_that_exist_unless_forced's): SKYPILOT_ARGS' files."""
     (tmp_path / "spaces").mkdir()
     shutil.copy(REPO / "spaces" / "h100.yaml", tmp_path / "spaces" / "h100.yaml")
-    done = run_sweeper(*SKYPILOT_ARGS, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    made_dir = tmp_path / "deploy" / "skypilot"
+    monkeypatch.chdir(tmp_path)
+    gpus = [SKYPILOT_ARGS[i + 1] for i, word in enumerate(SKYPILOT_ARGS) if word == "--gpu"]
+    files = skypilot_files(
+        Path("spaces/h100.yaml"), [parse_gpu(g) for g in gpus], 4, Path("deploy/skypilot")
+    )
+    made = {path.relative_to("deploy/skypilot"): text for path, text in files.items()}
     ours = {p.relative_to(SKYPILOT) for p in SKYPILOT.rglob("*.yaml")}
-    made = {p.relative_to(made_dir) for p in made_dir.rglob("*.yaml")}
-    assert made == ours
+    assert set(made) == ours
     for path in ours:
-        assert (made_dir / path).read_text() == (SKYPILOT / path).read_text(), path
+        assert made[path] == (SKYPILOT / path).read_text(), path
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("H100", "give NAME=USD_PER_HOUR"),
+        ("H 100=2", "give NAME=USD_PER_HOUR"),
+        ("H100:2=3", "one GPU per worker"),
+        ("H100=free", "the price must be a positive number"),
+        ("H100=-1", "the price must be a positive number"),
+        ("H100=inf", "the price must be a positive number"),
+    ],
+)
+def test_a_gpu_offer_is_a_name_and_a_positive_price(text: str, said: str) -> None:
+    with pytest.raises(ClusterError, match=said):
+        parse_gpu(text)
+    offer = parse_gpu("A100-80GB:1=1.79")
+    assert (offer.slug, offer.name_pattern) == ("a100-80gb", "*A100*80GB*")
+
+
+def test_measured_hours_are_each_studys_recommended_hours(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    store.migrate()
+    try:
+        for name, hardware, hours in (("job-h100", "H100", 10.0), ("job-l40s", "L40S", 31.0)):
+            fields = STUDY_FIELDS | {
+                "hardware_name": hardware,
+                "space_yaml": TINY_SPACE.read_text(),
+            }
+            store.upsert_study(name, **fields)
+            store.start_trial(name, 0, tiny_config().model_dump())
+            store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                               hours_per_run=hours, cost_per_run_usd=25.0)  # fmt: skip
+        hours = measured_hours(store, ["job-h100", "job-l40s"])
+        with pytest.raises(StudyNotFoundError):
+            measured_hours(store, ["no-such-study"])
+    finally:
+        store.dispose()
+    assert hours == {"H100": 10.0, "L40S": 31.0}
+
+    class OnAnL4:
+        accelerators = {"L4": 1}
+
+    with pytest.raises(ClusterError, match="no measured hours for {'L4': 1}"):
+        time_estimator(hours)(OnAnL4())
 
 
 def test_one_study_per_gpu_type_of_the_same_workload() -> None:
