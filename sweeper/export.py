@@ -370,18 +370,16 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
             "script), so there is no command to export; use trainer, sft or dataloader"
         )
     config = full_config(rec, space_yaml)
-    words = [*script.command, *knobs.command_flags(config, script.knobs)]
-    given = knobs.trainer_arguments(config)
-    if script.knobs == "sft_flags":
-        given |= knobs.sft_arguments(config)
-    passed = {name for name, value in given.items() if value is not None}
+    flags = knobs.command_flags(config, script.knobs)
+    words = [*script.command, *flags]
+    passed = {flag.removeprefix("--") for flag in flags[::2]}
+    # what the flags do not carry, the script read from trial_config()
     rest = {
-        knob.name: config[knob.name]
+        knob.name: value
         for knob in knobs.KNOBS
-        if config.get(knob.name) is not None
-        and (script.knobs == "env" or not (set(knob.trainer(config[knob.name])) & passed
-                                           or set(knob.sft(config[knob.name])) & passed))
-    }  # fmt: skip
+        if (value := config.get(knob.name)) is not None
+        and not {*knob.trainer(value), *knob.sft(value)} & passed
+    }
     lines = [
         _header(rec).rstrip("\n"),
         f"# the command the trials ran{' (in ' + script.cwd + ')' if script.cwd else ''}, "

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sweeper.trial.engines.script import CONFIG_ENV, REQUEST_ENV, RESULT_ENV
+from sweeper.trial.script import CONFIG_ENV, REQUEST_ENV, RESULT_ENV
 
 _session: _Session | None = None
 
@@ -371,15 +371,11 @@ def _time_batches(loader: Any, session: _Session) -> None:
     base = type(loader)
 
     def __iter__(self: Any) -> Iterator[Any]:  # noqa: N807
-        iterator = base.__iter__(self)
-        while True:
-            waited = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
+        from sweeper.trial.engines import timed
+
+        for batch, waited_s in timed(base.__iter__(self)):
             if session.ctx is not None and session.ctx.recorder.phase != "done":
-                session._batch(batch, time.perf_counter() - waited)
+                session._batch(batch, waited_s)
             yield batch
 
     timed = type(f"Timed{base.__name__}", (base,), {"__iter__": __iter__})

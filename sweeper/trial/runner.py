@@ -28,9 +28,9 @@ def execute(request_path: Path, result_path: Path, process_started_at: float) ->
 
             payload = machine_facts(request)
         elif request.workload.engine == "script":
-            from sweeper.trial.engines.script import run_script
+            from sweeper.trial.script import run_script
 
-            payload = run_script(request, request_path, process_started_at)
+            payload = run_script(request, request_path)
         else:
             from sweeper.trial.measure import run_trial
 

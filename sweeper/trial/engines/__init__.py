@@ -15,7 +15,7 @@ After its first optimizer step each engine reads every knob back from what runs
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,17 @@ def widest_row(batch: dict[str, Any]) -> int:
     return max((end - start for start, end in zip(starts, starts[1:], strict=False)), default=0)
 
 
+def timed(batches: Iterator[Any]) -> Iterator[tuple[Any, float]]:
+    """Each batch of ``batches`` with the seconds the host waited for it."""
+    while True:
+        started = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        yield batch, time.perf_counter() - started
+
+
 class TimedBatches:
     """An iterable over ``loader`` that reports each batch, and the wait for it, to the
     recorder: the time the host is blocked on the data pipeline."""
@@ -132,14 +143,8 @@ class TimedBatches:
         self.watching = True
 
     def __iter__(self) -> Any:
-        iterator = iter(self._loader)
-        while True:
-            waited = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._recorder.batch(**count_batch(batch), data_wait_s=time.perf_counter() - waited)
+        for batch, waited_s in timed(iter(self._loader)):
+            self._recorder.batch(**count_batch(batch), data_wait_s=waited_s)
             if self.watching:
                 self.fetched += 1
                 self.widest_row = max(self.widest_row, widest_row(batch))

@@ -1,5 +1,8 @@
 """``engine: script``: the user's own training program is the trial.
 
+Outside ``sweeper/trial/engines`` on purpose: this side only starts the program, so a script
+trial's child never imports torch (the engines package does, at import).
+
 The trial child runs ``workload.script.command`` in its own process group (so the launcher's
 timeout and kill reach it, and every DataLoader worker it starts), with the knobs as
 ``TrainingArguments`` flags and the whole config in the environment. One line in the program
@@ -28,7 +31,6 @@ from sweeper.trial.protocol import ChildRequest, ChildResult
 REQUEST_ENV = "SWEEPER_SCRIPT_REQUEST"  # the trial's request (JSON file); the hook reads it
 RESULT_ENV = "SWEEPER_SCRIPT_RESULT"  # where the hook writes its ChildResult
 CONFIG_ENV = "SWEEPER_TRIAL_CONFIG"  # the config as JSON: sweeper.trial_config()
-STARTED_ENV = "SWEEPER_SCRIPT_SPAWNED_AT"
 
 THE_LINE = (
     "add sweeper's one line to it: callbacks=[sweeper.callback()] in Trainer(...) or "
@@ -43,7 +45,7 @@ def command_of(request: ChildRequest) -> list[str]:
     return [*script.command, *knobs.command_flags(request.config.model_dump(), script.knobs)]
 
 
-def run_script(request: ChildRequest, request_path: Path, process_started_at: float) -> Any:
+def run_script(request: ChildRequest, request_path: Path) -> Any:
     """Run the user's command as this trial; return the measurement its hook wrote."""
     script = request.workload.script
     assert script is not None and request.config is not None
@@ -55,7 +57,6 @@ def run_script(request: ChildRequest, request_path: Path, process_started_at: fl
         REQUEST_ENV: str(request_path),
         RESULT_ENV: str(result_path),
         CONFIG_ENV: json.dumps(request.config.model_dump()),
-        STARTED_ENV: repr(process_started_at),
     }
     cwd = Path(script.cwd).expanduser() if script.cwd else None
     print(f"sweeper: running {' '.join(command)}", file=sys.stderr, flush=True)
