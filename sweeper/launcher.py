@@ -235,8 +235,10 @@ class ForkServer:
     spawns: slower to start, same results.
     """
 
-    def __init__(self, cache_dir: str) -> None:
+    def __init__(self, cache_dir: str, workdir: Path | None = None) -> None:
         self.cache_dir = cache_dir
+        self.workdir = workdir  # where its directory goes (the system's temp dir if None)
+        self._cleanup = contextlib.ExitStack()
         self.alive = False
         self._buffer = b""
         self._exits: dict[int, int] = {}
@@ -244,6 +246,26 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> ForkServer:
+        # the zygote's own temporary files (multiprocessing's pymp-* among them, and the
+        # preload's request) live in a directory owned as a trial's is: removed on exit, and
+        # swept by the next start when this process is killed (sweep_stale_trial_dirs)
+        sweep_stale_trial_dirs(self.workdir)
+        try:
+            return self._start()
+        except BaseException:
+            self._cleanup.close()
+            raise
+
+    def _start(self) -> ForkServer:
+        self.directory = Path(
+            self._cleanup.enter_context(
+                tempfile.TemporaryDirectory(
+                    prefix=f"{TRIAL_DIR_PREFIX}{os.getpid()}-zygote-", dir=self.workdir
+                )
+            )
+        )
+        self._cleanup.enter_context(_owned(self.directory))
+        (self.directory / "tmp").mkdir()
         reply_r, reply_w = os.pipe()
         self._reply_fd = reply_r
         self._process = subprocess.Popen(
@@ -251,7 +273,7 @@ class ForkServer:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=child_env(self.cache_dir),
+            env={**child_env(self.cache_dir), "TMPDIR": str(self.directory / "tmp")},
             pass_fds=(reply_w,),
             start_new_session=True,
         )
@@ -274,10 +296,13 @@ class ForkServer:
                 self._process.kill()
                 self._process.wait()
         os.close(self._reply_fd)
+        self._cleanup.close()
 
-    def preload(self, request: ChildRequest, workdir: Path | None = None) -> float | None:
+    def preload(self, request: ChildRequest) -> float | None:
         """Load the sweep's tokenizer, data and model code in the zygote; seconds, or None."""
-        with tempfile.NamedTemporaryFile("w", suffix=".json", dir=workdir, delete=False) as f:
+        with tempfile.NamedTemporaryFile(
+            "w", suffix=".json", dir=self.directory, delete=False
+        ) as f:
             f.write(request.model_dump_json())
         try:
             self._send({"op": "preload", "request": f.name})

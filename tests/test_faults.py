@@ -373,8 +373,10 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         process.communicate()
         psutil.wait_procs(children, timeout=30)
         # what it could not remove: its trial's directory (request, log, the child's TMPDIR)
+        # and its zygote's (the zygote's own temporary files)
         left = list(own_tmp.glob(f"sweeper-trial-{process.pid}-*"))
-        assert len(left) == 1 and (left[0] / "tmp").is_dir(), left
+        assert sorted(p.name.split("-")[3] == "zygote" for p in left) == [False, True], left
+        assert all((p / "tmp").is_dir() for p in left), left
         time.sleep(5)  # past the grace period
         monkeypatch.setenv("SWEEPER_WORKER_GRACE_S", beats["SWEEPER_WORKER_GRACE_S"])
         with TestClient(create_app(postgres_url, api_token=TOKEN)) as client:
@@ -386,7 +388,9 @@ def test_a_killed_workers_trial_is_lost_then_retried_once_and_nothing_stays_runn
         again = _launch(quick, postgres_url, beats, "--n-trials", "1")
         _, stderr = again.communicate(timeout=600)
         assert again.returncode == 0, stderr[-4000:]
-        assert not left[0].exists()  # swept by the next launch: its owner is gone
+        # swept by the next launch (their owner is gone), which left nothing of its own:
+        # no trial or zygote directory, no pymp-*, no preload request
+        assert list(own_tmp.iterdir()) == []
         trials = {t.number: t for t in store.list_trials("tiny")}
         lost = trials[running.number]
         assert (lost.state, lost.failure_kind) == ("failed", "lost")

@@ -227,6 +227,11 @@ def test_fork_server_starts_trials_without_imports_and_kills_on_timeout(
                 run.result.failure_message
             )
             assert _live_group_members(run.pid) == []
+        # the zygote's own temporary files are in a directory owned as a trial's is
+        zygote_dir = server.directory
+        assert zygote_dir.name.startswith(f"sweeper-trial-{os.getpid()}-zygote-")
+        assert (zygote_dir / "owner.lock").exists() and (zygote_dir / "tmp").is_dir()
+    assert not zygote_dir.exists()
 
 
 def test_dead_fork_server_falls_back_to_spawning(
