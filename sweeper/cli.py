@@ -28,7 +28,7 @@ from sweeper.console import (
     print_recommendation,
     print_sweep_summary,
 )
-from sweeper.errors import SpaceError, SweeperError, Terminated
+from sweeper.errors import CatalogError, SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
     from sweeper.recommend import Constraints
@@ -556,14 +556,22 @@ def best_command(
         typer.Option(
             "--across-hardware",
             help="compare every study of the same workload (other machines at their own "
-            "prices): the cheapest option and the Pareto front of $ vs hours",
+            "prices), and price the job on every GPU of the catalog: measured or estimated",
         ),
     ] = False,
+    catalog: Annotated[
+        Path | None,
+        typer.Option("--catalog", help="GPU catalog to price from (implies --across-hardware)"),
+    ] = None,
+    gpus: Annotated[
+        list[str] | None, typer.Option("--gpu", help="a catalog GPU type to show (repeatable)")
+    ] = None,
 ) -> None:
     """Print the recommended (cheapest per run) config of a study, within the constraints."""
     from sweeper.compare import compare
     from sweeper.recommend import best
 
+    across_hardware = across_hardware or catalog is not None or bool(gpus)
     if across_hardware and usd_per_hour is not None:
         raise fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)
     constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation, usd_per_hour)
@@ -571,12 +579,12 @@ def best_command(
     try:
         store.migrate()
         result = (
-            compare(store, study, constraints)
+            compare(store, study, constraints, offers=True, catalog=catalog, gpus=gpus)
             if across_hardware
             else best(store, study, constraints)
         )
-    except SweeperError as e:
-        raise fail(with_storage(e, store)) from None
+    except SweeperError as e:  # a wrong catalog or GPU type is the user's input: exit 2
+        raise fail(with_storage(e, store), 2 if isinstance(e, CatalogError) else 1) from None
     finally:
         store.dispose()
     if as_json:

@@ -1,17 +1,25 @@
 """One job across machines: the studies that price the same workload (an H100, an A100, an RTX
 4090, each at its own $/h) compared: the cheapest option under the constraints, each study's
-recommendation (``sweeper.recommend``), and the Pareto front of $ against hours per run."""
+recommendation (``sweeper.recommend``), and the Pareto front of $ against hours per run.
+
+Asked with ``offers=True``, it also prices the job on every GPU of the catalog
+(``sweeper.offers``): measured where a study of the workload ran on it, else estimated
+(``sweeper.predict``), with multi-GPU offers marked as needing a measurement."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.errors import NoResultError
-from sweeper.recommend import Constraints, Recommendation, StudyFacts, decide
-from sweeper.store import Store, TrialMetrics
+from sweeper.catalog import load_catalog
+from sweeper.errors import NoResultError, SpaceError
+from sweeper.offers import MeasuredStudy, OfferTable, offer_table
+from sweeper.recommend import Candidate, Constraints, Recommendation, StudyFacts, decide
+from sweeper.store import Store, StudyRow, TrialMetrics
 
 
 class ParetoPoint(BaseModel):
@@ -40,6 +48,8 @@ class Comparison(BaseModel):
     unavailable: dict[str, str]  # study → why it has no recommendation
     pareto: list[ParetoPoint]  # by hours, ascending (so by $, descending)
     constraints: str
+    # every GPU offer, measured or estimated (asked with offers=True; sweeper.offers)
+    offers: OfferTable | None = None
 
 
 def pareto_front(points: Iterable[ParetoPoint]) -> list[ParetoPoint]:
@@ -66,13 +76,18 @@ def compare(
     constraints: Constraints | None = None,
     *,
     loaded: Mapping[str, Sequence[TrialMetrics]] | None = None,
+    offers: bool = False,
+    catalog: str | Path | None = None,
+    gpus: Sequence[str] | None = None,
 ) -> Comparison:
     """Every study pricing the same workload as ``study`` (e.g. H100, A100, RTX 4090 at their
     own prices): the cheapest option under the constraints and the Pareto front of $ vs hours.
 
     ``constraints.usd_per_hour`` is ignored here: each machine keeps its own price.
     ``loaded``: trials a caller already has, by study name (only completed ones count); the
-    other studies' trials are read from the store.
+    other studies' trials are read from the store. ``offers``: add the table of every GPU
+    offer (``sweeper.offers``) from ``catalog`` (a file; default the anchor space's
+    ``hardware.catalog``, else the shipped one), for the catalog keys ``gpus`` (None: all).
     """
     constraints = constraints or Constraints()
     per_study_constraints = Constraints(
@@ -88,12 +103,15 @@ def compare(
     recommendations: list[Recommendation] = []
     unavailable: dict[str, str] = {}
     points: list[ParetoPoint] = []
+    measured: list[MeasuredStudy] = []
     for row in rows:
         facts = StudyFacts.of(row)
         if loaded is not None and row.name in loaded:
             trials = loaded[row.name]
         else:
             trials = store.trial_metrics(row.name, states=["complete"])
+        if offers:
+            measured.append(_measured(row, facts, trials, per_study_constraints))
         try:
             recommendation, eligible = decide(facts, trials, per_study_constraints)
         except NoResultError as e:
@@ -112,10 +130,24 @@ def compare(
             )
             for c in eligible
         ]
+    table = (
+        _offer_table(store, anchor, measured, per_study_constraints, catalog, gpus)
+        if offers
+        else None
+    )
     if not recommendations:
+        cheapest = table.cheapest if table is not None else None
         raise NoResultError(
             "no study of this workload has an eligible trial: "
             + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
+            + (
+                f". Of the catalog's GPUs, {cheapest.name} would ({cheapest.basis}"
+                + (f" ±{cheapest.band:.0%}" if cheapest.band is not None else "")
+                + f"): {cheapest.hours_per_run or 0:,.1f} h, "
+                f"${cheapest.cost_per_run_usd or 0:,.2f}/run"
+                if cheapest is not None
+                else ""
+            )
         )
     front = pareto_front(points)
     return Comparison(
@@ -128,4 +160,61 @@ def compare(
         unavailable=unavailable,
         pareto=front,
         constraints=per_study_constraints.describe(),
+        offers=table,
+    )
+
+
+def _measured(
+    row: StudyRow, facts: StudyFacts, trials: Sequence[TrialMetrics], constraints: Constraints
+) -> MeasuredStudy:
+    """A study as the offer table reads it: its recommendation under the constraints, and
+    every config it may recommend (the truncation guard holds; deadlines are the target's)."""
+    try:
+        recommendation: Recommendation | None = decide(facts, trials, constraints)[0]
+    except NoResultError:
+        recommendation = None
+    unconstrained = Constraints(allow_truncation=constraints.allow_truncation)
+    try:
+        candidates: list[Candidate] = decide(facts, trials, unconstrained)[1]
+    except NoResultError:
+        candidates = []
+    return MeasuredStudy(
+        name=row.name,
+        hardware_name=row.hardware_name,
+        usd_per_hour=row.usd_per_hour,
+        recommendation=recommendation,
+        candidates=sorted(candidates, key=lambda c: c.key),
+    )
+
+
+def _offer_table(
+    store: Store,
+    anchor: StudyRow,
+    measured: Sequence[MeasuredStudy],
+    constraints: Constraints,
+    catalog: str | Path | None,
+    gpus: Sequence[str] | None,
+) -> OfferTable:
+    compare_with: list[str] = []
+    try:
+        from sweeper.space import parse_space
+
+        hardware = parse_space(anchor.space_yaml).hardware
+        catalog = catalog or hardware.catalog
+        compare_with = list(hardware.compare)
+    except SpaceError:
+        pass  # a study written by another version: the shipped catalog, no extra offers
+
+    def measurement_of(study: str, number: int) -> Mapping[str, Any] | None:
+        trial = store.get_trial(study, number)
+        return None if trial is None else trial.measurement
+
+    return offer_table(
+        measured,
+        anchor=anchor.name,
+        catalog=load_catalog(catalog),
+        measurement_of=measurement_of,
+        constraints=dataclasses.replace(constraints, usd_per_hour=None),
+        gpus=gpus or None,  # none named: all
+        offers=compare_with,
     )

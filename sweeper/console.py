@@ -19,6 +19,7 @@ from sweeper.cost import one_off_text
 if TYPE_CHECKING:
     from sweeper.compare import Comparison
     from sweeper.doctor import DoctorReport
+    from sweeper.offers import OfferTable
     from sweeper.recommend import Recommendation
     from sweeper.space import TrialConfig
     from sweeper.store import TrialRow
@@ -366,6 +367,45 @@ def print_comparison(comparison: Comparison) -> None:
     console.print(table)
     for name, why in comparison.unavailable.items():
         console.print(f"  [yellow]{escape(name)}:[/] {escape(why)}", highlight=False)
+    if comparison.offers is not None:
+        print_offers(comparison.offers, comparison.constraints)
+
+
+def print_offers(offers: OfferTable, constraints: str) -> None:
+    """Every GPU offer for the job: measured or estimated (said which), cheapest first."""
+    table = Table(
+        title=f"every GPU for this job ({constraints}); estimates ±{offers.band:.0%}",
+        title_justify="left",
+    )
+    for column in ("GPU", "$/h", "how known", "h/run", "$/run", "meets", "config", "note"):
+        table.add_column(column, overflow="fold")
+    for row in offers.rows:
+        band = f" ±{row.band:.0%}" if row.band is not None else ""
+        table.add_row(
+            escape(row.name),
+            num(row.usd_per_hour, ".2f"),
+            row.basis + (f" ({row.study})" if row.basis == "measured" else ""),
+            num(row.hours_per_run, ",.1f") + (band if row.hours_per_run is not None else ""),
+            num(row.cost_per_run_usd, ",.2f") + (band if row.cost_per_run_usd is not None else ""),
+            row.meets or "",
+            "" if row.config is None else f"#{row.trial_number} {describe_dict(row.config)}",
+            escape(row.note),
+        )
+    console.print(table)
+    cheapest = offers.cheapest
+    if cheapest is None:
+        console.print("  [yellow]no GPU offer meets the constraints[/]", highlight=False)
+    else:
+        console.print(
+            f"  [bold]cheapest that meets them:[/] {escape(cheapest.name)}, "
+            f"{num(cheapest.hours_per_run, ',.1f')} h, ${num(cheapest.cost_per_run_usd, ',.2f')}"
+            f"/run, {cheapest.basis}"
+            + (f" ±{cheapest.band:.0%}" if cheapest.band is not None else ""),
+            highlight=False,
+        )
+    console.print(f"  estimates: {escape(offers.model)}", highlight=False)
+    console.print(f"  error band: {escape(offers.band_basis)}", highlight=False)
+    console.print(f"  catalog: {escape(offers.catalog)}", highlight=False)
 
 
 def print_sweep_summary(report: SweepReport) -> None:

@@ -2,6 +2,7 @@
 
     SweeperError
     ├── SpaceError            a space file is missing, not YAML, or fails validation (exit 2)
+    ├── CatalogError          a GPU catalog file, or a GPU type asked of it, is wrong (exit 2)
     ├── StorageError          the database cannot be reached or its schema is wrong
     │   ├── DatabaseLostError     a sweep's database stayed away past its retry window
     │   └── DiskFullError         the disk under the database is full
@@ -46,6 +47,11 @@ class Terminated(KeyboardInterrupt):
 
 class SpaceError(SweeperError):
     """A space file cannot be used; the message names the file, the field and the line."""
+
+
+class CatalogError(SweeperError):
+    """A GPU catalog cannot be used (``sweeper.catalog``), or names no GPU type asked for; the
+    message names the file, the line and the field, or the keys the catalog has."""
 
 
 class StorageError(SweeperError):

@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from sweeper import knobs
+from sweeper.catalog import OFFER_PATTERN
 from sweeper.errors import SpaceError
 from sweeper.job import Frozen as _Frozen
 from sweeper.job import Workload
@@ -61,6 +62,17 @@ class Hardware(_Frozen):
     name: str = Field(min_length=1, description="e.g. 'H100 SXM 80GB'; used for pricing and MFU")
     usd_per_hour: float = Field(gt=0, description="rental price of the whole machine, $/h")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    catalog: str | None = Field(
+        default=None,
+        min_length=1,
+        description="the GPU catalog `best --across-hardware` prices other GPUs from (a path "
+        "from where sweeper runs); default: the shipped sweeper/gpus.yaml",
+    )
+    compare: list[Annotated[str, Field(pattern=OFFER_PATTERN)]] = Field(
+        default_factory=list,
+        description="offers `best --across-hardware` shows beside the catalog's GPUs, as "
+        "catalog keys with a count: ['2x h100-sxm', '4x a100-40gb']",
+    )
 
 
 T = TypeVar("T")

@@ -1,0 +1,482 @@
+"""One job on every GPU offer: hours and $ per run, measured or estimated (said which), and the
+cheapest that meets the constraints — the table ``best --across-hardware`` ends with.
+
+Rows, for the GPU types asked (all of the catalog's by default) and the space's
+``hardware.compare`` offers:
+
+- **measured**: a study of the same workload ran on that GPU (its recommendation, at its
+  study's price); where the study it is compared from measured the same config, the row also
+  shows what the model predicted for it, and the pair is a calibration record;
+- **estimate**: no study measured it; ``sweeper.predict`` scales the recommended config and the
+  runners-up measured on a catalog GPU (``RUNNERS_UP``) and keeps the cheapest that fits in
+  memory, at the catalog's price, with the error band (``predict.error_band``);
+- **predicted OOM**: no measured config fits in the GPU's memory;
+- **needs a multi-GPU measurement**: N GPUs (``4x a100-40gb``); no scaling is assumed: the row
+  says the scaling efficiency it would need to beat the cheapest option, and to meet the
+  deadline;
+- **no estimate**: nothing measured on a GPU to scale from (e.g. a study run on a CPU).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from sweeper import predict
+from sweeper.catalog import Catalog, Gpu, parse_offer
+from sweeper.knobs import normalize
+from sweeper.recommend import Candidate, Constraints, Recommendation
+
+RUNNERS_UP = 5  # configs scaled per GPU type: the recommended one and the next cheapest
+
+Basis = Literal[
+    "measured", "estimate", "predicted OOM", "needs a multi-GPU measurement", "no estimate"
+]
+Meets = Literal["yes", "within its band", "no"]
+
+
+class OfferRow(BaseModel):
+    """One GPU offer for the job: measured or estimated hours and $ per run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: str | None  # the catalog key; None for a measured machine the catalog does not know
+    name: str
+    count: int = 1
+    usd_per_hour: float | None  # for all ``count`` GPUs
+    basis: Basis
+    study: str | None = None  # measured in, or estimated from
+    trial_number: int | None = None
+    config: dict[str, Any] | None = None
+    samples_per_s: float | None = None
+    hours_per_run: float | None = None
+    cost_per_run_usd: float | None = None
+    band: float | None = None  # an estimate's relative half-width (hours and $ alike)
+    meets: Meets | None = None  # the constraints: at the figure, or only inside its band
+    predicted_samples_per_s: float | None = None  # measured rows: the model's figure
+    prediction_error: float | None = None  # predicted ÷ measured − 1
+    note: str = ""
+
+
+class CalibrationRecord(BaseModel):
+    """A config measured on two GPU types: the prediction from one against the other."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source_study: str
+    source_gpu: str
+    target_study: str
+    target_gpu: str
+    source_trial: int
+    target_trial: int
+    predicted_samples_per_s: float
+    measured_samples_per_s: float
+    error: float  # predicted ÷ measured − 1
+
+
+class OfferTable(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    catalog: str  # the file it priced from
+    rows: list[OfferRow]  # cheapest first; rows without a price last
+    cheapest: OfferRow | None  # the cheapest that meets the constraints (maybe an estimate)
+    band: float
+    band_basis: str  # how the estimates' band was derived
+    model: str  # what an estimate scales, in one line
+    calibration: list[CalibrationRecord]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredStudy:
+    """A study of the workload, as the table needs it."""
+
+    name: str
+    hardware_name: str
+    usd_per_hour: float
+    recommendation: Recommendation | None  # under the constraints; None: none meets them
+    candidates: Sequence[Candidate]  # its non-truncating completed trials, cheapest first
+
+
+MeasurementOf = Callable[[str, int], Mapping[str, Any] | None]
+
+MODEL = (
+    "each estimate scales a measured step: matmul time by the ratio of dense peaks, the rest of "
+    f"the GPU's time by memory bandwidth, host (data) time kept; matmuls at "
+    f"{predict.MATMUL_EFFICIENCY:.0%} of peak; same host, disk and start-up as measured"
+)
+
+
+def offer_table(
+    studies: Sequence[MeasuredStudy],
+    *,
+    anchor: str,
+    catalog: Catalog,
+    measurement_of: MeasurementOf,
+    constraints: Constraints,
+    gpus: Iterable[str] | None = None,
+    offers: Iterable[str] = (),
+) -> OfferTable:
+    """The table for the studies of one workload, priced from ``anchor`` where it can.
+
+    ``gpus``: the catalog keys to show (None: all); ``offers``: ``[N x] key`` entries (the
+    space's ``hardware.compare``) added to them. Raises CatalogError for a key the catalog
+    lacks."""
+    wanted = _wanted(catalog, gpus, offers)
+    measured = {s.name: _gpu_of(catalog, s) for s in studies}
+    sources = [s for s in studies if measured[s.name] is not None and s.candidates]
+    sources.sort(key=lambda s: s.name != anchor)  # the anchor first, when it can be one
+    records = _calibration(sources, measured, catalog, measurement_of)
+    band = predict.error_band([r.error for r in records])
+    rows: list[OfferRow] = []
+    measured_keys = set()
+    for study in studies:
+        key = measured[study.name]
+        if key is not None:
+            measured_keys.add(key)
+        if study.name == anchor or (key is not None and key in wanted):
+            rows.append(_measured_row(study, key, catalog, records, constraints))
+    why_not = (
+        "nothing of this workload was measured on a GPU of the catalog: measure it on one "
+        "(a study of the same workload), then every other is estimated from it"
+    )
+    source = sources[0] if sources else None
+    singles: dict[str, OfferRow] = {r.gpu: r for r in rows if r.gpu is not None}
+    for key, counts in wanted.items():
+        if 1 in counts and key not in measured_keys:
+            row = (
+                _estimate_row(source, measured, key, catalog, measurement_of, constraints, band)
+                if source is not None
+                else _row_without(key, catalog, "no estimate", why_not)
+            )
+            rows.append(row)
+            singles[key] = row
+        elif key not in singles and source is not None:
+            singles[key] = _estimate_row(
+                source, measured, key, catalog, measurement_of, constraints, band
+            )
+    cheapest = _cheapest(rows)
+    for key, counts in wanted.items():
+        for count in sorted(c for c in counts if c > 1):
+            rows.append(_multi_row(key, count, catalog, singles.get(key), cheapest, constraints))
+    rows.sort(key=_order)
+    return OfferTable(
+        catalog=catalog.path,
+        rows=rows,
+        cheapest=cheapest,
+        band=band.rel,
+        band_basis=band.basis,
+        model=MODEL,
+        calibration=records,
+    )
+
+
+def _wanted(
+    catalog: Catalog, gpus: Iterable[str] | None, offers: Iterable[str]
+) -> dict[str, set[int]]:
+    """catalog key → the GPU counts to show."""
+    wanted: dict[str, set[int]] = {}
+    for key in catalog.gpus if gpus is None else gpus:
+        catalog.get(key)
+        wanted.setdefault(key, set()).add(1)
+    for text in offers:
+        count, key = parse_offer(text)
+        catalog.get(key, where=f"hardware.compare entry {text!r}: GPU type")
+        if gpus is None or key in wanted:
+            wanted.setdefault(key, set()).add(count)
+    return wanted
+
+
+def _gpu_of(catalog: Catalog, study: MeasuredStudy) -> str | None:
+    """The catalog GPU a study measured on (its trials' device), or None (a CPU, or a GPU
+    the catalog does not know)."""
+    devices = [c.trial.device_name for c in study.candidates if c.trial.device_name]
+    found = catalog.find(devices[0]) if devices else None
+    return None if found is None else found[0]
+
+
+def _observed(
+    study: MeasuredStudy, candidate: Candidate, measurement_of: MeasurementOf
+) -> predict.Observed:
+    measurement = measurement_of(study.name, candidate.trial.number)
+    if not measurement:
+        raise predict.Unpredictable(f"trial #{candidate.trial.number} has no measurement stored")
+    return predict.Observed.of(measurement, candidate.trial.config, candidate.trial.projection)
+
+
+def _calibration(
+    sources: Sequence[MeasuredStudy],
+    measured: Mapping[str, str | None],
+    catalog: Catalog,
+    measurement_of: MeasurementOf,
+) -> list[CalibrationRecord]:
+    """Every config two studies on different GPU types both measured, predicted from one."""
+    records = []
+    for source in sources:
+        for target in sources:
+            src_key, tgt_key = measured[source.name], measured[target.name]
+            if src_key is None or tgt_key is None or src_key == tgt_key:
+                continue
+            theirs = {_key(c.trial.config): c for c in target.candidates}
+            for candidate in source.candidates:
+                other = theirs.get(_key(candidate.trial.config))
+                if other is None or not other.trial.samples_per_s:
+                    continue
+                try:
+                    observed = _observed(source, candidate, measurement_of)
+                    guess = predict.predict(
+                        observed, catalog.gpus[src_key], catalog.gpus[tgt_key], band=0.0
+                    )
+                except predict.Unpredictable:
+                    continue
+                records.append(
+                    CalibrationRecord(
+                        source_study=source.name,
+                        source_gpu=src_key,
+                        target_study=target.name,
+                        target_gpu=tgt_key,
+                        source_trial=candidate.trial.number,
+                        target_trial=other.trial.number,
+                        predicted_samples_per_s=guess.samples_per_s,
+                        measured_samples_per_s=other.trial.samples_per_s,
+                        error=guess.samples_per_s / other.trial.samples_per_s - 1,
+                    )
+                )
+    return records
+
+
+def _key(config: Mapping[str, Any]) -> str:
+    return repr(sorted(normalize(config).items(), key=lambda item: item[0]))
+
+
+def _meets(hours: float, cost: float, band: float, constraints: Constraints) -> Meets:
+    """Whether the constraints hold at the figure (and at its band's bad end)."""
+
+    def within(h: float, c: float) -> bool:
+        return (constraints.max_hours is None or h <= constraints.max_hours) and (
+            constraints.max_cost_usd is None or c <= constraints.max_cost_usd
+        )
+
+    if not within(hours, cost):
+        return "no"
+    return "yes" if within(hours * (1 + band), cost * (1 + band)) else "within its band"
+
+
+def _measured_row(
+    study: MeasuredStudy,
+    key: str | None,
+    catalog: Catalog,
+    records: Sequence[CalibrationRecord],
+    constraints: Constraints,
+) -> OfferRow:
+    rec = study.recommendation
+    figures: dict[str, Any] = {}
+    meets: Meets = "yes"
+    device = rec.measured_on if rec is not None else None
+    if rec is not None:
+        figures = {
+            "trial_number": rec.trial_number,
+            "config": rec.config,
+            "samples_per_s": rec.samples_per_s,
+            "hours_per_run": rec.hours_per_run,
+            "cost_per_run_usd": rec.cost_per_run_usd,
+        }
+    elif study.candidates:  # nothing meets the constraints: its cheapest, which does not
+        meets, chosen = "no", study.candidates[0]
+        device = chosen.trial.device_name
+        figures = {
+            "trial_number": chosen.trial.number,
+            "config": dict(chosen.trial.config),
+            "samples_per_s": chosen.trial.samples_per_s,
+            "hours_per_run": chosen.hours,
+            "cost_per_run_usd": chosen.cost,
+        }
+    notes = []
+    if key is None and device:
+        notes.append(
+            f"measured on {device}, not a GPU of the catalog: the hours are that machine's"
+        )
+    own = next(
+        (
+            r
+            for r in records
+            if r.target_study == study.name and r.target_trial == figures.get("trial_number")
+        ),
+        None,
+    )
+    if own is not None:
+        notes.append(
+            f"predicted from {own.source_study} ({own.source_gpu}): "
+            f"{own.predicted_samples_per_s:,.1f} samples/s, {own.error:+.1%} off"
+        )
+    return OfferRow(
+        gpu=key,
+        name=study.hardware_name if key is None else catalog.gpus[key].name,
+        usd_per_hour=study.usd_per_hour,
+        basis="measured",
+        study=study.name,
+        meets=meets if figures else None,
+        predicted_samples_per_s=own.predicted_samples_per_s if own else None,
+        prediction_error=own.error if own else None,
+        note="; ".join(notes),
+        **figures,
+    )
+
+
+def _estimate_row(
+    source: MeasuredStudy,
+    measured: Mapping[str, str | None],
+    key: str,
+    catalog: Catalog,
+    measurement_of: MeasurementOf,
+    constraints: Constraints,
+    band: predict.Band,
+) -> OfferRow:
+    src_key = measured[source.name]
+    assert src_key is not None
+    target = catalog.gpus[key]
+    price = target.price.usd_per_hour
+    best: tuple[Candidate, predict.Prediction] | None = None
+    ooms: list[predict.Prediction] = []
+    why = ""
+    for candidate in source.candidates[:RUNNERS_UP]:
+        try:
+            guess = predict.predict(
+                _observed(source, candidate, measurement_of),
+                catalog.gpus[src_key],
+                target,
+                band=band.rel,
+            )
+        except predict.Unpredictable as e:
+            why = str(e)
+            continue
+        if guess.fit == "oom" or not _headroom_ok(guess, constraints):
+            ooms.append(guess)
+            continue
+        if best is None or _rank(guess, price, band.rel, constraints) < _rank(
+            best[1], price, band.rel, constraints
+        ):
+            best = (candidate, guess)
+    if best is None:
+        if ooms:
+            least = min(ooms, key=lambda p: p.memory_needed_bytes)
+            return _row_without(
+                key,
+                catalog,
+                "predicted OOM",
+                f"none of the {len(ooms)} cheapest configs measured on {src_key} fits: the "
+                f"smallest needs {least.memory_needed_bytes / 1e9:,.1f} GB (its peak + "
+                f"{predict.CONTEXT_BYTES / 1e9:g} GB for the CUDA context), the GPU has "
+                f"{target.memory_gb:g} GB; measure smaller batches or gradient checkpointing",
+            )
+        return _row_without(key, catalog, "no estimate", why or "no config to scale")
+    candidate, guess = best
+    cost = guess.hours_per_run * price
+    notes = [
+        f"estimated from {source.name} trial #{candidate.trial.number} on {src_key} "
+        f"(±{band.rel:.0%}): {guess.speedup:.2f}× its speed, predicted MFU {guess.mfu:.0%}"
+    ]
+    if guess.fit == "tight":
+        notes.append(
+            f"memory tight: needs {guess.memory_needed_bytes / 1e9:,.1f} of {target.memory_gb:g} GB"
+        )
+    if candidate is not source.candidates[0]:
+        notes.append(f"a runner-up: the cheaper configs do not fit in {target.memory_gb:g} GB")
+    return OfferRow(
+        gpu=key,
+        name=target.name,
+        usd_per_hour=price,
+        basis="estimate",
+        study=source.name,
+        trial_number=candidate.trial.number,
+        config=dict(candidate.trial.config),
+        samples_per_s=guess.samples_per_s,
+        hours_per_run=guess.hours_per_run,
+        cost_per_run_usd=cost,
+        band=band.rel,
+        meets=_meets(guess.hours_per_run, cost, band.rel, constraints),
+        note="; ".join(notes),
+    )
+
+
+def _rank(
+    guess: predict.Prediction, price: float, band: float, constraints: Constraints
+) -> tuple[int, float]:
+    """Configs that meet the constraints first (at the figure), then the cheaper."""
+    cost = guess.hours_per_run * price
+    return (_meets(guess.hours_per_run, cost, band, constraints) == "no", cost)
+
+
+def _headroom_ok(guess: predict.Prediction, constraints: Constraints) -> bool:
+    floor = constraints.min_memory_headroom
+    return floor is None or 1 - guess.memory_needed_bytes / guess.memory_bytes >= floor
+
+
+def _row_without(key: str, catalog: Catalog, basis: Basis, note: str) -> OfferRow:
+    gpu: Gpu = catalog.gpus[key]
+    return OfferRow(
+        gpu=key, name=gpu.name, usd_per_hour=gpu.price.usd_per_hour, basis=basis, note=note
+    )
+
+
+def _multi_row(
+    key: str,
+    count: int,
+    catalog: Catalog,
+    single: OfferRow | None,
+    cheapest: OfferRow | None,
+    constraints: Constraints,
+) -> OfferRow:
+    """N GPUs: unmeasured, so unpriced; what scaling it would need, from one GPU's figures."""
+    gpu = catalog.gpus[key]
+    note = "needs a multi-GPU measurement (a trial on N devices: not yet in sweeper)"
+    if single is not None and single.cost_per_run_usd and single.hours_per_run:
+        parts = [
+            f"one {gpu.name}: {single.hours_per_run:,.1f} h, ${single.cost_per_run_usd:,.2f}/run "
+            f"({single.basis})"
+        ]
+        if cheapest is not None and cheapest.cost_per_run_usd:
+            need = single.cost_per_run_usd / cheapest.cost_per_run_usd
+            parts.append(
+                f"beats the cheapest (${cheapest.cost_per_run_usd:,.2f}) only at a scaling "
+                f"efficiency above {need:.0%}"
+                if need <= 1
+                else f"cannot beat the cheapest (${cheapest.cost_per_run_usd:,.2f}) at any "
+                f"scaling efficiency ({count}× the GPUs cost {count}× per hour)"
+            )
+        if constraints.max_hours is not None:
+            need_h = single.hours_per_run / (count * constraints.max_hours)
+            parts.append(
+                f"meets {constraints.max_hours:g} h only at an efficiency of {need_h:.0%} or more"
+                if need_h <= 1
+                else f"cannot meet {constraints.max_hours:g} h even at linear scaling"
+            )
+        note += ": " + "; ".join(parts)
+    return OfferRow(
+        gpu=key,
+        name=f"{count}× {gpu.name}",
+        count=count,
+        usd_per_hour=count * gpu.price.usd_per_hour,
+        basis="needs a multi-GPU measurement",
+        note=note,
+    )
+
+
+def _cheapest(rows: Sequence[OfferRow]) -> OfferRow | None:
+    priced = [
+        r
+        for r in rows
+        if r.cost_per_run_usd is not None
+        and math.isfinite(r.cost_per_run_usd)
+        and r.meets in ("yes", "within its band")
+        and r.gpu is not None
+    ]
+    return min(priced, key=lambda r: (r.cost_per_run_usd, r.basis != "measured"), default=None)
+
+
+def _order(row: OfferRow) -> tuple[int, float, str]:
+    cost = row.cost_per_run_usd
+    return (0, cost, row.name) if cost is not None else (1, 0.0, row.name)
