@@ -6,6 +6,7 @@
                                ``fix`` and ``fallback``: the best truncating config, with its cut
     ConflictError       → 409  (e.g. deleting a running study)
     SpaceError          → 422  (a config that the study's space cannot run)
+    CatalogError        → 422  (a GPU type the catalog lacks, or a space's catalog file is bad)
     StorageError        → 503  (the database is unreachable or broken; retry later)
     invalid request     → 422  (what is wrong and where; never the input echoed back)
     body over 1 MiB     → 413
@@ -30,6 +31,7 @@ from starlette.responses import Response
 
 from api.routes.pages import render_page
 from sweeper.errors import (
+    CatalogError,
     ConflictError,
     NoResultError,
     SpaceError,
@@ -46,6 +48,7 @@ STATUS_BY_ERROR: dict[type[SweeperError], int] = {
     NoResultError: 409,
     ConflictError: 409,
     SpaceError: 422,
+    CatalogError: 422,
     StorageError: 503,
 }
 _MACHINE_PREFIXES = ("/api/", "/static/")

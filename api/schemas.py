@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, create_model
 
+from sweeper.catalog import Catalog as GpuCatalog
 from sweeper.measurement import COLUMN_METRICS
 from sweeper.recommend import Recommendation, padding_share
 from sweeper.space import TrialConfig
@@ -182,4 +183,10 @@ class Catalog(_Response):
     hardware_in_use: list[PricedHardware] = Field(
         description="each (hardware, $/h) pair of the stored studies; re-price any study with "
         "/best?usd_per_hour=..."
+    )
+    gpu_catalog: GpuCatalog | None = Field(
+        default=None,
+        description="the shipped GPU catalog (sweeper/gpus.yaml): price, peaks, memory, "
+        "bandwidth and interconnect of each GPU type, with each figure's source and date; "
+        "/studies/{name}/compare prices a job on them",
     )

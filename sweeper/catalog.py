@@ -176,8 +176,8 @@ def parse_catalog(text: str, source: str = "<catalog>") -> Catalog:
                 message = "required key is missing"
             elif not isinstance(err.get("input"), dict | list) and loc:
                 message += f" (got {err.get('input')!r})"
-            if not loc and (named := re.match(r"gpus\.([\w-]+)\.(\w+)", message)):
-                loc = ("gpus", named.group(1), named.group(2))
+            if not loc and (named := re.match(r"gpus\.([\w-]+)\.([\w.]+):", message)):
+                loc = ("gpus", named.group(1), *named.group(2).split("."))
                 message = message.split(": ", 1)[1]
             field = ".".join(str(part) for part in loc) or "(top level)"
             problems.append(f"{source}:{_line_for(loc, lines)}: {field}: {message}")

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from sweeper import predict
-from sweeper.catalog import Catalog, Gpu, parse_offer
+from sweeper.catalog import SHIPPED, Catalog, Gpu, parse_offer
 from sweeper.knobs import normalize
 from sweeper.recommend import Candidate, Constraints, Recommendation
 
@@ -164,7 +164,7 @@ def offer_table(
             rows.append(_multi_row(key, count, catalog, singles.get(key), cheapest, constraints))
     rows.sort(key=_order)
     return OfferTable(
-        catalog=catalog.path,
+        catalog="sweeper/gpus.yaml (shipped)" if catalog.path == str(SHIPPED) else catalog.path,
         rows=rows,
         cheapest=cheapest,
         band=band.rel,
@@ -443,9 +443,9 @@ def _multi_row(
             parts.append(
                 f"beats the cheapest (${cheapest.cost_per_run_usd:,.2f}) only at a scaling "
                 f"efficiency above {need:.0%}"
-                if need <= 1
+                if need < 1
                 else f"cannot beat the cheapest (${cheapest.cost_per_run_usd:,.2f}) at any "
-                f"scaling efficiency ({count}× the GPUs cost {count}× per hour)"
+                f"scaling efficiency: even linear, {count} GPUs cost what one does per run"
             )
         if constraints.max_hours is not None:
             need_h = single.hours_per_run / (count * constraints.max_hours)

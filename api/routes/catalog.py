@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from api.deps import StoreDep
 from api.schemas import Accelerator, Catalog, PricedHardware
+from sweeper.catalog import load_catalog
 from sweeper.hardware import PEAK_FLOPS
 
 router = APIRouter(prefix="/api", tags=["catalog"])
@@ -13,9 +14,10 @@ router = APIRouter(prefix="/api", tags=["catalog"])
 
 @router.get("/catalog", response_model=Catalog)
 def catalog(store: StoreDep) -> Catalog:
-    """Accelerators with their dense peak TFLOPS (the MFU table), and every hardware/price
-    pair the stored studies ran at. Prices are the ones you gave in your space files:
-    sweeper ships no price list, because rental prices move weekly."""
+    """Accelerators with their dense peak TFLOPS (the MFU table), every hardware/price pair
+    the stored studies ran at (the prices you gave in your space files), and the shipped GPU
+    catalog: a typical price per GPU type with its source and date (rental prices move weekly:
+    a space's ``hardware.catalog`` points at your own copy)."""
     accelerators = [
         Accelerator(
             name=peak.name,
@@ -35,4 +37,5 @@ def catalog(store: StoreDep) -> Catalog:
             PricedHardware(hardware_name=name, device=device, usd_per_hour=price, studies=names)
             for (name, device, price), names in sorted(priced.items())
         ],
+        gpu_catalog=load_catalog(),
     )

@@ -25,6 +25,7 @@ from api.schemas import (
 )
 from api.security import WriteAccess
 from sweeper import compare, control, importance, recommend
+from sweeper.catalog import KEY_PATTERN
 from sweeper.errors import ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
 from sweeper.settings import Settings
@@ -230,11 +231,20 @@ def get_best(
     responses={409: {"description": "no study of this workload has an eligible trial"}},
 )
 def compare_hardware(
-    name: StudyName, store: StoreDep, constraints: ConstraintsDep
+    name: StudyName,
+    store: StoreDep,
+    constraints: ConstraintsDep,
+    gpus: Annotated[
+        list[Annotated[str, Query(pattern=KEY_PATTERN)]] | None,
+        Query(description="catalog GPU types to price the job on (repeat it); default: all"),
+    ] = None,
 ) -> compare.Comparison:
     """Every study of the same workload (other hardware at its own price): the cheapest
-    option and the Pareto front of $ against hours. ``usd_per_hour`` is ignored here."""
-    return compare.compare(store, name, constraints)
+    option and the Pareto front of $ against hours; and ``offers``: the job on every GPU type
+    of the catalog (the space's ``hardware.catalog``, else the shipped one), measured where a
+    study ran on it, else estimated with an error band, and the cheapest that meets
+    ``max_hours`` and ``max_cost_usd``. ``usd_per_hour`` is ignored here."""
+    return compare.compare(store, name, constraints, offers=True, gpus=gpus)
 
 
 @router.get(

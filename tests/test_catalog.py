@@ -1,0 +1,316 @@
+"""The GPU catalog (sweeper/gpus.yaml), the estimate of a GPU not measured (sweeper/predict.py)
+on a study recorded on a real H100, and the table of every GPU offer (sweeper/offers.py)
+through the CLI and the REST API on real stores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from sweeper.catalog import load_catalog, parse_catalog
+from sweeper.compare import compare
+from sweeper.errors import CatalogError
+from sweeper.hardware import peak_flops
+from sweeper.offers import MeasuredStudy, offer_table
+from sweeper.predict import Observed, predict
+from sweeper.recommend import Constraints, StudyFacts, decide
+from sweeper.store import Store
+from sweeper.studyfile import import_study, read_study_file
+from tests.helpers import REPO
+
+H100_STUDY = REPO / "studies" / "h100-llama-1b.json"  # recorded on an H100 SXM, 2026-11-25
+
+
+def test_the_shipped_catalog_agrees_with_the_mfu_table_and_dates_every_figure() -> None:
+    catalog = load_catalog()
+    assert {"h100-sxm", "h200-sxm", "a100-40gb", "a100-80gb", "l40s"} <= set(catalog.gpus)
+    h100, h200 = catalog.gpus["h100-sxm"], catalog.gpus["h200-sxm"]
+    assert (h100.tflops.bf16, h100.memory_bandwidth_gbs, h100.memory_gb) == (989.4, 3350, 80)
+    assert (h200.tflops.bf16, h200.memory_bandwidth_gbs, h200.memory_gb) == (989.4, 4800, 141)
+    assert catalog.gpus["a100-40gb"].memory_bandwidth_gbs == 1555
+    for key, gpu in catalog.gpus.items():
+        # the MFU a trial records and the estimate scale by the same peaks
+        mfu_peak = peak_flops(gpu.name)
+        assert mfu_peak is not None, key
+        assert (gpu.tflops.bf16, gpu.tflops.tf32) == (mfu_peak.bf16, mfu_peak.tf32), key
+        for source in (gpu.specs_from, gpu.price.source):
+            assert catalog.sources[source].published[:2] == "20", key
+        assert catalog.find(gpu.name) == (key, gpu)
+
+
+def test_the_wheel_ships_the_catalog(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+        + ["-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+        env=os.environ | {"PIP_NO_INDEX": "1"},
+    )
+    (wheel,) = tmp_path.glob("sweeper-*.whl")
+    assert "sweeper/gpus.yaml" in zipfile.ZipFile(wheel).namelist()
+
+
+BAD = """\
+version: 1
+sources:
+  sheet: {title: a datasheet, published: "2024-01"}
+gpus:
+  b200:
+    name: B200
+    match: [b200]
+    specs_from: sheet
+    tflops: {bf16: 2250, fp16: 2250, tf32: 1100, fp32: 80}
+    memory_gb: 192
+    memory_bandwidth_gbs: -8000
+    interconnect: {kind: nvlink, gbs: 1800}
+    price: {usd_per_hour: 5.0, source: quote}
+    colour: green
+"""
+
+
+def test_a_bad_catalog_names_file_line_and_field() -> None:
+    with pytest.raises(CatalogError) as raised:
+        parse_catalog(BAD, "my-gpus.yaml")
+    lines = str(raised.value).splitlines()
+    assert (
+        "my-gpus.yaml:11: gpus.b200.memory_bandwidth_gbs: Input should be greater than 0"
+        in (lines[0])
+    )
+    assert lines[1].startswith("my-gpus.yaml:14: gpus.b200.colour: unknown key")
+    fixed = BAD.replace("-8000", "8000").replace("    colour: green\n", "")
+    with pytest.raises(CatalogError, match=r"my-gpus.yaml:13: gpus.b200.price.source: 'quote'"):
+        parse_catalog(fixed, "my-gpus.yaml")
+    doubled = fixed.replace("    memory_gb: 192\n", "    memory_gb: 192\n    memory_gb: 180\n")
+    with pytest.raises(CatalogError, match=r"my-gpus.yaml:11: gpus.b200.memory_gb: key appears"):
+        parse_catalog(doubled, "my-gpus.yaml")
+    catalog = parse_catalog(fixed.replace("quote", "sheet"), "my-gpus.yaml")
+    assert catalog.find("NVIDIA B200") is not None
+
+
+def _recorded() -> list[tuple[dict, Observed]]:
+    document = json.loads(H100_STUDY.read_text())
+    return [
+        (t, Observed.of(t["measurement"], t["config"], t["projection"]))
+        for t in document["trials"]
+        if t["state"] == "complete"
+    ]
+
+
+def test_predictions_from_the_recorded_h100_study_obey_the_datasheets() -> None:
+    """On the study recorded on a real H100: predicting the H100 itself gives back the
+    recorded hours; the H200 (same peak, 1.43x the bandwidth) is faster by at most the
+    bandwidth ratio; the A100 is slower by at least its bandwidth ratio and at most its
+    peak ratio; a config whose reserved peak does not fit 40 GB is an OOM there."""
+    gpus = load_catalog().gpus
+    h100, h200, a100 = gpus["h100-sxm"], gpus["h200-sxm"], gpus["a100-40gb"]
+    recorded = _recorded()
+    assert len(recorded) == 6
+    for trial, observed in recorded:
+        same = predict(observed, h100, h100, band=0.25)
+        assert same.hours_per_run == pytest.approx(trial["hours_per_run"], rel=1e-6)
+        assert same.samples_per_s == pytest.approx(trial["samples_per_s"], rel=1e-9)
+        on_h200 = predict(observed, h100, h200, band=0.25)
+        assert 1.0 < on_h200.speedup <= 4800 / 3350
+        assert on_h200.fit == "fits"
+        on_a100 = predict(observed, h100, a100, band=0.25)
+        assert 312 / 989.4 <= on_a100.speedup <= 1555 / 3350
+    by_number = {t["number"]: o for t, o in recorded}
+    # trial 1 reserved 39.2 GiB (42.1 GB) at its peak: more than an A100's 40 GB
+    assert predict(by_number[1], h100, a100, band=0.25).fit == "oom"
+    assert predict(by_number[2], h100, a100, band=0.25).fit == "fits"
+
+
+def _store_with(url: str, *documents: tuple[dict, str]) -> Store:
+    store = Store(url)
+    store.migrate()
+    for document, name in documents:
+        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}-{os.getpid()}.json"
+        path.write_text(json.dumps(document))
+        try:
+            import_study(store, read_study_file(path), name=name)
+        finally:
+            path.unlink()
+    return store
+
+
+def _h100() -> dict:
+    return json.loads(H100_STUDY.read_text())
+
+
+def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> None:
+    store = _store_with(sqlite_url, (_h100(), "h100"))
+    store.dispose()
+    env = os.environ | {"SWEEPER_STORAGE": sqlite_url, "COLUMNS": "250"}
+    run = [sys.executable, "-m", "sweeper.cli", "best", "--study", "h100", "--max-hours", "12"]
+    gpus = ["--gpu", "h200-sxm", "--gpu", "a100-40gb", "--gpu", "rtx-4090"]
+    out = subprocess.run(run + gpus + ["--json"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    offers = json.loads(out.stdout)["offers"]
+    rows = {row["name"]: row for row in offers["rows"]}
+    assert rows["H100 SXM 80GB"]["basis"] == "measured"
+    assert rows["H100 SXM 80GB"]["cost_per_run_usd"] == pytest.approx(16.57, abs=0.01)
+    h200 = rows["H200 SXM 141GB"]
+    assert (h200["basis"], h200["band"], h200["meets"]) == ("estimate", 0.25, "yes")
+    assert 4.6 < h200["hours_per_run"] < 6.6  # faster than the H100's measured 6.6 h
+    assert rows["A100 SXM 40GB"]["meets"] == "no"  # ~15 h: past the 12 h deadline
+    assert rows["GeForce RTX 4090 24GB"]["basis"] == "predicted OOM"
+    assert offers["cheapest"]["name"] == "H100 SXM 80GB"
+    assert "no calibration yet" in offers["band_basis"] and offers["calibration"] == []
+
+    table = subprocess.run(run + gpus, capture_output=True, text=True, env=env)
+    assert table.returncode == 0, table.stderr
+    assert "estimate" in table.stdout and "predicted OOM" in table.stdout
+    assert "cheapest that meets them: H100 SXM 80GB" in table.stdout
+
+    unknown = subprocess.run(run + ["--gpu", "b200"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2
+    assert "GPU type 'b200' is not in the catalog" in unknown.stderr
+    assert "h100-sxm" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_a_bad_catalog_file_is_exit_2_with_its_line(sqlite_url: str, tmp_path: Path) -> None:
+    _store_with(sqlite_url, (_h100(), "h100")).dispose()
+    bad = tmp_path / "gpus.yaml"
+    bad.write_text(BAD)
+    env = os.environ | {"SWEEPER_STORAGE": sqlite_url}
+    out = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "best", "--study", "h100", "--catalog", str(bad)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 2
+    assert f"{bad}:11: gpus.b200.memory_bandwidth_gbs" in out.stderr.replace("\n", "")
+    assert "Traceback" not in out.stderr
+
+
+def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
+    _store_with(storage_url, (_h100(), "h100")).dispose()
+    with TestClient(create_app(storage_url)) as client:
+        answer = client.get(
+            "/api/studies/h100/compare",
+            params={"max_hours": 12, "max_cost_usd": 20, "gpus": ["h200-sxm", "l40s"]},
+        )
+        assert answer.status_code == 200, answer.text
+        offers = answer.json()["offers"]
+        # cheapest first: the L40S's estimate ($16.45) under the H100's measured $16.57
+        assert [r["gpu"] for r in offers["rows"]] == ["l40s", "h100-sxm", "h200-sxm"]
+        l40s, h100, h200 = offers["rows"]
+        assert (l40s["basis"], h100["basis"], h200["basis"]) == ("estimate", "measured", "estimate")
+        assert l40s["hours_per_run"] > 12 and l40s["meets"] == "no"  # ~16.6 h: past 12 h
+        assert h200["cost_per_run_usd"] > 20 and h200["meets"] == "no"  # $3.50/h x ~6.1 h
+        assert offers["cheapest"]["gpu"] == "h100-sxm"
+        for query in ({"gpus": "b200"}, {"gpus": "B200!"}):
+            refused = client.get("/api/studies/h100/compare", params=query)
+            assert refused.status_code == 422, refused.text
+        assert "b200" in client.get("/api/studies/h100/compare?gpus=b200").text
+        catalog = client.get("/api/catalog").json()["gpu_catalog"]
+        assert catalog["gpus"]["h200-sxm"]["memory_gb"] == 141
+        assert "path" not in catalog
+
+
+def _measured(store: Store, name: str) -> MeasuredStudy:
+    row = store.get_study(name)
+    trials = store.trial_metrics(name, states=["complete"])
+    recommendation, candidates = decide(StudyFacts.of(row), trials, Constraints())
+    return MeasuredStudy(
+        name=name,
+        hardware_name=row.hardware_name,
+        usd_per_hour=row.usd_per_hour,
+        recommendation=recommendation,
+        candidates=sorted(candidates, key=lambda c: c.key),
+    )
+
+
+def test_multi_gpu_offers_are_never_priced_as_measured(sqlite_url: str) -> None:
+    """Seed 000's 2x H100 and 4x A100 40GB: no trial runs on N GPUs yet, so the row gives the
+    scaling efficiency each would need, from one GPU's figures, and no hours of its own."""
+    store = _store_with(sqlite_url, (_h100(), "h100"))
+    try:
+        table = offer_table(
+            [_measured(store, "h100")],
+            anchor="h100",
+            catalog=load_catalog(),
+            measurement_of=lambda s, n: store.get_trial(s, n).measurement,  # type: ignore[union-attr]
+            constraints=Constraints(max_hours=24),
+            gpus=["h100-sxm", "a100-40gb", "h200-sxm"],
+            offers=["2x h100-sxm", "4x a100-40gb"],
+        )
+    finally:
+        store.dispose()
+    rows = {row.name: row for row in table.rows}
+    four = rows["4× A100 SXM 40GB"]
+    assert four.basis == "needs a multi-GPU measurement"
+    assert four.hours_per_run is None and four.cost_per_run_usd is None
+    assert four.usd_per_hour == pytest.approx(4.80)
+    one_a100 = rows["A100 SXM 40GB"].cost_per_run_usd
+    cheapest = table.cheapest
+    assert cheapest is not None and one_a100 is not None and cheapest.cost_per_run_usd
+    # one A100 40GB is estimated at $17.94/run, over the H100's measured $16.57: four of them
+    # cost at least that per run, whatever they scale at
+    assert one_a100 > cheapest.cost_per_run_usd
+    assert "cannot beat the cheapest ($16.57) at any scaling efficiency" in four.note
+    one_a100_hours = rows["A100 SXM 40GB"].hours_per_run
+    assert one_a100_hours is not None
+    assert f"meets 24 h only at an efficiency of {one_a100_hours / 96:.0%} or more" in four.note
+    two = rows["2× H100 SXM 80GB"]
+    assert two.usd_per_hour == pytest.approx(5.0) and "cannot beat" in two.note
+    assert "meets 24 h only at an efficiency of 14% or more" in two.note  # 6.6 h / (2 x 24 h)
+
+
+def test_a_measured_second_gpu_type_becomes_a_calibration_record(sqlite_url: str) -> None:
+    """The record-keeping, on a CONSTRUCTED second study (no H200 was measured this session):
+    the H100 export relabelled as measured on an H200 at 1.15x the H100's throughput. The
+    H200 row turns measured, shows what the model predicted for that config and its error,
+    and each config both studies hold is a calibration record."""
+    h200 = _h100()
+    h200["study"]["hardware_name"] = "H200 SXM 141GB"
+    h200["study"]["usd_per_hour"] = 3.5
+    for trial in h200["trials"]:
+        if trial["state"] != "complete":
+            continue
+        projection, measurement = trial["projection"], trial["measurement"]
+        trial["device_name"] = measurement["env"]["device_name"] = "NVIDIA H200"
+        for key in ("samples_per_s", "tokens_per_s", "it_per_s", "padded_tokens_per_s"):
+            trial[key] = measurement[key] = measurement[key] * 1.15
+        projection["train_hours"] /= 1.15
+        trial["hours_per_run"] = projection["train_hours"] + projection["one_time_s"] / 3600
+        trial["cost_per_run_usd"] = trial["hours_per_run"] * 3.5
+    store = _store_with(sqlite_url, (_h100(), "h100"), (h200, "h200"))
+    try:
+        result = compare(store, "h100", offers=True, gpus=["h100-sxm", "h200-sxm", "l40s"])
+    finally:
+        store.dispose()
+    table = result.offers
+    assert table is not None
+    records = [r for r in table.calibration if r.target_gpu == "h200-sxm"]
+    # each config the recommendation may pick (trial 3, seq 1024 unpacked, truncates the data),
+    # predicted from the H100 trial of the same config
+    assert sorted(r.source_trial for r in records) == [0, 1, 2, 4, 5]
+    for record in records:
+        expected = predict(
+            Observed.of(*_trial_parts(record.source_trial)),
+            load_catalog().gpus["h100-sxm"],
+            load_catalog().gpus["h200-sxm"],
+            band=0,
+        ).speedup
+        assert record.error == pytest.approx(expected / 1.15 - 1, rel=1e-6)
+    rows = {row.gpu: row for row in table.rows}
+    assert rows["h200-sxm"].basis == "measured" and rows["h200-sxm"].study == "h200"
+    assert rows["h200-sxm"].prediction_error is not None
+    assert "off" in rows["h200-sxm"].note
+    assert "10 calibration records" in table.band_basis  # both directions
+    assert rows["l40s"].basis == "estimate" and rows["l40s"].band == table.band
+
+
+def _trial_parts(number: int) -> tuple[dict, dict, dict]:
+    (trial,) = [t for t in _h100()["trials"] if t["number"] == number]
+    return trial["measurement"], trial["config"], trial["projection"]
