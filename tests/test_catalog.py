@@ -212,6 +212,14 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
             refused = client.get("/api/studies/h100/compare", params=query)
             assert refused.status_code == 422, refused.text
         assert "b200" in client.get("/api/studies/h100/compare?gpus=b200").text
+        page = client.get("/studies/h100")
+        assert page.status_code == 200
+        section = page.text.split('<section id="gpus">')[1].split("</section>")[0]
+        assert "Every GPU for this job" in section and "no calibration yet" in section
+        # the 9 GPUs: the H100 measured, 3 with 24 GB cannot hold its configs, 5 estimated
+        assert section.count('data-basis="estimate"') == 5
+        assert section.count('data-basis="predicted OOM"') == 3
+        assert section.count('data-basis="measured"') == 1
         catalog = client.get("/api/catalog").json()["gpu_catalog"]
         assert catalog["gpus"]["h200-sxm"]["memory_gb"] == 141
         assert "path" not in catalog

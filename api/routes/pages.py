@@ -23,6 +23,7 @@ from sweeper.errors import ConflictError, NoResultError, SweeperError
 from sweeper.export import render
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
+from sweeper.offers import OfferTable
 from sweeper.store import Store, TrialMetrics
 
 router = APIRouter(include_in_schema=False)
@@ -129,6 +130,7 @@ def study_page(
     # measured config (or one another worker had taken) ran nothing, which the page says
     marks = store.trial_marks(name, rows=total)
     context: dict[str, Any] = {
+        "offers": cache.get(store, name, ("offers",), lambda: _offers(store, name)),
         "study": study,
         "trials": trials,
         "best": best,
@@ -164,6 +166,15 @@ def study_page(
         },
     }
     return render_page(request, "study.html", context)
+
+
+def _offers(store: Store, name: str) -> OfferTable | None:
+    """The job on every GPU of the catalog (``best --across-hardware``'s table); None when
+    the study has nothing to price yet, or its space names a catalog this server cannot read."""
+    try:
+        return compare.compare(store, name, offers=True).offers
+    except SweeperError:
+        return None
 
 
 def _exports(best: BestConfig, space_yaml: str) -> dict[str, str]:
