@@ -548,12 +548,14 @@ class Space(_Frozen):
 
     @model_validator(mode="after")
     def _worker_start_needs_the_loop(self) -> Space:
+        # a script's own DataLoader takes it from sweeper.trial_config() (a Trainer script's
+        # cannot: its trials fail as a mismatch, read back from the loader)
         starts = [v for v in self.search.values("multiprocessing_context") if v != "fork"]
-        if starts and self.workload.engine != "loop":
+        if starts and self.workload.engine not in ("loop", "script"):
             raise ValueError(
                 f"search.multiprocessing_context {starts}: TrainingArguments has no way to set "
                 f"it, so the {self.workload.engine} engine's DataLoader workers fork; list only "
-                "fork, or use engine: loop (your own DataLoader)"
+                "fork, or use engine: loop or script (your own DataLoader)"
             )
         return self
 

@@ -153,16 +153,25 @@ def test_seed_001(sqlite_url: str, cache_dir: Path) -> None:
 
 
 def _launch_quick(
-    name: str, tmp_path: Path, url: str, cache_dir: Path, n_trials: int
+    name: str,
+    tmp_path: Path,
+    url: str,
+    cache_dir: Path,
+    n_trials: int,
+    edits: dict[str, str] | None = None,
 ) -> tuple[Space, str, list[TrialRow]]:
     """`sweeper launch` on the seed's space with trials cut to a few steps and preflight on
-    (what it drops and why is part of what the space must show); returns its output."""
+    (what it drops and why is part of what the space must show); returns its output. ``edits``
+    replace text in the space file first (a job's paths)."""
     import yaml
 
     from tests.helpers import run_sweeper
 
     path = REPO / "spaces" / name
-    data = yaml.safe_load(path.read_text())
+    text = path.read_text()
+    for old, new in (edits or {}).items():
+        text = text.replace(old, new)
+    data = yaml.safe_load(text)
     data["trial"] = {
         "warmup": {"min_steps": 1, "max_steps": 2},
         "measure": {"min_steps": 3, "max_steps": 3, "min_seconds": 0, "warmup_multiple": 0},
@@ -235,20 +244,79 @@ def test_seed_003(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
 
 
 def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
-    space, output, trials = _launch_quick("seed-004.yaml", tmp_path, sqlite_url, cache_dir, 2)
-    assert space.workload.tokenize == "pretokenized" and space.workload.engine == "loop"
+    """The seed's own AMP loop is the trial (examples/amp_loop/train.py, engine: script) on the
+    job's files (scripts/pretrain_job.py): every knob read back from the loop's own DataLoader,
+    model and optimizer; the winner exported as the loop's command and run as the user runs it."""
+    import json
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    job = tmp_path / "seed004-job"
+    made = subprocess.run(
+        [sys.executable, "scripts/pretrain_job.py", "--out", str(job)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    edits = {
+        "seed004-job/": f"{job}/",
+        "[python, examples/": f"[{sys.executable}, {REPO}/examples/",
+    }
+    space, output, trials = _launch_quick(
+        "seed-004.yaml", tmp_path, sqlite_url, cache_dir, 2, edits
+    )
+    assert space.workload.engine == "script" and space.workload.script is not None
     before, after = trials
     assert after.config["multiprocessing_context"] == "spawn"
     assert after.config["persistent_workers"] is True
+    assert "preflight drops pin_memory=True: needs a CUDA device" in output
+    config = json.loads((job / "model" / "config.json").read_text())
     for trial in (before, after):
         assert trial.state == "complete", trial.failure_message
         m = trial.measurement
-        # packed chunks: the headline is tokens/s, and samples are counted by their tokens
+        assert m["engine"] == "script"
+        # what ran, read back from the loop's own DataLoader, model and optimizer
+        effective = m["effective"]
+        for knob in (
+            "per_device_batch_size", "gradient_accumulation_steps", "num_workers",
+            "persistent_workers", "multiprocessing_context", "pin_memory",
+            "gradient_checkpointing", "attn_implementation", "precision",
+        ):  # fmt: skip
+            asked = trial.config[knob]
+            assert asked is None or effective[knob] == asked, (knob, effective)
+        assert effective["optim"] == "adamw_torch"
+        # packed rows of max_seq_length: the headline is tokens/s, samples counted by tokens
         assert m["packing"] and m["tokens_per_s"] > 0
-        assert m["padding_share"] == 0
+        assert m["padding_share"] == 0 and m["mean_row_tokens"] == 256
+        # the model the space names (its config.json), built by the loop with random weights
+        assert m["flops_per_token"] > 0 and m["loss_first"] < 1.5 * math.log(config["vocab_size"])
     # tokens/s leads the recommendation and its comparison with the notes' "before"
     assert space.workload.headline == "tokens"
     assert re.search(r"→ [\d,]+ tokens/s \([\d,.]+ samples/s\), [\d.]+ it/s", output), output
     # (or, when the two tie within the noise, the answer is to keep the baseline)
     compared = re.search(r"/run, [\d,]+ → [\d,]+ tokens/s → [\d.]+× faster", output)
     assert compared or "this is your baseline (trial #0)" in output, output
+
+    # the winner as the loop's own command; run outside a trial as the user runs it, with the
+    # knobs the export lists as read from trial_config() given as the loop's flags
+    from tests.helpers import run_sweeper
+
+    export = run_sweeper(
+        "export", "--study", "seed-004", "--storage", sqlite_url, "--format", "command",
+        cache_dir=cache_dir,
+    )  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    lines = export.stdout.strip().splitlines()
+    listed = dict(
+        line.removeprefix("#   ").split(": ", 1) for line in lines if line.startswith("#   ")
+    )
+    assert listed["max_seq_length"] == "256" and listed["attn_implementation"] == "sdpa"
+    words = [*shlex.split(lines[-1]), "--max_seq_length", "256", "--max_steps", "2"]
+    ran = subprocess.run(
+        [*words, "--output_dir", str(tmp_path / "real-run")],
+        capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (tmp_path / "real-run" / "checkpoint.pt").is_file()

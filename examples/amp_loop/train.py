@@ -1,50 +1,109 @@
-"""A custom AMP training loop, the shape of seed 004's: fp16 autocast with a GradScaler on CUDA,
-gradient accumulation, a DataLoader with workers, pinning, prefetching and persistent workers,
-gradient clipping, a OneCycle schedule. Its knobs come from ``sweeper.trial_config()`` inside
-a trial and from the command line otherwise; sweeper's one line is the ``with sweeper.step``.
+"""A custom AMP training loop, seed 004's: fp16 autocast with a GradScaler on CUDA, gradient
+accumulation, a DataLoader with workers, pinning, prefetching, persistent workers and its
+start method, gradient checkpointing and clipping, a OneCycle schedule, a checkpoint at the end.
 
-    python examples/amp_loop/train.py --model my-job/model --data my-job/chats.jsonl
+The model is built from a config with random weights (``--config DIR``: pre-training from
+scratch, as the seed does) or loaded with from_pretrained (``--model DIR``: a fine-tune). The data
+is pre-tokenized (``--data tokens.npy``: token ids end to end, each sample closed by EOS,
+packed here into rows of ``--max_seq_length``) or chat records (``--data chats.jsonl``, rendered
+with the tokenizer's chat template, each record cut at ``--max_seq_length`` and padded).
+
+The knobs are command-line flags named as TrainingArguments names them, so sweeper appends
+them (``workload.script.knobs: flags``) and ``sweeper export --format command`` gives the
+winner's command; the few that are not TrainingArguments (sequence length, attention kernel,
+the workers' start method) come from ``sweeper.trial_config()`` inside a trial. sweeper's one
+line is the ``with sweeper.step``.
+
+    python scripts/pretrain_job.py --out seed004-job
+    python examples/amp_loop/train.py --config seed004-job/model --data seed004-job/tokens.npy
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from torch.utils.data import DataLoader, Dataset
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import sweeper
 
 
-def knobs() -> dict[str, Any]:
+def _bool(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes")
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--batch_size", type=int, default=4)
-    parser.add_argument("--gradient_accumulation", type=int, default=4)
-    parser.add_argument("--max_seq_len", type=int, default=512)
-    parser.add_argument("--num_workers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=1000)
-    args = vars(parser.parse_args())
-    trial = sweeper.trial_config()  # the sweep's knobs, inside a trial
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--config", help="a directory with config.json: random weights")
+    model.add_argument("--model", help="a directory written by save_pretrained")
+    parser.add_argument("--data", required=True, help="tokens.npy, or chat records (.jsonl)")
+    parser.add_argument("--output_dir", help="where the checkpoint goes at the end")
+    parser.add_argument("--max_steps", type=int, default=1000)
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
+    # the knobs, with the seed's values as defaults; TrainingArguments' names
+    parser.add_argument("--per_device_train_batch_size", type=int, default=4)
+    parser.add_argument("--gradient_accumulation_steps", type=int, default=4)
+    parser.add_argument("--dataloader_num_workers", type=int, default=4)
+    parser.add_argument("--dataloader_prefetch_factor", type=int, default=4)
+    parser.add_argument("--dataloader_persistent_workers", type=_bool, default=True)
+    parser.add_argument("--dataloader_pin_memory", type=_bool, default=True)
+    parser.add_argument("--fp16", type=_bool, default=None, help="default: on CUDA")
+    parser.add_argument("--bf16", type=_bool, default=False)
+    parser.add_argument("--tf32", type=_bool, default=True)
+    parser.add_argument("--gradient_checkpointing", type=_bool, default=True)
+    parser.add_argument("--torch_compile", type=_bool, default=False)
+    parser.add_argument("--torch_compile_mode", default=None)
+    parser.add_argument(
+        "--optim", default="adamw_torch", choices=["adamw_torch", "adamw_torch_fused"]
+    )
+    # not TrainingArguments: from sweeper.trial_config() inside a trial
+    parser.add_argument("--max_seq_length", type=int, default=32768)
+    parser.add_argument("--attn_implementation", default="sdpa")
+    parser.add_argument("--multiprocessing_context", default="spawn")
+    args = parser.parse_args()
+    trial = sweeper.trial_config()  # None outside a sweeper trial
     if trial is not None:
-        args.update(
-            batch_size=trial["per_device_batch_size"],
-            gradient_accumulation=trial["gradient_accumulation_steps"],
-            max_seq_len=trial["max_seq_length"],
-            num_workers=trial["num_workers"],
-            prefetch_factor=trial["prefetch_factor"],
-            pin_memory=trial["pin_memory"],
-            precision=trial["precision"],
-            attn_implementation=trial["attn_implementation"],
-        )
+        args.max_seq_length = trial["max_seq_length"]
+        args.attn_implementation = trial["attn_implementation"]
+        args.multiprocessing_context = trial["multiprocessing_context"]
     return args
 
 
-class Chats(torch.utils.data.Dataset):
+class PackedTokens(Dataset):
+    """Rows of ``block`` tokens cut from one stream of token ids: every row full, no padding
+    (a sample continues in the next row; rows attend across samples, as packed pre-training
+    does). Each process maps the file itself: a spawned worker gets the path, not the array."""
+
+    def __init__(self, path: str, block: int) -> None:
+        self.path, self.block = path, block
+        self.rows = len(np.load(path, mmap_mode="r")) // block
+        self.tokens: Any = None
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if self.tokens is None:
+            self.tokens = np.load(self.path, mmap_mode="r")
+        row = self.tokens[index * self.block : (index + 1) * self.block]
+        ids = torch.from_numpy(row.astype(np.int64))
+        return {"input_ids": ids, "labels": ids}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "tokens": None}
+
+
+class Chats(Dataset):
+    """Chat records, rendered and tokenized as they are read (in the workers), cut at
+    ``max_len``."""
+
     def __init__(self, path: str, tokenizer: Any, max_len: int) -> None:
         with open(path, encoding="utf-8") as f:
             self.records = [json.loads(line) for line in f if line.strip()]
@@ -58,56 +117,94 @@ class Chats(torch.utils.data.Dataset):
         return self.tokenizer(text, truncation=True, max_length=self.max_len)
 
 
-def main() -> None:
-    args = knobs()
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-    tokenizer = AutoTokenizer.from_pretrained(args["model"])
-    model = AutoModelForCausalLM.from_pretrained(
-        args["model"], attn_implementation=args.get("attn_implementation", "sdpa")
-    ).to(device)
-    model.train()
-    workers = args["num_workers"]
+class PadChats:
+    """Pads a batch of chat rows to its longest; pads are not labels. A class, not a
+    closure: a spawned worker gets it pickled."""
 
-    def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = tokenizer.pad(rows, return_tensors="pt")
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer.pad(rows, return_tensors="pt")
         batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-        return batch
+        return dict(batch)
 
-    loader = DataLoader(
-        Chats(args["data"], tokenizer, args["max_seq_len"]),
-        batch_size=args["batch_size"],
+
+def build_model(args: argparse.Namespace, device: torch.device) -> Any:
+    torch.manual_seed(0)
+    if args.model is not None:
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, attn_implementation=args.attn_implementation
+        )
+    else:
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(args.config), attn_implementation=args.attn_implementation
+        )
+    model.config.use_cache = False
+    if args.gradient_checkpointing:  # transformers 5.23 renamed it (the old name warns)
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+    return model.to(device).train()
+
+
+def build_loader(args: argparse.Namespace, cuda: bool) -> DataLoader:
+    workers = args.dataloader_num_workers
+    if Path(args.data).suffix == ".npy":
+        dataset: Dataset = PackedTokens(args.data, args.max_seq_length)
+        collate = None  # rows are all max_seq_length wide: torch's default stacks them
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.model or args.config)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        dataset, collate = Chats(args.data, tokenizer, args.max_seq_length), PadChats(tokenizer)
+    return DataLoader(
+        dataset,
+        batch_size=args.per_device_train_batch_size,
         shuffle=True,
         drop_last=True,
         collate_fn=collate,
         num_workers=workers,
-        pin_memory=args.get("pin_memory", cuda),
-        persistent_workers=workers > 0,
-        prefetch_factor=args.get("prefetch_factor") or (4 if workers else None),
+        pin_memory=args.dataloader_pin_memory and cuda,
+        persistent_workers=args.dataloader_persistent_workers and workers > 0,
+        prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+        multiprocessing_context=args.multiprocessing_context if workers > 0 else None,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def main() -> None:
+    args = arguments()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
+    model = build_model(args, device)
+    runnable = model
+    if args.torch_compile:
+        runnable = torch.compile(model, mode=args.torch_compile_mode)
+    loader = build_loader(args, cuda)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.learning_rate, fused=args.optim == "adamw_torch_fused"
+    )
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=1e-4, total_steps=args["steps"], pct_start=0.1
+        optimizer, max_lr=args.learning_rate, total_steps=args.max_steps, pct_start=0.1
     )
-    precision = args.get("precision", "fp16" if cuda else "fp32")
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-    scaler = torch.amp.GradScaler("cuda", enabled=cuda and precision == "fp16")
-    accumulation = args["gradient_accumulation"]
+    fp16 = cuda if args.fp16 is None else args.fp16
+    dtype = torch.float16 if fp16 else torch.bfloat16 if args.bf16 else None
+    scaler = torch.amp.GradScaler("cuda", enabled=cuda and fp16)
+    accumulation = args.gradient_accumulation_steps
 
     step, micro = 0, []
-    while step < args["steps"]:
+    while step < args.max_steps:
         for batch in loader:
             micro.append(batch)
             if len(micro) < accumulation:
                 continue
             # sweeper's one line: this optimizer step and its micro-batches
-            with sweeper.step(micro, model=model, optimizer=optimizer, loader=loader):
+            with sweeper.step(micro, model=runnable, optimizer=optimizer, loader=loader):
                 for part in micro:
                     part = {k: v.to(device, non_blocking=True) for k, v in part.items()}
                     with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                        loss = model(**part).loss / accumulation
+                        loss = runnable(**part).loss / accumulation
                     scaler.scale(loss).backward()
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
@@ -115,9 +212,19 @@ def main() -> None:
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 scheduler.step()
+                if step % 10 == 0:  # the seed's cleanup, timed with the step it belongs to
+                    del loss, part
+                    if cuda:
+                        torch.cuda.empty_cache()
+                    gc.collect()
             micro, step = [], step + 1
-            if step >= args["steps"]:
+            if step >= args.max_steps:
                 break
+    if args.output_dir:
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        torch.save(state, out / "checkpoint.pt")
 
 
 if __name__ == "__main__":

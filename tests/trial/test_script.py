@@ -1,7 +1,8 @@
 """``engine: script``: the user's own training program is the trial.
 
 The examples a user copies (``examples/trainer``: a Trainer script fed TrainingArguments flags;
-``examples/amp_loop``: seed 004's custom AMP loop reading ``sweeper.trial_config()``) are swept
+``examples/amp_loop``: seed 004's custom AMP loop, fed flags too, on chat records here; its
+pre-training job is ``tests/test_seeds.py::test_seed_004``) are swept
 end to end with ``sweeper launch`` on the tiny stand-in job (``scripts/tiny_job.py``), on SQLite
 and on Postgres. Scripts that go wrong run as real trial children: one that never calls the
 hook, one that crashes, one that hangs, one that ignores a knob.
