@@ -20,6 +20,9 @@ def no_tables(error: BaseException) -> bool:
     return "no such table" in text or getattr(orig, "sqlstate", None) == "42P01"
 
 
+_MIN_FREE_MB = 10.0
+
+
 def disk_full_message(url: str, error: BaseException) -> str:
     """Where the disk is full and how much is free (SQLite: the file's own disk)."""
     from sweeper.store.store import redact  # store.py imports this module
@@ -31,12 +34,21 @@ def disk_full_message(url: str, error: BaseException) -> str:
             free = f"{shutil.disk_usage(path.parent).free / 1e6:,.1f} MB free"
         except OSError:
             free = "free space unknown"
+        try:
+            size_mb = path.stat().st_size / 1e6
+        except OSError:
+            size_mb = 0.0
+        # a write needs room for its rollback journal (at most the database's own pages) and
+        # the rows it adds (a trial's record is a few kB)
+        needed_mb = max(_MIN_FREE_MB, 2 * size_mb)
         return (
-            f"the disk under {path} is full ({free}): SQLite could not write. Free space "
-            "there, or move the study to another disk (`sweeper study export`, then "
-            "`--storage` elsewhere); nothing of the failed write was kept"
+            f"the disk under {path} is full ({free}): SQLite could not write. It needs room "
+            f"for its journal, up to the database's own size ({size_mb:,.1f} MB): free at "
+            f"least {needed_mb:,.0f} MB there, or move the study to another disk (`sweeper "
+            "study export`, then `--storage` elsewhere); the failed write left the database "
+            "as it was"
         )
     return (
         f"the database server at {redact(url)} is out of disk space ({error.__class__.__name__}"
-        "): free space on its data volume; nothing of the failed write was kept"
+        "): free space on its data volume; the failed write left the database as it was"
     )

@@ -6,9 +6,10 @@ configs up in a table instead.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,7 +75,8 @@ class ChildExecutor:
     ) -> None:
         self.space, self.store, self.worker_id = space, store, worker_id
         self.in_flight: int | None = None  # the trial number being run and recorded, if any
-        self.kept: Path | None = None  # where a measurement the database refused was kept
+        self.kept: Path | None = None  # where a record the database refused was kept
+        self.kept_failure: str | None = None  # its failure kind, if the trial failed
         self.prepared, self.cache_dir, self.observer, self.server = (
             prepared, cache_dir, observer, server,
         )  # fmt: skip
@@ -233,29 +235,14 @@ class ChildExecutor:
                 "contended": measurement.contended,
                 **measurement.columns(),
             }
-            try:
+            with self._kept_if_refused(trial.number, fields, projection.cost_per_run_usd, attrs):
                 for key, value in attrs.items():
                     trial.set_user_attr(key, value)
                 row = store.finish_trial(space.study, trial.number, "complete", **fields)
-            except Exception as e:
-                if not (isinstance(e, StorageError) or connection_lost(e) or disk_full(e)):
-                    raise
-                # the database cannot take it: the measurement is kept on this disk, and the
-                # study's next launch or worker writes it (sweeper.sweep.spool)
-                try:
-                    self.kept = spool.keep(
-                        self.cache_dir, space.study, trial.number, fields,
-                        projection.cost_per_run_usd, attrs,
-                    )  # fmt: skip
-                except (OSError, ValueError, TypeError) as kept_error:  # the first error stands
-                    observer.note(f"#{trial.number}'s measurement could not be kept: {kept_error}")
-                raise
         elif measured.invalid is not None:
             # a child of another version, or an engine's typo: this trial fails, the sweep goes on
-            row = _record_failure(
-                store,
+            row = self._failed(
                 trial,
-                space.study,
                 "error",
                 measured.invalid,
                 wall_s=run.wall_s,
@@ -272,10 +259,8 @@ class ChildExecutor:
                     f"(trial.timeout_s is {space.trial.timeout_s:.0f} s): it says nothing about "
                     "the config, and the study's next launch runs it again"
                 )
-            row = _record_failure(
-                store,
+            row = self._failed(
                 trial,
-                space.study,
                 kind,
                 message,
                 wall_s=run.wall_s,
@@ -284,6 +269,44 @@ class ChildExecutor:
         observer.trial_done(row)
         self.in_flight = None
         return row, sample
+
+    def _failed(
+        self,
+        trial: optuna.Trial,
+        kind: str,
+        message: str,
+        *,
+        wall_s: float,
+        details: dict[str, Any],
+    ) -> TrialRow:
+        """Record a trial that ran and failed: a failure is data (it cost the same minutes),
+        kept like a measurement when the database refuses it."""
+        fields = failure_fields(kind, message, wall_s=wall_s, details=details)
+        with self._kept_if_refused(trial.number, fields, None, failure_attrs(kind, message)):
+            return _record_failure(
+                self.store, trial, self.space.study, kind, message, wall_s=wall_s, details=details
+            )
+
+    @contextlib.contextmanager
+    def _kept_if_refused(
+        self, number: int, fields: dict[str, Any], value: float | None, attrs: dict[str, Any]
+    ) -> Iterator[None]:
+        """When the database cannot take trial ``number``'s record (away past the retry
+        window, or its disk full), keep the record on this disk for the study's next launch or
+        worker to write (``sweeper.sweep.spool``), then let the error stop the sweep."""
+        try:
+            yield
+        except Exception as e:
+            if not (isinstance(e, StorageError) or connection_lost(e) or disk_full(e)):
+                raise
+            try:
+                self.kept = spool.keep(
+                    self.cache_dir, self.space.study, number, fields, value, attrs
+                )
+                self.kept_failure = fields.get("failure_kind")
+            except (OSError, ValueError, TypeError) as kept_error:  # the first error stands
+                self.observer.note(f"#{number}'s record could not be kept: {kept_error}")
+            raise
 
 
 _KIND_WORDS = {
@@ -333,20 +356,34 @@ def _record_failure(
     wall_s: float | None = None,
     details: dict[str, Any] | None = None,
 ) -> TrialRow:
-    trial.set_user_attr("failure_kind", kind)
-    trial.set_user_attr("failure_message", message[:2000])
+    for key, value in failure_attrs(kind, message).items():
+        trial.set_user_attr(key, value)
     row = store.finish_trial(
         study_name,
         trial.number,
         "failed",
-        wall_s=wall_s,
-        failure_kind=kind,
-        failure_message=message,
-        measurement=details,
+        **failure_fields(kind, message, wall_s=wall_s, details=details),
     )
     if kind == "interrupted":  # nothing was measured: the config may run again
         store.release_claim(study_name, trial.number)
     return row
+
+
+def failure_attrs(kind: str, message: str) -> dict[str, Any]:
+    """A failed trial's user attributes in Optuna."""
+    return {"failure_kind": kind, "failure_message": message[:2000]}
+
+
+def failure_fields(
+    kind: str, message: str, *, wall_s: float | None, details: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A failed trial's columns in our store (``Store.finish_trial``'s fields)."""
+    return {
+        "wall_s": wall_s,
+        "failure_kind": kind,
+        "failure_message": message,
+        "measurement": details,
+    }
 
 
 def measurement_of(payload: dict[str, Any] | None) -> tuple[Measurement | None, str | None]:

@@ -33,9 +33,18 @@ STARTUP_RETRY_S = 10.0  # the same, for the first connection of a sweep
 
 
 def _kept_words(
-    study: str, in_flight: int | None, kept: Path | None, resume: str = "Resume"
+    study: str,
+    in_flight: int | None,
+    kept: Path | None,
+    resume: str = "Resume",
+    failure: str | None = None,
 ) -> str:
-    if kept is not None:
+    if kept is not None and failure is not None:
+        trial = (
+            f"trial #{in_flight} had failed ({failure}): its record is kept in {kept} and "
+            "written when the study resumes"
+        )
+    elif kept is not None:
         trial = (
             f"trial #{in_flight} had finished: its measurement is kept in {kept} and written "
             "when the study resumes"
@@ -54,13 +63,18 @@ def _kept_words(
 
 
 def database_lost_message(
-    study: str, storage_url: str, waited_s: float, in_flight: int | None, kept: Path | None
+    study: str,
+    storage_url: str,
+    waited_s: float,
+    in_flight: int | None,
+    kept: Path | None,
+    failure: str | None = None,
 ) -> str:
     """What a sweep that lost its database says, in one paragraph: what, and how to resume."""
     return (
         f"the database {redact(storage_url)} did not answer for {waited_s:g} s "
         f"(SWEEPER_DATABASE_RETRY_S), so this sweep stopped; "
-        + _kept_words(study, in_flight, kept, resume="Resume when it answers")
+        + _kept_words(study, in_flight, kept, resume="Resume when it answers", failure=failure)
     )
 
 
@@ -165,8 +179,8 @@ def run_sweep(
         state="running",
         **study_fields(space, n_trials=planned, space_text=space_text, space_path=space_path),
     )
-    for number in spool.replay(store, storage, space.study, cache_dir):  # before the reaper
-        observer.note(f"#{number}: wrote the measurement kept while the database was away")
+    for number, what in spool.replay(store, storage, space.study, cache_dir):  # before reaping
+        observer.note(f"#{number}: wrote the {what} kept while the database was away")
     enqueue_known(study, space)
     enqueue_interrupted(store, study, space)
     clock = SweepClock(store, space.study)
@@ -210,11 +224,15 @@ def run_sweep(
         member.abandon()  # no word to a database that cannot take it: the reaper ends us
         in_flight = None if executor is None else executor.in_flight
         kept = None if executor is None else executor.kept
+        failure = None if executor is None else executor.kept_failure
         if full:
             said = disk_full_message(storage_url, e)
-            raise DiskFullError(f"{said}; {_kept_words(space.study, in_flight, kept)}") from e
+            kept_words = _kept_words(space.study, in_flight, kept, failure=failure)
+            raise DiskFullError(f"{said}; {kept_words}") from e
         raise DatabaseLostError(
-            database_lost_message(space.study, storage_url, database_retry_s, in_flight, kept)
+            database_lost_message(
+                space.study, storage_url, database_retry_s, in_flight, kept, failure
+            )
         ) from e
     except BaseException:
         member.stop("failed")

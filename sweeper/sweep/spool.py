@@ -1,10 +1,12 @@
 """A finished trial's record, kept on local disk when the database cannot take it.
 
 A trial can finish while the database is away past the sweep's retry window, or while its disk
-is full. Its measurement cost GPU minutes; it is written here (``<cache>/spool/<study>/<n>.json``,
-atomically) and the sweep stops. The study's next launch or worker replays it before anything
-else: our row is finished as it would have been, Optuna is told the trial's value, and the reaper
-then finds nothing of it left to re-run.
+is full. Its measurement (or its failure: a failure is data too) cost GPU minutes; it is written
+here (``<cache>/spool/<study>/<n>.json``, atomically) and the sweep stops. The study's next
+launch or worker replays it before anything else: our row is finished as it would have been, and
+the reaper then finds nothing of it left to re-run. Optuna is told a measured trial's value here;
+a failed one is told by the reaper from our row (``Worker.settle_orphans``), as the loop would
+have told it (a failure's value depends on the study's other trials).
 """
 
 from __future__ import annotations
@@ -29,16 +31,22 @@ def keep(
     study: str,
     number: int,
     fields: dict[str, Any],
-    value: float,
+    value: float | None,
     user_attrs: dict[str, Any],
 ) -> Path:
     """Write trial ``number``'s record (``Store.finish_trial``'s fields, Optuna's value and
-    user attributes); raises OSError if even the local disk cannot take it, ValueError or
-    TypeError for a value JSON cannot hold."""
+    user attributes; no value: the trial failed); raises OSError if even the local disk cannot
+    take it, ValueError or TypeError for a value JSON cannot hold."""
     folder = spool_dir(cache_dir, study)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{number}.json"
-    record = {"number": number, "fields": fields, "value": value, "user_attrs": user_attrs}
+    record = {
+        "number": number,
+        "state": "complete" if value is not None else "failed",
+        "fields": fields,
+        "value": value,
+        "user_attrs": user_attrs,
+    }
     partial = path.with_suffix(".part")
     # NaN and inf stay as they are (a window with no spread has an infinite interval):
     # Python's json reads them back, and finish_trial stores them as it always does
@@ -49,9 +57,10 @@ def keep(
 
 def replay(
     store: Store, storage: optuna.storages.BaseStorage, study: str, cache_dir: Path
-) -> list[int]:
+) -> list[tuple[int, str]]:
     """Write every kept record of ``study`` whose trial is still running in both stores;
-    returns the trial numbers written. A record whose trial has moved on is dropped."""
+    returns the trial numbers written, each with what it was (a measurement, or a failure
+    and its kind). A record whose trial has moved on is dropped."""
     folder = spool_dir(cache_dir, study)
     if not folder.is_dir():
         return []
@@ -62,14 +71,20 @@ def replay(
         number = int(record["number"])
         row = store.get_trial(study, number)
         if row is not None and row.state == "running":
-            store.finish_trial(study, number, "complete", **record["fields"])
+            state = record.get("state", "complete")
+            store.finish_trial(study, number, state, **record["fields"])
+            if record["fields"].get("failure_kind") == "interrupted":
+                store.release_claim(study, number)  # nothing was measured: it may run again
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            if storage.get_trial(trial_id).state == optuna.trial.TrialState.RUNNING:
+            told = storage.get_trial(trial_id).state != optuna.trial.TrialState.RUNNING
+            if not told:
                 for key, value in record["user_attrs"].items():
                     storage.set_trial_user_attr(trial_id, key, value)
+            if state == "complete" and not told:
                 storage.set_trial_state_values(
                     trial_id, optuna.trial.TrialState.COMPLETE, [float(record["value"])]
                 )
-            written.append(number)
+            kind = record["fields"].get("failure_kind")
+            written.append((number, "measurement" if kind is None else f"failure ({kind})"))
         path.unlink()
     return written
