@@ -299,7 +299,7 @@ def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
     assert compared or "this is your baseline (trial #0)" in output, output
 
     # the winner as the loop's own command; run outside a trial as the user runs it, with the
-    # knobs the export lists as read from trial_config() given as the loop's flags
+    # knobs the export lists as read from trial_config() given as the loop's flags of their names
     from tests.helpers import run_sweeper
 
     export = run_sweeper(
@@ -312,7 +312,11 @@ def test_seed_004(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
         line.removeprefix("#   ").split(": ", 1) for line in lines if line.startswith("#   ")
     )
     assert listed["max_seq_length"] == "256" and listed["attn_implementation"] == "sdpa"
-    words = [*shlex.split(lines[-1]), "--max_seq_length", "256", "--max_steps", "2"]
+    assert listed["packing"] == "True"
+    words = shlex.split(lines[-1])
+    for name, value in listed.items():
+        words += [f"--{name}", value]
+    words += ["--max_steps", "2"]
     ran = subprocess.run(
         [*words, "--output_dir", str(tmp_path / "real-run")],
         capture_output=True, text=True, timeout=600,

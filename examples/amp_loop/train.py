@@ -11,8 +11,8 @@ with the tokenizer's chat template, each record cut at ``--max_seq_length`` and 
 The knobs are command-line flags named as TrainingArguments names them, so sweeper appends
 them (``workload.script.knobs: flags``) and ``sweeper export --format command`` gives the
 winner's command; the few that are not TrainingArguments (sequence length, attention kernel,
-the workers' start method) come from ``sweeper.trial_config()`` inside a trial. sweeper's one
-line is the ``with sweeper.step``.
+the workers' start method, packing) come from ``sweeper.trial_config()`` inside a trial and are
+flags of the knobs' own names outside one. sweeper's one line is the ``with sweeper.step``.
 
     python scripts/pretrain_job.py --out seed004-job
     python examples/amp_loop/train.py --config seed004-job/model --data seed004-job/tokens.npy
@@ -67,12 +67,23 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--max_seq_length", type=int, default=32768)
     parser.add_argument("--attn_implementation", default="sdpa")
     parser.add_argument("--multiprocessing_context", default="spawn")
+    # the data decides: token ids are packed (a sample continues in the next row, "wrapped"),
+    # chat records are not; asked otherwise, the loop says so instead of training something else
+    parser.add_argument("--packing", type=_bool, default=None)
+    parser.add_argument("--packing_strategy", default="wrapped", choices=("wrapped",))
     args = parser.parse_args()
     trial = sweeper.trial_config()  # None outside a sweeper trial
     if trial is not None:
         args.max_seq_length = trial["max_seq_length"]
         args.attn_implementation = trial["attn_implementation"]
         args.multiprocessing_context = trial["multiprocessing_context"]
+        args.packing = trial["packing"]
+    packed = Path(args.data).suffix == ".npy"
+    if args.packing is not None and args.packing != packed:
+        parser.error(
+            f"packing {args.packing}: {args.data} is "
+            f"{'token ids, packed into rows' if packed else 'chat records, one per row'}"
+        )
     return args
 
 
