@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 CONNECT_TIMEOUT_S = 10
-STATEMENT_BOUND_S = 60.0  # the longest normal call: a migration, 10,000 trials read at once
+STATEMENT_BOUND_S = 60.0  # 18x the longest wait seen at 10,000 trials (bench/db_bound.py)
 SQLITE_BUSY_S = 30.0
 
 
