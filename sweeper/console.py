@@ -403,6 +403,8 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
             + (f" ±{cheapest.band:.0%}" if cheapest.band is not None else ""),
             highlight=False,
         )
+    if offers.caveat:
+        console.print(f"  [yellow]too close to call:[/] {escape(offers.caveat)}", highlight=False)
     console.print(f"  estimates: {escape(offers.model)}", highlight=False)
     console.print(f"  error band: {escape(offers.band_basis)}", highlight=False)
     console.print(f"  catalog: {escape(offers.catalog)}", highlight=False)

@@ -84,6 +84,8 @@ class OfferTable(BaseModel):
     catalog: str  # the file it priced from
     rows: list[OfferRow]  # cheapest first; rows without a price last
     cheapest: OfferRow | None  # the cheapest that meets the constraints (maybe an estimate)
+    # when the cheapest is an estimate whose band overlaps other offers: which, and what to do
+    caveat: str = ""
     band: float
     band_basis: str  # how the estimates' band was derived
     model: str  # what an estimate scales, in one line
@@ -167,6 +169,7 @@ def offer_table(
         catalog="sweeper/gpus.yaml (shipped)" if catalog.path == str(SHIPPED) else catalog.path,
         rows=rows,
         cheapest=cheapest,
+        caveat=_too_close(cheapest, rows),
         band=band.rel,
         band_basis=band.basis,
         model=MODEL,
@@ -475,6 +478,34 @@ def _cheapest(rows: Sequence[OfferRow]) -> OfferRow | None:
         and r.gpu is not None
     ]
     return min(priced, key=lambda r: (r.cost_per_run_usd, r.basis != "measured"), default=None)
+
+
+def _too_close(cheapest: OfferRow | None, rows: Sequence[OfferRow]) -> str:
+    """Whether the cheapest, an estimate, is told apart from the offers that meet the
+    constraints too: not when their $/run lies inside its band (and theirs, if estimated)."""
+    if cheapest is None or cheapest.basis != "estimate" or not cheapest.cost_per_run_usd:
+        return ""
+    high = cheapest.cost_per_run_usd * (1 + (cheapest.band or 0.0))
+    close = [
+        r
+        for r in rows
+        if r is not cheapest
+        and r.gpu is not None
+        and r.meets in ("yes", "within its band")
+        and r.cost_per_run_usd is not None
+        and r.cost_per_run_usd * (1 - (r.band or 0.0)) <= high
+    ]
+    if not close:
+        return ""
+    named = ", ".join(
+        f"{r.name} (${r.cost_per_run_usd:,.2f}, {r.basis})"
+        for r in close[:3]  # cheapest first
+    )
+    return (
+        f"{cheapest.name} is an estimate, and {named} lie within its band: the table cannot "
+        f"tell them apart; measure {cheapest.name} (a short sweep on one) before renting it "
+        "for the run"
+    )
 
 
 def _order(row: OfferRow) -> tuple[int, float, str]:

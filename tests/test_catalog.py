@@ -163,6 +163,7 @@ def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> 
     assert rows["A100 SXM 40GB"]["meets"] == "no"  # ~15 h: past the 12 h deadline
     assert rows["GeForce RTX 4090 24GB"]["basis"] == "predicted OOM"
     assert offers["cheapest"]["name"] == "H100 SXM 80GB"
+    assert offers["caveat"] == ""  # measured, and the others' bands lie above it
     assert "no calibration yet" in offers["band_basis"] and offers["calibration"] == []
 
     table = subprocess.run(run + gpus, capture_output=True, text=True, env=env)
@@ -208,6 +209,12 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
         assert l40s["hours_per_run"] > 12 and l40s["meets"] == "no"  # ~16.6 h: past 12 h
         assert h200["cost_per_run_usd"] > 20 and h200["meets"] == "no"  # $3.50/h x ~6.1 h
         assert offers["cheapest"]["gpu"] == "h100-sxm"
+        # without a deadline the L40S's estimate is the cheapest, but the H100's measured
+        # $16.57 lies inside its ±25%: said, with what to do
+        loose = client.get("/api/studies/h100/compare", params={"gpus": ["l40s"]}).json()
+        assert loose["offers"]["cheapest"]["gpu"] == "l40s"
+        caveat = loose["offers"]["caveat"]
+        assert "H100 SXM 80GB ($16.57, measured)" in caveat and "measure L40S 48GB" in caveat
         for query in ({"gpus": "b200"}, {"gpus": "B200!"}):
             refused = client.get("/api/studies/h100/compare", params=query)
             assert refused.status_code == 422, refused.text
@@ -216,6 +223,7 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
         assert page.status_code == 200
         section = page.text.split('<section id="gpus">')[1].split("</section>")[0]
         assert "Every GPU for this job" in section and "no calibration yet" in section
+        assert "Too close to call: L40S 48GB is an estimate" in section
         # the 9 GPUs: the H100 measured, 3 with 24 GB cannot hold its configs, 5 estimated
         assert section.count('data-basis="estimate"') == 5
         assert section.count('data-basis="predicted OOM"') == 3
