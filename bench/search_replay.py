@@ -12,15 +12,20 @@ The table is JSONL, one object per config: the space's knob names as keys, ``sam
 measurement: each lookup then draws a log-normal measurement around the value), optionally
 ``contended_share`` and ``slowdown`` (a machine shared with other work: each lookup is, with
 that probability, slowed by that factor and flagged contended, as the child's host watch flags
-it; the loop then measures it again), and ``status`` (``ok``, or a failure kind such as
-``oom``). A knob the table leaves out takes the space's value. A config the space allows but
-the table lacks is a failed trial.
+it; the loop then measures it again), ``status`` (``ok``, or a failure kind such as
+``oom``), and optionally ``trial_s``, the seconds one trial of the config takes (start-up,
+compile, burn-in and the timed window; a failing config until it fails). A table without
+``trial_s`` gets it from the config's compile mode (``trial_seconds``). A knob the table
+leaves out takes the space's value. A config the space allows but the table lacks is a failed
+trial.
 
 For each metric (samples/s, tokens/s) the search minimizes $/run computed from that metric, and
 the bench prints, over the seeds, the number of distinct configs run until one within 5% and
 10% of the table's best (median and p90, with 95% bootstrap intervals), and the regret (1 -
 best found / best) after 10, 20 and 40 trials. A config not run because it would run out of
-memory costs nothing and is not counted.
+memory costs nothing and is not counted. Beside trials, the seconds of measurement until one
+within 5% (every trial, failed ones and re-measurements included: what the rented machine was
+busy for).
 
     .venv/bin/python bench/search_replay.py --export-study NAME --storage URL --out FILE.jsonl
 
@@ -48,6 +53,7 @@ from sweeper import knobs
 from sweeper.noise import Estimate, Sample, SampleKind
 from sweeper.preflight import PreflightReport
 from sweeper.samplers import DEFAULT_SAMPLER, SAMPLERS
+from sweeper.search import COMPILE_S, SECONDS_ATTR
 from sweeper.space import Space, TrialConfig, load_space
 from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver
@@ -73,6 +79,7 @@ class Row:
     peak_memory_bytes: int | None = None
     # cuts samples the coverage needs whole: the recommendation cannot pick it
     truncates: bool = False
+    trial_s: float = 0.0  # the seconds one trial of the config takes
 
     def value(self, metric: str) -> float | None:
         return self.samples_per_s if metric == "samples_per_s" else self.tokens_per_s
@@ -100,8 +107,27 @@ def read_table(path: Path, space: Space) -> dict[TrialConfig, Row]:
             slowdown=float(data.get("slowdown", 1.0)),
             peak_memory_bytes=data.get("peak_memory_bytes"),
             truncates=bool(data.get("truncates", False)),
+            trial_s=float(data.get("trial_s") or trial_seconds(config, data.get("status", "ok"))),
         )
     return rows
+
+
+# A table without trial times (all but qlora-24gb, which has its own) gets them from this
+# model: an ordinary trial takes a minute (15 s of start-up, 45 of burn-in and the timed
+# window), a compile mode adds its compile (sweeper.search.COMPILE_S: max-autotune 345 s, as
+# measured on an H100), and a failing config ends where it fails: out of memory at the first
+# step after compiling, a compile error at the end of the compile, the others at start-up.
+START_S, WINDOW_S, FIRST_STEP_S = 15.0, 45.0, 5.0
+
+
+def trial_seconds(config: TrialConfig, status: str) -> float:
+    """The seconds one trial of ``config`` takes, by the model above."""
+    compile_s = COMPILE_S.get(config.compile_mode, 0.0)
+    if status == "ok":
+        return START_S + compile_s + WINDOW_S
+    if status == "oom":
+        return START_S + compile_s + FIRST_STEP_S
+    return START_S + (compile_s if status == "compile" else FIRST_STEP_S)
 
 
 def eligible_best(table: dict[TrialConfig, Row], metric: str) -> float:
@@ -126,6 +152,8 @@ class LookupExecutor:
         self.run: list[TrialConfig] = []  # distinct configs, in the order they ran
         self.measurements = 0  # every lookup: trials, reruns, drift checks, the final rounds
         self.measured_at: list[int] = []  # per distinct config: measurements when it ran
+        self.seconds = 0.0  # of every lookup, by the table's trial times
+        self.seconds_at: list[float] = []  # per distinct config: seconds when it had run
 
     def stop_requested(self) -> bool:
         return False
@@ -141,6 +169,10 @@ class LookupExecutor:
         self.measurements += 1
         self.measured_at.append(self.measurements)
         row = self.table.get(config)
+        seconds = row.trial_s if row is not None else trial_seconds(config, "error")
+        self.seconds += seconds
+        self.seconds_at.append(self.seconds)
+        trial.set_user_attr(SECONDS_ATTR, seconds)  # the lookup itself takes no time
         if row is None:
             return Outcome(number=trial.number, failure_kind="error")
         value = row.value(self.metric)
@@ -162,6 +194,8 @@ class LookupExecutor:
     ) -> Sample | None:
         self.measurements += 1
         row = self.table.get(config)
+        if row is not None:
+            self.seconds += row.trial_s  # a measurement again is a trial again
         return None if row is None else self._sample(row, kind)
 
     def record_estimates(
@@ -207,6 +241,7 @@ class Replay:
 
     values: list[float | None]
     measured_at: list[int]
+    seconds_at: list[float]
     failed_to_5: float  # inf: never reached
     skips_to_5: float
 
@@ -247,7 +282,9 @@ def replay(
         None if c not in table or table[c].status != "ok" else table[c].value(metric)
         for c in executor.run
     ]
-    return Replay(values, executor.measured_at, float(failed_to_5), float(skips_to_5))
+    return Replay(
+        values, executor.measured_at, executor.seconds_at, float(failed_to_5), float(skips_to_5)
+    )
 
 
 def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, Replay]:
@@ -287,6 +324,10 @@ def _fmt(value: float) -> str:
     return "never" if math.isinf(value) else f"{value:.1f}".rstrip("0").rstrip(".")
 
 
+def _seconds(value: float) -> str:
+    return "never" if math.isinf(value) else f"{value:,.0f}"
+
+
 def summarize(
     results: dict[tuple[str, str], list[Replay]],
     table: dict[TrialConfig, Row],
@@ -306,10 +347,11 @@ def summarize(
             f"{within[0.10]}, of {size})\n",
             "| search | seeds | to 5%: median [95% CI] | p90 [95% CI] | to 10%: median [95% CI] "
             "| p90 [95% CI] | regret @10 | @20 | @40 | measurements to 5%: median "
-            "| failed trials to 5%: median | not run (skips) to 5%: median |",
-            "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|",
+            "| failed trials to 5%: median | not run (skips) to 5%: median "
+            "| measurement-seconds to 5%: median [95% CI] |",
+            "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
         ]
-        medians = {}
+        medians, seconds_medians = {}, {}
         for sampler in samplers:
             replayed = results.get((sampler, metric), [])
             if not replayed:
@@ -340,6 +382,14 @@ def summarize(
             # and proposals it did not run (out of memory predicted, truncating)
             regrets.append(_fmt(float(np.median([r.failed_to_5 for r in replayed]))))
             regrets.append(_fmt(float(np.median([r.skips_to_5 for r in replayed]))))
+            seconds = [
+                r.seconds_at[int(n) - 1]
+                if math.isfinite(n := trials_until(r.values, 0.95 * best)) else math.inf
+                for r in replayed
+            ]  # fmt: skip
+            s, sl, sh = bootstrap(seconds, median, rng)
+            seconds_medians[sampler] = s
+            regrets.append(f"{_seconds(s)} [{_seconds(sl)}, {_seconds(sh)}]")
             name = f"{sampler} (default)" if sampler == DEFAULT_SAMPLER else sampler
             lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells + regrets) + " |")
         if DEFAULT_SAMPLER in medians and "random" in medians:
@@ -348,6 +398,10 @@ def summarize(
             lines.append(
                 f"\nmedian trials to 5%, {DEFAULT_SAMPLER} ÷ random: {ratio:.2f} ({verdict} the "
                 "goal of at most 0.5)"
+            )
+            lines.append(
+                f"median measurement-seconds to 5%, {DEFAULT_SAMPLER} ÷ random: "
+                f"{seconds_medians[DEFAULT_SAMPLER] / seconds_medians['random']:.2f}"
             )
         lines += _in_noise_units(results, table, samplers, metric, best)
     return "\n".join(lines)

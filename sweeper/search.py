@@ -28,11 +28,13 @@ import hashlib
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import optuna
 import scipy.linalg
+import scipy.special
 import threadpoolctl
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
@@ -51,6 +53,9 @@ CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasib
 REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
 CONTENDED_ATTR = "contended"  # user attr: every measurement was taken on a shared machine
 WORKER_ATTR = "worker"  # user attr: the id of the study's worker that asked for the trial
+# user attr: the seconds the trial took, start-up and compile included (without it, the time
+# from ask to tell)
+SECONDS_ATTR = "trial_s"
 
 
 def infeasible(trial: FrozenTrial) -> bool:
@@ -241,6 +246,8 @@ class ImprovementGridSampler(_CandidateSampler):
     improvement = 0.05  # log $/run: the gain a pick must be likely to bring (beyond the noise)
     failure_margin_sd = 0.5  # how sure the failure model must be to leave a config out
     chunk = 4096  # free configs scored at once
+    cost_weight = 0.5  # probability of improvement per second of trial, to this power
+    wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
@@ -253,35 +260,34 @@ class ImprovementGridSampler(_CandidateSampler):
         self.memory_prior_var = np.array([memory_sd[k] for k in self.design.kinds]) ** 2
         self._index = {_key(c): i for i, c in enumerate(self.candidates)}
         self._memory = _MemoryOrder(self.candidates)
+        # log tokens per step (batch x sequence length): what activations grow with
+        self._log_tokens = np.array([_log_tokens(c) for c in self.candidates])
+        # log peak memory per token of a step, less its mean: how each knob value moves it
+        # (checkpointing keeps about a third; the fixed weights make small steps dearer)
+        residual_sd = {"main": 0.7, "numeric": 1.0, "pair": 0.1}
+        self.per_token_prior_var = np.array([residual_sd[k] for k in self.design.kinds]) ** 2
         self._revised: dict[tuple[tuple[str, Any], ...], float] = {}
+        # each candidate's model side (its knobs less the loader's), as one level
+        self._model_side = _levels(
+            [tuple(sorted((n, v) for n, v in c.items() if n not in _LOADER_KNOBS))
+             for c in self.candidates]
+        )[1]  # fmt: skip
 
     def revise(self, params: Mapping[str, Any], cost: float) -> None:
         """A config told as contended was measured calm later: its $/run joins the model."""
         self._revised[_key(params)] = cost
 
     def pick(self, free: list[int], trials: list[FrozenTrial]) -> int:
-        rows, values, oom, failed, memory = [], [], [], [], []
-        for t in trials:
-            if t.state != TrialState.COMPLETE or REPEAT_ATTR in t.user_attrs:
-                continue
-            index = self._index.get(_key(t.params))
-            if index is None:
-                continue
-            if infeasible(t):
-                if t.user_attrs.get("failure_kind") == "oom":
-                    oom.append(index)
-                else:  # unsupported, compile error...: a config that fails here
-                    failed.append(index)
-                continue
-            value = self._revised.get(_key(t.params), t.value)
-            if t.user_attrs.get(CONTENDED_ATTR) and _key(t.params) not in self._revised:
-                continue  # slowed by other work by an unknown factor: it says little
-            if value is not None and value > 0 and math.isfinite(value):
-                rows.append(index)
-                values.append(math.log(value))
-            peak = t.user_attrs.get("peak_memory_bytes")
-            if isinstance(peak, (int, float)) and peak > 0:
-                memory.append((index, math.log(peak)))
+        seen = self._history(trials)
+        rows, values, oom, failed, memory = (
+            seen.rows,
+            seen.values,
+            seen.oom,
+            seen.failed,
+            seen.memory,
+        )
+        if seen.model_failed:  # the same model with other loader settings fails the same
+            free = [i for i in free if int(self._model_side[i]) not in seen.model_failed] or free
         if oom:
             heavy = self._memory.dominated(oom)
             free = [i for i in free if not heavy[i]] or free
@@ -293,39 +299,120 @@ class ImprovementGridSampler(_CandidateSampler):
             if failures:
                 free = self._unlike(free, failures, rows)
         if not rows:
-            return int(self.rng.choice(free))
-        return free[self._most_likely_to_improve(np.array(rows), np.array(values), free)]
+            return self._light_first(free)
+        log_seconds = np.log(self._seconds(free, seen.took))
+        return free[
+            self._most_likely_to_improve(np.array(rows), np.array(values), free, log_seconds)
+        ]
 
-    def _most_likely_to_improve(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> int:
-        """The index into ``free`` of the config most likely to beat the best measured log
-        $/run by more than ``improvement``: the largest (best - improvement - mean) / sd of the
-        posterior (the probability of improvement is monotone in it)."""
+    def _history(self, trials: list[FrozenTrial]) -> _History:
+        """What the trials told: the configs measured (log $/run), those that failed and how,
+        their peak memory and the seconds each took."""
+        seen = _History()
+        for t in trials:
+            if t.state != TrialState.COMPLETE or REPEAT_ATTR in t.user_attrs:
+                continue
+            index = self._index.get(_key(t.params))
+            if index is None:
+                continue
+            seconds = _seconds(t)
+            if seconds is not None:
+                seen.took.append((index, seconds))
+            if infeasible(t):
+                if t.user_attrs.get("failure_kind") == "oom":
+                    seen.oom.append(index)
+                else:  # unsupported, compile error...: a config that fails here
+                    seen.failed.append(index)
+                    if t.user_attrs.get("failure_kind") in _MODEL_FAILURES:
+                        seen.model_failed.add(int(self._model_side[index]))
+                continue
+            value = self._revised.get(_key(t.params), t.value)
+            if t.user_attrs.get(CONTENDED_ATTR) and _key(t.params) not in self._revised:
+                continue  # slowed by other work by an unknown factor: it says little
+            if value is not None and value > 0 and math.isfinite(value):
+                seen.rows.append(index)
+                seen.values.append(math.log(value))
+            peak = t.user_attrs.get("peak_memory_bytes")
+            if isinstance(peak, (int, float)) and peak > 0:
+                seen.memory.append((index, math.log(peak)))
+        return seen
+
+    def _seconds(self, free: list[int], took: list[tuple[int, float]]) -> np.ndarray:
+        """The expected seconds of a trial of each free config: the mean of earlier trials
+        with its compile mode (what dominates the difference: max-autotune compiled for 345 s
+        on an H100 where an ordinary trial took a minute), or, for a mode not run yet, the
+        mean of the other trials less their modes' compile time and plus its own, from
+        ``COMPILE_S``."""
+        modes = [self.candidates[i].get("compile_mode", "none") for i in free]
+        if not took:
+            return np.array([ORDINARY_TRIAL_S + _compile_s(m) for m in modes])
+        by_mode: dict[str, list[float]] = {}
+        for index, seconds in took:
+            by_mode.setdefault(self.candidates[index].get("compile_mode", "none"), []).append(
+                seconds
+            )
+        ordinary = float(np.mean([s - _compile_s(m) for m, ss in by_mode.items() for s in ss]))
+        ordinary = max(ordinary, 1.0)
+        known = {m: float(np.mean(ss)) for m, ss in by_mode.items()}
+        return np.array([known.get(m, ordinary + _compile_s(m)) for m in modes])
+
+    def _most_likely_to_improve(
+        self, rows: np.ndarray, y: np.ndarray, free: list[int], log_seconds: np.ndarray
+    ) -> int:
+        """The index into ``free`` of the config with the most probability of beating the best
+        measured log $/run by more than ``improvement`` per second of its trial (to the power
+        ``cost_weight``): cheap informative configs first, and an expensive one (a compile
+        mode that compiles for minutes) once its chance of paying off outweighs its time."""
         posterior = _Posterior(self.design.matrix(rows), y, self.prior_var, self.noise_sd)
         target = float(y.min()) - self.improvement - float(y.mean())
         best, best_score = 0, -math.inf
         for start in range(0, len(free), self.chunk):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
             mean, variance = posterior.mean(features), posterior.variance(features)
-            score = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
+            z = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
+            score = (
+                scipy.special.log_ndtr(z)
+                - self.cost_weight * log_seconds[start : start + self.chunk]
+            )
             at = int(np.argmax(score))
             if score[at] > best_score:
                 best, best_score = start + at, float(score[at])
         return best
 
+    def _light_first(self, free: list[int]) -> int:
+        """Before any config has run: a random one among the lightest quarter of the free
+        configs by tokens per step. Most of a space can lie past the memory wall (three in
+        four configs of a QLoRA on a 24 GB card), and a first pick at random there runs out
+        of memory twice on average before anything is measured; a light config runs, and its
+        peak memory calibrates the memory model for every other config."""
+        tokens = self._log_tokens[free]
+        light = [i for i, t in zip(free, tokens, strict=True) if t <= np.quantile(tokens, 0.25)]
+        return int(self.rng.choice(light or free))
+
     def _fits(self, free: list[int], oom: list[int], memory: list[tuple[int, float]]) -> list[int]:
-        """The free configs a model of the measured peak memory says fit: lighter than the
-        lightest config that ran out of memory (and at least as heavy as the heaviest that did
-        not: the model may not say less)."""
-        if len(memory) < 2:
+        """The free configs a model of peak memory says fit: predicted lighter than the
+        lightest config that ran out of memory is predicted (and than the heaviest that ran:
+        the model may not say less). The model is physical from the first measured trial:
+        peak memory grows with tokens per step (batch x sequence length), and a regression
+        over the knobs learns how each value moves the memory per token (checkpointing, a
+        compile mode, the fixed weights that make small steps dearer per token)."""
+        if not memory:
             return free
         rows = np.array([i for i, _ in memory])
-        log_peak = np.array([m for _, m in memory])
-        weights = self._posterior_mean(rows, log_peak, self.memory_prior_var, 0.05)
-        # predictions are of the centered log peak
-        heaviest_ran = float(log_peak.max() - log_peak.mean())
-        limit = max(float(self.design.predict(oom, weights).min()), heaviest_ran)
-        predicted = self.design.predict(free, weights)
-        return [i for i, p in zip(free, predicted, strict=True) if p < limit] or free
+        per_token = np.array([m for _, m in memory]) - self._log_tokens[rows]
+        posterior = _Posterior(self.design.matrix(rows), per_token, self.per_token_prior_var, 0.05)
+        offset = float(per_token.mean())
+
+        def predicted(indexes: Sequence[int]) -> np.ndarray:
+            at = np.asarray(indexes, dtype=int)
+            return self.design.predict(indexes, posterior.weights) + offset + self._log_tokens[at]
+
+        heaviest_ran = max(m for _, m in memory)
+        lightest_oom = float(predicted(oom).min())
+        # the device's memory lies between the two: a config predicted past the middle is
+        # more likely to run out of memory than not
+        limit = max(heaviest_ran + self.wall_share * (lightest_oom - heaviest_ran), heaviest_ran)
+        return [i for i, p in zip(free, predicted(free), strict=True) if p < limit] or free
 
     def _unlike(self, free: list[int], failed: list[int], ran: list[int]) -> list[int]:
         """The free configs a linear model of "failed" (1) against "ran" (0), over the same
@@ -353,6 +440,19 @@ class ImprovementGridSampler(_CandidateSampler):
     ) -> np.ndarray:
         """The posterior mean of the weights of y ~ features[rows] (y centered)."""
         return _Posterior(self.design.matrix(rows), y, prior_var, noise_sd).weights
+
+
+@dataclass
+class _History:
+    """The trials as ``ImprovementGridSampler`` reads them (indexes into its candidates)."""
+
+    rows: list[int] = field(default_factory=list)  # measured, not contended
+    values: list[float] = field(default_factory=list)  # their log $/run
+    oom: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # the other failures
+    model_failed: set[int] = field(default_factory=set)  # model sides that failed to run
+    memory: list[tuple[int, float]] = field(default_factory=list)  # log peak memory
+    took: list[tuple[int, float]] = field(default_factory=list)  # seconds per trial run
 
 
 class _Posterior:
@@ -393,6 +493,48 @@ class _Posterior:
             return prior - np.sum(reduced**2, axis=0)
         reduced = scipy.linalg.solve_triangular(self.factor, features.T, lower=True)
         return np.sum(reduced**2, axis=0)
+
+
+ORDINARY_TRIAL_S = 60.0  # a trial without compiling: start-up, burn-in, the timed window
+# compile seconds of each compile mode, until the sweep has run one: max-autotune compiled for
+# 345 s on an H100 (issue 33); default and reduce-overhead compile in about a minute
+COMPILE_S = {"none": 0.0, "default": 60.0, "reduce-overhead": 90.0, "max-autotune": 345.0}
+
+
+def _compile_s(mode: Any) -> float:
+    return COMPILE_S.get(mode, COMPILE_S["default"]) if isinstance(mode, str) else 0.0
+
+
+def _seconds(trial: FrozenTrial) -> float | None:
+    """The seconds a trial took (None: it did not run, or the time is unknown)."""
+    if "skipped" in trial.user_attrs:
+        return None
+    seconds = trial.user_attrs.get(SECONDS_ATTR)
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        return float(seconds)
+    return trial.duration.total_seconds() if trial.duration is not None else None
+
+
+CHECKPOINTED_SHARE = 1 / 3  # of the activations kept with gradient checkpointing: the prior
+
+
+def _log_tokens(params: Mapping[str, Any]) -> float:
+    """log of the tokens of one step's activations: batch x sequence length, a third of it
+    with gradient checkpointing (a knob the space does not search is the same for every
+    config: it counts as 1)."""
+    batch, length = params.get("per_device_batch_size"), params.get("max_seq_length")
+    tokens = (batch if isinstance(batch, int) else 1) * (length if isinstance(length, int) else 1)
+    share = CHECKPOINTED_SHARE if params.get("gradient_checkpointing") is True else 1.0
+    return math.log(tokens * share)
+
+
+# knobs that change how batches reach the model, not what the model computes: a config that
+# failed to compile (or another failure of the model's own) fails the same with any of them
+_LOADER_KNOBS = frozenset(
+    {"num_workers", "prefetch_factor", "persistent_workers", "multiprocessing_context",
+     "pin_memory", "gradient_accumulation_steps"}
+)  # fmt: skip
+_MODEL_FAILURES = frozenset({"compile", "unsupported", "nonfinite"})
 
 
 def _levels(values: Sequence[Any]) -> tuple[int, np.ndarray]:

@@ -1,0 +1,176 @@
+"""The default sampler (``bayes``) on a job it has never seen (issue 33): a space most of which
+runs out of memory, a compile mode that fails with checkpointing, and trials whose time
+depends on the compile mode.
+
+The trials are a table (what is under test is what the sweep's loop proposes and runs), on a
+real in-memory Optuna study; every sampler runs the same loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import optuna
+import pytest
+
+from sweeper.preflight import PreflightReport
+from sweeper.search import SECONDS_ATTR, ImprovementGridSampler
+from sweeper.space import Space, TrialConfig, parse_space
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.queue import enqueue_known
+from tests.helpers import tiny_space_without_baseline
+
+SEARCH = """search:
+  sampler: {sampler}
+  per_device_batch_size: [1, 2, 4, 8, 16, 32]
+  max_seq_length: [256, 512, 1024, 2048]
+  gradient_checkpointing: [false, true]
+  compile_mode: [none, default, max-autotune]
+  num_workers: [0, 2]
+"""
+COMPILE_S = {"none": 0.0, "default": 60.0, "max-autotune": 345.0}
+
+
+def _space(sampler: str) -> Space:
+    text = tiny_space_without_baseline()
+    head, rest = text.split("search:\n", 1)
+    tail = rest[rest.index("trial:") :]
+    return parse_space(head + SEARCH.format(sampler=sampler) + tail)
+
+
+def _memory_gb(c: TrialConfig) -> float:
+    """4 GB of weights, then activations per token (a third with checkpointing)."""
+    per_token = 0.0016 if c.gradient_checkpointing else 0.005
+    return 4 + c.per_device_batch_size * c.max_seq_length * per_token
+
+
+def _tokens_per_s(c: TrialConfig) -> float | None:
+    """None: the config fails (past 24 GB, or max-autotune with checkpointing)."""
+    if _memory_gb(c) > 24:
+        return None
+    if c.compile_mode == "max-autotune" and c.gradient_checkpointing:
+        return None
+    tokens = c.per_device_batch_size * c.max_seq_length
+    speed = 3000 * tokens / (tokens + 4000) * (0.75 if c.gradient_checkpointing else 1.0)
+    speed *= {"none": 1.0, "default": 1.1, "max-autotune": 1.15}[c.compile_mode]
+    return speed * (0.9 if c.num_workers == 0 else 1.0)
+
+
+def _seconds(c: TrialConfig) -> float:
+    """A minute, plus the compile; a failing config ends early, after its compile."""
+    return COMPILE_S[c.compile_mode] + (60.0 if _tokens_per_s(c) is not None else 20.0)
+
+
+class _WallTable:
+    """The trial executor: a lookup, with the peak memory and the seconds a trial reports."""
+
+    def __init__(self) -> None:
+        self.ran: list[TrialConfig] = []
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
+        pass
+
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        return None
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        self.ran.append(config)
+        trial.set_user_attr(SECONDS_ATTR, _seconds(config))
+        speed = _tokens_per_s(config)
+        if speed is None:
+            kind = "oom" if _memory_gb(config) > 24 else "compile"
+            return Outcome(number=trial.number, failure_kind=kind)
+        trial.set_user_attr("peak_memory_bytes", int(_memory_gb(config) * 2**30))
+        return Outcome(number=trial.number, cost=1000 / speed)
+
+
+def _search(sampler: str, seed: int, cost_weight: float | None = None) -> list[TrialConfig]:
+    """The configs the loop ran until one within 5% of the best (at most 200 trials)."""
+    space = _space(sampler)
+    study = optuna.create_study(direction="minimize")
+    enqueue_known(study, space)
+    table = _WallTable()
+    loop = SearchLoop(space, study, table, PreflightReport(), SilentObserver(), seed=seed)
+    if cost_weight is not None:
+        assert isinstance(study.sampler, ImprovementGridSampler)
+        study.sampler.cost_weight = cost_weight
+    best = max(s for c in loop.runnable if (s := _tokens_per_s(c)) is not None)
+    while len(table.ran) < 200:
+        if loop.run(1)["run"] == 0:
+            break
+        speed = _tokens_per_s(table.ran[-1])
+        if speed is not None and speed >= 0.95 * best:
+            break
+    return table.ran
+
+
+def _failed(ran: list[TrialConfig]) -> int:
+    return sum(_tokens_per_s(c) is None for c in ran)
+
+
+SEEDS = range(8)
+
+
+@pytest.fixture(scope="module")
+def searches() -> dict[str, list[list[TrialConfig]]]:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    return {s: [_search(s, seed) for seed in SEEDS] for s in ("bayes", "random")}
+
+
+def test_bayes_starts_with_a_light_config(searches: dict[str, list[list[TrialConfig]]]) -> None:
+    """Nothing is known before the first trial; most of this space runs out of memory. The
+    first config is among the lightest quarter by tokens per step, so it runs and its peak
+    memory calibrates the memory model."""
+    light = float(np.quantile([_memory_gb(c) for c in _space("bayes").search.grid()], 0.25))
+    firsts = [ran[0] for ran in searches["bayes"]]
+    assert all(_memory_gb(c) <= light for c in firsts), [_memory_gb(c) for c in firsts]
+    assert len({c.model_dump_json() for c in firsts}) > 1  # still drawn at random
+
+
+def test_bayes_fails_less_than_random_search_at_a_memory_wall(
+    searches: dict[str, list[list[TrialConfig]]],
+) -> None:
+    """Fewer failed trials than random search before reaching the best, in count and as a
+    share of the trials, and no more trials."""
+    failed = {s: sum(_failed(r) for r in runs) for s, runs in searches.items()}
+    trials = {s: sum(len(r) for r in runs) for s, runs in searches.items()}
+    assert failed["bayes"] < failed["random"], failed
+    assert failed["bayes"] / trials["bayes"] < failed["random"] / trials["random"], (
+        failed,
+        trials,
+    )
+    medians = {s: float(np.median([len(r) for r in runs])) for s, runs in searches.items()}
+    assert medians["bayes"] <= medians["random"], medians
+
+
+def test_a_model_that_failed_to_compile_is_not_tried_with_other_loader_settings(
+    searches: dict[str, list[list[TrialConfig]]],
+) -> None:
+    """How batches reach the model (DataLoader workers) does not change what torch.compile
+    does: after a compile failure, the same model with other workers is not run."""
+    for ran in searches["bayes"]:
+        failed = [
+            c.model_dump(exclude={"num_workers"})
+            for c in ran
+            if _tokens_per_s(c) is None and _memory_gb(c) <= 24
+        ]
+        assert len(failed) == len({tuple(sorted(f.items())) for f in failed}), failed
+
+
+def test_bayes_weighs_a_trials_time_and_loses_no_trials_for_it() -> None:
+    """max-autotune compiles for minutes: weighing the chance of improving per second of
+    trial spends fewer seconds to reach 5% of the best than ignoring the time, with no more
+    trials at the median."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    weighed = ImprovementGridSampler.cost_weight
+    assert weighed > 0
+    seeds = range(16)  # the median of 8 moves by 2 trials from seed to seed
+    runs = {w: [_search("bayes", seed, cost_weight=w) for seed in seeds] for w in (0.0, weighed)}
+    seconds = {w: sum(_seconds(c) for r in rs for c in r) for w, rs in runs.items()}
+    assert seconds[weighed] < 0.8 * seconds[0.0], seconds
+    medians = {w: float(np.median([len(r) for r in rs])) for w, rs in runs.items()}
+    assert medians[weighed] <= medians[0.0] + 1, medians
