@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -493,6 +494,29 @@ def _wait_until_running(store: Store, count: int, processes: list[subprocess.Pop
         time.sleep(0.2)
 
 
+def _wait_for_a_fresh_trial_of(
+    store: Store, pid: int, processes: list[subprocess.Popen[str]], fresh_s: float = 1.0
+) -> None:
+    """Wait until the worker of process ``pid`` has a trial that started less than
+    ``fresh_s`` ago: a signal sent now finds it running (its window alone outlasts that),
+    not between two trials (a loaded CI machine once signalled a worker that had just
+    finished one)."""
+    deadline = time.monotonic() + 300
+    while True:
+        ids = {w.id for w, _ in store.list_workers("tiny") if w.pid == pid}
+        now = datetime.now(UTC)
+        for trial in store.list_trials("tiny", states=["running"]):
+            started = trial.started_at
+            if started is not None and started.tzinfo is None:
+                started = started.replace(tzinfo=UTC)
+            if trial.worker_id in ids and started and (now - started).total_seconds() < fresh_s:
+                return
+        for process in processes:
+            assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"no fresh trial of worker pid {pid} in 300 s"
+        time.sleep(0.1)
+
+
 @pytest.mark.torch
 @pytest.mark.postgres
 def test_workers_started_as_the_recipes_start_them_share_one_study(
@@ -533,6 +557,8 @@ def test_workers_started_as_the_recipes_start_them_share_one_study(
         _wait_until_running(store, 2, [slurm, pod])
         refused = run_sweeper(*_compose_worker()[0][1:-1], str(space), env=worker_env)
         assert refused.returncode == 2 and "--join" in refused.stderr, refused.stderr
+        # the bash script exec'd srun, which exec'd sweeper: the worker's pid is slurm's
+        _wait_for_a_fresh_trial_of(store, slurm.pid, [slurm, pod])
         family = psutil.Process(slurm.pid).children(recursive=True)
         sent = time.monotonic()
         slurm.send_signal(signal.SIGTERM)  # the bash script exec'd srun, which exec'd sweeper
