@@ -26,6 +26,7 @@ FAILURE_KINDS = (
     "compile",  # torch.compile raised
     "mismatch",  # a knob's value read back from what ran differs from the config's
     "dataloader",  # a DataLoader worker died
+    "collective",  # a multi-device trial's collective timed out, or a peer rank vanished
     "nonfinite",  # loss became NaN or inf
     "timeout",  # the trial ran past its timeout and was killed
     "killed",  # the child died by a signal it did not send itself (e.g. host OOM-killer)

@@ -283,7 +283,18 @@ _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str:
     """The training-loop side of the knobs (what TrainingArguments would do for a plain loop):
     ``prepare(model)`` returns the model and optimizer the trial measured."""
-    lines = [
+    devices = config.get("devices") or 1
+    lines = []
+    if devices > 1:
+        lines += [
+            f"# on {devices} devices: torchrun --standalone --nproc-per-node {devices} "
+            "train.py; each rank calls",
+            f"# torch.distributed.init_process_group({'nccl' if device != 'cpu' else 'gloo'!r})"
+            " and reads its share of the data",
+            "# (DataLoader(..., sampler=DistributedSampler(dataset, shuffle=True, seed=0, "
+            "drop_last=True)))",
+        ]
+    lines += [
         f"LEARNING_RATE = {learning_rate!r}",
         f"ACCUMULATION_STEPS = {config['gradient_accumulation_steps']}  # batches per "
         "optimizer step",
@@ -303,6 +314,7 @@ def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str
         lines.append("    import bitsandbytes")
     if config.get("optim") == "adafactor":
         lines.append("    import transformers.optimization")
+    lines += _data_parallel_lines(config.get("data_parallel") if devices > 1 else None, device)
     lines.append(f"    optimizer = {_OPTIMIZERS[config.get('optim') or 'adamw_torch']}")
     if config.get("compile_mode", "none") != "none":
         lines.append(f"    model = torch.compile(model, mode={config['compile_mode']!r})")
@@ -323,6 +335,25 @@ def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str
         else "AUTOCAST = contextlib.nullcontext  # fp32",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _data_parallel_lines(strategy: str | None, device: str) -> list[str]:
+    """How the measured trial wrapped the model on its ranks (before the optimizer: FSDP2's
+    optimizer must see the sharded parameters)."""
+    if strategy == "ddp":
+        ids = "[int(os.environ['LOCAL_RANK'])]" if device != "cpu" else "None"
+        return [f"    model = torch.nn.parallel.DistributedDataParallel(model, device_ids={ids})"]
+    if strategy == "fsdp2":
+        return [
+            "    from torch.distributed.fsdp import fully_shard",
+            "",
+            "    for layer in model.model.layers:  # each decoder layer, then the rest",
+            "        fully_shard(layer)",
+            "    fully_shard(model)",
+        ]
+    if strategy in ("zero2", "zero3"):
+        return [f"    # DeepSpeed ZeRO stage {strategy[-1]}: through accelerate's DeepSpeed plugin"]
+    return []
 
 
 def _dataloader(rec: Recommendation, space_yaml: str) -> str:
@@ -347,7 +378,8 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
     return (
         f"{_header(rec)}\n"
         "import contextlib\n"
-        "import functools\n\n"
+        "import functools\n"
+        "import os\n\n"
         "import torch\n"
         "from torch.utils.data import DataLoader, IterableDataset\n\n"
         f"{where}\n"

@@ -38,12 +38,17 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"]
 Quantization = Literal["none", "4bit", "8bit"]
 PackingStrategy = Literal["wrapped", "bfd", "bfd_split"]
+# how N devices share the training: DDP (every rank holds the whole model), FSDP2 (parameters,
+# gradients and optimizer state sharded: torch.distributed.fsdp.fully_shard), DeepSpeed ZeRO
+# stages 2 and 3 (through accelerate)
+DataParallel = Literal["ddp", "fsdp2", "zero2", "zero3"]
 
 # What a machine may lack; preflight learns each from a probe child (``capabilities``).
-Capability = Literal["cuda", "bitsandbytes"]
+Capability = Literal["cuda", "bitsandbytes", "deepspeed"]
 CAPABILITY_NEEDS = {
     "cuda": "needs a CUDA device",
     "bitsandbytes": "needs bitsandbytes with a CUDA device",
+    "deepspeed": "needs deepspeed and accelerate",
 }
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -60,6 +65,20 @@ def _with_workers(config: Mapping[str, Any]) -> bool:
 
 def _packed(config: Mapping[str, Any]) -> bool:
     return bool(config.get("packing"))
+
+
+def _several_devices(config: Mapping[str, Any]) -> bool:
+    return (config.get("devices") or 1) > 1
+
+
+def _data_parallel_args(value: str) -> dict[str, Any]:
+    """TrainingArguments' sharding fields (DDP is what Trainer runs under torchrun without
+    them; ZeRO's DeepSpeed config file is the launch's, not an argument's)."""
+    if value == "fsdp2":
+        return {"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2}}
+    if value in ("zero2", "zero3"):
+        return {"deepspeed": f"ds_{value}.json"}
+    return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -334,6 +353,37 @@ KNOBS: tuple[Knob, ...] = (
         "run, and the memory it frees only pays if a larger batch then fits",
         memory=lambda v: {"none": 2, "8bit": 1, "4bit": 0}[v],
     ),
+    Knob(
+        name="devices",
+        value_type=PositiveInt,
+        label="devices",
+        help="devices one trial trains on, one process (rank) each, launched as torchrun "
+        "--nproc-per-node does (gloo ranks on the CPU, NCCL on CUDA); samples/s is the "
+        "group's, from its slowest rank",
+        default=1,
+        fallback=1,  # where preflight drops every listed count (too few GPUs)
+        short=lambda v: None if v == 1 else f"{v}dev",
+        caveat="the global batch is per_device_batch_size × gradient_accumulation_steps × "
+        "devices: the learning rate that suited one device may not suit it",
+        # per device: the same (DDP) or less (sharded), depending on data_parallel
+        memory=None,
+    ),
+    Knob(
+        name="data_parallel",
+        value_type=DataParallel,
+        label="data parallel",
+        help="how the devices share the training: ddp (each holds the whole model, gradients "
+        "all-reduced), fsdp2 (parameters, gradients and optimizer state sharded: "
+        "fully_shard), zero2/zero3 (DeepSpeed ZeRO through accelerate)",
+        default="ddp",
+        active=_several_devices,
+        inactive="it only applies with devices > 1",
+        needs={"zero2": "deepspeed", "zero3": "deepspeed"},
+        fallback="ddp",
+        short=lambda v: v,
+        trainer=_data_parallel_args,
+        memory=lambda v: {"ddp": 2, "zero2": 1, "fsdp2": 0, "zero3": 0}[v],
+    ),
 )
 
 KNOB = {knob.name: knob for knob in KNOBS}
@@ -377,6 +427,8 @@ class TrialConfig(_ConfigBase):
     gradient_checkpointing: bool = False
     optim: Optimizer = "adamw_torch"
     quantization: Quantization = "none"
+    devices: PositiveInt = 1
+    data_parallel: DataParallel | None = None
 
     @property
     def effective_batch(self) -> int:

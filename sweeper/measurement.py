@@ -157,6 +157,20 @@ class Environment(_Strict):
     dataset_hash: str = Field(description="hash of the prepared dataset")
 
 
+class RankFigures(_Strict):
+    """One rank of a multi-device trial, as it saw its own timed window."""
+
+    rank: int = Field(description="the rank (0 wrote the measurement)")
+    step_time_mean_s: float = Field(description="s: this rank's mean window step time")
+    window_s: float = Field(description="s: this rank's timed window")
+    rows: int = Field(description="rows this rank trained in the window (its share of the data)")
+    peak_memory_bytes: int = Field(description="bytes: this rank's peak (see memory_kind)")
+    parameter_share: float = Field(
+        description="this rank's share of the parameters' elements: 1 whole (DDP), about "
+        "1/devices sharded (FSDP2)"
+    )
+
+
 class Measurement(_Strict):
     """One trial's measurement: burn-in until steady, then a timed window (``sweeper/trial``).
 
@@ -347,7 +361,15 @@ class Measurement(_Strict):
     tf32_matmul: bool | None = Field(
         default=None, description="fp32 matmuls ran on TF32 tensor cores (read back from torch)"
     )
-    effective_batch: int = Field(description="samples (rows) per optimizer step")
+    effective_batch: int = Field(description="samples (rows) per optimizer step, over every device")
+    devices: int = Field(
+        default=1, description="devices (ranks) the trial trained on; samples/s is the group's"
+    )
+    ranks: list[RankFigures] | None = Field(
+        default=None,
+        description="each rank's own figures, on several devices (the step time and "
+        "peak memory above are the slowest rank's and the largest)",
+    )
     packing: bool = Field(description="rows were packed from several samples")
     effective: dict[str, Any] | None = Field(
         default=None,

@@ -86,7 +86,8 @@ class PreflightReport:
         """``config`` with each knob that cannot run here set to its fallback."""
         if not self.fallbacks:
             return config
-        return config.model_copy(update=self.fallbacks)
+        # validated again: a knob that stops applying (data_parallel on one device) is None
+        return TrialConfig.model_validate(config.model_dump() | self.fallbacks)
 
     def nearest(self, config: TrialConfig) -> tuple[TrialConfig, list[str]]:
         """A named config (the baseline, also_try) as near as this machine runs it: each value
@@ -255,6 +256,7 @@ class _PreflightRun:
         )
         self.precision_factor: float | None = None
         self.capabilities: dict[str, str | None] = {}
+        self.device_count: int | None = None  # CUDA devices the probe saw (None: the CPU)
 
     def problem(self, message: str) -> None:
         if not self.collect:
@@ -313,6 +315,7 @@ class _PreflightRun:
             if working_attn is None:
                 working_attn = attn
                 self.capabilities = payload.get("capabilities") or {}
+                self.device_count = payload.get("device_count")
                 self.precision_factor = precision_slowdown(payload)
                 self.judge_precision(self.main_precision, payload)
         if working_attn is None:
@@ -414,6 +417,9 @@ class _PreflightRun:
         machine = knobs.machine_drops(
             {k: search.values(k) for k in MACHINE_KNOBS}, self.capabilities
         )
+        for knob, reasons in self.multi_device_drops().items():
+            for value, why in reasons.items():
+                machine.setdefault(knob, {}).setdefault(value, why)
         for knob, values in machine.items():
             self.dropped.setdefault(knob, {}).update(values)
             for value, reason in values.items():
@@ -424,6 +430,29 @@ class _PreflightRun:
                     f"preflight: no value of search.{knob} can run here; trials run "
                     f"{knob}={self.fallbacks[knob]!r} instead"
                 )
+
+    def multi_device_drops(self) -> dict[str, dict[str, str]]:
+        """devices values this machine or engine cannot run, and data-parallel strategies no
+        engine runs yet (knob → value → reason)."""
+        dropped: dict[str, dict[str, str]] = {}
+        engine = self.space.workload.engine
+        for count in self.search.values("devices"):
+            if count == 1:
+                continue
+            if engine != "loop":
+                dropped.setdefault("devices", {})[str(count)] = (
+                    f"the {engine} engine trains on one device so far (several: engine loop)"
+                )
+            elif self.device_count is not None and count > self.device_count:
+                dropped.setdefault("devices", {})[str(count)] = (
+                    f"needs {count} CUDA devices; this machine has {self.device_count}"
+                )
+        for strategy in self.search.values("data_parallel"):
+            if strategy in ("zero2", "zero3") and self.capabilities.get("deepspeed") is None:
+                dropped.setdefault("data_parallel", {})[strategy] = (
+                    "DeepSpeed ZeRO is not built into sweeper's engines yet (ddp and fsdp2 are)"
+                )
+        return dropped
 
     def note_reused(self) -> None:
         reused = [o for o in self.outcomes if o.cached_at is not None]

@@ -33,6 +33,7 @@ from sweeper.knobs import (
     KNOBS,
     AttnImplementation,
     CompileMode,
+    DataParallel,
     Optimizer,
     PackingStrategy,
     PositiveInt,
@@ -302,6 +303,8 @@ class SearchSpace(_SearchRules):
     gradient_checkpointing: Choices[bool] = _listed("gradient_checkpointing")
     optim: Choices[Optimizer] = _listed("optim")
     quantization: Choices[Quantization] = _listed("quantization")
+    devices: Choices[PositiveInt] = _listed("devices")
+    data_parallel: Choices[DataParallel] = _listed("data_parallel")
 
 
 class WarmupSettings(_Frozen):
@@ -354,6 +357,12 @@ class TrialSettings(_Frozen):
     warmup: WarmupSettings = WarmupSettings()
     measure: MeasureSettings = MeasureSettings()
     timeout_s: float = Field(default=900, gt=0, description="the child is killed after this")
+    collective_timeout_s: float = Field(
+        default=300,
+        gt=0,
+        description="a trial on several devices fails as 'collective' when one collective "
+        "(gradient all-reduce, shard gather) waits this long for a rank",
+    )
     preflight: bool = Field(
         default=True, description="probe attention, compile modes and precision before trials"
     )
@@ -502,6 +511,8 @@ class Baseline(_KnownConfig):
     gradient_checkpointing: bool | None = _optional("gradient_checkpointing")
     optim: Optimizer | None = _optional("optim")
     quantization: Quantization | None = _optional("quantization")
+    devices: PositiveInt | None = _optional("devices")
+    data_parallel: DataParallel | None = _optional("data_parallel")
 
 
 # workload keys that predate the knobs they became; they still set the knob's one choice

@@ -207,7 +207,11 @@ def test_every_knob_reaches_the_exports(knob: knobs.Knob) -> None:
     gpu = TINY.replace("device: cpu", "device: cuda")
     outputs = []
     for value in _changes(knob):
-        values = {"num_workers": 2, "packing": knob.name == "packing_strategy"} | {knob.name: value}
+        values = {
+            "num_workers": 2,
+            "packing": knob.name == "packing_strategy",
+            "devices": 2 if knob.name == "data_parallel" else 1,  # it applies on several
+        } | {knob.name: value}
         config = tiny_config(**values)
         rec = _rec(config)
         outputs.append(

@@ -52,6 +52,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
         if any(marker in text for marker in _UNSUPPORTED_MARKERS):
             return "unsupported", _first_line(link)
     for link in links:
+        if _collective(link):
+            return "collective", f"{type(link).__name__}: {_first_line(link)}"
+    for link in links:
         name = type(link).__name__
         if name in ("BackendCompilerFailed", "InductorError", "TorchRuntimeError", "Unsupported"):
             return "compile", f"{name}: {_first_line(link)}"
@@ -66,6 +69,23 @@ def classify(exc: BaseException) -> tuple[str, str]:
             if "torch/utils/data" in frames or "resource_sharer" in frames:
                 return "dataloader", f"a DataLoader worker died: {type(link).__name__}: {text}"
     return "error", f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+# what gloo and NCCL say when a collective waited too long or a peer rank vanished
+_COLLECTIVE_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "timed out",
+    "timeout",
+    "watchdog",
+)
+
+
+def _collective(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    name = type(exc).__name__
+    distributed = name == "DistBackendError" or "gloo" in text or "nccl" in text
+    return distributed and any(marker in text for marker in _COLLECTIVE_MARKERS)
 
 
 def _first_line(exc: BaseException) -> str:

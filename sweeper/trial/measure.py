@@ -31,7 +31,7 @@ from sweeper.space import TrialConfig
 from sweeper.trial import progress
 from sweeper.trial.contention import HostWatch
 from sweeper.trial.engines import EngineRun, TrialContext, engine, timer_for
-from sweeper.trial.engines.readback import has_generation_markers
+from sweeper.trial.engines.readback import has_generation_markers, sharded_share
 from sweeper.trial.oneoff import (
     CheckpointCosts,
     CompileSlot,
@@ -41,7 +41,8 @@ from sweeper.trial.oneoff import (
     study_dir,
 )
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from sweeper.trial.recipe import Recorder, ci95_rel, is_steady, percentile, t95
+from sweeper.trial.rank import Ranks
+from sweeper.trial.recipe import Recorder, ci95_rel, is_steady, merge, percentile, t95
 from sweeper.trial.workload import HFModel, config_hash, load_tokenizer, resolve_device
 
 __all__ = ["ci95_rel", "is_steady", "percentile", "run_trial", "t95"]
@@ -54,6 +55,9 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     imports_done_at = time.time()
     workload, config, settings = request.workload, request.config, request.settings
     device = resolve_device(request.device)
+    ranks = Ranks.from_env()
+    if ranks is not None:
+        device = ranks.join(device.type, settings.collective_timeout_s)
     _configure_backends(device, config)
     tokenizer = load_tokenizer(request.prepared)
     ctx = TrialContext(
@@ -66,10 +70,12 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             timer_for(device),
             HostWatch(_cuda_index(device)),
             on_phase=progress.mark,
+            agree=None if ranks is None else ranks.agree,
         ),
         cache_dir=Path(request.cache_dir),
         last_phase_end=imports_done_at,
         loss_labels="replies" if request.prepared.completion_only else "all",
+        ranks=ranks,
     )
     shared = study_dir(Path(request.cache_dir), request.study)
     slot = None
@@ -77,7 +83,33 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         slot = compile_slot(shared, _graph(request))
     ctx.phase_done("tokenizer")
     run = engine(workload.engine)(ctx)
-    return finish(ctx, run, slot, process_started_at, imports_done_at)
+    if ranks is None:
+        return finish(ctx, run, slot, process_started_at, imports_done_at)
+    group = ranks.gather(_rank_figures(ctx, run))
+    if ranks.rank != 0:
+        return {"rank": ranks.rank}  # rank 0 writes the trial's measurement
+    ctx.recorder.recording = merge([figures.pop("recording") for figures in group])
+    return finish(ctx, run, slot, process_started_at, imports_done_at, group=group)
+
+
+def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
+    """What rank 0 needs of each rank: its recording (device values read now, after the
+    window's closing sync) and its own figures."""
+    recording = ctx.recorder.recording
+    for step in [*recording.burn_in, *recording.window]:
+        step.real_tokens = int(step.real_tokens)
+        step.loss = None if step.loss is None else float(step.loss)
+    times = recording.window_times
+    share = sharded_share(run.model)
+    return {
+        "recording": recording,
+        "rank": ctx.ranks.rank,
+        "step_time_mean_s": sum(times) / len(times),
+        "window_s": recording.window_s,
+        "rows": sum(step.rows for step in recording.window),
+        "peak_memory_bytes": _peak_memory(ctx.device)["peak_memory_bytes"],
+        "parameter_share": 1.0 if share is None else share,
+    }
 
 
 def finish(
@@ -86,10 +118,12 @@ def finish(
     slot: CompileSlot | None,
     process_started_at: float,
     imports_done_at: float,
+    group: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The measurement of a trial whose recorder is done: the window's figures, the one-off
     costs (compile, a checkpoint save), MFU, memory and the environment. Shared by the
-    built-in engines and a user's script (``sweeper.trial.hook``)."""
+    built-in engines and a user's script (``sweeper.trial.hook``). On several devices rank 0
+    finishes with every rank's figures (``group``) and the group's merged recording."""
     request, device = ctx.request, ctx.device
     assert request.config and request.prepared
     workload, config = request.workload, request.config
@@ -98,6 +132,14 @@ def finish(
     _check_finite(ctx.recorder.losses())
     window_end = time.time()
     progress.mark("checkpoint")
+    devices = 1 if group is None else len(group)
+    if sharded_share(run.model) is not None and workload.checkpoint.save_steps is not None:
+        # a sharded model's save gathers its shards on every rank: not timed yet
+        raise TrialError(
+            "unsupported",
+            "data_parallel fsdp2: sweeper does not time a sharded checkpoint save yet; set "
+            "workload.checkpoint.save_steps: null to measure it without one",
+        )
     checkpoint = _checkpoint_cost(
         run.model, run.optimizer, workload, Path(request.cache_dir), device, shared
     )
@@ -128,7 +170,11 @@ def finish(
             # what ran, read back from torch: the optimizer class (fused kernel?), TF32 matmuls
             "optimizer": run.optimizer_name,
             "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
-            "effective_batch": config.effective_batch,
+            "effective_batch": config.effective_batch * devices,
+            "devices": devices,
+            "ranks": None
+            if group is None
+            else [{k: v for k, v in figures.items() if k != "recording"} for figures in group],
             "packing": config.packing,
             "effective": run.effective,
             "loss_labels": ctx.loss_labels,
@@ -147,8 +193,15 @@ def finish(
                 trainable,
                 summary["padded_tokens_per_s"],
                 summary["mean_row_tokens"],
+                devices,
             ),
             **_peak_memory(device),
+            # on several devices: the largest rank's (what each device must hold)
+            **(
+                {}
+                if group is None
+                else {"peak_memory_bytes": max(f["peak_memory_bytes"] for f in group)}
+            ),
             "phases_s": {
                 "spawn_to_start": max(0.0, process_started_at - request.spawned_at)
                 if request.spawned_at
@@ -374,6 +427,7 @@ def _mfu(
     trainable_params: int,
     padded_tokens_per_s: float,
     mean_width: float,
+    devices: int = 1,
 ) -> dict[str, Any]:
     """Model FLOPs utilisation (PaLM appendix B: 6N + 12·L·d·T per token, fwd + bwd), counting
     what trains: the forward (2N) and the gradients of activations (2N) pass every weight, the
@@ -396,7 +450,10 @@ def _mfu(
         peak = peak_flops(torch.cuda.get_device_name(device))
         if peak is not None:
             tflops = peak.tflops(math_mode(config.precision, config.tf32))
-            result.update(mfu=achieved / (tflops * 1e12), peak_tflops=tflops, peak_name=peak.name)
+            # the group's tokens over the group's peak
+            result.update(
+                mfu=achieved / (devices * tflops * 1e12), peak_tflops=tflops, peak_name=peak.name
+            )
     return result
 
 

@@ -25,7 +25,12 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
     probe = request.probe
     device = resolve_device(request.device)
     tokenizer = load_tokenizer(request.prepared)
-    result: dict[str, Any] = {"device_type": device.type, "capabilities": capabilities(device)}
+    result: dict[str, Any] = {
+        "device_type": device.type,
+        "capabilities": capabilities(device),
+        # how many ranks a trial may have: one per GPU (on the CPU, ranks are processes)
+        "device_count": torch.cuda.device_count() if device.type == "cuda" else None,
+    }
     started = time.perf_counter()
     result["step_s"] = _time_steps(request, tokenizer, device, probe.precision)
     result["first_step_s"] = time.perf_counter() - started
@@ -55,7 +60,24 @@ def capabilities(device: torch.device) -> dict[str, str | None]:
         for engine, modules in (("trainer", ("accelerate",)), ("sft", ("accelerate", "trl")))
     }
     lora = None if importlib.util.find_spec("peft") is not None else "pip install peft"
-    return {"cuda": cuda, "bitsandbytes": bnb, **engines, "adapter:lora": lora}
+    return {
+        "cuda": cuda,
+        "bitsandbytes": bnb,
+        "deepspeed": _deepspeed(),
+        **engines,
+        "adapter:lora": lora,
+    }
+
+
+def _deepspeed() -> str | None:
+    """Why DeepSpeed's ZeRO stages cannot run here (None: deepspeed and accelerate import)."""
+    if importlib.util.find_spec("accelerate") is None:
+        return "accelerate is not installed: pip install accelerate deepspeed"
+    try:
+        import deepspeed  # type: ignore[import-not-found]  # noqa: F401
+    except Exception as e:  # ImportError, or its CUDA/compiler checks failing at import
+        return f"deepspeed does not import: {e}"[:300]
+    return None
 
 
 def _time_steps(

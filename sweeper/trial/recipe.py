@@ -182,6 +182,47 @@ class Recording:
         }
 
 
+def merge(recordings: list[Recording]) -> Recording:
+    """One recording of a group of ranks that stepped together: each step's rows and tokens
+    summed over the ranks, its time the slowest rank's (a collective waits for it), as its
+    data wait; the window as long as the longest rank's. The first rank's host reading and
+    steadiness stand for the group.
+
+    >>> a = Recording(window=[Step(rows=2, time_s=1.0)], window_s=1.0)
+    >>> b = Recording(window=[Step(rows=2, time_s=1.5)], window_s=1.5)
+    >>> merged = merge([a, b])
+    >>> merged.window[0].rows, merged.window[0].time_s, merged.window_s
+    (4, 1.5, 1.5)
+    """
+    first = recordings[0]
+    for recording in recordings[1:]:
+        if (len(recording.burn_in), len(recording.window)) != (
+            len(first.burn_in),
+            len(first.window),
+        ):
+            raise RuntimeError("the ranks timed different steps: their recorders disagreed")
+
+    def combined(steps: list[Step]) -> Step:
+        return Step(
+            rows=sum(s.rows for s in steps),
+            real_tokens=sum(s.real_tokens for s in steps),
+            padded_tokens=sum(s.padded_tokens for s in steps),
+            data_wait_s=max(s.data_wait_s for s in steps),
+            micro_batches=steps[0].micro_batches,
+            loss=steps[0].loss,
+            time_s=max(s.time_s for s in steps),
+        )
+
+    return Recording(
+        burn_in=[combined(list(s)) for s in zip(*(r.burn_in for r in recordings), strict=True)],
+        window=[combined(list(s)) for s in zip(*(r.window for r in recordings), strict=True)],
+        window_s=max(r.window_s for r in recordings),
+        steady=first.steady,
+        target_ci=first.target_ci,
+        host=first.host,
+    )
+
+
 class Watch(Protocol):
     """Reads the machine at the window's edges (``sweeper.trial.contention.HostWatch``)."""
 
@@ -206,9 +247,14 @@ class Recorder:
         watch: Watch | None = None,
         *,
         on_phase: Callable[..., None] | None = None,
+        agree: Callable[[bool], bool] | None = None,
     ) -> None:
         self.warmup, self.measure, self.timer = warmup, measure, timer
         self.watch = watch
+        # the ranks of a multi-device trial decide together (``sweeper.trial.ranks``): each
+        # phase ends when one rank's rule says so, so every rank times the same steps and none
+        # is left alone in a collective; given this rank's verdict, returns the group's
+        self.agree = agree
         # told where the recorder is (``sweeper.trial.progress.mark``), never inside the window
         self.on_phase = on_phase
         self.phase = "idle"  # idle → burn_in → window → done
@@ -269,7 +315,7 @@ class Recorder:
             self.recording.burn_in_times, rule.window, rule.tolerance
         )
         capped = len(steps) >= rule.max_steps or now - self._phase_started >= rule.max_seconds
-        if steady or capped:
+        if self._agreed(steady or capped):
             self.recording.steady = steady
             # the window is long enough that burn-in stays a small share of the trial
             self._min_window_steps = max(
@@ -306,7 +352,7 @@ class Recorder:
         )
         capped = len(steps) >= rule.max_steps or elapsed >= rule.max_seconds
         # the caps may cut the burn-in multiple short, never the space's own min_steps
-        if (enough or capped) and len(steps) >= rule.min_steps:
+        if self._agreed((enough or capped) and len(steps) >= rule.min_steps):
             self.timer.sync()
             self.recording.window_s = self.timer.now() - self._phase_started
             self._resolve(wait=True)
@@ -315,6 +361,9 @@ class Recorder:
             self.phase = "done"
             if self.on_phase is not None:
                 self.on_phase("finishing")
+
+    def _agreed(self, verdict: bool) -> bool:
+        return verdict if self.agree is None else self.agree(verdict)
 
     def _resolve(self, *, wait: bool) -> None:
         steps = self.recording.window

@@ -3,6 +3,7 @@ the fork server's children. Always writes a result (atomically) unless killed.""
 
 from __future__ import annotations
 
+import os
 import traceback
 from pathlib import Path
 
@@ -11,10 +12,14 @@ from sweeper.trial.failures import classify
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
 
-def execute(request_path: Path, result_path: Path, process_started_at: float) -> None:
+def execute(request_path: Path, result_path: Path, process_started_at: float) -> ChildResult:
     progress.mark("started")
     try:
         request = ChildRequest.model_validate_json(request_path.read_text())
+        if _leads_ranks(request):
+            from sweeper.trial.group import run_group
+
+            return _write(run_group(request, request_path, result_path), result_path)
         if request.kind == "prepare":
             from sweeper.trial.corpus import prepare
 
@@ -44,6 +49,24 @@ def execute(request_path: Path, result_path: Path, process_started_at: float) ->
             failure_message=message,
             traceback="".join(traceback.format_exception(exc))[-20000:],
         )
+    return _write(result, result_path)
+
+
+def _leads_ranks(request: ChildRequest) -> bool:
+    """A trial on several devices, in the process that starts its ranks (not in a rank)."""
+    from sweeper.trial.group import RANK_ENV
+
+    config = request.config
+    return (
+        request.kind == "trial"
+        and config is not None
+        and config.devices > 1
+        and RANK_ENV not in os.environ
+    )
+
+
+def _write(result: ChildResult, result_path: Path) -> ChildResult:
     partial = result_path.with_suffix(".partial")
     partial.write_text(result.model_dump_json())
     partial.replace(result_path)
+    return result

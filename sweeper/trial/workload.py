@@ -120,10 +120,14 @@ class PackedStream(IterableDataset):
         self.samples = samples  # a map-style dataset of token id lists, untruncated
         self.block = block
         self.seed = seed
+        # (rank, ranks) of a multi-device trial: each rank packs its own share of the order
+        self.shard = (0, 1)
 
     def __iter__(self) -> Iterator[Sample | list[int]]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        rank, ranks = self.shard
+        worker, workers = rank * workers + worker, ranks * workers
         epoch = 0
         while True:  # the trial decides when to stop; the real run counts epochs itself
             order = torch.randperm(
@@ -257,17 +261,34 @@ def build_loader(
     tokenizer: Any,
     device: torch.device,
     cache_dir: Path,
+    shard: tuple[int, int] | None = None,
 ) -> DataLoader:
-    """The DataLoader of the plain loop: every DataLoader knob of the config applied."""
+    """The DataLoader of the plain loop: every DataLoader knob of the config applied. With
+    ``shard`` (rank, ranks) it reads that rank's share of the data: a DistributedSampler, as
+    a torchrun launch of a plain loop does (a packed stream packs its share itself)."""
     dataset = build_training_dataset(workload, prepared, config, tokenizer, cache_dir)
     workers = config.num_workers
+    sampler: Any = None
+    if shard is not None and isinstance(dataset, PackedStream):
+        dataset.shard = shard
+    elif shard is not None:
+        from torch.utils.data.distributed import DistributedSampler
+
+        rank, ranks = shard
+        sampler = DistributedSampler(
+            dataset, num_replicas=ranks, rank=rank, shuffle=True, seed=0, drop_last=True
+        )
     return DataLoader(
         dataset,
         **knobs.dataloader_arguments(config.model_dump()),
-        shuffle=not config.packing,  # the packed stream shuffles its own samples
+        # the packed stream shuffles its own samples; a sampler shuffles its share
+        shuffle=not config.packing and sampler is None,
+        sampler=sampler,
         drop_last=True,
         collate_fn=make_collator(workload, config, tokenizer),
-        generator=None if config.packing else torch.Generator().manual_seed(0),
+        generator=None
+        if config.packing or sampler is not None
+        else torch.Generator().manual_seed(0),
         worker_init_fn=dataloader_worker_init if workers > 0 else None,
     )
 

@@ -73,6 +73,8 @@ class TrialContext:
     # start-up as the run pays it, where the engine measures it otherwise (a script: from its
     # own process start to its first step, not the trial child's)
     startup_s: float | None = None
+    # this process's rank of a multi-device trial (``sweeper.trial.rank.Ranks``); None on one
+    ranks: Any = None
 
     def phase_done(self, name: str) -> None:
         """Close a build phase (``data``, ``model``, ``optimizer``...) at the current time."""

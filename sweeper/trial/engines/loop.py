@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -22,20 +23,35 @@ def train(ctx: TrialContext) -> EngineRun:
     request, device, recorder = ctx.request, ctx.device, ctx.recorder
     assert request.config is not None and request.prepared is not None
     config, workload = request.config, request.workload
-    loader = build_loader(workload, request.prepared, config, ctx.tokenizer, device, ctx.cache_dir)
+    ranks = ctx.ranks
+    loader = build_loader(
+        workload,
+        request.prepared,
+        config,
+        ctx.tokenizer,
+        device,
+        ctx.cache_dir,
+        shard=None if ranks is None else (ranks.rank, ranks.world),
+    )
     ctx.phase_done("data")
     model = build_model(workload, config, ctx.tokenizer, device, ctx.cache_dir)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # as Trainer does for gradient_checkpointing=True
     model.train()
+    wrapped: torch.nn.Module = model
+    if ranks is not None:
+        from sweeper.trial.rank import wrap
+
+        # before the optimizer: FSDP2's optimizer must hold the sharded parameters
+        wrapped = wrap(model, config.data_parallel, device)
     ctx.phase_done("model")
-    runnable: torch.nn.Module = model
+    runnable = wrapped
     if config.compile_mode != "none":
-        runnable = cast(torch.nn.Module, torch.compile(model, mode=config.compile_mode))
+        runnable = cast(torch.nn.Module, torch.compile(wrapped, mode=config.compile_mode))
     optimizer = build_optimizer(config.optim, model, workload.learning_rate, device)
     ctx.phase_done("optimizer")
 
-    stepper = _Stepper(runnable, optimizer, loader, ctx)
+    stepper = _Stepper(runnable, optimizer, loader, ctx, wrapped)
     computed = ComputeDtype(model)
     recorder.start()
     stepper.step()
@@ -45,7 +61,7 @@ def train(ctx: TrialContext) -> EngineRun:
         Running(
             device=device,
             model=model,
-            runnables=[runnable],
+            runnables=[runnable, wrapped],
             optimizer=optimizer,
             loader=loader,
             micro_batches=stepper.loader.fetched,
@@ -66,6 +82,11 @@ def train(ctx: TrialContext) -> EngineRun:
     )
 
 
+def _unless(last: bool, no_sync: Any) -> Any:
+    """DDP's no_sync() for a micro-batch before the step's last; nothing otherwise."""
+    return contextlib.nullcontext() if last or no_sync is None else no_sync()
+
+
 class _Stepper:
     """One optimizer step = ``accumulation`` micro-batches; no host sync inside."""
 
@@ -75,10 +96,14 @@ class _Stepper:
         optimizer: torch.optim.Optimizer,
         loader: Any,
         ctx: TrialContext,
+        wrapped: torch.nn.Module,
     ) -> None:
         config = ctx.request.config
         assert config is not None
         self.model, self.optimizer, self.recorder = model, optimizer, ctx.recorder
+        # DDP all-reduces gradients on the last micro-batch of a step only (no_sync before), as
+        # accelerate's accumulate does; FSDP2 reduce-scatters each, keeping gradients sharded
+        self.no_sync = getattr(wrapped, "no_sync", None)
         self.loader = TimedBatches(loader, ctx.recorder)
         self.accumulation = config.gradient_accumulation_steps
         self.device = ctx.device
@@ -97,20 +122,25 @@ class _Stepper:
         except StopIteration:
             # the real run turns epochs too; a small demo corpus just turns them sooner
             self.loader_epochs += 1
+            sampler: Any = getattr(self.loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):  # a rank's share, shuffled anew each epoch
+                sampler.set_epoch(self.loader_epochs - 1)
             self.batches = iter(self.loader)
             return next(self.batches)
 
     def step(self) -> None:
         loss_total = torch.zeros((), device=self.device)
-        for _ in range(self.accumulation):
+        for index in range(self.accumulation):
             batch = self._next_batch()
             batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-            with self.autocast():
-                loss = self.model(**batch).loss / self.accumulation
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            last = index == self.accumulation - 1
+            with _unless(last, self.no_sync):
+                with self.autocast():
+                    loss = self.model(**batch).loss / self.accumulation
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
             loss_total += loss.detach()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)

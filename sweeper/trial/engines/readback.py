@@ -16,7 +16,7 @@ import multiprocessing
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -172,6 +172,46 @@ def quantization(run: Running) -> Any:
     return "4bit" if get("load_in_4bit") else "8bit" if get("load_in_8bit") else "none"
 
 
+def devices(run: Running) -> Any:
+    """Ranks in the process group that trained (1 without one)."""
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return distributed.get_world_size()
+    return 1
+
+
+def data_parallel(run: Running) -> Any:
+    """The wrapper the model really trained in: DDP around it, or FSDP2's module class on it
+    with every parameter a DTensor shard (HF Trainer asked for FSDP on a CPU runs DDP)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    for wrapped in [*run.runnables, run.model]:
+        inner = getattr(wrapped, "_orig_mod", wrapped)  # under a torch.compile wrapper
+        if isinstance(inner, DistributedDataParallel):
+            return "ddp"
+        if isinstance(inner, FSDPModule):
+            sharded = sharded_share(cast(torch.nn.Module, inner)) is not None
+            return "fsdp2" if sharded else "fsdp2 (not sharded)"
+    return "none"
+
+
+def sharded_share(model: torch.nn.Module) -> float | None:
+    """This rank's share of the parameters' elements when every parameter is a DTensor
+    sharded on the world's ranks; None when any is whole here."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    local = total = 0
+    for parameter in model.parameters():
+        if not isinstance(parameter, DTensor):
+            return None
+        if not any(isinstance(p, Shard) for p in parameter.placements):
+            return None
+        local += parameter.to_local().numel()
+        total += parameter.numel()
+    return local / total if total else None
+
+
 def dataset_max_length(run: Running) -> Any:
     """sweeper's own datasets (loop, trainer): the packed block, or where samples are cut;
     never less than the widest row a batch really had."""
@@ -225,6 +265,8 @@ _COMMON: dict[str, Reader] = {
     "gradient_checkpointing": gradient_checkpointing,
     "optim": optim,
     "quantization": quantization,
+    "devices": devices,
+    "data_parallel": data_parallel,
 }
 _OWN_DATA = {
     "max_seq_length": dataset_max_length,
@@ -300,6 +342,8 @@ _SCRIPT: dict[str, Reader] = {
     "gradient_checkpointing": gradient_checkpointing,
     "optim": _needs(optim, "optimizer", how="pass optimizer= to sweeper.step"),
     "quantization": quantization,
+    "devices": devices,
+    "data_parallel": data_parallel,
     "max_seq_length": script_max_length,
     "packing": script_packing,
     "packing_strategy": script_packing_strategy,

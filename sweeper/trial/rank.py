@@ -1,0 +1,132 @@
+"""One rank of a multi-device trial: ``python -m sweeper.trial.rank REQUEST RESULT``.
+
+Started by the trial's leader (``sweeper.trial.group``) with torchrun's environment. Each rank
+trains the config on its device in one ``torch.distributed`` group (gloo on the CPU, NCCL on
+CUDA, every collective bounded by ``trial.collective_timeout_s``), reads its own share of the
+data, and feeds its own recorder; the recorders decide together when burn-in and the window
+end (``Ranks.agree``), so all ranks time the same steps. Rank 0 gathers every rank's steps and
+figures and writes the trial's measurement. Exit status: 0 with a result, 1 with a failure.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROCESS_STARTED_AT = time.time()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from sweeper.trial.lifeline import die_with_parent  # noqa: E402
+
+
+@dataclass
+class Ranks:
+    """This process's place in the group, and the group's few host-side exchanges."""
+
+    rank: int
+    world: int
+    local_rank: int
+    # gloo: the exchanges of host values (verdicts, figures) never wait on a CUDA stream
+    host_group: Any = None
+
+    @classmethod
+    def from_env(cls) -> Ranks | None:
+        """The rank torchrun's environment names, or None outside a group."""
+        from sweeper.trial.group import RANK_ENV
+
+        if RANK_ENV not in os.environ:
+            return None
+        return cls(
+            rank=int(os.environ["RANK"]),
+            world=int(os.environ["WORLD_SIZE"]),
+            local_rank=int(os.environ["LOCAL_RANK"]),
+        )
+
+    def join(self, device_type: str, timeout_s: float) -> Any:
+        """Join the process group; this rank's device."""
+        import torch
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        if device_type == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            device = torch.device("cuda", self.local_rank)
+            dist.init_process_group("nccl", timeout=timeout, device_id=device)
+            self.host_group = dist.new_group(backend="gloo", timeout=timeout)
+        else:
+            device = torch.device("cpu")
+            dist.init_process_group("gloo", timeout=timeout)
+            self.host_group = dist.group.WORLD
+        return device
+
+    def agree(self, verdict: bool) -> bool:
+        """True when any rank's verdict is: the phase ends for all together."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(verdict)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.host_group)
+        return bool(flag.item())
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order."""
+        import torch.distributed as dist
+
+        values: list[Any] = [None] * self.world
+        dist.all_gather_object(values, value, group=self.host_group)
+        return values
+
+    def leave(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def wrap(model: Any, strategy: str | None, device: Any) -> Any:
+    """The model as the user's launch wraps it: DDP around it, or FSDP2's ``fully_shard`` on
+    each decoder layer and then the root (parameters, gradients and optimizer state sharded;
+    the optimizer must be built after this, on the sharded parameters)."""
+    import torch
+
+    from sweeper.errors import TrialError
+
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for module in model.modules():
+            if isinstance(module, torch.nn.ModuleList):  # the decoder layers
+                for layer in module:
+                    fully_shard(layer)
+        fully_shard(model)
+        return model
+    raise TrialError(
+        "unsupported",
+        f"data_parallel {strategy}: the plain loop wraps ddp and fsdp2 only (DeepSpeed ZeRO "
+        "is not built into sweeper's engines yet)",
+    )
+
+
+def main(argv: list[str]) -> int:
+    parent = os.environ.get("SWEEPER_PARENT_PID")
+    die_with_parent(int(parent) if parent else None)
+    from sweeper.trial.runner import execute
+
+    result = execute(Path(argv[0]), Path(argv[1]), PROCESS_STARTED_AT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if result.status == "ok" else 1)  # no teardown: see sweeper/trial/__main__.py
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,200 @@
+"""A trial on several devices: two gloo ranks on the CPU through the plain loop.
+
+Each test runs a real trial child that starts two real rank processes (torchrun's
+environment, one process group), trains the tiny Llama and reads back what ran: the world
+size, and the wrapper the model trained in (DDP, or FSDP2 with every parameter a DTensor
+shard: about half of the elements on each rank). A rank killed from outside mid-trial takes
+its group down, classified, with no process left; a rank that stops answering fails the
+trial as a collective that timed out.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from sweeper.launcher import ChildRun, run_child
+from sweeper.space import Space
+from sweeper.trial.protocol import ChildRequest, PreparedData
+from tests.helpers import tiny_config, trial_request
+
+pytestmark = pytest.mark.torch
+
+
+def _request(
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    *,
+    measure: dict[str, object] | None = None,
+    collective_timeout_s: float = 120,
+    **config: Any,
+) -> ChildRequest:
+    # no checkpoint: a sharded save is not timed yet, and the tests stay short
+    workload = space.workload.model_copy(
+        update={"checkpoint": space.workload.checkpoint.model_copy(update={"save_steps": None})}
+    )
+    space = space.model_copy(
+        update={
+            "workload": workload,
+            "trial": space.trial.model_copy(update={"collective_timeout_s": collective_timeout_s}),
+        }
+    )
+    return trial_request(
+        space,
+        prepared,
+        cache_dir,
+        tiny_config(devices=2, **config),
+        warmup={"min_steps": 1, "max_steps": 2},
+        measure=measure or {"min_steps": 3, "max_steps": 3},
+    )
+
+
+def _ok(run: ChildRun) -> dict[str, Any]:
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail[-3000:])
+    assert run.result.payload is not None
+    return run.result.payload
+
+
+def _group_figures(payload: dict[str, Any], batch: int, accumulation: int) -> None:
+    """The group's throughput is both ranks' rows over the slowest rank's window."""
+    ranks = payload["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    steps = payload["measured_steps"]
+    for rank in ranks:  # each rank trained its own batches, every step
+        assert rank["rows"] == steps * batch * accumulation
+    assert payload["devices"] == 2
+    assert payload["effective_batch"] == batch * accumulation * 2
+    rows = sum(r["rows"] for r in ranks)
+    assert payload["rows_per_s"] == pytest.approx(rows / payload["window_s"], rel=1e-9)
+    assert payload["window_s"] >= max(r["window_s"] for r in ranks) * 0.999
+    assert payload["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in ranks)
+
+
+def test_two_ranks_train_with_ddp(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    run = run_child(
+        _request(
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            data_parallel="ddp",
+            per_device_batch_size=2,
+            gradient_accumulation_steps=2,
+        ),
+        timeout_s=300,
+    )
+    payload = _ok(run)
+    assert payload["effective"]["devices"] == 2
+    assert payload["effective"]["data_parallel"] == "ddp"
+    assert [r["parameter_share"] for r in payload["ranks"]] == [1.0, 1.0]  # whole on each
+    _group_figures(payload, batch=2, accumulation=2)
+
+
+def test_two_ranks_shard_the_parameters_with_fsdp2(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    run = run_child(
+        _request(
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            data_parallel="fsdp2",
+            per_device_batch_size=2,
+            gradient_accumulation_steps=1,
+            packing=True,  # a packed stream: each rank packs its own share
+        ),
+        timeout_s=300,
+    )
+    payload = _ok(run)
+    assert payload["effective"]["data_parallel"] == "fsdp2"  # every parameter a DTensor shard
+    shares = [r["parameter_share"] for r in payload["ranks"]]
+    # dim-0 shards of odd-sized parameters differ by a row: about half each, all of it in all
+    assert shares == [pytest.approx(0.5, abs=0.05)] * 2
+    assert sum(shares) == pytest.approx(1.0, abs=1e-9)
+    _group_figures(payload, batch=2, accumulation=1)
+
+
+def _trial_in_thread(request: ChildRequest, workdir: Path) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: out.append(run_child(request, timeout_s=300, workdir=workdir))
+    )
+    thread.start()
+    return thread, out
+
+
+def _ranks_when_timing(workdir: Path, thread: threading.Thread) -> dict[int, psutil.Process]:
+    """The rank processes, once rank 0 says the trial is in its timed window."""
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and thread.is_alive():
+        for progress in workdir.glob("sweeper-trial-*/progress.json"):
+            if '"window"' in progress.read_text(errors="replace"):
+                ranks = {}
+                for process in psutil.process_iter(["cmdline"]):
+                    words = process.info["cmdline"] or []
+                    if "sweeper.trial.rank" in words and str(progress.parent) in " ".join(words):
+                        ranks[int(words[-1].rsplit("rank-", 1)[1].split(".")[0])] = process
+                if len(ranks) == 2:
+                    return ranks
+        time.sleep(0.2)
+    raise AssertionError("the trial never reached its timed window with two ranks")
+
+
+def _all_gone(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, process
+
+
+@pytest.mark.parametrize(
+    ("sig", "kind", "named"),
+    [
+        # killed from outside (the OOM killer's way): that rank is the cause
+        (signal.SIGKILL, "killed", "rank 1 of 2 died by SIGKILL"),
+        # stopped: rank 0 waits in the gradient all-reduce until the collective timeout
+        (signal.SIGSTOP, "collective", "rank 0 of 2"),
+    ],
+    ids=["killed", "stopped"],
+)
+def test_a_rank_that_fails_takes_its_group_down(
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
+    sig: signal.Signals,
+    kind: str,
+    named: str,
+) -> None:
+    request = _request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        data_parallel="ddp",
+        # a window that lasts until the signal
+        measure={"min_steps": 3, "max_steps": 100000, "min_seconds": 120, "max_seconds": 200},
+        collective_timeout_s=5,
+    )
+    thread, out = _trial_in_thread(request, tmp_path)
+    ranks = _ranks_when_timing(tmp_path, thread)
+    leader = ranks[0].parent()
+    assert leader is not None and ranks[1].parent() == leader
+    os.kill(ranks[1].pid, sig)
+    started = time.monotonic()
+    thread.join(timeout=240)
+    assert not thread.is_alive()
+    (run,) = out
+    assert run.result.status == "failed"
+    assert run.result.failure_kind == kind, run.result.failure_message
+    assert named in (run.result.failure_message or ""), run.result.failure_message
+    assert "the group was stopped" in (run.result.failure_message or "")
+    _all_gone([*ranks.values(), leader])
+    # the group went down at once, not at the trial's timeout (300 s)
+    assert time.monotonic() - started < 120
