@@ -24,6 +24,7 @@ from sweeper.console import (
     err_console,
     print_comparison,
     print_doctor,
+    print_knob_effects,
     print_leaderboard,
     print_recommendation,
     print_sweep_summary,
@@ -570,6 +571,7 @@ def best_command(
     """Print the recommended (cheapest per run) config of a study, within the constraints."""
     from sweeper.compare import compare
     from sweeper.recommend import best
+    from sweeper.verdict import study_knob_effects
 
     across_hardware = across_hardware or catalog is not None or bool(gpus)
     if across_hardware and usd_per_hour is not None:
@@ -583,16 +585,19 @@ def best_command(
             if across_hardware
             else best(store, study, constraints)
         )
+        effects = None if across_hardware else study_knob_effects(store, study, constraints)
     except SweeperError as e:  # a wrong catalog or GPU type is the user's input: exit 2
         raise fail(with_storage(e, store), 2 if isinstance(e, CatalogError) else 1) from None
     finally:
         store.dispose()
     if as_json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-    elif across_hardware:
+        extra = {} if effects is None else {"knob_effects": effects.model_dump(mode="json")}
+        sys.stdout.write(json.dumps(result.model_dump(mode="json") | extra, indent=2) + "\n")
+    elif effects is None:
         print_comparison(result)  # type: ignore[arg-type]
     else:
         print_recommendation(result)  # type: ignore[arg-type]
+        print_knob_effects(effects)
 
 
 @app.command()

@@ -6,6 +6,7 @@ leaderboard, the recommendation, doctor's findings and the cross-machine compari
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from sweeper.store import TrialRow
     from sweeper.sweep.run import SweepReport
     from sweeper.trial.protocol import PreparedData
+    from sweeper.verdict import KnobEffects
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -430,3 +432,18 @@ def print_sweep_summary(report: SweepReport) -> None:
         + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
         highlight=False,
     )
+
+
+def print_knob_effects(effects: KnobEffects) -> None:
+    """What each knob the study varied is worth at the recommended config (``sweeper.verdict``)."""
+    if not effects.effects and not effects.untold:
+        return
+    console.print(f"\n[bold]what each knob is worth here[/] (at trial #{effects.winner})")
+    for effect in sorted(effects.effects, key=lambda e: -abs(math.log(e.ratio))):
+        console.print(f"  {escape(effect.words)}", highlight=False)
+    if effects.untold:
+        console.print(
+            "  not told apart (no trial differs from another in it alone; too few trials to "
+            f"model): {escape(', '.join(effects.untold))}",
+            highlight=False,
+        )
