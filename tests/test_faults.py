@@ -611,8 +611,12 @@ def test_trials_optuna_still_has_running_after_their_worker_died_are_told_from_o
     try:
         store.upsert_study(study_name, **STUDY_FIELDS)
         study = create_or_load_study(study_name, storage, 0)
+        # the grace period: long enough that the live worker's last beat stays within it
+        # through a pass on a loaded machine (1 s once failed in CI at load 10: the second
+        # pass found the live worker silent and told its trials)
+        grace_s = 5.0
         store.register_worker(study_name, "dead", "elsewhere", 1)
-        time.sleep(1.2)  # its heartbeat is now older than the grace period below
+        time.sleep(grace_s + 0.2)  # its heartbeat is now older than the grace period
         store.register_worker(study_name, "live", "elsewhere", 2)
         asked = [study.ask() for _ in range(5)]
         for trial, owner in zip(asked, ["dead", "dead", "dead", "live", "live"], strict=True):
@@ -630,9 +634,10 @@ def test_trials_optuna_still_has_running_after_their_worker_died_are_told_from_o
         store.start_trial(study_name, 4, configs[4], "live")
         store.finish_trial(study_name, 4, "complete", cost_per_run_usd=2.0)
 
-        reaper = Worker(store, storage, study, tiny_space, heartbeat_s=0.2, grace_s=1.0)
+        reaper = Worker(store, storage, study, tiny_space, heartbeat_s=0.2, grace_s=grace_s)
         store.beat("live")
         reaper.reap()
+        store.beat("live")
         assert reaper.settle_orphans() == []  # told once: a second pass finds nothing
         trials = optuna.load_study(study_name=study_name, storage=storage).trials
         states = [t.state.name for t in trials]
