@@ -358,10 +358,7 @@ class TrialSettings(_Frozen):
     measure: MeasureSettings = MeasureSettings()
     timeout_s: float = Field(default=900, gt=0, description="the child is killed after this")
     collective_timeout_s: float = Field(
-        default=300,
-        gt=0,
-        description="a trial on several devices fails as 'collective' when one collective "
-        "(gradient all-reduce, shard gather) waits this long for a rank",
+        default=300, gt=0, description="several devices: a collective waiting this long fails"
     )
     preflight: bool = Field(
         default=True, description="probe attention, compile modes and precision before trials"
