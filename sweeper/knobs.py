@@ -67,6 +67,11 @@ def _packed(config: Mapping[str, Any]) -> bool:
     return bool(config.get("packing"))
 
 
+# the engines that train on several devices: the plain loop (DDP, FSDP2) and transformers'
+# Trainer (accelerate wraps the model as TrainingArguments say; the read-back judges what ran)
+MULTI_DEVICE_ENGINES = ("loop", "trainer")
+
+
 def _several_devices(config: Mapping[str, Any]) -> bool:
     return (config.get("devices") or 1) > 1
 

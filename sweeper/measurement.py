@@ -169,6 +169,11 @@ class RankFigures(_Strict):
         description="this rank's share of the parameters' elements: 1 whole (DDP), about "
         "1/devices sharded (FSDP2)"
     )
+    first_batch: str | None = Field(
+        default=None,
+        description="a digest of the first batch's token ids: ranks reading their own "
+        "shares of the data have different ones",
+    )
 
 
 class Measurement(_Strict):

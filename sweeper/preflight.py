@@ -439,9 +439,10 @@ class _PreflightRun:
         for count in self.search.values("devices"):
             if count == 1:
                 continue
-            if engine != "loop":
+            if engine not in knobs.MULTI_DEVICE_ENGINES:
                 dropped.setdefault("devices", {})[str(count)] = (
-                    f"the {engine} engine trains on one device so far (several: engine loop)"
+                    f"the {engine} engine trains on one device so far (several: engine "
+                    f"{' or '.join(knobs.MULTI_DEVICE_ENGINES)})"
                 )
             elif self.device_count is not None and count > self.device_count:
                 dropped.setdefault("devices", {})[str(count)] = (

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sweeper.knobs import MULTI_DEVICE_ENGINES
 from sweeper.trial.progress import PROGRESS_ENV
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
@@ -56,12 +57,12 @@ def run_group(request: ChildRequest, request_path: Path, result_path: Path) -> C
     """Run the trial ``request`` on ``request.config.devices`` ranks; the group's result."""
     assert request.config is not None
     world = request.config.devices
-    if request.workload.engine != "loop":
+    if request.workload.engine not in MULTI_DEVICE_ENGINES:
         return ChildResult(
             status="failed",
             failure_kind="unsupported",
             failure_message=f"devices {world}: the {request.workload.engine} engine trains on "
-            "one device so far (several: engine loop)",
+            f"one device so far (several: engine {' or '.join(MULTI_DEVICE_ENGINES)})",
         )
     folder = result_path.parent / "ranks"
     folder.mkdir(exist_ok=True)

@@ -109,6 +109,7 @@ def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
         "rows": sum(step.rows for step in recording.window),
         "peak_memory_bytes": _peak_memory(ctx.device)["peak_memory_bytes"],
         "parameter_share": 1.0 if share is None else share,
+        "first_batch": run.notes.get("first_batch"),
     }
 
 

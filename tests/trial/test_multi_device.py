@@ -35,11 +35,15 @@ def _request(
     *,
     measure: dict[str, object] | None = None,
     collective_timeout_s: float = 120,
+    engine: str = "loop",
     **config: Any,
 ) -> ChildRequest:
     # no checkpoint: a sharded save is not timed yet, and the tests stay short
     workload = space.workload.model_copy(
-        update={"checkpoint": space.workload.checkpoint.model_copy(update={"save_steps": None})}
+        update={
+            "checkpoint": space.workload.checkpoint.model_copy(update={"save_steps": None}),
+            "engine": engine,
+        }
     )
     space = space.model_copy(
         update={
@@ -70,6 +74,8 @@ def _group_figures(payload: dict[str, Any], batch: int, accumulation: int) -> No
     steps = payload["measured_steps"]
     for rank in ranks:  # each rank trained its own batches, every step
         assert rank["rows"] == steps * batch * accumulation
+    # from its own share of the data
+    assert ranks[0]["first_batch"] and ranks[0]["first_batch"] != ranks[1]["first_batch"]
     assert payload["devices"] == 2
     assert payload["effective_batch"] == batch * accumulation * 2
     rows = sum(r["rows"] for r in ranks)
@@ -121,6 +127,30 @@ def test_two_ranks_shard_the_parameters_with_fsdp2(
     assert shares == [pytest.approx(0.5, abs=0.05)] * 2
     assert sum(shares) == pytest.approx(1.0, abs=1e-9)
     _group_figures(payload, batch=2, accumulation=1)
+
+
+def test_the_trainer_engine_trains_two_ranks_with_ddp(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """TrainingArguments under torchrun's environment: accelerate wraps the model in DDP and
+    gives each rank its share of the batches; the read-back finds the DDP wrapper."""
+    run = run_child(
+        _request(
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            engine="trainer",
+            data_parallel="ddp",
+            per_device_batch_size=2,
+            gradient_accumulation_steps=2,
+        ),
+        timeout_s=300,
+    )
+    payload = _ok(run)
+    assert payload["engine"] == "trainer"
+    assert payload["effective"]["devices"] == 2
+    assert payload["effective"]["data_parallel"] == "ddp"
+    _group_figures(payload, batch=2, accumulation=2)
 
 
 def _trial_in_thread(request: ChildRequest, workdir: Path) -> tuple[threading.Thread, list[Any]]:

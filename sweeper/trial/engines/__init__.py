@@ -14,6 +14,7 @@ After its first optimizer step each engine reads every knob back from what runs
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -143,11 +144,17 @@ class TimedBatches:
         self.fetched = 0
         self.widest_row = 0
         self.watching = True
+        # a digest of the first batch's token ids: the ranks of a multi-device trial each read
+        # their own share of the data, so theirs differ
+        self.first_batch: str | None = None
 
     def __iter__(self) -> Any:
         for batch, waited_s in timed(iter(self._loader)):
             self._recorder.batch(**count_batch(batch), data_wait_s=waited_s)
             if self.watching:
+                if self.first_batch is None:
+                    ids = batch["input_ids"].detach().cpu().contiguous()
+                    self.first_batch = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
                 self.fetched += 1
                 self.widest_row = max(self.widest_row, widest_row(batch))
             yield batch

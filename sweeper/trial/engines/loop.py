@@ -79,6 +79,7 @@ def train(ctx: TrialContext) -> EngineRun:
         optimizer_name=optimizer_name(optimizer),
         loader_epochs=stepper.loader_epochs,
         effective=effective,
+        notes={"first_batch": stepper.loader.first_batch},
     )
 
 

@@ -136,6 +136,7 @@ def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
         optimizer_name=optimizer_name(trainer.optimizer),
         loader_epochs=max(1, math.ceil(trainer.state.epoch or 1)),
         effective=trainer.sweeper_effective or {},
+        notes={"first_batch": trainer.sweeper_loader.first_batch},
     )
 
 
