@@ -53,7 +53,7 @@ from sweeper import knobs
 from sweeper.noise import Estimate, Sample, SampleKind
 from sweeper.preflight import PreflightReport
 from sweeper.samplers import DEFAULT_SAMPLER, SAMPLERS
-from sweeper.search import COMPILE_S, SECONDS_ATTR
+from sweeper.search import COMPILE_S, SECONDS_ATTR, ImprovementGridSampler
 from sweeper.space import Space, TrialConfig, load_space
 from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver
@@ -287,8 +287,10 @@ def replay(
     )
 
 
-def _job(args: tuple[str, str, str, str, int]) -> tuple[str, str, int, Replay]:
-    space_path, table_path, sampler, metric, seed = args
+def _job(args: tuple[str, str, str, str, int, float | None]) -> tuple[str, str, int, Replay]:
+    space_path, table_path, sampler, metric, seed, cost_weight = args
+    if cost_weight is not None:  # (a forked worker: the class is this process's own)
+        ImprovementGridSampler.cost_weight = cost_weight
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
     return sampler, metric, seed, replay(space, table, sampler, metric, seed)
@@ -478,6 +480,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"comma-separated, of {', '.join(SAMPLERS)}",
     )  # fmt: skip
     parser.add_argument("--metrics", default=",".join(METRICS))
+    parser.add_argument(
+        "--cost-weight", type=float,
+        help="bayes: weigh the chance of improving per second of trial, to this power "
+        "(ImprovementGridSampler.cost_weight; default: the sampler's own)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
     parser.add_argument("--export-study")
     parser.add_argument("--storage")
@@ -501,11 +508,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     grid = list(space.search.grid())
     missing = sum(1 for c in grid if c not in table)
     jobs = [
-        (str(args.space), str(args.table), sampler, metric, seed)
+        (str(args.space), str(args.table), sampler, metric, seed, args.cost_weight)
         for sampler in samplers
         for metric in metrics
         for seed in range(args.seeds)
     ]
+    weight = ImprovementGridSampler.cost_weight if args.cost_weight is None else args.cost_weight
     started = time.perf_counter()
     results: dict[tuple[str, str], list[Replay]] = {}
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
@@ -514,7 +522,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"### {args.table.name}: {len(grid)} configs in the space, {len(table)} in the table "
         f"({missing} missing: failed trials), {sum(r.status != 'ok' for r in table.values())} "
-        f"failing; {args.seeds} seeds, {time.perf_counter() - started:.0f} s"
+        f"failing; {args.seeds} seeds, {time.perf_counter() - started:.0f} s; bayes's cost "
+        f"weight {weight:g}"
     )
     print(summarize(results, table, samplers, len(grid)))
 

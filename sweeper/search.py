@@ -246,7 +246,14 @@ class ImprovementGridSampler(_CandidateSampler):
     improvement = 0.05  # log $/run: the gain a pick must be likely to bring (beyond the noise)
     failure_margin_sd = 0.5  # how sure the failure model must be to leave a config out
     chunk = 4096  # free configs scored at once
-    cost_weight = 0.5  # probability of improvement per second of trial, to this power
+    # probability of improvement per second of trial, to this power, among the configs at
+    # least cost_window as likely to improve as the likeliest. Off (0): on interactions it
+    # put max-autotune, which the best configs need, off for 9 to 13 more trials, and spent
+    # more seconds too (bench/RESULTS.md, Run 6); on qlora-24gb (1.0) it saved a fifth of the
+    # seconds for the same trials
+    cost_weight = 0.0
+    cost_window = 0.5
+    memory_margin_sd = 0.15  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
@@ -359,25 +366,24 @@ class ImprovementGridSampler(_CandidateSampler):
     def _most_likely_to_improve(
         self, rows: np.ndarray, y: np.ndarray, free: list[int], log_seconds: np.ndarray
     ) -> int:
-        """The index into ``free`` of the config with the most probability of beating the best
-        measured log $/run by more than ``improvement`` per second of its trial (to the power
-        ``cost_weight``): cheap informative configs first, and an expensive one (a compile
-        mode that compiles for minutes) once its chance of paying off outweighs its time."""
+        """The index into ``free`` of the config to run next: among the configs whose
+        probability of beating the best measured log $/run by more than ``improvement`` is at
+        least ``cost_window`` times the highest, the one with the most of it per second of
+        its trial (to the power ``cost_weight``). Cheap configs come first where they are
+        about as promising; an expensive one (a compile mode that compiles for minutes) runs
+        once it is clearly the most likely to pay off, so time is never bought with trials
+        beyond the window."""
         posterior = _Posterior(self.design.matrix(rows), y, self.prior_var, self.noise_sd)
         target = float(y.min()) - self.improvement - float(y.mean())
-        best, best_score = 0, -math.inf
+        log_pi = np.empty(len(free))
         for start in range(0, len(free), self.chunk):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
             mean, variance = posterior.mean(features), posterior.variance(features)
             z = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
-            score = (
-                scipy.special.log_ndtr(z)
-                - self.cost_weight * log_seconds[start : start + self.chunk]
-            )
-            at = int(np.argmax(score))
-            if score[at] > best_score:
-                best, best_score = start + at, float(score[at])
-        return best
+            log_pi[start : start + self.chunk] = scipy.special.log_ndtr(z)
+        promising = log_pi >= log_pi.max() + math.log(self.cost_window)
+        score = np.where(promising, log_pi - self.cost_weight * log_seconds, -np.inf)
+        return int(np.argmax(score))
 
     def _light_first(self, free: list[int]) -> int:
         """Before any config has run: a random one among the lightest quarter of the free
@@ -412,7 +418,13 @@ class ImprovementGridSampler(_CandidateSampler):
         # the device's memory lies between the two: a config predicted past the middle is
         # more likely to run out of memory than not
         limit = max(heaviest_ran + self.wall_share * (lightest_oom - heaviest_ran), heaviest_ran)
-        return [i for i, p in zip(free, predicted(free), strict=True) if p < limit] or free
+        keep = []
+        for start in range(0, len(free), self.chunk):
+            chunk = free[start : start + self.chunk]
+            sd = np.sqrt(np.maximum(posterior.variance(self.design.matrix(np.asarray(chunk))), 0))
+            lowest = predicted(chunk) - self.memory_margin_sd * sd
+            keep += [i for i, p in zip(chunk, lowest, strict=True) if p < limit]
+        return keep or free
 
     def _unlike(self, free: list[int], failed: list[int], ran: list[int]) -> list[int]:
         """The free configs a linear model of "failed" (1) against "ran" (0), over the same

@@ -161,13 +161,13 @@ def test_a_model_that_failed_to_compile_is_not_tried_with_other_loader_settings(
         assert len(failed) == len({tuple(sorted(f.items())) for f in failed}), failed
 
 
-def test_bayes_weighs_a_trials_time_and_loses_no_trials_for_it() -> None:
+def test_bayes_can_weigh_a_trials_time() -> None:
     """max-autotune compiles for minutes: weighing the chance of improving per second of
-    trial spends fewer seconds to reach 5% of the best than ignoring the time, with no more
-    trials at the median."""
+    trial (``cost_weight``; off by default, since on a replay table where the best configs
+    need max-autotune it cost trials: bench/RESULTS.md, Run 6) spends fewer seconds to reach
+    5% of the best here than ignoring the time, with no more trials at the median."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    weighed = ImprovementGridSampler.cost_weight
-    assert weighed > 0
+    weighed = 0.5
     seeds = range(16)  # the median of 8 moves by 2 trials from seed to seed
     runs = {w: [_search("bayes", seed, cost_weight=w) for seed in seeds] for w in (0.0, weighed)}
     seconds = {w: sum(_seconds(c) for r in rs for c in r) for w, rs in runs.items()}
