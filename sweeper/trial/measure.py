@@ -85,11 +85,73 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     run = engine(workload.engine)(ctx)
     if ranks is None:
         return finish(ctx, run, slot, process_started_at, imports_done_at)
+    window_end = time.time()
+    sharded = None
+    if sharded_share(run.model) is not None and workload.checkpoint.save_steps is not None:
+        # every rank writes its own shards: timed on all of them, before the figures travel
+        sharded = _sharded_checkpoint_cost(run.model, run.optimizer, workload, ctx, ranks)
     group = ranks.gather(_rank_figures(ctx, run))
     if ranks.rank != 0:
         return {"rank": ranks.rank}  # rank 0 writes the trial's measurement
     ctx.recorder.recording = merge([figures.pop("recording") for figures in group])
-    return finish(ctx, run, slot, process_started_at, imports_done_at, group=group)
+    return finish(
+        ctx,
+        run,
+        slot,
+        process_started_at,
+        imports_done_at,
+        group=group,
+        checkpoint=None if sharded is None else (sharded, time.time() - window_end),
+    )
+
+
+def _sharded_checkpoint_cost(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    workload: Workload,
+    ctx: TrialContext,
+    ranks: Ranks,
+) -> dict[str, Any]:
+    """One sharded checkpoint save as a plain loop with FSDP2 saves one: torch's distributed
+    checkpoint (each rank writes its shards of the weights and optimizer state, rank 0 the
+    metadata), fsync'd, timed from a barrier to the last rank's end, then deleted."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    target = _checkpoint_target(workload, Path(ctx.request.cache_dir))
+    # one folder for the group: the ranks share their leader (their parent)
+    folder = target / f"sweeper-checkpoint-{os.getppid()}-sharded"
+    try:
+        if ranks.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        dist.barrier(group=ranks.host_group)
+        _sync(ctx.device)
+        started = time.perf_counter()
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state: dict[str, Any] = {"model": model_state}
+        if workload.checkpoint.save_optimizer:
+            state["optimizer"] = optimizer_state
+        dcp.save(state, checkpoint_id=str(folder))
+        for path in folder.iterdir():  # on the disk, not just in the page cache
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+        dist.barrier(group=ranks.host_group)
+        save_s = time.perf_counter() - started
+        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+        dist.barrier(group=ranks.host_group)  # every rank has read the size
+    except OSError as e:
+        raise TrialError(
+            "error", f"saving a sharded checkpoint under {target} failed: {e.strerror or e}"
+        ) from e
+    finally:
+        if ranks.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "checkpoint_save_s": save_s,
+        "checkpoint_bytes": size,
+        "checkpoint_source": "measured",
+    }
 
 
 def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
@@ -120,11 +182,13 @@ def finish(
     process_started_at: float,
     imports_done_at: float,
     group: list[dict[str, Any]] | None = None,
+    checkpoint: tuple[dict[str, Any], float] | None = None,
 ) -> dict[str, Any]:
     """The measurement of a trial whose recorder is done: the window's figures, the one-off
     costs (compile, a checkpoint save), MFU, memory and the environment. Shared by the
     built-in engines and a user's script (``sweeper.trial.hook``). On several devices rank 0
-    finishes with every rank's figures (``group``) and the group's merged recording."""
+    finishes with every rank's figures (``group``) and the group's merged recording, and a
+    sharded checkpoint's figures and phase seconds where the ranks timed one (``checkpoint``)."""
     request, device = ctx.request, ctx.device
     assert request.config and request.prepared
     workload, config = request.workload, request.config
@@ -134,17 +198,13 @@ def finish(
     window_end = time.time()
     progress.mark("checkpoint")
     devices = 1 if group is None else len(group)
-    if sharded_share(run.model) is not None and workload.checkpoint.save_steps is not None:
-        # a sharded model's save gathers its shards on every rank: not timed yet
-        raise TrialError(
-            "unsupported",
-            "data_parallel fsdp2: sweeper does not time a sharded checkpoint save yet; set "
-            "workload.checkpoint.save_steps: null to measure it without one",
+    if checkpoint is None:
+        saved = _checkpoint_cost(
+            run.model, run.optimizer, workload, Path(request.cache_dir), device, shared
         )
-    checkpoint = _checkpoint_cost(
-        run.model, run.optimizer, workload, Path(request.cache_dir), device, shared
-    )
-    checkpoint_phase_s = time.time() - window_end
+        checkpoint_phase_s = time.time() - window_end
+    else:
+        saved, checkpoint_phase_s = checkpoint
     progress.mark("done")
 
     summary = recording.summary()
@@ -185,7 +245,7 @@ def finish(
             "startup_s": ctx.startup_s
             if ctx.startup_s is not None
             else ctx.last_phase_end - process_started_at,
-            **checkpoint,
+            **saved,
             **_mfu(
                 device,
                 config,

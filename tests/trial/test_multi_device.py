@@ -36,15 +36,14 @@ def _request(
     measure: dict[str, object] | None = None,
     collective_timeout_s: float = 120,
     engine: str = "loop",
+    checkpoint: bool = False,
     **config: Any,
 ) -> ChildRequest:
-    # no checkpoint: a sharded save is not timed yet, and the tests stay short
-    workload = space.workload.model_copy(
-        update={
-            "checkpoint": space.workload.checkpoint.model_copy(update={"save_steps": None}),
-            "engine": engine,
-        }
+    # no checkpoint unless asked: the tests stay short
+    saves = space.workload.checkpoint.model_copy(
+        update={"save_steps": space.workload.checkpoint.save_steps if checkpoint else None}
     )
+    workload = space.workload.model_copy(update={"checkpoint": saves, "engine": engine})
     space = space.model_copy(
         update={
             "workload": workload,
@@ -117,11 +116,15 @@ def test_two_ranks_shard_the_parameters_with_fsdp2(
             per_device_batch_size=2,
             gradient_accumulation_steps=1,
             packing=True,  # a packed stream: each rank packs its own share
+            checkpoint=True,
         ),
         timeout_s=300,
     )
     payload = _ok(run)
     assert payload["effective"]["data_parallel"] == "fsdp2"  # every parameter a DTensor shard
+    # a sharded save (each rank its shards) of the fp32 weights and AdamW's two moments
+    assert payload["checkpoint_source"] == "measured" and payload["checkpoint_save_s"] > 0
+    assert payload["checkpoint_bytes"] >= 0.9 * 3 * 4 * payload["n_params"]
     shares = [r["parameter_share"] for r in payload["ranks"]]
     # dim-0 shards of odd-sized parameters differ by a row: about half each, all of it in all
     assert shares == [pytest.approx(0.5, abs=0.05)] * 2
@@ -151,6 +154,19 @@ def test_the_trainer_engine_trains_two_ranks_with_ddp(
     assert payload["effective"]["devices"] == 2
     assert payload["effective"]["data_parallel"] == "ddp"
     _group_figures(payload, batch=2, accumulation=2)
+
+
+def test_the_trainer_asked_for_fsdp2_on_a_cpu_fails_as_a_mismatch(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """TrainingArguments(fsdp=...) on a CPU: accelerate wraps the model in DDP without a word.
+    The read-back finds DDP, so the trial fails rather than record FSDP2 for what ran."""
+    run = run_child(
+        _request(tiny_space, tiny_prepared, cache_dir, engine="trainer", data_parallel="fsdp2"),
+        timeout_s=300,
+    )
+    assert run.result.status == "failed" and run.result.failure_kind == "mismatch"
+    assert "data_parallel: asked 'fsdp2', ran 'ddp'" in (run.result.failure_message or "")
 
 
 def _trial_in_thread(request: ChildRequest, workdir: Path) -> tuple[threading.Thread, list[Any]]:

@@ -7,10 +7,12 @@ is simulated by a timer whose marks resolve only after a sync.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from sweeper.space import MeasureSettings, WarmupSettings
-from sweeper.trial.recipe import HostTimer, Recorder
+from sweeper.trial.recipe import HostTimer, Recorder, merge
 
 
 class FakeClock:
@@ -222,3 +224,60 @@ def test_progress_marks_come_at_phase_edges_and_are_never_timed() -> None:
     assert recording.burn_in_times[:2] == [30.0, 5.0]
     assert recording.window_times == pytest.approx([0.2] * len(recording.window))
     assert recording.window_s == pytest.approx(0.2 * len(recording.window))
+
+
+class _AllReduce:
+    """The group's verdict as an all-reduce (MAX) of the ranks' gives it: each rank's thread
+    waits for the others' verdicts."""
+
+    def __init__(self, ranks: int) -> None:
+        self.verdicts = [False] * ranks
+        self.barrier = threading.Barrier(ranks)
+
+    def for_rank(self, rank: int):
+        def agree(verdict: bool) -> bool:
+            self.verdicts[rank] = verdict
+            self.barrier.wait()
+            group = any(self.verdicts)
+            self.barrier.wait()  # every rank has read it before the next round writes
+            return group
+
+        return agree
+
+
+def test_ranks_end_each_phase_together_and_merge_into_the_slowest_steps() -> None:
+    """Two ranks of a multi-device trial: each phase ends for both when one rank's rule says
+    so (``agree``), though their own rules would end them apart; the merged recording sums
+    their rows and takes each step's slowest time."""
+    group = _AllReduce(2)
+    clocks = [FakeClock(), FakeClock()]
+    recorders = [_recorder(c, measure={"min_steps": 3, "max_steps": 50}) for c in clocks]
+    for rank, recorder in enumerate(recorders):
+        recorder.agree = group.for_rank(rank)
+    # rank 0 settles after its compile step; rank 1's steps jitter (its interval is wide)
+    durations = [
+        [30.0] + [1.0] * 200,
+        [30.0] + [1.0, 1.5, 1.0, 1.2] * 50,
+    ]
+    fed = [0, 0]
+
+    def train(rank: int) -> None:
+        fed[rank] = _run(recorders[rank], clocks[rank], durations[rank])
+
+    threads = [threading.Thread(target=train, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert fed[0] == fed[1] and fed[0] > 0  # the same steps, though rank 0 alone stops sooner
+    own = FakeClock()
+    alone = _run(_recorder(own, measure={"min_steps": 3, "max_steps": 50}), own, durations[1])
+    assert fed[0] < alone  # rank 1 alone would have gone on to its caps
+    merged = merge([r.recording for r in recorders])
+    assert len(merged.window) == len(recorders[0].recording.window) > 0
+    assert [s.rows for s in merged.window] == [8] * len(merged.window)
+    slowest = [
+        max(a, b) for a, b in zip(*(r.recording.window_times for r in recorders), strict=True)
+    ]
+    assert merged.window_times == slowest
+    assert merged.window_s == max(r.recording.window_s for r in recorders)
