@@ -67,9 +67,10 @@ def _packed(config: Mapping[str, Any]) -> bool:
     return bool(config.get("packing"))
 
 
-# the engines that train on several devices: the plain loop (DDP, FSDP2) and transformers'
-# Trainer (accelerate wraps the model as TrainingArguments say; the read-back judges what ran)
-MULTI_DEVICE_ENGINES = ("loop", "trainer")
+# the engines that train on several devices: the plain loop (DDP, FSDP2), transformers'
+# Trainer and TRL's SFTTrainer (accelerate wraps the model as TrainingArguments say; the
+# read-back judges what ran)
+MULTI_DEVICE_ENGINES = ("loop", "trainer", "sft")
 
 
 def _several_devices(config: Mapping[str, Any]) -> bool:

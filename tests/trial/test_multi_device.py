@@ -132,17 +132,18 @@ def test_two_ranks_shard_the_parameters_with_fsdp2(
     _group_figures(payload, batch=2, accumulation=1)
 
 
-def test_the_trainer_engine_trains_two_ranks_with_ddp(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+@pytest.mark.parametrize("engine", ["trainer", "sft"])
+def test_the_trainer_engines_train_two_ranks_with_ddp(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str
 ) -> None:
-    """TrainingArguments under torchrun's environment: accelerate wraps the model in DDP and
-    gives each rank its share of the batches; the read-back finds the DDP wrapper."""
+    """TrainingArguments (SFTConfig) under torchrun's environment: accelerate wraps the model
+    in DDP and gives each rank its share of the batches; the read-back finds the wrapper."""
     run = run_child(
         _request(
             tiny_space,
             tiny_prepared,
             cache_dir,
-            engine="trainer",
+            engine=engine,
             data_parallel="ddp",
             per_device_batch_size=2,
             gradient_accumulation_steps=2,
@@ -150,7 +151,7 @@ def test_the_trainer_engine_trains_two_ranks_with_ddp(
         timeout_s=300,
     )
     payload = _ok(run)
-    assert payload["engine"] == "trainer"
+    assert payload["engine"] == engine
     assert payload["effective"]["devices"] == 2
     assert payload["effective"]["data_parallel"] == "ddp"
     _group_figures(payload, batch=2, accumulation=2)
