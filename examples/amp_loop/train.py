@@ -11,9 +11,9 @@ with the tokenizer's chat template, each record cut at ``--max_seq_length`` and 
 The knobs are command-line flags named as TrainingArguments names them, so sweeper appends
 them (``workload.script.knobs: flags``) and ``sweeper export --format command`` gives the
 winner's command; the rest (sequence length, attention kernel, the workers' start method,
-packing, quantization) come from ``sweeper.trial_config()`` inside a trial, and outside one are
-flags of the knobs' own names, as the export lists them. sweeper's one line is the
-``with sweeper.step``.
+packing, quantization, devices) come from ``sweeper.trial_config()`` inside a trial, and
+outside one are flags of the knobs' own names, as the export lists them. sweeper's one line
+is the ``with sweeper.step``.
 
     python scripts/pretrain_job.py --out seed004-job
     python examples/amp_loop/train.py --config seed004-job/model --data seed004-job/tokens.npy
@@ -73,6 +73,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--packing", type=_bool, default=None)
     parser.add_argument("--packing_strategy", default="wrapped", choices=("wrapped",))
     parser.add_argument("--quantization", default="none", choices=("none",))  # all weights train
+    parser.add_argument("--devices", type=int, default=1, choices=(1,))  # one process, one device
     args = parser.parse_args()
     trial = sweeper.trial_config()  # None outside a sweeper trial
     if trial is not None:
