@@ -70,8 +70,11 @@ def run_child(
     timeout_s: float,
     workdir: Path | None = None,
     server: ForkServer | None = None,
+    python: str | None = None,
 ) -> ChildRun:
-    """Run ``request`` in a child; return its result, or a classified failure."""
+    """Run ``request`` in a child; return its result, or a classified failure. ``python``:
+    the interpreter to spawn it with instead of this one (a user's script's, whose torch and
+    kernels are what its trials run on); the fork server is then not used."""
     sweep_stale_trial_dirs(workdir)
     prefix = f"{TRIAL_DIR_PREFIX}{os.getpid()}-"  # the owner: see sweep_stale_trial_dirs
     with (
@@ -95,7 +98,7 @@ def run_child(
         started = time.perf_counter()
         handle: _Handle | None = None
         inherited_startup_s = 0.0
-        if server is not None and server.alive:
+        if server is not None and server.alive and python is None:
             with contextlib.suppress(RuntimeError, OSError):  # a dead zygote: spawn instead
                 handle = server.start(request_path, result_path, log_path, per_child_env)
                 inherited_startup_s = server.startup_s
@@ -105,6 +108,7 @@ def run_child(
                 result_path,
                 log_path,
                 {**child_env(request.cache_dir), **per_child_env},
+                python=python or sys.executable,
             )
         try:
             returncode = handle.wait(timeout_s)
@@ -209,10 +213,12 @@ def sweep_stale_trial_dirs(workdir: Path | None = None) -> list[Path]:
 class _Spawned:
     """A fresh interpreter: ``python -m sweeper.trial REQUEST RESULT``."""
 
-    def __init__(self, request: Path, result: Path, log: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, request: Path, result: Path, log: Path, env: dict[str, str], python: str
+    ) -> None:
         with log.open("wb") as log_file:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sweeper.trial", str(request), str(result)],
+                [python, "-m", "sweeper.trial", str(request), str(result)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -227,6 +227,17 @@ def run_preflight(
     return run.report()
 
 
+def _other_python(space: Space) -> str | None:
+    """The script's python, when the space runs a script in a python other than this one."""
+    if space.workload.engine != "script" or space.workload.script is None:
+        return None
+    python = script_python(space.workload.script)
+    # not resolved: a venv's python is a link to its base interpreter, shared by every venv
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        return None
+    return python
+
+
 class _PreflightRun:
     """One preflight: its probes in order (attention, precision, compile mode, then what the
     machine lacks), what each dropped, and the problems that rule the space out."""
@@ -257,6 +268,11 @@ class _PreflightRun:
         self.precision_factor: float | None = None
         self.capabilities: dict[str, str | None] = {}
         self.device_count: int | None = None  # CUDA devices the probe saw (None: the CPU)
+        # a user's script runs in its own python: its torch and kernels are what the trials
+        # get, so the probes run there (without the fork server, which is sweeper's python)
+        self.python = _other_python(space)
+        if self.python is not None:
+            note(f"preflight probes in the script's python, {self.python}")
 
     def problem(self, message: str) -> None:
         if not self.collect:
@@ -271,15 +287,21 @@ class _PreflightRun:
         request = ChildRequest.for_space(
             "probe", self.space, self.cache_dir, prepared=self.prepared, probe=spec
         )
-        cached = None if self.probe_cache is None else self.probe_cache.get(request)
+        cache = None if self.python is not None else self.probe_cache  # keyed by this python
+        cached = None if cache is None else cache.get(request)
         if cached is not None:
             result, cached_at = cached
             outcome, payload = _outcome(knob, value, result, wall_s=0.0)
             outcome = replace(outcome, cached_at=cached_at)
         else:
-            run = run_child(request, timeout_s=self.space.trial.timeout_s, server=self.server)
-            if self.probe_cache is not None:
-                self.probe_cache.put(request, run.result)
+            run = run_child(
+                request,
+                timeout_s=self.space.trial.timeout_s,
+                server=self.server,
+                python=self.python,
+            )
+            if cache is not None:
+                cache.put(request, run.result)
             outcome, payload = _outcome(knob, value, run.result, wall_s=run.wall_s)
         self.outcomes.append(outcome)
         return outcome, payload
@@ -518,6 +540,35 @@ def check_precision(space: Space, precision: str, payload: dict[str, Any]) -> st
     )
 
 
+def script_python(script: Any) -> str | None:
+    """The Python that runs ``workload.script.command``: its program when that is a python, or
+    the interpreter a launcher's ``#!`` line names (torchrun, accelerate: console scripts of
+    the environment they are installed in); None when neither says."""
+    import shutil
+
+    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    program = script.command[0]
+    found = (
+        shutil.which(program, path=os.environ.get("PATH"))
+        if "/" not in program
+        else (str(cwd / program) if (cwd / program).is_file() else None)
+    )
+    if found is None:
+        return None
+    if Path(program).name.startswith("python"):
+        return found
+    try:
+        with open(found, "rb") as handle:
+            first = handle.readline(512).decode(errors="replace")
+    except OSError:
+        return None
+    words = first.removeprefix("#!").split() if first.startswith("#!") else []
+    interpreter = words[0] if words else ""
+    if Path(interpreter).name == "env" and len(words) > 1:
+        interpreter = shutil.which(words[1]) or ""
+    return interpreter if Path(interpreter).name.startswith("python") else None
+
+
 def script_problems(script: Any) -> list[str]:
     """What stops ``workload.script.command`` before any trial: a program that is not there,
     a Python file that is not where the command runs, a Python that cannot import sweeper
@@ -545,7 +596,7 @@ def script_problems(script: Any) -> list[str]:
         for word in script.command[1:]
         if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
     ]
-    if Path(program).name.startswith("python"):
+    if script_python(script) is not None:
         check = subprocess.run(
             [found, "-c", "import sweeper"], cwd=cwd, capture_output=True, text=True, timeout=120
         )

@@ -260,3 +260,42 @@ def test_a_script_that_cannot_start_is_said_before_any_trial(
         ScriptSpec(command=[str(bare / "bin" / "python"), "train.py"], cwd=str(tmp_path))
     )
     assert "cannot import sweeper (ModuleNotFoundError" in cannot, cannot
+
+
+def test_a_scripts_own_python_runs_the_probes(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """engine: script in a python other than sweeper's: attention, precision and compile are
+    probed in that python (its torch and kernels are what the trials run on), found from the
+    command or from a launcher's #! line. The python here is a real program that notes each
+    start and runs this environment's interpreter."""
+    from sweeper.job import ScriptSpec
+    from sweeper.preflight import script_python
+
+    started = tmp_path / "started"
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\necho "$*" >> {started}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    launcher = tmp_path / "bin" / "mytorchrun"  # a console script of that environment
+    launcher.write_text(f"#!{python}\nimport sys\n")
+    launcher.chmod(0o755)
+    (tmp_path / "train.py").write_text("print('training')\n")
+    script = ScriptSpec(command=[str(python), "train.py"], cwd=str(tmp_path))
+    assert script_python(script) == str(python)
+    assert script_python(script.model_copy(update={"command": [str(launcher), "train.py"]})) == (
+        str(python)
+    )
+    assert script_python(script.model_copy(update={"command": ["/bin/sh", "train.py"]})) is None
+    space = _space(tiny_space, attn=["sdpa"], precision="fp32")
+    space = space.model_copy(
+        update={
+            "workload": space.workload.model_copy(update={"engine": "script", "script": script})
+        }
+    )
+    notes: list[str] = []
+    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    assert f"preflight probes in the script's python, {python}" in notes
+    assert report.dropped == {} and report.outcomes, report
+    probes = [line for line in started.read_text().splitlines() if "-m sweeper.trial" in line]
+    assert len(probes) == len(report.outcomes), (probes, report.outcomes)
