@@ -221,10 +221,22 @@ def _trainer(rec: Recommendation, space_yaml: str) -> str:
     )
     return (
         f"{_header(rec)}\n"
-        "from transformers import AutoModelForCausalLM, TrainingArguments\n\n"
+        + _launch_line(config)
+        + "from transformers import AutoModelForCausalLM, TrainingArguments\n\n"
         + _model_lines(config, space_yaml)
         + f"training_args = {_call('TrainingArguments', trainer_kwargs(rec, space_yaml))}\n"
         + data
+    )
+
+
+def _launch_line(config: dict[str, Any]) -> str:
+    """How the measured trial was launched, where it ran on several devices."""
+    devices = config.get("devices") or 1
+    if devices == 1:
+        return ""
+    return (
+        f"# on {devices} devices, as measured: torchrun --standalone --nproc-per-node "
+        f"{devices} train.py ({config.get('data_parallel')})\n"
     )
 
 
@@ -233,7 +245,8 @@ def _sft(rec: Recommendation, space_yaml: str) -> str:
     note = loss_note(rec, space_yaml)
     return (
         f"{_header(rec)}\n"
-        "from transformers import AutoModelForCausalLM\n"
+        + _launch_line(config)
+        + "from transformers import AutoModelForCausalLM\n"
         "from trl import SFTConfig\n\n"
         + _model_lines(config, space_yaml)
         + (f"{note}\n" if note else "")

@@ -245,3 +245,35 @@ def test_a_rank_that_fails_takes_its_group_down(
     _all_gone([*ranks.values(), leader])
     # the group went down at once, not at the trial's timeout (300 s)
     assert time.monotonic() - started < 120
+
+
+def test_the_exports_carry_the_launch_and_the_sharding() -> None:
+    """What a user pastes for a winner on two devices: the torchrun launch it was measured
+    with, TrainingArguments that build with FSDP2's fields, and a loop that shards the same
+    way (a snippet that parses)."""
+    import ast
+    import warnings
+
+    from transformers import TrainingArguments
+
+    from sweeper.export import render, trainer_kwargs
+    from sweeper.recommend import Recommendation
+    from tests.helpers import TINY_SPACE
+
+    space_yaml = TINY_SPACE.read_text()
+    rec = Recommendation(
+        study="tiny", trial_number=3, completed_trials=4,
+        config=tiny_config(devices=2, data_parallel="fsdp2").model_dump(),
+        it_per_s=1.0, samples_per_s=1.0, tokens_per_s=1.0, cost_per_run_usd=1.0,
+        hours_per_run=1.0, peak_memory_bytes=None, usd_per_hour=1.0, hardware_name="CPU",
+    )  # fmt: skip
+    launch = "torchrun --standalone --nproc-per-node 2"
+    for form in ("trainer", "sft", "dataloader"):
+        assert launch in render(rec, form, space_yaml), form
+    with warnings.catch_warnings():  # newer transformers prefer fsdp=True (5.17 takes this)
+        warnings.simplefilter("ignore")
+        args = TrainingArguments(**trainer_kwargs(rec, space_yaml), use_cpu=True)
+    assert args.fsdp and args.fsdp_config["version"] == 2
+    loop = render(rec, "dataloader", space_yaml)
+    ast.parse(loop)
+    assert "fully_shard(layer)" in loop and "fully_shard(model)" in loop
