@@ -231,12 +231,19 @@ class ImprovementGridSampler(_CandidateSampler):
     (``CONTENDED_ATTR``) do not, until the sweep measures them calm (``revise``). Failures stay
     out of the cost regression: a config that a linear model of "failed" against "ran" (one for
     out-of-memory, one for the other failures) confidently puts at even odds or worse is not
-    picked, and neither is a config at least as heavy as one that ran out of memory or one a
-    model of peak memory says will not fit (the wall is sharp and the best config often sits
-    next to it, so a failure must not make its knob values look slow).
+    picked, and neither is a config at least as heavy as one that ran out of memory, one the
+    model of peak memory (tokens per step, from the first measured trial: ``_fits``) says
+    will not fit, or the model of a config that failed to compile with other DataLoader
+    settings (the wall is sharp and the best config often sits next to it, so a failure must
+    not make its knob values look slow).
+
+    After an out-of-memory failure and before anything was measured, the pick is drawn from
+    the lightest quarter of the configs (most of a space may run out of memory). The expected
+    seconds of each trial are learned per compile mode (``_seconds``); ``cost_weight`` can
+    weigh them against the chance of improving (off by default: bench/RESULTS.md, Run 6).
 
     On the replay tables this needs about half the trials that Thompson sampling with the same
-    model needed (bench/RESULTS.md); the first pick is random.
+    model needed (bench/RESULTS.md).
     """
 
     main_prior_sd = 0.5  # log $/run: one knob value may halve or double the cost
@@ -305,8 +312,8 @@ class ImprovementGridSampler(_CandidateSampler):
         for failures in (oom, failed):
             if failures:
                 free = self._unlike(free, failures, rows)
-        if not rows:
-            return self._light_first(free)
+        if not rows:  # nothing measured yet
+            return self._light_first(free) if oom else int(self.rng.choice(free))
         log_seconds = np.log(self._seconds(free, seen.took))
         return free[
             self._most_likely_to_improve(np.array(rows), np.array(values), free, log_seconds)
@@ -386,11 +393,14 @@ class ImprovementGridSampler(_CandidateSampler):
         return int(np.argmax(score))
 
     def _light_first(self, free: list[int]) -> int:
-        """Before any config has run: a random one among the lightest quarter of the free
-        configs by tokens per step. Most of a space can lie past the memory wall (three in
-        four configs of a QLoRA on a 24 GB card), and a first pick at random there runs out
-        of memory twice on average before anything is measured; a light config runs, and its
-        peak memory calibrates the memory model for every other config."""
+        """After a config ran out of memory and before any has been measured: a random one
+        among the lightest quarter of the free configs by tokens per step. Most of a space can
+        lie past the memory wall (three in four configs of a QLoRA on a 24 GB card), and
+        picks at random there ran out of memory twice on average before anything was
+        measured; a light config runs, and its peak memory calibrates the memory model for
+        every other config. The first pick stays random: on a space without a wall, a light
+        first config (a small batch) told the model less (3 more trials to 5% on the CPU
+        grid's tokens/s)."""
         tokens = self._log_tokens[free]
         light = [i for i, t in zip(free, tokens, strict=True) if t <= np.quantile(tokens, 0.25)]
         return int(self.rng.choice(light or free))
