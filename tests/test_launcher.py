@@ -184,6 +184,16 @@ def test_classify_walks_the_cause_chain() -> None:
         == "dataloader"
     )
     assert classify(ValueError("something else"))[0] == "error"
+    # a rank of a multi-device trial: gloo's words for a peer gone or a collective too slow
+    gone = "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+    assert classify(RuntimeError(gone))[0] == "collective"
+    slow = "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv"
+    assert classify(RuntimeError(slow))[0] == "collective"
+    assert classify(TimeoutError("read timed out"))[0] == "error"  # not a collective's
+    # the host's memory, as Python and torch's CPU allocator say it
+    assert classify(MemoryError())[0] == "oom"
+    allocator = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes"
+    assert classify(RuntimeError(allocator)) == ("oom", f"host memory: RuntimeError: {allocator}")
 
 
 def test_fork_server_starts_trials_without_imports_and_kills_on_timeout(

@@ -43,10 +43,8 @@ def classify(exc: BaseException) -> tuple[str, str]:
         if isinstance(link, TrialError):
             return link.kind, link.message
     for link in links:
-        name = type(link).__name__
-        text = str(link).lower()
-        if name == "OutOfMemoryError" or "out of memory" in text:
-            return "oom", _first_line(link)
+        if (message := _out_of_memory(link)) is not None:
+            return "oom", message
     for link in links:
         text = str(link).lower()
         if any(marker in text for marker in _UNSUPPORTED_MARKERS):
@@ -69,6 +67,17 @@ def classify(exc: BaseException) -> tuple[str, str]:
             if "torch/utils/data" in frames or "resource_sharer" in frames:
                 return "dataloader", f"a DataLoader worker died: {type(link).__name__}: {text}"
     return "error", f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _out_of_memory(exc: BaseException) -> str | None:
+    """The message of an out-of-memory error: the device's, or the host's (Python's own
+    allocation, torch's CPU allocator); None for anything else."""
+    name, text = type(exc).__name__, str(exc).lower()
+    if name == "OutOfMemoryError" or "out of memory" in text:
+        return _first_line(exc)
+    if name == "MemoryError" or "can't allocate memory" in text:
+        return f"host memory: {name}: {_first_line(exc)}"
+    return None
 
 
 # what gloo and NCCL say when a collective waited too long or a peer rank vanished

@@ -277,3 +277,28 @@ def test_the_exports_carry_the_launch_and_the_sharding() -> None:
     loop = render(rec, "dataloader", space_yaml)
     ast.parse(loop)
     assert "fully_shard(layer)" in loop and "fully_shard(model)" in loop
+
+
+def test_a_rank_out_of_memory_names_itself_and_stops_the_group(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """Rank 1 runs out of host memory mid-window (its address space capped where it stands:
+    torch's CPU allocator fails the next allocation): the trial fails as oom, naming rank 1,
+    and rank 0, left waiting in the all-reduce, is stopped at once."""
+    request = _request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        data_parallel="ddp",
+        measure={"min_steps": 3, "max_steps": 100000, "min_seconds": 120, "max_seconds": 200},
+    )
+    thread, out = _trial_in_thread(request, tmp_path)
+    ranks = _ranks_when_timing(tmp_path, thread)
+    used = ranks[1].memory_info().vms
+    ranks[1].rlimit(psutil.RLIMIT_AS, (used, used))
+    thread.join(timeout=240)
+    assert not thread.is_alive()
+    (run,) = out
+    assert run.result.failure_kind == "oom", (run.result.failure_message, run.log_tail[-2000:])
+    assert (run.result.failure_message or "").startswith("rank 1 of 2: host memory")
+    _all_gone(list(ranks.values()))
