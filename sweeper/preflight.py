@@ -540,22 +540,27 @@ def check_precision(space: Space, precision: str, payload: dict[str, Any]) -> st
     )
 
 
+def _script_program(script: Any) -> tuple[Path, str | None]:
+    """Where ``workload.script.command`` runs, and its program's path (None: not there)."""
+    import shutil
+
+    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    program = script.command[0]
+    if "/" not in program:
+        return cwd, shutil.which(program, path=os.environ.get("PATH"))
+    return cwd, str(cwd / program) if (cwd / program).is_file() else None
+
+
 def script_python(script: Any) -> str | None:
     """The Python that runs ``workload.script.command``: its program when that is a python, or
     the interpreter a launcher's ``#!`` line names (torchrun, accelerate: console scripts of
     the environment they are installed in); None when neither says."""
     import shutil
 
-    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
-    program = script.command[0]
-    found = (
-        shutil.which(program, path=os.environ.get("PATH"))
-        if "/" not in program
-        else (str(cwd / program) if (cwd / program).is_file() else None)
-    )
+    _, found = _script_program(script)
     if found is None:
         return None
-    if Path(program).name.startswith("python"):
+    if Path(script.command[0]).name.startswith("python"):
         return found
     try:
         with open(found, "rb") as handle:
@@ -572,19 +577,13 @@ def script_python(script: Any) -> str | None:
 def script_problems(script: Any) -> list[str]:
     """What stops ``workload.script.command`` before any trial: a program that is not there,
     a Python file that is not where the command runs, a Python that cannot import sweeper
-    (the hook in the script needs it)."""
-    import shutil
+    (the hook in the script needs it; the command's python, or its launcher's)."""
     import subprocess
 
-    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    cwd, found = _script_program(script)
     if not cwd.is_dir():
         return [f"workload.script.cwd: {cwd} is not a directory"]
     program = script.command[0]
-    found = (
-        shutil.which(program, path=os.environ.get("PATH"))
-        if "/" not in program
-        else (str(cwd / program) if (cwd / program).is_file() else None)
-    )
     if found is None:
         return [
             f"workload.script.command: {program!r} is not a program here (not on PATH, not a "
@@ -596,14 +595,15 @@ def script_problems(script: Any) -> list[str]:
         for word in script.command[1:]
         if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
     ]
-    if script_python(script) is not None:
+    python = script_python(script)
+    if python is not None:
         check = subprocess.run(
-            [found, "-c", "import sweeper"], cwd=cwd, capture_output=True, text=True, timeout=120
+            [python, "-c", "import sweeper"], cwd=cwd, capture_output=True, text=True, timeout=120
         )
         if check.returncode != 0:
             said = (check.stderr.strip().splitlines() or ["no output"])[-1]
             problems.append(
-                f"workload.script.command: {found} cannot import sweeper ({said}), which the "
+                f"workload.script.command: {python} cannot import sweeper ({said}), which the "
                 f"script's one line needs: install sweeper in that environment, or run the "
                 f"script with the python sweeper runs in ({sys.executable})"
             )
