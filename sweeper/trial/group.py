@@ -171,10 +171,17 @@ def _verdict(ranks: list[_Rank]) -> ChildResult:
     rank = failed[0]
     result = rank.result()
     if result is not None and result.status == "failed":
+        stopped = [r.index for r in ranks if r.stopped]
+        hung = (
+            f" (rank {', '.join(map(str, stopped))} had not failed, so it is where the group "
+            "waited)"
+            if result.failure_kind == "collective" and stopped
+            else ""
+        )
         return result.model_copy(
             update={
                 "failure_message": f"rank {rank.index} of {world}: {result.failure_message}; "
-                "the group was stopped"
+                f"the group was stopped{hung}"
             }
         )
     code = rank.returncode or 0

@@ -104,10 +104,11 @@ def wrap(model: Any, strategy: str | None, device: Any) -> Any:
     if strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        for module in model.modules():
-            if isinstance(module, torch.nn.ModuleList):  # the decoder layers
-                for layer in module:
-                    fully_shard(layer)
+        # the decoder layers: the first (outermost) ModuleList, model.model.layers in HF's
+        # decoders; a list inside a layer (MoE experts) goes with its layer
+        layers: Any = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), [])
+        for layer in layers:
+            fully_shard(layer)
         fully_shard(model)
         return model
     raise TrialError(

@@ -207,7 +207,7 @@ def _all_gone(processes: list[psutil.Process]) -> None:
         # killed from outside (the OOM killer's way): that rank is the cause
         (signal.SIGKILL, "killed", "rank 1 of 2 died by SIGKILL"),
         # stopped: rank 0 waits in the gradient all-reduce until the collective timeout
-        (signal.SIGSTOP, "collective", "rank 0 of 2"),
+        (signal.SIGSTOP, "collective", "(rank 1 had not failed, so it is where the group"),
     ],
     ids=["killed", "stopped"],
 )
