@@ -14,11 +14,11 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sweeper import yamllines
 from sweeper.errors import CatalogError
 
 SHIPPED = Path(__file__).with_name("gpus.yaml")
@@ -152,17 +152,9 @@ def words(name: str) -> list[str]:
 
 def parse_catalog(text: str, source: str = "<catalog>") -> Catalog:
     """A catalog from YAML text; CatalogError naming ``source:line: field: problem``."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise CatalogError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
-    if not isinstance(data, dict) or root is None:
+    data, lines = yamllines.load(text, source, CatalogError)
+    if not isinstance(data, dict):
         raise CatalogError(f"{source}:1: a catalog is a mapping with version, sources and gpus")
-    lines: dict[tuple[Any, ...], int] = {}
-    _key_lines(root, (), lines, source)
     try:
         return Catalog.model_validate(data).model_copy(update={"path": source})
     except ValidationError as e:
@@ -180,7 +172,7 @@ def parse_catalog(text: str, source: str = "<catalog>") -> Catalog:
                 loc = ("gpus", named.group(1), *named.group(2).split("."))
                 message = message.split(": ", 1)[1]
             field = ".".join(str(part) for part in loc) or "(top level)"
-            problems.append(f"{source}:{_line_for(loc, lines)}: {field}: {message}")
+            problems.append(f"{source}:{yamllines.line_for(loc, lines)}: {field}: {message}")
         raise CatalogError("\n".join(problems)) from None
 
 
@@ -209,36 +201,6 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
 @cache
 def _shipped() -> Catalog:
     return parse_catalog(SHIPPED.read_text(encoding="utf-8"), str(SHIPPED))
-
-
-def _key_lines(
-    node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int], source: str
-) -> None:
-    """The 1-based line of every key and list item (duplicates are refused)."""
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key, line = key_node.value, key_node.start_mark.line + 1
-            if key in seen:
-                dotted = ".".join(str(p) for p in (*path, key))
-                raise CatalogError(
-                    f"{source}:{line}: {dotted}: key appears twice (lines {seen[key]} and "
-                    f"{line}); keep one"
-                )
-            seen[key] = line
-            out[(*path, key)] = line
-            _key_lines(value_node, (*path, key), out, source)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _key_lines(item, (*path, index), out, source)
-
-
-def _line_for(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int:
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            return lines[loc[:cut]]
-    return 1
 
 
 # An offer: N GPUs of one catalog type in one machine ("4x a100-40gb", "h200-sxm").

@@ -16,7 +16,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
-import yaml
 from pydantic import (
     Field,
     ValidationError,
@@ -24,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from sweeper import knobs
+from sweeper import knobs, yamllines
 from sweeper.catalog import OFFER_PATTERN
 from sweeper.errors import SpaceError
 from sweeper.job import Frozen as _Frozen
@@ -652,41 +651,6 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
 # ---------------------------------------------------------------- loading with line numbers
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, line: int, message: str) -> None:
-        super().__init__(message)
-        self.line = line
-
-
-def _key_lines(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
-    """Record the 1-based line of every key and list item; reject duplicate keys."""
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise _DuplicateKey(
-                    line,
-                    f"{_dotted(path + (key,))}: key appears twice "
-                    f"(lines {seen[key]} and {line}); keep one",
-                )
-            seen[key] = line
-            _key_lines(value_node, path + (key,), out)
-            out[path + (key,)] = line
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _key_lines(item, path + (index,), out)
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
-
-
 def _named_loc(message: str) -> tuple[Any, ...]:
     """Where a message of a whole-space check points: ``baseline: per_device_batch_size = 3
     ...`` -> ("baseline", "per_device_batch_size"); ``also_try[1]: ...`` -> ("also_try", 1)."""
@@ -699,30 +663,11 @@ def _named_loc(message: str) -> tuple[Any, ...]:
     return where + ((found.group(3),) if found.group(3) else ())
 
 
-def _line_for(loc: tuple[Any, ...], lines: Mapping[tuple[Any, ...], int]) -> int:
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            return lines[loc[:cut]]
-    return 1
-
-
 def parse_space(text: str, source: str = "<space>") -> Space:
     """Validate a space from YAML text; raise SpaceError naming ``source:line: field``."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise SpaceError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    data, lines = yamllines.load(text, source, SpaceError)
     if not isinstance(data, dict):
         raise SpaceError(f"{source}:1: a space file is a mapping of keys (study, hardware, ...)")
-    lines: dict[tuple[Any, ...], int] = {}
-    assert root is not None  # the document is a mapping, so it has a root node
-    try:
-        _key_lines(root, (), lines)
-    except _DuplicateKey as e:
-        raise SpaceError(f"{source}:{e.line}: {e}") from None
     try:
         return Space.model_validate(data)
     except ValidationError as e:
@@ -731,7 +676,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
             if not loc:  # a check of the whole space that names where it looked
                 loc = _named_loc(err["msg"].removeprefix("Value error, "))
-            field = _dotted(loc)
+            field = yamllines.dotted(loc)
             if err["type"] == "extra_forbidden":
                 message = (
                     misplaced_key(Space, loc) or "unknown key; remove it or check its spelling"
@@ -746,7 +691,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
                     message += f" (got {err.get('input')!r})"
             else:
                 message = f"{err['msg']} (got {err.get('input')!r})"
-            problems.append(f"{source}:{_line_for(loc, lines)}: {field}: {message}")
+            problems.append(f"{source}:{yamllines.line_for(loc, lines)}: {field}: {message}")
         raise SpaceError("\n".join(problems)) from None
 
 
