@@ -174,6 +174,12 @@ class RankFigures(_Strict):
         description="a digest of the first batch's token ids: ranks reading their own "
         "shares of the data have different ones",
     )
+    communication_s: float | None = Field(
+        default=None,
+        description="s per window step this rank's backward waited on DDP's gradient "
+        "all-reduce after its own compute (waiting for a slower peer included); None: not "
+        "told (FSDP2, the Trainer engines, or CUDA where DDP samples its stats)",
+    )
 
 
 class Measurement(_Strict):
@@ -369,6 +375,11 @@ class Measurement(_Strict):
     effective_batch: int = Field(description="samples (rows) per optimizer step, over every device")
     devices: int = Field(
         default=1, description="devices (ranks) the trial trained on; samples/s is the group's"
+    )
+    communication_share: float | None = Field(
+        default=None,
+        description="share of the step the slowest rank waited on communication after its "
+        "own compute (see RankFigures.communication_s; None: one device, or not told)",
     )
     ranks: list[RankFigures] | None = Field(
         default=None,

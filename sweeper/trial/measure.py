@@ -105,6 +105,16 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
     )
 
 
+def _communication_share(group: list[dict[str, Any]]) -> float | None:
+    """The share of its step the slowest rank waited on communication: the group's step is
+    that rank's, and its wait is the all-reduce itself, not a slower peer (None: not told)."""
+    slowest = max(group, key=lambda figures: figures["step_time_mean_s"])
+    waited = slowest.get("communication_s")
+    if waited is None or slowest["step_time_mean_s"] <= 0:
+        return None
+    return min(1.0, waited / slowest["step_time_mean_s"])
+
+
 def _sharded_checkpoint_cost(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -172,6 +182,7 @@ def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
         "peak_memory_bytes": _peak_memory(ctx.device)["peak_memory_bytes"],
         "parameter_share": 1.0 if share is None else share,
         "first_batch": run.notes.get("first_batch"),
+        "communication_s": run.notes.get("communication_s"),
     }
 
 
@@ -236,6 +247,7 @@ def finish(
             "ranks": None
             if group is None
             else [{k: v for k, v in figures.items() if k != "recording"} for figures in group],
+            "communication_share": None if group is None else _communication_share(group),
             "packing": config.packing,
             "effective": run.effective,
             "loss_labels": ctx.loss_labels,

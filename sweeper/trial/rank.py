@@ -118,6 +118,44 @@ def wrap(model: Any, strategy: str | None, device: Any) -> Any:
     )
 
 
+class ExposedCommunication:
+    """Seconds per step the backward waited on DDP's gradient all-reduce after its own
+    compute ended, over the timed window, from DDP's own runtime stats (its reducer times each
+    backward's compute and communication; ``avg_backward_comm_time`` minus the overlap with
+    compute is what the step waits). On a CPU DDP is told to record every step (host clocks:
+    nothing added to the step); on CUDA its timer synchronizes, so DDP keeps its own sampling
+    (its first 10 steps, then every 100th) and a window without a sampled step says None.
+    A rank's wait includes waiting for a slower peer. DDP records a step's stats at the next
+    forward, so the steps counted are the window's shifted back by one."""
+
+    def __init__(self, ddp: Any) -> None:
+        self.ddp = ddp
+        self._start: tuple[int, float] | None = None
+        if next(ddp.parameters()).device.type == "cpu":
+            ddp._set_ddp_runtime_logging_sample_rate(1)
+
+    def _totals(self) -> tuple[int, float]:
+        """Steps recorded so far, and the exposed seconds summed over them."""
+        data = self.ddp._get_ddp_logging_data()
+        steps = int(data.get("iteration", 0) or 0)
+        exposed_ns = float(data.get("avg_backward_comm_time", 0) or 0) - float(
+            data.get("avg_backward_compute_comm_overlap_time", 0) or 0
+        )
+        return steps, steps * exposed_ns / 1e9
+
+    def window_started(self) -> None:
+        if self._start is None:
+            self._start = self._totals()
+
+    def per_step_s(self) -> float | None:
+        if self._start is None:
+            return None
+        steps, total = self._totals()
+        if steps <= self._start[0]:
+            return None
+        return max(0.0, (total - self._start[1]) / (steps - self._start[0]))
+
+
 def main(argv: list[str]) -> int:
     parent = os.environ.get("SWEEPER_PARENT_PID")
     die_with_parent(int(parent) if parent else None)

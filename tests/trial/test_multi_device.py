@@ -102,6 +102,13 @@ def test_two_ranks_train_with_ddp(
     assert payload["effective"]["data_parallel"] == "ddp"
     assert [r["parameter_share"] for r in payload["ranks"]] == [1.0, 1.0]  # whole on each
     _group_figures(payload, batch=2, accumulation=2)
+    # DDP's own stats: what each rank's backward waited on the all-reduce after its compute
+    waits = [r["communication_s"] for r in payload["ranks"]]
+    assert all(
+        w is not None and 0 <= w < r["step_time_mean_s"]
+        for w, r in zip(waits, payload["ranks"], strict=True)
+    )
+    assert 0 <= payload["communication_share"] < 1
 
 
 def test_two_ranks_shard_the_parameters_with_fsdp2(
@@ -125,6 +132,7 @@ def test_two_ranks_shard_the_parameters_with_fsdp2(
     # a sharded save (each rank its shards) of the fp32 weights and AdamW's two moments
     assert payload["checkpoint_source"] == "measured" and payload["checkpoint_save_s"] > 0
     assert payload["checkpoint_bytes"] >= 0.9 * 3 * 4 * payload["n_params"]
+    assert payload["communication_share"] is None  # not told for FSDP2
     shares = [r["parameter_share"] for r in payload["ranks"]]
     # dim-0 shards of odd-sized parameters differ by a row: about half each, all of it in all
     assert shares == [pytest.approx(0.5, abs=0.05)] * 2

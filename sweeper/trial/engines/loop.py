@@ -71,7 +71,14 @@ def train(ctx: TrialContext) -> EngineRun:
         config.model_dump(),
     )
     stepper.loader.watching = False
+    communication = None
+    if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+        from sweeper.trial.rank import ExposedCommunication
+
+        communication = ExposedCommunication(wrapped)
     while not recorder.step_end():
+        if communication is not None and recorder.phase == "window":
+            communication.window_started()
         stepper.step()
     return EngineRun(
         model=model,
@@ -79,7 +86,10 @@ def train(ctx: TrialContext) -> EngineRun:
         optimizer_name=optimizer_name(optimizer),
         loader_epochs=stepper.loader_epochs,
         effective=effective,
-        notes={"first_batch": stepper.loader.first_batch},
+        notes={
+            "first_batch": stepper.loader.first_batch,
+            "communication_s": None if communication is None else communication.per_step_s(),
+        },
     )
 
 
