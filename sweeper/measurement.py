@@ -178,7 +178,7 @@ class RankFigures(_Strict):
         default=None,
         description="s per window step this rank's backward waited on DDP's gradient "
         "all-reduce after its own compute (waiting for a slower peer included); None: not "
-        "told (FSDP2, the Trainer engines, or CUDA where DDP samples its stats)",
+        "told (FSDP2, or CUDA where DDP samples its stats)",
     )
 
 

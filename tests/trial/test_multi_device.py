@@ -163,6 +163,7 @@ def test_the_trainer_engines_train_two_ranks_with_ddp(
     assert payload["effective"]["devices"] == 2
     assert payload["effective"]["data_parallel"] == "ddp"
     _group_figures(payload, batch=2, accumulation=2)
+    assert 0 <= payload["communication_share"] < 1  # DDP's stats, as the loop's
 
 
 def test_the_trainer_asked_for_fsdp2_on_a_cpu_fails_as_a_mismatch(

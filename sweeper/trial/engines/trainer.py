@@ -54,6 +54,7 @@ def _callback(ctx: TrialContext, engine: str) -> Any:
     class Record(TrainerCallback):
         trainer: Any = None  # set once the trainer exists
         computed: ComputeDtype | None = None
+        communication: Any = None  # DDP's wait on its all-reduce (rank.ExposedCommunication)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             ctx.phase_done("trainer_setup")  # accelerate's prepare, the optimizer, the scheduler
@@ -64,8 +65,15 @@ def _callback(ctx: TrialContext, engine: str) -> Any:
                 self.computed.remove()
                 self.trainer.sweeper_effective = _read_back(engine, self.trainer, self.computed)
                 self.computed = None
+                wrapped = self.trainer.model_wrapped
+                if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+                    from sweeper.trial.rank import ExposedCommunication
+
+                    self.communication = ExposedCommunication(wrapped)
             if recorder.step_end():
                 control.should_training_stop = True
+            elif self.communication is not None and recorder.phase == "window":
+                self.communication.window_started()
 
     return Record()
 
@@ -95,6 +103,7 @@ def _read_back(engine: str, trainer: Any, computed: ComputeDtype) -> dict[str, A
 
 def _start(trainer: Any, ctx: TrialContext, record: Any) -> None:
     trainer.sweeper_ctx = ctx
+    trainer.sweeper_record = record
     record.trainer = trainer
     record.computed = ComputeDtype(trainer.model)
 
@@ -105,6 +114,7 @@ def _timed(trainer_class: type) -> type:
     class Timed(trainer_class):  # type: ignore[misc, valid-type]
         sweeper_ctx: TrialContext
         sweeper_loader: TimedBatches
+        sweeper_record: Any  # the callback feeding the recorder
         sweeper_effective: dict[str, Any] | None = None
 
         def get_train_dataloader(self) -> Any:
@@ -136,7 +146,12 @@ def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
         optimizer_name=optimizer_name(trainer.optimizer),
         loader_epochs=max(1, math.ceil(trainer.state.epoch or 1)),
         effective=trainer.sweeper_effective or {},
-        notes={"first_batch": trainer.sweeper_loader.first_batch},
+        notes={
+            "first_batch": trainer.sweeper_loader.first_batch,
+            "communication_s": None
+            if trainer.sweeper_record.communication is None
+            else trainer.sweeper_record.communication.per_step_s(),
+        },
     )
 
 
