@@ -260,7 +260,7 @@ class ImprovementGridSampler(_CandidateSampler):
     # seconds for the same trials
     cost_weight = 0.0
     cost_window = 0.5
-    memory_margin_sd = 0.15  # how sure the memory model must be to leave a config out
+    memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:

@@ -172,14 +172,15 @@ def test_a_model_that_failed_to_compile_is_not_tried_with_other_loader_settings(
 
 def test_bayes_can_weigh_a_trials_time() -> None:
     """max-autotune compiles for minutes: weighing the chance of improving per second of
-    trial (``cost_weight``; off by default, since on a replay table where the best configs
-    need max-autotune it cost trials: bench/RESULTS.md, Run 6) spends fewer seconds to reach
-    5% of the best here than ignoring the time, with no more trials at the median."""
+    trial (``cost_weight``) reaches 5% of the best here in fewer seconds than ignoring the
+    time. It can take more trials to get there (here up to a quarter more at the median; on
+    the interactions replay table twice as many), which is why it is off by default
+    (bench/RESULTS.md, Run 6)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    weighed = 0.5
+    assert ImprovementGridSampler.cost_weight == 0
     seeds = range(16)  # the median of 8 moves by 2 trials from seed to seed
-    runs = {w: [_search("bayes", seed, cost_weight=w) for seed in seeds] for w in (0.0, weighed)}
+    runs = {w: [_search("bayes", seed, cost_weight=w) for seed in seeds] for w in (0.0, 0.5)}
     seconds = {w: sum(_seconds(c) for r in rs for c in r) for w, rs in runs.items()}
-    assert seconds[weighed] < 0.8 * seconds[0.0], seconds
+    assert seconds[0.5] < 0.8 * seconds[0.0], seconds
     medians = {w: float(np.median([len(r) for r in rs])) for w, rs in runs.items()}
-    assert medians[weighed] <= medians[0.0] + 1, medians
+    assert medians[0.5] <= 1.25 * medians[0.0], medians
