@@ -188,12 +188,15 @@ def _trial_in_thread(request: ChildRequest, workdir: Path) -> tuple[threading.Th
     return thread, out
 
 
-def _ranks_when_timing(workdir: Path, thread: threading.Thread) -> dict[int, psutil.Process]:
-    """The rank processes, once rank 0 says the trial is in its timed window."""
+def _ranks_when_timing(
+    workdir: Path, thread: threading.Thread, phases: tuple[str, ...] = ("window",)
+) -> dict[int, psutil.Process]:
+    """The rank processes, once rank 0 says the trial is in one of ``phases``."""
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and thread.is_alive():
         for progress in workdir.glob("sweeper-trial-*/progress.json"):
-            if '"window"' in progress.read_text(errors="replace"):
+            text = progress.read_text(errors="replace")
+            if any(f'"{phase}"' in text for phase in phases):
                 ranks = {}
                 for process in psutil.process_iter(["cmdline"]):
                     words = process.info["cmdline"] or []
@@ -202,12 +205,23 @@ def _ranks_when_timing(workdir: Path, thread: threading.Thread) -> dict[int, psu
                 if len(ranks) == 2:
                     return ranks
         time.sleep(0.2)
-    raise AssertionError("the trial never reached its timed window with two ranks")
+    raise AssertionError(f"the trial never reached {phases} with two ranks")
 
 
 def _all_gone(processes: list[psutil.Process]) -> None:
+    """Every process has exited within seconds (a rank SIGTERM'd with its group may still be
+    unmapping its memory when the launcher returns; none may keep running)."""
+    deadline = time.monotonic() + 30
     for process in processes:
-        assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE, process
+        while time.monotonic() < deadline:
+            try:
+                if process.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"{process} still runs 30 s after its trial ended")
 
 
 @pytest.mark.parametrize(
@@ -311,3 +325,29 @@ def test_a_rank_out_of_memory_names_itself_and_stops_the_group(
     assert run.result.failure_kind == "oom", (run.result.failure_message, run.log_tail[-2000:])
     assert (run.result.failure_message or "").startswith("rank 1 of 2: host memory")
     _all_gone(list(ranks.values()))
+
+
+def test_the_trials_timeout_reaches_every_rank(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """Why the ranks are not torchrun's: the launcher's kill of the trial's process group at
+    its timeout reaches every rank (torchrun's agent would have put each in its own session)."""
+    request = _request(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        data_parallel="ddp",
+        measure={"min_steps": 3, "max_steps": 100000, "min_seconds": 200, "max_seconds": 300},
+    )
+    out: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: out.append(run_child(request, timeout_s=30, workdir=tmp_path))
+    )
+    thread.start()
+    ranks = _ranks_when_timing(tmp_path, thread, phases=("burn_in", "window"))
+    leader = ranks[0].parent()
+    assert leader is not None and os.getpgid(ranks[1].pid) == os.getpgid(leader.pid)
+    thread.join(timeout=240)
+    (run,) = out
+    assert run.result.failure_kind == "timeout", run.result.failure_message
+    _all_gone([*ranks.values(), leader])
