@@ -254,10 +254,10 @@ class ImprovementGridSampler(_CandidateSampler):
     failure_margin_sd = 0.5  # how sure the failure model must be to leave a config out
     chunk = 4096  # free configs scored at once
     # probability of improvement per second of trial, to this power, among the configs at
-    # least cost_window as likely to improve as the likeliest. Off (0): on interactions it
-    # put max-autotune, which the best configs need, off for 9 to 13 more trials, and spent
-    # more seconds too (bench/RESULTS.md, Run 6); on qlora-24gb (1.0) it saved a fifth of the
-    # seconds for the same trials
+    # least cost_window as likely to improve as the likeliest. Off (0): at 0.5 it put off
+    # max-autotune, which interactions' best configs need, for 12 more trials on samples/s
+    # (and more seconds); on qlora-24gb it saved a third of the seconds for no more trials
+    # (bench/RESULTS.md, Run 6)
     cost_weight = 0.0
     cost_window = 0.5
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
