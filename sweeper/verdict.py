@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from sweeper.knobs import KNOB
-from sweeper.recommend import Constraints, StudyFacts, best, truncates
+from sweeper.recommend import Constraints, StudyFacts, choose, truncates
 from sweeper.store import Store
 from sweeper.store.models import TrialMetrics
 
@@ -195,8 +195,10 @@ def knob_effects(trials: Sequence[TrialMetrics], winner: TrialMetrics) -> KnobEf
         w = winner.config.get(knob)
         values = {_key(t.config.get(knob)): t.config.get(knob) for t in usable}
         values.pop(_key(w), None)
-        for v in sorted(values.values(), key=lambda value: json.dumps(value, sort_keys=True)):
-            effect = _paired(table, winner, knob, w, v) or (
+        others = sorted(values.values(), key=lambda value: json.dumps(value, sort_keys=True))
+        pairs = _pairs(table, winner, knob, w, others)
+        for v in others:
+            effect = _paired(pairs[_key(v)], winner, knob, w, v) or (
                 model.effect(knob, w, v) if model is not None else None
             )
             if effect is None:
@@ -211,28 +213,43 @@ def _label(knob: str) -> str:
     return KNOB[knob].label if knob in KNOB else knob
 
 
+def _pairs(
+    table: _Table, winner: TrialMetrics, knob: str, w: Any, others: Sequence[Any]
+) -> dict[Hashable, list[tuple[TrialMetrics, TrialMetrics]]]:
+    """For each of ``others``, the pairs of trials (``w`` first) that differ in ``knob``
+    alone: one pass over the trials per set of knobs that follow the change (usually one per
+    knob), not one per value."""
+    # which knobs follow the change is a matter of the knob's rule, not of the rest: told
+    # once, from the winner's config
+    by_skip: dict[frozenset[str], list[Any]] = {}
+    for v in others:
+        by_skip.setdefault(_flipped(winner.config, knob, (w, v)) | {knob}, []).append(v)
+    wk, column = _key(w), table.column(knob)
+    found: dict[Hashable, list[tuple[TrialMetrics, TrialMetrics]]] = {}
+    for skip, values in by_skip.items():
+        rest = [i for i, n in enumerate(table.names) if n not in skip]
+        signature = operator.itemgetter(*rest) if rest else (lambda row: ())
+        wanted = {_key(v) for v in values}
+        groups: dict[Any, dict[Hashable, list[TrialMetrics]]] = {}
+        for t, row in zip(table.trials, table.rows, strict=True):
+            value = row[column]
+            if value == wk or value in wanted:
+                groups.setdefault(signature(row), {}).setdefault(value, []).append(t)
+        for vk in wanted:
+            found[vk] = [
+                (a, b) for g in groups.values() for a in g.get(wk, ()) for b in g.get(vk, ())
+            ]
+    return found
+
+
 def _paired(
-    table: _Table,
+    pairs: Sequence[tuple[TrialMetrics, TrialMetrics]],
     winner: TrialMetrics,
     knob: str,
     w: Any,
     v: Any,
 ) -> KnobEffect | None:
-    """From trials that differ in ``knob`` alone (``w`` on one side, ``v`` on the other)."""
-    # which knobs follow the change is a matter of the knob's rule, not of the rest: told
-    # once, from the winner's config
-    skip = _flipped(winner.config, knob, (w, v)) | {knob}
-    rest = [i for i, n in enumerate(table.names) if n not in skip]
-    signature = operator.itemgetter(*rest) if rest else (lambda row: ())
-    sides: dict[Any, tuple[list[TrialMetrics], list[TrialMetrics]]] = {}
-    wk, vk, column = _key(w), _key(v), table.column(knob)
-    for t, row in zip(table.trials, table.rows, strict=True):
-        value = row[column]
-        if value != wk and value != vk:
-            continue
-        group = sides.setdefault(signature(row), ([], []))
-        group[0 if value == wk else 1].append(t)
-    pairs = [(a, b) for on_w, on_v in sides.values() for a in on_w for b in on_v]
+    """From ``pairs`` of trials that differ in ``knob`` alone (``w`` first, then ``v``)."""
     if not pairs:
         return None
     at_winner = [(a, b) for a, b in pairs if a.number == winner.number]
@@ -320,15 +337,17 @@ class _MainEffects:
 def study_knob_effects(
     store: Store, study: str, constraints: Constraints | None = None
 ) -> KnobEffects:
-    """``knob_effects`` at the study's recommendation (``recommend.best``), from the completed
-    trials it may pick from: a config that truncates what the coverage needs (unless the
-    constraints allow it) trains on less, so its $/run is not the same job's."""
-    recommendation = best(store, study, constraints)
+    """``knob_effects`` at the study's recommendation (``recommend.choose``, as ``best``),
+    from the completed trials it may pick from: a config that truncates what the coverage
+    needs (unless the constraints allow it) trains on less, so its $/run is not the same
+    job's."""
     facts = StudyFacts.of(store.get_study(study))
+    completed = store.trial_metrics(study, states=["complete"])  # read once, for both
+    recommendation = choose(facts, completed, constraints)
     allow = constraints is not None and constraints.allow_truncation
     trials = [
         t
-        for t in store.trial_metrics(study, states=["complete"])
+        for t in completed
         if t.number == recommendation.trial_number or allow or not truncates(facts, t.config)
     ]
     winner = next(t for t in trials if t.number == recommendation.trial_number)

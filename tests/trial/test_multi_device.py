@@ -60,6 +60,11 @@ def _request(
     )
 
 
+def _run(space: Space, prepared: PreparedData, cache_dir: Path, **knobs: Any) -> ChildRun:
+    """A two-rank trial of ``_request(...)`` run to its end (5 minutes at most)."""
+    return run_child(_request(space, prepared, cache_dir, **knobs), timeout_s=300)
+
+
 def _ok(run: ChildRun) -> dict[str, Any]:
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail[-3000:])
     assert run.result.payload is not None
@@ -86,16 +91,13 @@ def _group_figures(payload: dict[str, Any], batch: int, accumulation: int) -> No
 def test_two_ranks_train_with_ddp(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    run = run_child(
-        _request(
-            tiny_space,
-            tiny_prepared,
-            cache_dir,
-            data_parallel="ddp",
-            per_device_batch_size=2,
-            gradient_accumulation_steps=2,
-        ),
-        timeout_s=300,
+    run = _run(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        data_parallel="ddp",
+        per_device_batch_size=2,
+        gradient_accumulation_steps=2,
     )
     payload = _ok(run)
     assert payload["effective"]["devices"] == 2
@@ -114,18 +116,15 @@ def test_two_ranks_train_with_ddp(
 def test_two_ranks_shard_the_parameters_with_fsdp2(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    run = run_child(
-        _request(
-            tiny_space,
-            tiny_prepared,
-            cache_dir,
-            data_parallel="fsdp2",
-            per_device_batch_size=2,
-            gradient_accumulation_steps=1,
-            packing=True,  # a packed stream: each rank packs its own share
-            checkpoint=True,
-        ),
-        timeout_s=300,
+    run = _run(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        data_parallel="fsdp2",
+        per_device_batch_size=2,
+        gradient_accumulation_steps=1,
+        packing=True,  # a packed stream: each rank packs its own share
+        checkpoint=True,
     )
     payload = _ok(run)
     assert payload["effective"]["data_parallel"] == "fsdp2"  # every parameter a DTensor shard
@@ -146,17 +145,14 @@ def test_the_trainer_engines_train_two_ranks_with_ddp(
 ) -> None:
     """TrainingArguments (SFTConfig) under torchrun's environment: accelerate wraps the model
     in DDP and gives each rank its share of the batches; the read-back finds the wrapper."""
-    run = run_child(
-        _request(
-            tiny_space,
-            tiny_prepared,
-            cache_dir,
-            engine=engine,
-            data_parallel="ddp",
-            per_device_batch_size=2,
-            gradient_accumulation_steps=2,
-        ),
-        timeout_s=300,
+    run = _run(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        engine=engine,
+        data_parallel="ddp",
+        per_device_batch_size=2,
+        gradient_accumulation_steps=2,
     )
     payload = _ok(run)
     assert payload["engine"] == engine
@@ -171,10 +167,7 @@ def test_the_trainer_asked_for_fsdp2_on_a_cpu_fails_as_a_mismatch(
 ) -> None:
     """TrainingArguments(fsdp=...) on a CPU: accelerate wraps the model in DDP without a word.
     The read-back finds DDP, so the trial fails rather than record FSDP2 for what ran."""
-    run = run_child(
-        _request(tiny_space, tiny_prepared, cache_dir, engine="trainer", data_parallel="fsdp2"),
-        timeout_s=300,
-    )
+    run = _run(tiny_space, tiny_prepared, cache_dir, engine="trainer", data_parallel="fsdp2")
     assert run.result.status == "failed" and run.result.failure_kind == "mismatch"
     assert "data_parallel: asked 'fsdp2', ran 'ddp'" in (run.result.failure_message or "")
 
