@@ -438,7 +438,8 @@ class TrialConfig(_ConfigBase):
 
     @property
     def effective_batch(self) -> int:
-        return self.per_device_batch_size * self.gradient_accumulation_steps
+        """Samples per optimizer step over every device (the global batch)."""
+        return self.per_device_batch_size * self.gradient_accumulation_steps * self.devices
 
 
 def normalize(values: Mapping[str, Any]) -> dict[str, Any]:

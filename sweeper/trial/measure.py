@@ -242,7 +242,9 @@ def finish(
             # what ran, read back from torch: the optimizer class (fused kernel?), TF32 matmuls
             "optimizer": run.optimizer_name,
             "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
-            "effective_batch": config.effective_batch * devices,
+            "effective_batch": config.per_device_batch_size
+            * config.gradient_accumulation_steps
+            * devices,
             "devices": devices,
             "ranks": None
             if group is None

@@ -202,7 +202,7 @@ def sft_rows(ctx: TrialContext, available: int) -> int:
     assert request.config is not None and request.settings is not None and request.prepared
     config, settings = request.config, request.settings
     steps = settings.warmup.max_steps + settings.measure.max_steps + 2
-    rows = steps * config.effective_batch * config.devices  # each rank trains its share
+    rows = steps * config.effective_batch  # the global batch: each rank trains its share
     if config.packing:
         per_sample = request.prepared.tokens_per_sample or 64.0
         rows = math.ceil(rows * (config.max_seq_length / per_sample + 1))
