@@ -34,7 +34,6 @@ from sweeper.errors import CatalogError, SpaceError, SweeperError, Terminated
 if TYPE_CHECKING:
     from sweeper.recommend import Constraints
     from sweeper.space import Space
-    from sweeper.sweep.fleet import FleetError
 
 # -h as well as --help, on every command
 _CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -120,8 +119,9 @@ def launch(
         typer.Option(
             "--workers",
             min=1,
-            help="sweep with this many worker processes on one study (one per visible GPU, "
-            "or N on a CPU); the trials are shared out among them",
+            help="sweep with this many worker processes on one study, the trials shared out "
+            "among them; they share the visible GPUs as `worker --devices` does (at most GPUs ÷ "
+            "the smallest search.devices workers; on a CPU, any N)",
         ),
     ] = 1,
     fill: Annotated[
@@ -177,7 +177,8 @@ def launch(
         command += ["--space", str(space)] if space is not None else []
         command += ["--study", study] if study is not None else []
         total = n_trials or parsed.budget.n_trials
-        _launch_workers(command, parsed.study, url, visible_gpus(), workers, total, max_minutes)
+        gpus, sizes = visible_gpus(), list(parsed.search.devices)
+        _launch_workers(command, parsed.study, url, gpus, workers, total, max_minutes, sizes)
         print_leaderboard(url, parsed.study)
         return
     _sweep_and_report(parsed, url, text, path, n_trials, max_minutes)
@@ -289,8 +290,11 @@ def worker(
         str | None,
         typer.Option(
             "--devices",
-            help="GPUs to work on, e.g. 0,1: one worker process per GPU, each seeing only its "
-            "own (CUDA_VISIBLE_DEVICES); the trials are shared out among them",
+            help="GPUs to work on, e.g. 0,1,2,3: as many worker processes as trials of the "
+            "smallest search.devices fit on them side by side (4 for devices [1, 2]); each "
+            "trial holds as many as its devices knob says and sees only those "
+            "(CUDA_VISIBLE_DEVICES), never a GPU another trial holds; the trials are shared "
+            "out among the workers",
         ),
     ] = None,
 ) -> None:
@@ -298,22 +302,25 @@ def worker(
     the same Postgres URL): run trials of its space until its budget is spent. Workers never
     run a config another worker runs or ran."""
     from sweeper.settings import resolve_storage
-    from sweeper.sweep.fleet import FleetError, parse_devices
+    from sweeper.sweep.devicepool import DevicePool
+    from sweeper.sweep.fleet import FleetError, check_pool, parse_devices
 
     try:
         gpus = parse_devices(devices) if devices is not None else []
+        url = resolve_storage(storage)
+        parsed, text, path = _stored_study(storage, study)
+        sizes = list(parsed.search.devices)
+        count = check_pool(gpus, sizes, None) if gpus else 1
     except FleetError as e:
-        raise _fleet_failed(e) from None
-    url = resolve_storage(storage)
-    parsed, text, path = _stored_study(storage, study)
-    if len(gpus) > 1:
+        raise fail(str(e), e.code) from None
+    if count > 1:
         command = ["worker", "--study", study]
         total = n_trials or parsed.budget.n_trials
-        _launch_workers(command, study, url, gpus, len(gpus), total, max_minutes)
+        _launch_workers(command, study, url, gpus, count, total, max_minutes, sizes)
         print_leaderboard(url, study)
         return
-    if gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
+    if gpus:  # one worker: its trials hold the pool's GPUs all the same
+        os.environ.update(DevicePool(gpus).env())
     _sweep_and_report(parsed, url, text, path, n_trials, max_minutes)
 
 
@@ -325,6 +332,7 @@ def _launch_workers(
     workers: int,
     n_trials: int,
     max_minutes: float | None,
+    sizes: list[int],
 ) -> None:
     """``sweeper.sweep.fleet.run_workers``, its worker logs in the cache directory."""
     from sweeper.settings import Settings
@@ -334,14 +342,10 @@ def _launch_workers(
         run_workers(
             command, name, url, devices, workers, n_trials, max_minutes,
             logs=Settings().cache_dir / "workers",
-            say=lambda line: console.print(line, highlight=False),
+            say=lambda line: console.print(line, highlight=False), sizes=sizes,
         )  # fmt: skip
     except FleetError as e:
-        raise _fleet_failed(e) from None
-
-
-def _fleet_failed(error: FleetError) -> typer.Exit:
-    return fail(str(error), error.code)
+        raise fail(str(e), e.code) from None
 
 
 def _missing_trials(url: str, study: str, planned: int) -> int:
@@ -352,7 +356,7 @@ def _missing_trials(url: str, study: str, planned: int) -> int:
     try:
         plan = fill_plan(url, study, planned)
     except FleetError as e:
-        raise _fleet_failed(e) from None
+        raise fail(str(e), e.code) from None
     except SweeperError as e:
         raise fail(str(e)) from None
     if plan.missing == 0:

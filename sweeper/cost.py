@@ -5,7 +5,11 @@
     one_time_s       = startup_s + compile_s + saves × checkpoint_save_s
     saves            = ⌊optimizer steps of the run ÷ save_steps⌋,  steps = train_s × it_per_s
     hours_per_run    = (train_s + one_time_s) ÷ 3600
-    cost_per_run_usd = hours_per_run × usd_per_hour
+    cost_per_run_usd = hours_per_run × devices × usd_per_hour
+
+``usd_per_hour`` is the price of one device-hour (``hardware.usd_per_hour``, a catalog GPU's
+price): a trial on N devices rents N of them for the run's hours, so a 1-device run prices as
+the machine's hour did before N-device trials existed.
 
 Ranking is by these, never by it/s: an optimizer step holds batch × accumulation samples, so
 it/s is not comparable across gradient accumulation (seed 001's trap). Start-up and compile are
@@ -23,11 +27,13 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True)
 class RunPlan:
-    """The real job: how much it trains, how often it saves, what an hour costs."""
+    """The real job: how much it trains, how often it saves, what a device-hour costs and
+    how many devices it rents."""
 
     samples: int
     epochs: float
-    usd_per_hour: float
+    usd_per_hour: float  # one device's
+    devices: int = 1
     save_steps: int | None = None
     tokens_per_sample: float | None = None  # mean, with EOS; counts the work when packing
 
@@ -87,6 +93,9 @@ def project_run(
     >>> p = project_run(with_saves, samples_per_s=100.0, it_per_s=12.5, checkpoint_save_s=90)
     >>> p.optimizer_steps, p.checkpoint_saves, round(p.hours_per_run, 3)  # 225 saves × 90 s
     (225000.0, 225, 10.625)
+    >>> two = RunPlan(samples=600_000, epochs=3, usd_per_hour=2.5, devices=2)
+    >>> round(project_run(two, samples_per_s=180.0).cost_per_run_usd, 2)  # 2.78 h × 2 × $2.50
+    13.89
     """
     if packing:
         if plan.tokens_per_sample is None or tokens_per_s is None:
@@ -115,7 +124,32 @@ def project_run(
         checkpoint_s=saves * save_s,
     )
     hours = (train_s + projection.one_time_s) / 3600
-    return replace(projection, hours_per_run=hours, cost_per_run_usd=hours * plan.usd_per_hour)
+    return replace(
+        projection,
+        hours_per_run=hours,
+        cost_per_run_usd=run_cost(hours, plan.usd_per_hour, plan.devices),
+    )
+
+
+def run_cost(hours: float, usd_per_device_hour: float, devices: int | None = 1) -> float:
+    """$ of a run of ``hours`` on ``devices`` devices at ``usd_per_device_hour`` each.
+
+    >>> run_cost(10.0, 2.5, 4)
+    100.0
+    """
+    return hours * usd_per_device_hour * device_count(devices)
+
+
+def device_count(value: object) -> int:
+    """A config's ``devices`` (or the value itself) as a count: 1 where it is not told (a
+    config stored before the knob).
+
+    >>> device_count({"devices": 4}), device_count({}), device_count(None), device_count(2)
+    (4, 1, 1, 2)
+    """
+    if isinstance(value, Mapping):
+        value = value.get("devices")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def one_off_text(projection: Mapping[str, Any] | None) -> str:

@@ -71,10 +71,12 @@ def run_child(
     workdir: Path | None = None,
     server: ForkServer | None = None,
     python: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> ChildRun:
     """Run ``request`` in a child; return its result, or a classified failure. ``python``:
     the interpreter to spawn it with instead of this one (a user's script's, whose torch and
-    kernels are what its trials run on); the fork server is then not used."""
+    kernels are what its trials run on); the fork server is then not used. ``env``: set in
+    the child's environment (the devices its worker holds for it: CUDA_VISIBLE_DEVICES)."""
     sweep_stale_trial_dirs(workdir)
     prefix = f"{TRIAL_DIR_PREFIX}{os.getpid()}-"  # the owner: see sweep_stale_trial_dirs
     with (
@@ -92,6 +94,7 @@ def run_child(
             PROGRESS_ENV: str(tmp_path / "progress.json"),
             # the child's temporary files (DataLoader workers' pymp-* among them) go with it
             "TMPDIR": str(tmp_path / "tmp"),
+            **(env or {}),
         }
         request = request.model_copy(update={"spawned_at": time.time()})
         request_path.write_text(request.model_dump_json())

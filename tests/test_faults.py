@@ -541,12 +541,15 @@ def test_sigterm_to_launch_with_workers_interrupts_every_worker_and_leaves_nothi
 
 
 @pytest.mark.torch
-def test_a_worker_with_two_devices_runs_one_process_per_gpu(
+def test_a_worker_with_two_devices_runs_two_processes_sharing_them(
     sqlite_url: str,
     env: dict[str, str],  # noqa: F811
+    tmp_path: Path,
 ) -> None:
-    """`sweeper worker --devices 0,1`: two processes, each seeing only its own GPU (here, on a
-    CPU, the variable is set and recorded; the trials run on the CPU)."""
+    """`sweeper worker --devices 0,1` with 1-device trials: two processes sharing the two
+    GPUs, each trial seeing only the one it holds (here, on a CPU, the variable is set and
+    recorded; the trials run on the CPU). tests/test_device_pool.py: trials of 1 and 2."""
+    env = dict(env, SWEEPER_DEVICE_LOCKS=str(tmp_path / "locks"))
     first = _launch(TINY_SPACE, sqlite_url, env, "--n-trials", "1")
     _, stderr = first.communicate(timeout=600)
     assert first.returncode == 0, stderr[-3000:]
@@ -560,15 +563,15 @@ def test_a_worker_with_two_devices_runs_one_process_per_gpu(
         timeout=900,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "worker 0 on GPU 0" in done.stdout and "worker 1 on GPU 1" in done.stdout
+    assert "worker 1:" in done.stdout and "the workers share GPU(s) 0,1" in done.stdout
     with TestClient(create_app(sqlite_url)) as client:
         workers = client.get("/api/studies/tiny/workers").json()
         trials = client.get("/api/studies/tiny/trials").json()
     # the two started together: either may register first
     assert sorted((w["devices"] or "", w["state"], w["trials"]) for w in workers) == [
         ("", "done", 1),
-        ("0", "done", 1),
-        ("1", "done", 1),
+        ("0,1", "done", 1),
+        ("0,1", "done", 1),
     ], workers
     assert len({json.dumps(t["config"], sort_keys=True) for t in trials}) == 3
     assert [t["state"] for t in trials] == ["complete"] * 3

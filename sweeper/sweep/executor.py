@@ -7,8 +7,10 @@ configs up in a table instead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +27,11 @@ from sweeper.space import Space, TrialConfig
 from sweeper.store import Store, TrialRow
 from sweeper.store.retry import connection_lost, disk_full
 from sweeper.sweep import spool
+from sweeper.sweep.devicepool import DevicePool, DevicePoolError, Held
 from sweeper.sweep.observer import SweepObserver
 from sweeper.sweep.outcome import Outcome
 from sweeper.sweep.queue import LOST_RETRIES, json_key, times_lost
-from sweeper.trial.protocol import ChildRequest, PreparedData, tokens_per_sample
+from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, tokens_per_sample
 
 
 class TrialExecutor(Protocol):
@@ -80,6 +83,8 @@ class ChildExecutor:
         self.prepared, self.cache_dir, self.observer, self.server = (
             prepared, cache_dir, observer, server,
         )  # fmt: skip
+        # the machine's devices this worker shares with its fleet (None: it owns what it sees)
+        self.pool = DevicePool.from_env()
 
     def stop_requested(self) -> bool:
         return self.store.stop_requested(self.space.study)
@@ -180,14 +185,32 @@ class ChildExecutor:
         timeout_s = space.trial.timeout_s
         if left_s is not None and left_s < timeout_s:
             timeout_s = max(30.0, left_s)
-        run = run_child(request, timeout_s=timeout_s, server=self.server)
+        held: Held | None = None
+        try:
+            with contextlib.ExitStack() as stack:
+                env = None
+                if self.pool is not None:
+                    held = stack.enter_context(self.pool.hold(config.devices))
+                    env = {"CUDA_VISIBLE_DEVICES": held.visible}
+                run = run_child(request, timeout_s=timeout_s, server=self.server, env=env)
+        except DevicePoolError as e:
+            run = ChildRun(
+                result=ChildResult(
+                    status="failed", failure_kind="unsupported", failure_message=str(e)
+                ),
+                wall_s=0.0,
+                log_tail="",
+                pid=0,
+            )
+        if held is not None:
+            held = dataclasses.replace(held, until=time.time())
         result = run.result
         measurement, invalid = measurement_of(result.payload if result.status == "ok" else None)
         if measurement is None:
-            return _Measured(run, timeout_s, None, invalid, None)
+            return _Measured(run, timeout_s, None, invalid, None, held)
         measurement = measurement.with_inherited_startup(run.inherited_startup_s)
         projection = project_run(
-            run_plan(space, self.prepared.stats),
+            run_plan(space, self.prepared.stats, config.devices),
             samples_per_s=measurement.samples_per_s,
             it_per_s=measurement.it_per_s,
             tokens_per_s=measurement.tokens_per_s,
@@ -196,7 +219,7 @@ class ChildExecutor:
             compile_s=measurement.compile_s,
             checkpoint_save_s=measurement.checkpoint_save_s,
         )
-        return _Measured(run, timeout_s, measurement, None, projection)
+        return _Measured(run, timeout_s, measurement, None, projection, held)
 
     def _run_one(
         self, trial: optuna.Trial, config: TrialConfig, left_s: float | None = None
@@ -214,6 +237,11 @@ class ChildExecutor:
             trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         run, measurement, projection = measured.run, measured.measurement, measured.projection
+        if measured.held is not None:  # which of the pool's devices it ran on, and when
+            held = measured.held
+            trial.set_user_attr("device_ids", list(held.devices))
+            trial.set_user_attr("device_hold", [held.since, held.until, held.waited_s])
+            observer.note(f"#{trial.number} ran on CUDA_VISIBLE_DEVICES={held.visible}")
         sample = None
         if measurement is not None and projection is not None:
             if math.isfinite(projection.cost_per_run_usd):
@@ -326,6 +354,7 @@ class _Measured:
     measurement: Measurement | None
     invalid: str | None  # the payload was not a Measurement
     projection: RunProjection | None
+    held: Held | None = None  # the pool's devices it ran on (a fleet's worker)
 
     def sample(self, kind: SampleKind) -> Sample:
         m, p = self.measurement, self.projection
@@ -397,12 +426,14 @@ def measurement_of(payload: dict[str, Any] | None) -> tuple[Measurement | None, 
         return None, str(e)
 
 
-def run_plan(space: Space, dataset_stats: dict[str, Any] | None) -> RunPlan:
-    """The real job of ``space``, as the cost model needs it."""
+def run_plan(space: Space, dataset_stats: dict[str, Any] | None, devices: int = 1) -> RunPlan:
+    """The real job of ``space`` on ``devices`` devices, as the cost model needs it
+    (``hardware.usd_per_hour`` is one device's price)."""
     return RunPlan(
         samples=space.workload.samples,
         epochs=space.workload.epochs,
         usd_per_hour=space.hardware.usd_per_hour,
+        devices=devices,
         save_steps=space.workload.checkpoint.save_steps,
         tokens_per_sample=tokens_per_sample(dataset_stats),
     )

@@ -1,6 +1,10 @@
 """N worker processes of one study on one machine (``launch --workers``, ``worker --devices``):
-which GPUs they may take, how many trials each runs, and a supervisor that starts them, passes
+which GPUs they share, how many trials each runs, and a supervisor that starts them, passes
 SIGINT and SIGTERM on, and says which failed. ``--fill`` asks how many trials a study lacks.
+
+The workers of a machine share its GPUs as one pool (``sweeper.sweep.devicepool``): each trial
+holds as many as its ``devices`` knob says, and sees only those (CUDA_VISIBLE_DEVICES), so
+trials of different sizes run side by side and never two on one GPU.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from sweeper.errors import SweeperError, Terminated
 from sweeper.settings import absent_sqlite_file
+from sweeper.sweep.devicepool import DevicePool, workers_for
 
 
 class FleetError(SweeperError):
@@ -91,6 +96,30 @@ def fill_plan(url: str, study: str, planned: int) -> FillPlan:
         store.dispose()
 
 
+def check_pool(devices: list[str], sizes: list[int], count: int | None) -> int:
+    """How many workers share the GPUs ``devices`` when the space's trials take ``sizes``
+    devices: ``count`` if given (``launch --workers``), else as many as trials of the smallest
+    size fit side by side (``worker --devices``). Raises FleetError (code 2) when a listed
+    size cannot fit in the pool, or ``count`` workers could never all run at once."""
+    largest, smallest = max(sizes, default=1), min(sizes, default=1)
+    if largest > len(devices):
+        raise FleetError(
+            f"search.devices lists {largest}, but the workers share {len(devices)} GPU(s) "
+            f"({','.join(devices)}): give more (--devices, CUDA_VISIBLE_DEVICES) or leave "
+            f"{largest} out of search.devices",
+            2,
+        )
+    most = workers_for(len(devices), sizes)
+    if count is not None and count > most:
+        raise FleetError(
+            f"--workers {count}: {len(devices)} GPU(s) ({','.join(devices)}) hold {most} "
+            f"trial(s) of {smallest} device(s) at a time (search.devices lists "
+            f"{sorted(set(sizes))}); use --workers {most} or fewer",
+            2,
+        )
+    return most if count is None else count
+
+
 def run_workers(
     command: list[str],
     name: str,
@@ -102,22 +131,24 @@ def run_workers(
     *,
     logs: Path,
     say: Callable[[str], None],
+    sizes: list[int] | None = None,
 ) -> None:
     """``count`` worker processes running ``sweeper COMMAND`` on one study, each with its
-    share of the trials and, when ``devices`` are given, its own GPU; their output goes to log
-    files under ``logs``. SIGINT and SIGTERM are passed on to every worker (each marks its
-    running trial); ``say`` hears which worker runs where."""
-    if devices and count > len(devices):
-        raise FleetError(
-            f"--workers {count}: only {len(devices)} GPU(s) are visible ({devices})", 2
-        )
+    share of the trials; when ``devices`` are given they share them as one pool (each trial
+    holds the devices it trains on: ``sizes`` are the space's device counts). Their output goes
+    to log files under ``logs``. SIGINT and SIGTERM are passed on to every worker (each marks
+    its running trial); ``say`` hears which worker runs where."""
+    pool = None
+    if devices:
+        check_pool(devices, sizes or [1], count)
+        pool = DevicePool(devices)
     logs.mkdir(parents=True, exist_ok=True)
     share = -(-n_trials // count)
     processes = []
     for index in range(count):
         env = dict(os.environ, SWEEPER_FLEET_TRIALS=str(n_trials))  # the study plans them all
-        if devices:
-            env["CUDA_VISIBLE_DEVICES"] = devices[index]
+        if pool is not None:
+            env.update(pool.env())
         log = logs / f"{name}-{index}.log"
         argv = [sys.executable, "-m", "sweeper.cli", *command]
         argv += ["--storage", url, "--n-trials", str(share)]
@@ -127,10 +158,12 @@ def run_workers(
             processes.append(
                 (log, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
             )
+        say(f"worker {index}: {share} trials, log {log}")
+    if pool is not None:
         say(
-            f"worker {index}"
-            + (f" on GPU {devices[index]}" if devices else "")
-            + f": {share} trials, log {log}"
+            f"the workers share GPU(s) {','.join(devices)}: each trial holds the devices it "
+            f"trains on (search.devices {sorted(set(sizes or [1]))}) and sees only those "
+            f"(CUDA_VISIBLE_DEVICES); locks in {pool.directory}"
         )
     failed = []
     try:
