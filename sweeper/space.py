@@ -60,7 +60,11 @@ class Hardware(_Frozen):
     """The machine a trial runs on and what it costs."""
 
     name: str = Field(min_length=1, description="e.g. 'H100 SXM 80GB'; used for pricing and MFU")
-    usd_per_hour: float = Field(gt=0, description="rental price of the whole machine, $/h")
+    usd_per_hour: float = Field(
+        gt=0,
+        description="rental price of one device (GPU), $/h: a run on N devices costs "
+        "hours × N × this (on a CPU each rank counts as one)",
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     catalog: str | None = Field(
         default=None,
