@@ -33,7 +33,9 @@ class StudySummary(_Response):
     name: str
     state: str = Field(description="running | finished | interrupted | failed")
     hardware_name: str
-    usd_per_hour: float
+    usd_per_hour: float = Field(
+        description="one device's $/h: a run on N devices costs hours × N × this"
+    )
     device: str
     samples: int = Field(description="samples per epoch of the real job")
     epochs: float

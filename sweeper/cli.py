@@ -219,7 +219,7 @@ def init(
     ],
     price: Annotated[
         float,
-        typer.Option("--price", min=0.0001, prompt="the machine's price, $ per hour"),
+        typer.Option("--price", min=0.0001, prompt="one device's price, $ per hour (a GPU's)"),
     ],
     hardware: Annotated[
         str, typer.Option("--hardware", help="the machine the real job rents (its name)")

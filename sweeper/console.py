@@ -202,7 +202,13 @@ def print_recommendation(rec: Recommendation) -> None:
     config = rec.config
     console.print(
         f"\n[bold]recommended[/] for {rec.study} on {rec.hardware_name} "
-        f"(${rec.usd_per_hour:.2f}/h): trial #{rec.trial_number}, "
+        f"(${rec.usd_per_hour:.2f}/h per device"
+        + (
+            f", {rec.devices} devices: ${rec.usd_per_hour * rec.devices:.2f}/h"
+            if rec.devices > 1
+            else ""
+        )
+        + f"): trial #{rec.trial_number}, "
         + (
             f"picked among the {len(rec.ties) + 1} that tie within the noise "
             f"({count(rec.completed_trials, 'trial')} completed)"
@@ -224,6 +230,12 @@ def print_recommendation(rec: Recommendation) -> None:
     )
     if rec.tie_note:
         console.print(f"    {rec.tie_note}", highlight=False)
+    # the winner's scaling first, then the other multi-device trials' (sweeper.scaling)
+    shown = sorted(rec.scaling, key=lambda s: s.trial_number != rec.trial_number)
+    for row in shown[:6]:
+        console.print(f"  scaling: {escape(row.text())}", highlight=False)
+    if len(shown) > 6:
+        console.print(f"  scaling: {len(shown) - 6} more multi-device trials (REST: scaling)")
     _print_projection(rec)
     _print_versus_baseline(rec)
     if rec.constraints != "no constraint":

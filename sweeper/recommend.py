@@ -29,10 +29,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.cost import one_off_text
+from sweeper.cost import device_count, one_off_text, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise, overlaps
+from sweeper.scaling import Scaling, scaling_of
 from sweeper.store import Store, StudyRow, TrialMetrics
 
 
@@ -43,7 +44,7 @@ class Recommendation(BaseModel):
 
     study: str
     hardware_name: str
-    usd_per_hour: float
+    usd_per_hour: float  # one device's: a run on N devices costs hours × N × this
     trial_number: int
     config: dict[str, Any]
     it_per_s: float | None
@@ -91,6 +92,14 @@ class Recommendation(BaseModel):
     # assistant_only_loss needs (None: not recorded, or no chat records)
     loss_labels: str | None = None
     reply_markers: bool | None = None
+    devices: int = 1  # the winner's (its $/run rents this many devices)
+    # each multi-device trial against the same config on one device (``sweeper.scaling``)
+    scaling: tuple[Scaling, ...] = ()
+
+    @property
+    def winner_scaling(self) -> Scaling | None:
+        """The winner's scaling row, when it runs on several devices."""
+        return next((s for s in self.scaling if s.trial_number == self.trial_number), None)
 
     @property
     def one_off_text(self) -> str:
@@ -420,7 +429,8 @@ def _candidates(facts: StudyFacts, trials: Iterable[TrialMetrics], price: float)
         if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
         spread = t.cost_ci95_rel if _finite(t.cost_ci95_rel) else 0.0
-        out.append(Candidate(t, hours, hours * price, truncated, headroom, spread or 0.0))
+        cost = run_cost(hours, price, device_count(t.config))
+        out.append(Candidate(t, hours, cost, truncated, headroom, spread or 0.0))
     return out
 
 
@@ -622,6 +632,8 @@ def decide(
         ties=tuple(c.trial.number for c in ties if c is not winner),
         tie_note=tie_note,
         contended=bool(t.contended),
+        devices=device_count(config),
+        scaling=tuple(scaling_of(c.trial for c in candidates)),
     )
     return recommendation, eligible
 
@@ -687,12 +699,13 @@ def _drift_warnings(candidates: list[Candidate]) -> list[str]:
 
 
 def _effective_batch(config: dict[str, Any]) -> int | None:
+    """Samples per optimizer step over every device: batch × accumulation × devices."""
     batch, accumulation = (
         config.get("per_device_batch_size"),
         config.get("gradient_accumulation_steps"),
     )
     if isinstance(batch, int) and isinstance(accumulation, int):
-        return batch * accumulation
+        return batch * accumulation * device_count(config)
     return None
 
 

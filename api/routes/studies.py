@@ -176,7 +176,12 @@ def get_trial(name: StudyName, number: TrialNumber, store: StoreDep) -> TrialDet
 def _constraints(
     usd_per_hour: Annotated[
         float | None,
-        Query(gt=0, allow_inf_nan=False, description="re-price at this $/h (no new measurement)"),
+        Query(
+            gt=0,
+            allow_inf_nan=False,
+            description="re-price at this $ per device-hour (no new measurement); a run on N "
+            "devices costs hours × N × this",
+        ),
     ] = None,
     max_hours: Annotated[
         float | None, Query(gt=0, allow_inf_nan=False, description="deadline for the run")
