@@ -206,7 +206,13 @@ def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
             f"r={adapter.r}, lora_alpha={adapter.alpha}, lora_dropout={adapter.dropout}, "
             f"target_modules={adapter.target_modules!r}, task_type='CAUSAL_LM'))"
         )
+    lines += knobs.code_lines(config, "model")
     return "\n".join(lines) + "\n"
+
+
+def _lines(config: dict[str, Any], place: str) -> str:
+    """The knobs' own lines for ``place`` (``Knob.code``), each ended by a newline."""
+    return "".join(f"{line}\n" for line in knobs.code_lines(config, place))
 
 
 def _trainer(rec: Recommendation, space_yaml: str) -> str:
@@ -226,6 +232,7 @@ def _trainer(rec: Recommendation, space_yaml: str) -> str:
         + _model_lines(config, space_yaml)
         + f"training_args = {_call('TrainingArguments', trainer_kwargs(rec, space_yaml))}\n"
         + data
+        + _lines(config, "trainer")
     )
 
 
@@ -250,6 +257,7 @@ def _sft(rec: Recommendation, space_yaml: str) -> str:
         "from trl import SFTConfig\n\n"
         + _model_lines(config, space_yaml)
         + (f"{note}\n" if note else "")
+        + _lines(config, "sft")
         + f"sft_config = {_call('SFTConfig', sft_kwargs(rec, space_yaml))}\n"
         "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
         "processing_class=tokenizer)\n"
@@ -327,6 +335,7 @@ def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str
         lines.append("    import bitsandbytes")
     if config.get("optim") == "adafactor":
         lines.append("    import transformers.optimization")
+    lines += knobs.code_lines(config, "loop")
     lines += _data_parallel_lines(config.get("data_parallel") if devices > 1 else None, device)
     lines.append(f"    optimizer = {_OPTIMIZERS[config.get('optim') or 'adamw_torch']}")
     if config.get("compile_mode", "none") != "none":
@@ -382,6 +391,8 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         if config["packing"]
         else {"shuffle": True, "drop_last": True}
     )
+    for expression in knobs.code_lines(config, "collate_fn"):  # padding-free
+        extra["collate_fn"] = _Raw(expression)
     where = (
         f"# packing: samples tokenized whole, concatenated, cut into {length}-token blocks"
         + _PACKING.format(block=length)
@@ -396,7 +407,8 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         "import torch\n"
         "from torch.utils.data import DataLoader, IterableDataset\n\n"
         f"{where}\n"
-        f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"
+        + _lines(config, "loader")
+        + f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"
         + loop_lines(config, learning_rate(rec, space_yaml), device)
     )
 

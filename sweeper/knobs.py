@@ -34,7 +34,9 @@ CompileMode = Literal[
     "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
 ]
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
-Precision = Literal["fp32", "bf16", "fp16"]
+# fp8: the Linear layers' matmuls in float8 (torchao's float8 training, dynamic tensorwise
+# scaling), everything else under bf16 autocast
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"]
 Quantization = Literal["none", "4bit", "8bit"]
 PackingStrategy = Literal["wrapped", "bfd", "bfd_split"]
@@ -44,11 +46,15 @@ PackingStrategy = Literal["wrapped", "bfd", "bfd_split"]
 DataParallel = Literal["ddp", "fsdp2", "zero2", "zero3"]
 
 # What a machine may lack; preflight learns each from a probe child (``capabilities``).
-Capability = Literal["cuda", "bitsandbytes", "deepspeed"]
+Capability = Literal["cuda", "bitsandbytes", "deepspeed", "liger", "fp8", "cuda_graphs"]
 CAPABILITY_NEEDS = {
     "cuda": "needs a CUDA device",
     "bitsandbytes": "needs bitsandbytes with a CUDA device",
     "deepspeed": "needs deepspeed and accelerate",
+    "liger": "needs liger-kernel and Triton on a CUDA device",
+    "fp8": "needs torchao and a CUDA device of compute capability 8.9 or newer (Ada, Hopper)",
+    "cuda_graphs": "needs CUDA graphs, so a CUDA device (elsewhere the mode compiles as "
+    "'default' does: there is nothing of its own to measure)",
 }
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -65,6 +71,10 @@ def _with_workers(config: Mapping[str, Any]) -> bool:
 
 def _packed(config: Mapping[str, Any]) -> bool:
     return bool(config.get("packing"))
+
+
+def _unpacked(config: Mapping[str, Any]) -> bool:
+    return not config.get("packing")
 
 
 # the engines that train on several devices: the plain loop (DDP, FSDP2), transformers'
@@ -123,6 +133,11 @@ class Knob:
     # (unknown: only the same value is known to weigh the same). A config that is at least as
     # heavy as one that ran out of memory on every knob is not run (``sweeper.search``).
     memory: Callable[[Any], float] | str | None = None
+    # lines the exports add for the value, by place: "model" (after the model is loaded: the
+    # trainer and sft exports), "trainer" / "sft" (beside their arguments), "loop" (in the
+    # loop's prepare(model), indented), "loader" (above the DataLoader), "collate_fn" (the
+    # DataLoader's collate_fn, one Python expression)
+    code: Callable[[Any], Mapping[str, tuple[str, ...]]] = lambda value: {}
 
     def is_active(self, config: Mapping[str, Any]) -> bool:
         return self.active is None or self.active(config)
@@ -137,7 +152,61 @@ class Knob:
 
 
 def _precision_args(value: str) -> dict[str, Any]:
-    return {"bf16": value == "bf16", "fp16": value == "fp16"}
+    # fp8: what is not a converted Linear runs under bf16 autocast, as torchao's recipes do
+    return {"bf16": value in ("bf16", "fp8"), "fp16": value == "fp16"}
+
+
+def _precision_code(value: str) -> Mapping[str, tuple[str, ...]]:
+    if value != "fp8":
+        return {}
+    return {
+        "model": (
+            "# fp8: torchao's float8 training; Linear layers whose dimensions are not multiples",
+            "# of 16 (and the LM head) stay bf16. Check it converted: count Float8Linear modules",
+            "from torchao.float8 import Float8Linear, convert_to_float8_training",
+            "",
+            "convert_to_float8_training(model, module_filter_fn=lambda module, name: name != "
+            "'lm_head' and module.in_features % 16 == 0 and module.out_features % 16 == 0)",
+            "assert any(isinstance(m, Float8Linear) for m in model.modules()), 'fp8 fell back'",
+        )
+    }
+
+
+def _padding_free_code(value: bool) -> Mapping[str, tuple[str, ...]]:
+    if not value:
+        return {}
+    flatten = (
+        "# padding-free: each batch's samples concatenated in one row, position ids restarting",
+        "# per sample, no attention mask: the attention kernel separates the samples (flash",
+        "# attention; sdpa/eager/flex through transformers' packed-sequence mask). Keep",
+        "# use_cache=False: a cache turns the packed-sequence detection off",
+        "from transformers import DataCollatorWithFlattening",
+    )
+    return {
+        "trainer": (*flatten, "# Trainer(..., data_collator=DataCollatorWithFlattening())"),
+        "sft": (
+            "# padding_free: TRL does not cut samples without packing (max_length=None): give it",
+            "# samples already cut at max_seq_length (input_ids), as the trials did",
+        ),
+        # the DataLoader's collate_fn, and what the export says above it
+        "collate_fn": ("DataCollatorWithFlattening()",),
+        "loader": (
+            *flatten,
+            "# dataset: samples as {'input_ids': ids} (and 'labels'), cut at max_seq_length",
+        ),
+    }
+
+
+def _liger_code(value: bool) -> Mapping[str, tuple[str, ...]]:
+    if not value:
+        return {}
+    return {
+        "loop": (
+            "    from liger_kernel.transformers import _apply_liger_kernel_to_instance",
+            "",
+            "    _apply_liger_kernel_to_instance(model=model)  # what use_liger_kernel=True does",
+        )
+    }
 
 
 def _compile_args(value: str) -> dict[str, Any]:
@@ -276,17 +345,44 @@ KNOBS: tuple[Knob, ...] = (
         memory=FREE,
     ),
     Knob(
+        name="padding_free",
+        value_type=bool,
+        label="padding-free",
+        help="each batch's samples concatenated in one row without padding, position ids "
+        "restarting per sample and no cross-sample attention (transformers' "
+        "DataCollatorWithFlattening, TRL's padding_free); the attention kernel must separate "
+        "the samples: each trial checks that it does on the model it trains",
+        default=False,
+        active=_unpacked,
+        inactive="packed rows hold no padding already (packing: true)",
+        short=lambda v: "padfree" if v else None,
+        caveat="padding-free only pays where batches held padding and the kernel skips the "
+        "masked-out blocks (flash attention); at batch size 1 there is nothing to remove, and "
+        "sdpa/eager compute the whole row's scores and mask them",
+        # after max_seq_length: TRL refuses max_length without packing when padding-free
+        sft=lambda v: {"padding_free": v} | ({"max_length": None} if v else {}),
+        memory=lambda v: 0 if v else 1,  # no pad tokens' activations
+        code=_padding_free_code,
+    ),
+    Knob(
         name="precision",
         value_type=Precision,
         label="precision",
-        help="fp32, or bf16/fp16 autocast (weights stay fp32, as Trainer's bf16=True)",
+        help="fp32, or bf16/fp16 autocast (weights stay fp32, as Trainer's bf16=True), or fp8: "
+        "torchao's float8 training of the Linear layers (dimensions multiples of 16, not the "
+        "LM head), the rest under bf16 autocast",
         default="fp32",
+        needs={"fp8": "fp8"},
+        fallback="fp32",
         short=lambda v: None if v == "fp32" else v,
         caveat="the arithmetic changes: compare the loss of a short run (fp16 needs loss "
-        "scaling and can overflow; bf16 keeps fp32's range with fewer mantissa bits)",
+        "scaling and can overflow; bf16 keeps fp32's range with fewer mantissa bits; fp8 "
+        "pays a cast per matmul, which small matrices (~1B models) do not earn back: torchao "
+        "measures 0.8x there; the trial fails as a mismatch when nothing was converted)",
         # said when False too: SFTConfig turns bf16 on by default (TrainingArguments does not)
         trainer=_precision_args,
         memory=lambda v: 1 if v == "fp32" else 0,  # fp32 activations weigh twice as much
+        code=_precision_code,
     ),
     Knob(
         name="tf32",
@@ -304,9 +400,14 @@ KNOBS: tuple[Knob, ...] = (
         name="compile_mode",
         value_type=CompileMode,
         label="torch.compile",
-        help="torch.compile mode (none: eager)",
+        help="torch.compile mode (none: eager); reduce-overhead adds CUDA graphs",
         default="none",
+        needs={"reduce-overhead": "cuda_graphs"},
+        fallback="none",
         short=lambda v: None if v == "none" else f"compile:{v}",
+        caveat="compiled graphs are specialised to input shapes: padded batches of varying "
+        "width recompile, and reduce-overhead records a CUDA graph per shape (its static "
+        "memory pool included), which can eat the whole gain in real training",
         trainer=_compile_args,
     ),
     Knob(
@@ -329,6 +430,22 @@ KNOBS: tuple[Knob, ...] = (
         # said when False too: SFTConfig's default is True
         trainer=lambda v: {"gradient_checkpointing": v},
         memory=lambda v: 0 if v else 1,
+    ),
+    Knob(
+        name="liger_kernel",
+        value_type=bool,
+        label="Liger kernels",
+        help="Liger's Triton kernels in the model (RMSNorm, RoPE, SwiGLU, fused linear "
+        "cross-entropy that never holds the logits): TrainingArguments' use_liger_kernel",
+        default=False,
+        needs={True: "liger"},
+        fallback=False,
+        short=lambda v: "liger" if v else None,
+        caveat="Liger's gains are reported on 8B models at large batch; at small batch it "
+        "can run slower than the plain model, and its fused loss changes the numerics a little",
+        trainer=lambda v: {"use_liger_kernel": v},
+        memory=lambda v: 0 if v else 1,  # the fused loss never materialises the logits
+        code=_liger_code,
     ),
     Knob(
         name="optim",
@@ -426,11 +543,13 @@ class TrialConfig(_ConfigBase):
     max_seq_length: SeqLength
     packing: bool = False
     packing_strategy: PackingStrategy | None = None
+    padding_free: bool | None = None
     precision: Precision = "fp32"
     tf32: bool = False
     compile_mode: CompileMode = "none"
     attn_implementation: AttnImplementation = "sdpa"
     gradient_checkpointing: bool = False
+    liger_kernel: bool = False
     optim: Optimizer = "adamw_torch"
     quantization: Quantization = "none"
     devices: PositiveInt = 1
@@ -539,6 +658,20 @@ def sft_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
 def dataloader_arguments(config: Mapping[str, Any]) -> dict[str, Any]:
     """``torch.utils.data.DataLoader`` keywords for every knob of ``config`` that has one."""
     return _arguments(config, "dataloader")
+
+
+def code_lines(config: Mapping[str, Any], place: str) -> list[str]:
+    """The lines each applying knob of ``config`` adds to an export at ``place`` (``Knob.code``).
+
+    >>> code_lines({"liger_kernel": True}, "loop")[-1].strip()
+    '_apply_liger_kernel_to_instance(model=model)  # what use_liger_kernel=True does'
+    """
+    lines: list[str] = []
+    for knob in KNOBS:
+        value = config.get(knob.name)
+        if value is not None and knob.is_active(config):
+            lines += knob.code(value).get(place, ())
+    return lines
 
 
 def machine_drops(

@@ -199,7 +199,9 @@ class Measurement(_Strict):
     tokens_per_s: Annotated[
         float,
         Metric("tokens/s", "tokens/s", better="higher", column=True, optuna=True, table=True),
-    ] = Field(description="real (non-pad) tokens/s")
+    ] = Field(
+        description="real (non-pad) tokens/s: padding never counts (padded_tokens_per_s has it)"
+    )
     it_per_s: Annotated[
         float,
         Metric("it/s", "steps/s", better="higher", column=True, optuna=True, table=True),
@@ -225,16 +227,25 @@ class Measurement(_Strict):
         float | None,
         Metric("MFU", "share", better="higher", column=True, table=True),
     ] = Field(
-        description="model FLOPs utilization (0..1): achieved ÷ the device's dense peak for the "
-        "precision; None on CPUs and devices without a peak in sweeper.hardware"
+        description="model FLOPs utilization (0..1) of the REAL tokens: achieved_tflops ÷ the "
+        "device's dense peak for the precision (fp8: the bf16 peak); padding computed is not "
+        "counted; None on CPUs and devices without a peak in sweeper.hardware"
     )
     mean_row_tokens: float | None = Field(
         default=None,
-        description="tokens per row computed, padding included (the T of MFU's attention term); "
-        "None in measurements stored before it",
+        description="tokens per row computed, padding included (a padding-free row's samples "
+        "count as rows); None in measurements stored before it",
     )
-    achieved_tflops: float = Field(description="model TFLOPS achieved (PaLM's 6N + 12·L·d·T)")
-    flops_per_token: float = Field(description="model FLOPs per padded token, forward + backward")
+    mean_sample_tokens: float | None = Field(
+        default=None,
+        description="real tokens per sample (a packed row counts as one): the T of MFU's "
+        "attention term; None in measurements stored before it",
+    )
+    achieved_tflops: float = Field(
+        description="model TFLOPS achieved on the real tokens (PaLM's 6N + 12·L·d·T per real "
+        "token × tokens_per_s; measurements stored before issue 36 counted padded tokens)"
+    )
+    flops_per_token: float = Field(description="model FLOPs per real token, forward + backward")
     peak_tflops: float | None = Field(description="the device's dense peak TFLOPS; None if unknown")
     peak_name: str | None = Field(
         default=None, description="the sweeper.hardware entry the peak is from, e.g. 'H100 SXM'"
@@ -387,6 +398,18 @@ class Measurement(_Strict):
         "peak memory above are the slowest rank's and the largest)",
     )
     packing: bool = Field(description="rows were packed from several samples")
+    cross_sample_attention: bool | None = Field(
+        default=None,
+        description="rows held several samples and the attention attended across them "
+        "(sweeper's packed rows with a mask of ones; TRL's wrapped packing): True; several "
+        "samples per row kept apart (padding-free, TRL's bfd packing, checked on the model "
+        "that trained): False; one sample per row, or not recorded: None",
+    )
+    float8_share: float | None = Field(
+        default=None,
+        description="share (0..1) of the model's Linear layers that trained in float8 (torchao), "
+        "read off the model; None unless precision is fp8 (0 fails the trial as a mismatch)",
+    )
     effective: dict[str, Any] | None = Field(
         default=None,
         description="each knob's value read back from what ran (the DataLoader, the optimizer "

@@ -6,9 +6,10 @@ their trials when another compile mode compiles here. What fails is dropped from
 reason. A precision that trains pathologically slowly (bf16 autocast on a CPU without AMX:
 ~10x slower than fp32) is dropped too when the space searches several; when it is the only one,
 it stops the sweep with the fix. Knob values that need what the machine lacks (TF32 or a fused
-optimizer without CUDA, 8-bit AdamW without bitsandbytes; ``sweeper.knobs``) are dropped with
-the reason; where that leaves a knob nothing, its fallback runs (tf32=false) and the report says
-so.
+optimizer without CUDA, 8-bit AdamW without bitsandbytes, Liger without Triton and CUDA, fp8
+below compute capability 8.9 or without torchao, reduce-overhead's CUDA graphs on a CPU;
+``sweeper.knobs``) are dropped with the reason, unprobed; where that leaves a knob nothing, its
+fallback runs (tf32=false) and the report says so.
 """
 
 from __future__ import annotations
@@ -262,8 +263,9 @@ class _PreflightRun:
         self.precision_list: list[Precision] = self.search.values("precision")
         # attention kernels are probed in the precision the sweep mostly runs (flash attention
         # needs bf16/fp16), and the first probe also times fp32 to judge that precision
-        self.main_precision = next(
-            (p for p in self.precision_list if p != "fp32"), self.precision_list[0]
+        # (not fp8, which needs what the first probe learns the machine has)
+        self.main_precision: Precision = next(
+            (p for p in self.precision_list if p not in ("fp32", "fp8")), "fp32"
         )
         self.precision_factor: float | None = None
         self.capabilities: dict[str, str | None] = {}
@@ -347,9 +349,14 @@ class _PreflightRun:
             )
         return working_attn
 
+    def lacks(self, knob: str, value: Any) -> bool:
+        """The value needs what this machine lacks: ``machine_knobs`` drops it, unprobed."""
+        need = knobs.KNOB[knob].needs.get(value)
+        return need is not None and self.capabilities.get(need, "not checked") is not None
+
     def precisions(self, working_attn: AttnImplementation) -> None:
         for precision in self.precision_list:
-            if precision in (self.main_precision, "fp32"):
+            if precision in (self.main_precision, "fp32") or self.lacks("precision", precision):
                 continue  # fp32 always trains; the main precision was judged above
             outcome, payload = self.probe(
                 "precision",
@@ -387,7 +394,9 @@ class _PreflightRun:
         return outcome.ok
 
     def compile_modes(self, working_attn: AttnImplementation) -> None:
-        modes = [m for m in self.search.compile_mode if m != "none"]
+        modes = [
+            m for m in self.search.compile_mode if m != "none" and not self.lacks("compile_mode", m)
+        ]
         autotuned = [m for m in modes if m in AUTOTUNE_MODES]
         compiled = [
             m for m in modes if m not in AUTOTUNE_MODES and self._probe_mode(working_attn, m)
@@ -446,7 +455,8 @@ class _PreflightRun:
             self.dropped.setdefault(knob, {}).update(values)
             for value, reason in values.items():
                 self.note(f"preflight drops {knob}={value}: {reason}")
-            if len(values) == len(search.values(knob)):
+            # every listed value dropped, by its probe or for what the machine lacks
+            if len(self.dropped[knob]) == len(search.values(knob)):
                 self.fallbacks[knob] = knobs.KNOB[knob].fallback
                 self.note(
                     f"preflight: no value of search.{knob} can run here; trials run "

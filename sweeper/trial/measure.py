@@ -31,7 +31,7 @@ from sweeper.space import TrialConfig
 from sweeper.trial import progress
 from sweeper.trial.contention import HostWatch
 from sweeper.trial.engines import EngineRun, TrialContext, engine, timer_for
-from sweeper.trial.engines.readback import has_generation_markers, sharded_share
+from sweeper.trial.engines.readback import float8_linears, has_generation_markers, sharded_share
 from sweeper.trial.oneoff import (
     CheckpointCosts,
     CompileSlot,
@@ -170,6 +170,7 @@ def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
     recording = ctx.recorder.recording
     for step in [*recording.burn_in, *recording.window]:
         step.real_tokens = int(step.real_tokens)
+        step.rows = int(step.rows)
         step.loss = None if step.loss is None else float(step.loss)
     times = recording.window_times
     share = sharded_share(run.model)
@@ -251,6 +252,8 @@ def finish(
             else [{k: v for k, v in figures.items() if k != "recording"} for figures in group],
             "communication_share": None if group is None else _communication_share(group),
             "packing": config.packing,
+            "cross_sample_attention": run.notes.get("cross_sample_attention"),
+            "float8_share": _float8_share(model) if config.precision == "fp8" else None,
             "effective": run.effective,
             "loss_labels": ctx.loss_labels,
             "reply_markers": None
@@ -266,8 +269,8 @@ def finish(
                 model.config,
                 _matmul_params(model),
                 trainable,
-                summary["padded_tokens_per_s"],
-                summary["mean_row_tokens"],
+                summary["tokens_per_s"],
+                summary["mean_sample_tokens"],
                 devices,
             ),
             **_peak_memory(device),
@@ -494,27 +497,36 @@ def _matmul_params(model: HFModel) -> int:
     return total - lookups
 
 
+def _float8_share(model: torch.nn.Module) -> float:
+    converted, total = float8_linears(model)
+    return converted / total if total else 0.0
+
+
 def _mfu(
     device: torch.device,
     config: TrialConfig,
     model_config: Any,
     matmul_params: int,
     trainable_params: int,
-    padded_tokens_per_s: float,
-    mean_width: float,
+    real_tokens_per_s: float,
+    mean_context: float,
     devices: int = 1,
 ) -> dict[str, Any]:
-    """Model FLOPs utilisation (PaLM appendix B: 6N + 12·L·d·T per token, fwd + bwd), counting
-    what trains: the forward (2N) and the gradients of activations (2N) pass every weight, the
-    gradients of weights (2N) only the trainable ones: 4N + 2·N_trainable (a LoRA adapter's
-    few). Recomputed activations (gradient checkpointing) are not useful work and not counted."""
+    """Model FLOPs utilisation (PaLM appendix B: 6N + 12·L·d·T per token, fwd + bwd) over the
+    REAL tokens only: padding is computed but is not work (Megatron's accounting), so a config
+    that pads half its rows cannot look efficient. T is the real tokens a token attends over
+    (a sample's, or a packed row's). It counts what trains: the forward (2N) and the gradients
+    of activations (2N) pass every weight, the gradients of weights (2N) only the trainable
+    ones: 4N + 2·N_trainable (a LoRA adapter's few). Recomputed activations (gradient
+    checkpointing) are not useful work and not counted. fp8 is measured against the bf16 peak
+    (as torchtitan reports it), so its MFU compares with bf16's."""
     weight_grads = min(trainable_params, matmul_params)
     flops_per_token = (
         4 * matmul_params
         + 2 * weight_grads
-        + 12 * model_config.num_hidden_layers * (model_config.hidden_size * mean_width)
+        + 12 * model_config.num_hidden_layers * (model_config.hidden_size * mean_context)
     )
-    achieved = flops_per_token * padded_tokens_per_s
+    achieved = flops_per_token * real_tokens_per_s
     result: dict[str, Any] = {
         "flops_per_token": flops_per_token,
         "achieved_tflops": achieved / 1e12,
@@ -524,7 +536,8 @@ def _mfu(
     if device.type == "cuda":
         peak = peak_flops(torch.cuda.get_device_name(device))
         if peak is not None:
-            tflops = peak.tflops(math_mode(config.precision, config.tf32))
+            precision = "bf16" if config.precision == "fp8" else config.precision
+            tflops = peak.tflops(math_mode(precision, config.tf32))
             # the group's tokens over the group's peak
             result.update(
                 mfu=achieved / (devices * tflops * 1e12), peak_tflops=tflops, peak_name=peak.name

@@ -10,7 +10,13 @@ from typing import Any, cast
 import torch
 
 from sweeper.trial.protocol import ChildRequest
-from sweeper.trial.workload import load_tokenizer, mixed_precision, probe_model, resolve_device
+from sweeper.trial.workload import (
+    load_tokenizer,
+    mixed_precision,
+    probe_model,
+    resolve_device,
+    to_float8,
+)
 
 _BATCH, _SEQ = 4, 128
 
@@ -64,9 +70,36 @@ def capabilities(device: torch.device) -> dict[str, str | None]:
         "cuda": cuda,
         "bitsandbytes": bnb,
         "deepspeed": _deepspeed(),
+        "liger": cuda or _liger(),
+        "fp8": cuda or _float8(device),
+        "cuda_graphs": cuda,
         **engines,
         "adapter:lora": lora,
     }
+
+
+def _liger() -> str | None:
+    """Why Liger's kernels cannot run on this CUDA device (None: liger-kernel and Triton
+    import)."""
+    try:
+        import liger_kernel.transformers  # type: ignore[import-not-found]  # noqa: F401
+    except Exception as e:  # ImportError, or Triton failing at import
+        return f"liger-kernel does not import: {e}; pip install liger-kernel"[:300]
+    return None
+
+
+def _float8(device: torch.device) -> str | None:
+    """Why float8 training cannot run on this CUDA device (None: compute capability 8.9 or
+    newer, and torchao's float8 imports)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        name = torch.cuda.get_device_name(device)
+        return f"{name} has compute capability {major}.{minor}; float8 matmuls need 8.9"
+    try:
+        import torchao.float8  # type: ignore[import-not-found]  # noqa: F401
+    except Exception as e:
+        return f"torchao does not import: {e}; pip install torchao"[:300]
+    return None
 
 
 def _deepspeed() -> str | None:
@@ -86,6 +119,8 @@ def _time_steps(
     assert request.probe is not None
     probe = request.probe
     model = probe_model(request.workload, tokenizer, probe.attn_implementation, device)
+    if precision == "fp8":
+        to_float8(model, device)
     model.train()
     if probe.compile_mode != "none":
         model = cast(torch.nn.Module, torch.compile(model, mode=probe.compile_mode))

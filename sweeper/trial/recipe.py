@@ -148,7 +148,7 @@ class Recording:
         times = self.window_times
         p50 = percentile(times, 50)
         mean_step = statistics.fmean(times)
-        rows = sum(s.rows for s in self.window)
+        rows = int(sum(s.rows for s in self.window))  # device sums (padding-free rows) too
         padded = sum(s.padded_tokens for s in self.window)
         real = float(sum(s.real_tokens for s in self.window))  # device sums are read here
         ci = ci95_rel(times)
@@ -178,6 +178,9 @@ class Recording:
             "step_times_s": times,
             "data_wait_s": [s.data_wait_s for s in self.burn_in + self.window],
             "mean_row_tokens": padded / rows if rows else 0.0,
+            # real tokens per sample (a packed row counts as one): the context each real token
+            # attends over, the T of MFU's attention term
+            "mean_sample_tokens": real / rows if rows else 0.0,
             **self.host,
         }
 

@@ -25,12 +25,13 @@ from sweeper.trial.corpus import encode, open_dataset, open_tokenizer
 from sweeper.trial.lifeline import dataloader_worker_init
 from sweeper.trial.protocol import PreparedData
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: the converted Linear layers compute in float8 (torchao), the rest under bf16 autocast
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 
 
 def mixed_precision(device: torch.device, precision: str) -> Callable[[], AbstractContextManager]:
     """A factory of the context each forward pass runs in: autocast for bf16/fp16 (weights
-    stay fp32, as with Trainer's bf16=True), nothing for fp32."""
+    stay fp32, as with Trainer's bf16=True) and around fp8's float8 layers, nothing for fp32."""
     dtype = _AUTOCAST_DTYPES.get(precision)
     if dtype is None:
         return contextlib.nullcontext
@@ -246,7 +247,29 @@ def build_training_dataset(
     return dataset
 
 
-def make_collator(workload: Workload, config: TrialConfig, tokenizer: Any) -> Collator:
+class Flattening:
+    """Padding-free batches: transformers' ``DataCollatorWithFlattening`` (each batch's samples
+    end to end in one row, position ids restarting per sample, no attention mask, the first
+    label of each sample -100) fed sweeper's samples; a reply-only loss keeps its masks."""
+
+    def __init__(self) -> None:
+        from transformers import DataCollatorWithFlattening
+
+        self.inner = DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
+
+    def __call__(self, rows: list[Sample | list[int]]) -> dict[str, torch.Tensor]:
+        features = []
+        for ids, mask in (_parts(row) for row in rows):
+            labels = ids
+            if mask is not None:
+                labels = [t if keep else -100 for t, keep in zip(ids, mask, strict=True)]
+            features.append({"input_ids": ids, "labels": labels})
+        return self.inner(features, return_tensors="pt")
+
+
+def make_collator(workload: Workload, config: TrialConfig, tokenizer: Any) -> Any:
+    if config.padding_free:
+        return Flattening()
     return Collator(
         pad_id=tokenizer.pad_token_id,
         max_length=config.max_seq_length,
@@ -389,7 +412,53 @@ def build_model(
     model.config.use_cache = False
     if workload.adapter is not None:
         model = with_adapter(model, workload.adapter, config)
+    if config.precision == "fp8":
+        to_float8(model, device)
     return model
+
+
+def apply_liger(model: Any) -> None:
+    """Liger's kernels patched into the model (under a peft wrapper: its base), as Trainer
+    does for use_liger_kernel=True."""
+    try:
+        from liger_kernel.transformers import (  # type: ignore[import-not-found]
+            _apply_liger_kernel_to_instance,
+        )
+    except Exception as e:  # ImportError, or Triton failing at import
+        raise TrialError(
+            "unsupported",
+            f"liger_kernel needs liger-kernel (and Triton), which does not import: {e}; "
+            "pip install liger-kernel",
+        ) from e
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    _apply_liger_kernel_to_instance(model=base)  # pragma: no cover - needs liger and CUDA
+
+
+def float8_filter(module: torch.nn.Module, name: str) -> bool:
+    """The Linear layers fp8 converts: float8 matmuls need dimensions that are multiples of
+    16; the LM head stays bf16, as torchao's and torchtitan's recipes leave it."""
+    if not isinstance(module, torch.nn.Linear) or name.split(".")[-1] == "lm_head":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def to_float8(
+    model: torch.nn.Module, device: torch.device
+) -> None:  # pragma: no cover - needs CUDA >= 8.9 and torchao (tests/trial/test_gpu.py)
+    """torchao's float8 training (dynamic tensorwise scaling) on the model's Linear layers, in
+    place. The read-back counts what it converted: none converted is a mismatch."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        raise TrialError(
+            "unsupported",
+            "precision fp8 needs a CUDA device of compute capability 8.9 or newer (Ada, Hopper)",
+        )
+    try:
+        from torchao.float8 import convert_to_float8_training  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise TrialError(
+            "unsupported", f"precision fp8 needs torchao, which does not import: {e}"
+        ) from e
+    convert_to_float8_training(model, module_filter_fn=float8_filter)
 
 
 def lora_config(adapter: AdapterSpec) -> Any:

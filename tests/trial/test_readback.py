@@ -35,6 +35,8 @@ WORKERS_AND_LOOP = {
     "optim": "adafactor",
     "gradient_checkpointing": True,
     "attn_implementation": "eager",
+    # samples end to end in a row, kept apart by the eager attention's packed-sequence mask
+    "padding_free": True,
     # CUDA-only values are out of reach here: the CPU's value is asked and read back
     "pin_memory": False,
     "tf32": False,

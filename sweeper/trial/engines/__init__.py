@@ -98,15 +98,27 @@ class EngineRun:
     effective: dict[str, Any] = field(default_factory=dict)
 
 
+def flattened(batch: dict[str, Any]) -> bool:
+    """A padding-free batch: its samples end to end in a row, position ids restarting at 0
+    for each, and no attention mask (the attention kernel separates them by position)."""
+    return batch.get("position_ids") is not None and batch.get("attention_mask") is None
+
+
 def count_batch(batch: dict[str, Any]) -> dict[str, Any]:
-    """Rows, real and padded tokens of a collated batch, without waiting for the device: a
+    """Rows (samples: a padding-free row holds several, counted where their positions
+    restart), real and padded tokens of a collated batch, without waiting for the device: a
     device-side sum stays a tensor until the recorder reads it at the window's edge."""
     ids = batch["input_ids"]
     mask = batch.get("attention_mask")
-    real = ids.numel() if mask is None else mask.sum()  # padding-free batches have no mask
+    real: Any = ids.numel() if mask is None else mask.sum()  # padding-free batches have no mask
+    rows: Any = ids.shape[0]
+    if flattened(batch):
+        rows = (batch["position_ids"] == 0).sum()
     if isinstance(real, torch.Tensor) and real.device.type == "cpu":
         real = int(real)
-    return {"rows": ids.shape[0], "real_tokens": real, "padded_tokens": ids.numel()}
+    if isinstance(rows, torch.Tensor) and rows.device.type == "cpu":
+        rows = int(rows)
+    return {"rows": rows, "real_tokens": real, "padded_tokens": ids.numel()}
 
 
 def widest_row(batch: dict[str, Any]) -> int:
@@ -147,12 +159,14 @@ class TimedBatches:
         # a digest of the first batch's token ids: the ranks of a multi-device trial each read
         # their own share of the data, so theirs differ
         self.first_batch: str | None = None
+        self.flattened = False  # the first batch was padding-free (``flattened``)
 
     def __iter__(self) -> Any:
         for batch, waited_s in timed(iter(self._loader)):
             self._recorder.batch(**count_batch(batch), data_wait_s=waited_s)
             if self.watching:
                 if self.first_batch is None:
+                    self.flattened = flattened(batch)
                     ids = batch["input_ids"].detach().cpu().contiguous()
                     self.first_batch = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
                 self.fetched += 1
@@ -164,6 +178,32 @@ class TimedBatches:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
+
+
+def sample_boundaries(ctx: TrialContext, model: torch.nn.Module) -> bool | None:
+    """Whether the model keeps samples that share a row apart (``readback.separates_samples``),
+    checked where rows hold several (packing, padding-free); None elsewhere."""
+    config = ctx.request.config
+    assert config is not None
+    if not (config.packing or config.padding_free):
+        return None
+    from sweeper.trial.engines.readback import separates_samples
+    from sweeper.trial.workload import mixed_precision
+
+    return separates_samples(model, ctx.device, mixed_precision(ctx.device, config.precision))
+
+
+def cross_sample_attention(
+    ctx: TrialContext, flattened: bool, separates: bool | None
+) -> bool | None:
+    """Rows held several samples and attended across them: rows with a mask of ones (no
+    position ids to tell the kernel where a sample starts), or a kernel that ignored them.
+    None where each row holds one sample."""
+    config = ctx.request.config
+    assert config is not None
+    if not (config.packing or config.padding_free):
+        return None
+    return not (flattened and bool(separates))
 
 
 def build_optimizer(

@@ -13,10 +13,12 @@ from sweeper.trial.engines import (
     TimedBatches,
     TrialContext,
     build_optimizer,
+    cross_sample_attention,
     optimizer_name,
+    sample_boundaries,
 )
 from sweeper.trial.engines.readback import ComputeDtype, Running, check
-from sweeper.trial.workload import build_loader, build_model, mixed_precision
+from sweeper.trial.workload import apply_liger, build_loader, build_model, mixed_precision
 
 
 def train(ctx: TrialContext) -> EngineRun:
@@ -37,6 +39,9 @@ def train(ctx: TrialContext) -> EngineRun:
     model = build_model(workload, config, ctx.tokenizer, device, ctx.cache_dir)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # as Trainer does for gradient_checkpointing=True
+    if config.liger_kernel:
+        apply_liger(model)  # what Trainer does for use_liger_kernel=True
+    separates = sample_boundaries(ctx, model)
     model.train()
     wrapped: torch.nn.Module = model
     if ranks is not None:
@@ -67,6 +72,8 @@ def train(ctx: TrialContext) -> EngineRun:
             micro_batches=stepper.loader.fetched,
             widest_row=stepper.loader.widest_row,
             compute_dtype=computed.dtype,
+            flattened=stepper.loader.flattened,
+            separates_samples=separates,
         ),
         config.model_dump(),
     )
@@ -89,6 +96,9 @@ def train(ctx: TrialContext) -> EngineRun:
         notes={
             "first_batch": stepper.loader.first_batch,
             "communication_s": None if communication is None else communication.per_step_s(),
+            "cross_sample_attention": cross_sample_attention(
+                ctx, stepper.loader.flattened, separates
+            ),
         },
     )
 

@@ -40,6 +40,14 @@ class Running:
     widest_row: int = 0  # the widest batch the first step saw, in tokens
     compute_dtype: torch.dtype | None = None  # what the first linear layer computed in
     first_rows: int = 0  # rows of the first micro-batch (a script's loop: no loader to read)
+    # the first batch held its samples end to end: position ids, no attention mask
+    flattened: bool = False
+    # the model's attention kept two samples flattened in one row apart (``separates_samples``;
+    # None: not checked, since no row held several samples)
+    separates_samples: bool | None = None
+    # where sweeper cut the samples it handed an engine that does not cut them itself (TRL's
+    # padding-free SFTTrainer takes no max_length); None: the engine cut them
+    cut: int | None = None
 
 
 class Unobserved(str):
@@ -120,10 +128,93 @@ def pin_memory(run: Running) -> Any:
 _PRECISIONS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def float8_linears(model: torch.nn.Module) -> tuple[int, int]:
+    """(Linear layers converted to torchao's Float8Linear, Linear layers): what fp8 really
+    trains in, read off the model's modules (torchao is not imported for it)."""
+    converted = total = 0
+    for module in _base(model).modules():
+        if isinstance(module, torch.nn.Linear):
+            total += 1
+            kind = type(module)
+            converted += kind.__name__ == "Float8Linear" and kind.__module__.startswith("torchao")
+    return converted, total
+
+
 def precision(run: Running) -> Any:
+    """fp8 where any Linear layer trains in float8 (torchao); otherwise the autocast dtype the
+    first linear layer computed in: an fp8 config whose conversion did nothing reads as the
+    bf16 it fell back to, and fails as a mismatch."""
+    if float8_linears(run.model)[0]:
+        return "fp8"
     if run.compute_dtype is None:
         return "not observed (no linear layer ran)"
     return _PRECISIONS.get(run.compute_dtype, str(run.compute_dtype))
+
+
+def separates_samples(model: torch.nn.Module, device: torch.device, autocast: Any) -> bool:
+    """Whether the model keeps two samples flattened in one row apart: the logits of the
+    second sample, run after the first with position ids restarting at 0 and no attention
+    mask, equal its logits alone (within the precision's rounding: 1e-3 of the largest logit
+    in fp32, 2e-2 under autocast). A kernel that attends across samples changes them."""
+    base = _base(model)
+    vocab = base.get_input_embeddings().num_embeddings
+    generator = torch.Generator().manual_seed(0)
+    first, second = (torch.randint(0, vocab, (1, 16), generator=generator) for _ in range(2))
+    flat = torch.cat([first, second], dim=1).to(device)
+    positions = torch.cat([torch.arange(16), torch.arange(16)])[None].to(device)
+    was_training = model.training
+    model.eval()  # no dropout
+    try:
+        with torch.no_grad(), autocast():
+            alone = model(input_ids=second.to(device), use_cache=False).logits.float()
+            packed = model(input_ids=flat, position_ids=positions, use_cache=False).logits
+    finally:
+        model.train(was_training)
+    difference = (packed[:, 16:].float() - alone).abs().max().item()
+    half = alone.dtype != torch.float32 or torch.is_autocast_enabled(device.type)
+    scale = max(1.0, alone.abs().max().item())
+    return difference <= (2e-2 if half else 1e-3) * scale
+
+
+def _collator(run: Running) -> Any:
+    """The collate function the batches came from, under Trainer's column filter and
+    sweeper's own wrapper."""
+    collate = _torch_loader(run.loader).collate_fn
+    collate = getattr(collate, "data_collator", collate)  # transformers' RemoveColumnsCollator
+    return getattr(collate, "inner", collate)  # sweeper's Flattening
+
+
+def padding_free(run: Running) -> Any:
+    """True where the collator flattened each batch (transformers' DataCollatorWithFlattening,
+    or TRL's collator with padding_free), the batches came without an attention mask, and the
+    model's attention kept the samples apart; otherwise what fell short."""
+    collate = _collator(run)
+    name = type(collate).__name__
+    if name != "DataCollatorWithFlattening" and not getattr(collate, "padding_free", False):
+        return False
+    if not run.flattened:
+        return f"{name}, but the batches carried an attention mask"
+    if run.separates_samples is None:  # a script's model, which sweeper did not run apart
+        return Unobserved(f"{name} flattened the batches; the attention was not checked")
+    if not run.separates_samples:
+        attention = _base(run.model).config._attn_implementation
+        return f"{name}, but the {attention} attention attended across the samples"
+    return True
+
+
+def liger_kernel(run: Running) -> Any:
+    """Liger's kernels in the model: modules of liger_kernel, or forwards it patched in (its
+    instance patching swaps RMSNorm's forward); an argument that asked for them and found the
+    model untouched says so."""
+    for module in _base(run.model).modules():
+        forward = getattr(module.forward, "__func__", module.forward)
+        if type(module).__module__.startswith("liger_kernel") or getattr(
+            forward, "__module__", ""
+        ).startswith("liger_kernel"):
+            return True
+    if run.args is not None and getattr(run.args, "use_liger_kernel", False):
+        return "use_liger_kernel=True, but no Liger kernel is in the model"
+    return False
 
 
 def tf32(run: Running) -> Any:
@@ -242,8 +333,12 @@ def args_packing_strategy(run: Running) -> Any:
 
 
 def args_max_length(run: Running) -> Any:
-    """SFTConfig's max_length after its defaults; never less than the widest row seen."""
-    return max(run.args.max_length, run.widest_row)
+    """SFTConfig's max_length after its defaults (or, padding-free, where sweeper cut the
+    samples it gave TRL); never less than the widest row seen."""
+    cut = run.args.max_length if run.args.max_length is not None else run.cut
+    if cut is None:
+        return f"uncut (a batch was {run.widest_row} tokens wide)"
+    return max(cut, run.widest_row)
 
 
 def args_packing(run: Running) -> Any:
@@ -263,10 +358,12 @@ _COMMON: dict[str, Reader] = {
     "compile_mode": compile_mode,
     "attn_implementation": attn_implementation,
     "gradient_checkpointing": gradient_checkpointing,
+    "liger_kernel": liger_kernel,
     "optim": optim,
     "quantization": quantization,
     "devices": devices,
     "data_parallel": data_parallel,
+    "padding_free": padding_free,
 }
 _OWN_DATA = {
     "max_seq_length": dataset_max_length,
@@ -347,6 +444,8 @@ _SCRIPT: dict[str, Reader] = {
     "max_seq_length": script_max_length,
     "packing": script_packing,
     "packing_strategy": script_packing_strategy,
+    "liger_kernel": liger_kernel,
+    "padding_free": _needs(padding_free, "loader", how=_LOADER),
 }
 
 # engine → knob → how its effective value is read back

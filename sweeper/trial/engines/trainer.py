@@ -19,7 +19,14 @@ import torch
 from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.trial.corpus import encode
-from sweeper.trial.engines import EngineRun, TimedBatches, TrialContext, optimizer_name
+from sweeper.trial.engines import (
+    EngineRun,
+    TimedBatches,
+    TrialContext,
+    cross_sample_attention,
+    optimizer_name,
+    sample_boundaries,
+)
 from sweeper.trial.engines.readback import ComputeDtype, Running, check, has_generation_markers
 from sweeper.trial.workload import build_model, build_training_dataset, make_collator, open_rows
 
@@ -96,13 +103,20 @@ def _read_back(engine: str, trainer: Any, computed: ComputeDtype) -> dict[str, A
             micro_batches=loader.fetched,
             widest_row=loader.widest_row,
             compute_dtype=computed.dtype,
+            flattened=loader.flattened,
+            separates_samples=trainer.sweeper_separates,
+            cut=trainer.sweeper_cut,
         ),
         ctx.request.config.model_dump(),
     )
 
 
-def _start(trainer: Any, ctx: TrialContext, record: Any) -> None:
+def _start(
+    trainer: Any, ctx: TrialContext, record: Any, separates: bool | None, cut: int | None = None
+) -> None:
     trainer.sweeper_ctx = ctx
+    trainer.sweeper_separates = separates
+    trainer.sweeper_cut = cut
     trainer.sweeper_record = record
     record.trainer = trainer
     record.computed = ComputeDtype(trainer.model)
@@ -116,6 +130,8 @@ def _timed(trainer_class: type) -> type:
         sweeper_loader: TimedBatches
         sweeper_record: Any  # the callback feeding the recorder
         sweeper_effective: dict[str, Any] | None = None
+        sweeper_separates: bool | None = None  # sample_boundaries of the model it trains
+        sweeper_cut: int | None = None  # where sweeper cut the samples it handed over
 
         def get_train_dataloader(self) -> Any:
             self.sweeper_loader = TimedBatches(
@@ -151,6 +167,9 @@ def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
             "communication_s": None
             if trainer.sweeper_record.communication is None
             else trainer.sweeper_record.communication.per_step_s(),
+            "cross_sample_attention": cross_sample_attention(
+                ctx, trainer.sweeper_loader.flattened, trainer.sweeper_separates
+            ),
         },
     )
 
@@ -179,6 +198,7 @@ def train_trainer(ctx: TrialContext) -> EngineRun:
     )
     ctx.phase_done("data")
     model = build_model(workload, config, ctx.tokenizer, ctx.device, ctx.cache_dir)
+    separates = sample_boundaries(ctx, model)
     ctx.phase_done("model")
     args = _arguments(TrainingArguments, trainer_arguments(ctx))
     record = _callback(ctx, "trainer")
@@ -189,7 +209,7 @@ def train_trainer(ctx: TrialContext) -> EngineRun:
         data_collator=make_collator(workload, config, ctx.tokenizer),
         callbacks=[record],
     )
-    _start(trainer, ctx, record)
+    _start(trainer, ctx, record, separates)
     _train(trainer)
     return _finish(ctx, trainer)
 
@@ -225,19 +245,28 @@ def train_sft(ctx: TrialContext) -> EngineRun:
         # export says so) rather than measure a loss the user's run cannot have
         rows = rows.remove_columns("completion_spans")
         ctx.loss_labels = "all"
-    if prepared.completion_only and ctx.loss_labels == "replies":
-        # token ids with an assistant mask: SFTTrainer takes them as they are and labels only
-        # the replies, as assistant_only_loss does from messages
+    replies = prepared.completion_only and ctx.loss_labels == "replies"
+    # padding-free without packing TRL takes no max_length: it gets samples cut already
+    cut = config.max_seq_length if config.padding_free else None
+    if replies or cut is not None:
+        # token ids (with an assistant mask for a reply-only loss): SFTTrainer takes them as
+        # they are and labels only the replies, as assistant_only_loss does from messages
         rows = rows.map(
-            _reply_masks,
+            _token_rows,
             batched=True,
-            fn_kwargs={"tokenizer": ctx.tokenizer, "field": prepared.text_field},
+            fn_kwargs={
+                "tokenizer": ctx.tokenizer,
+                "field": prepared.text_field,
+                "replies": replies,
+                "cut": cut,
+            },
             remove_columns=rows.column_names,
         )
     elif prepared.text_field != "text":
         rows = rows.rename_column(prepared.text_field, "text")
     ctx.phase_done("data")
     model = build_model(workload, config, ctx.tokenizer, ctx.device, ctx.cache_dir)
+    separates = sample_boundaries(ctx, model)
     ctx.phase_done("model")
     args = _arguments(
         SFTConfig,
@@ -257,19 +286,24 @@ def train_sft(ctx: TrialContext) -> EngineRun:
         callbacks=[record],
     )
     ctx.phase_done("dataset")  # SFTTrainer tokenizes (and packs) its dataset in __init__
-    _start(trainer, ctx, record)
+    _start(trainer, ctx, record, separates, cut)
     _train(trainer)
     return _finish(ctx, trainer)
 
 
-def _reply_masks(batch: dict[str, list[Any]], tokenizer: Any, field: str) -> dict[str, Any]:
-    ids, masks = encode(tokenizer, batch[field], batch["completion_spans"])
-    assert masks is not None
+def _token_rows(
+    batch: dict[str, list[Any]], tokenizer: Any, field: str, replies: bool, cut: int | None
+) -> dict[str, Any]:
+    """Token ids closed by EOS, cut at ``cut`` tokens with it (None: whole), and with
+    ``replies`` the assistant mask TRL's collator labels from."""
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
-    return {
-        "input_ids": [row + eos for row in ids],
-        "assistant_masks": [[int(bit) for bit in mask] + [1] * len(eos) for mask in masks],
-    }
+    limit = {} if cut is None else {"truncation": True, "max_length": cut - len(eos)}
+    spans = batch["completion_spans"] if replies else None
+    ids, masks = encode(tokenizer, batch[field], spans, **limit)
+    rows: dict[str, Any] = {"input_ids": [row + eos for row in ids]}
+    if masks is not None:
+        rows["assistant_masks"] = [[int(bit) for bit in mask] + [1] * len(eos) for mask in masks]
+    return rows
 
 
 def _arguments(kind: type, kwargs: dict[str, Any]) -> Any:
