@@ -751,6 +751,18 @@ def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | Non
     return min(matches, key=lambda c: c.trial.number) if matches else None
 
 
+def _ran_warnings(measured: Mapping[str, Any]) -> list[str]:
+    """What the winning trial's own record says against it: packed rows that attended across
+    their samples (whatever the baseline packed)."""
+    if measured.get("cross_sample_attention"):
+        return [
+            "its packed rows attended across sample boundaries (measured: a mask of ones, no "
+            "per-sample position ids): each sample sees the end of the one before it. "
+            "padding_free (or TRL's bfd packing) with a kernel that separates samples avoids it"
+        ]
+    return []
+
+
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
@@ -762,6 +774,8 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
         update={
             "loss_labels": measured.get("loss_labels"),
             "reply_markers": measured.get("reply_markers"),
+            # read off the trial that ran (sweeper.measurement.Measurement)
+            "warnings": (*recommendation.warnings, *_ran_warnings(measured)),
         }
     )
     if not isinstance(n_params, int):
