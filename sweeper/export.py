@@ -18,9 +18,12 @@ from sweeper.errors import ConflictError, SpaceError
 from sweeper.recommend import Recommendation
 from sweeper.space import Space, parse_space
 
-ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json", "command"]
-FORMATS: tuple[ExportFormat, ...] = ("trainer", "sft", "dataloader", "yaml", "json", "command")
+ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json", "command", "accelerate"]
+FORMATS: tuple[ExportFormat, ...] = (
+    "trainer", "sft", "dataloader", "yaml", "json", "command", "accelerate",
+)  # fmt: skip
 MEDIA_TYPES = {
+    "accelerate": "application/yaml",
     "command": "text/x-shellscript",
     "trainer": "text/x-python",
     "sft": "text/x-python",
@@ -243,7 +246,8 @@ def _launch_line(config: dict[str, Any]) -> str:
         return ""
     return (
         f"# on {devices} devices, as measured: torchrun --standalone --nproc-per-node "
-        f"{devices} train.py ({config.get('data_parallel')})\n"
+        f"{devices} train.py ({config.get('data_parallel')}); or accelerate launch "
+        "--config_file accelerate.yaml train.py (sweeper export --format accelerate)\n"
     )
 
 
@@ -463,6 +467,11 @@ def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
     every config must set (a study recorded by an older sweeper)."""
     if fmt == "json":
         return rec.model_dump_json(indent=2) + "\n"
+    if fmt == "accelerate":  # accelerate launch's config file (sweeper.launch_export)
+        from sweeper.launch_export import accelerate_config_yaml
+
+        header = _header(rec).removeprefix("# ")
+        return accelerate_config_yaml(rec.config, device=_device(space_yaml), header=header)
     missing = [k.name for k in knobs.KNOBS if k.required and k.name not in rec.config]
     if missing:
         raise ConflictError(
