@@ -610,7 +610,7 @@ def export(
     fmt: Annotated[
         str,
         typer.Option(
-            "--format", help="trainer | sft | dataloader | yaml | json | command (engine: script)"
+            "--format", help="trainer | sft | dataloader | yaml | json | command | accelerate"
         ),
     ] = "trainer",
     storage: StorageOption = None,
