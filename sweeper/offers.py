@@ -6,14 +6,18 @@ Rows, for the GPU types asked (all of the catalog's by default) and the space's
 
 - **measured**: a study of the same workload ran on that GPU (its recommendation, at its
   study's price); where the study it is compared from measured the same config, the row also
-  shows what the model predicted for it, and the pair is a calibration record;
+  shows what the model predicted for it, and the pair is a calibration record. A study with
+  trials on N devices gives a measured ``N× GPU`` row too (its cheapest config on N devices,
+  priced N × the device's $/h, with its scaling efficiency against one device);
 - **estimate**: no study measured it; ``sweeper.predict`` scales the recommended config and the
   runners-up measured on a catalog GPU (``RUNNERS_UP``) and keeps the cheapest that fits in
   memory, at the catalog's price, with the error band (``predict.error_band``);
 - **predicted OOM**: no measured config fits in the GPU's memory;
-- **needs a multi-GPU measurement**: N GPUs (``4x a100-40gb``); no scaling is assumed: the row
-  says the scaling efficiency it would need to beat the cheapest option, and to meet the
-  deadline;
+- **needs a multi-GPU measurement**: N GPUs (``4x a100-40gb``) no study measured on N devices
+  of that GPU; it is not priced, as no scaling is assumed (interconnects differ, and a measured
+  efficiency on another GPU does not carry over): the row says the scaling efficiency it would
+  need to beat the cheapest option and to meet the deadline, and the efficiency measured at N
+  on another GPU where there is one;
 - **no estimate**: nothing measured on a GPU to scale from (e.g. a study run on a CPU).
 """
 
@@ -28,8 +32,10 @@ from pydantic import BaseModel, ConfigDict
 
 from sweeper import predict
 from sweeper.catalog import SHIPPED, Catalog, Gpu, parse_offer
+from sweeper.cost import device_count
 from sweeper.knobs import normalize
 from sweeper.recommend import Candidate, Constraints, Recommendation
+from sweeper.scaling import Scaling, scaling_of
 
 RUNNERS_UP = 5  # configs scaled per GPU type: the recommended one and the next cheapest
 
@@ -59,6 +65,7 @@ class OfferRow(BaseModel):
     meets: Meets | None = None  # the constraints: at the figure, or only inside its band
     predicted_samples_per_s: float | None = None  # measured rows: the model's figure
     prediction_error: float | None = None  # predicted ÷ measured − 1
+    scaling_efficiency: float | None = None  # measured N-device rows: against one device
     note: str = ""
 
 
@@ -134,21 +141,25 @@ def offer_table(
     records = _calibration(sources, measured, catalog, measurement_of)
     band = predict.error_band([r.error for r in records])
     rows: list[OfferRow] = []
-    measured_keys = set()
+    measured_keys: set[tuple[str, int]] = set()
+    scalings: dict[str, list[Scaling]] = {}
     for study in studies:
         key = measured[study.name]
+        ran_on = sorted({device_count(c.trial.config) for c in study.candidates}) or [1]
         if key is not None:
-            measured_keys.add(key)
+            measured_keys.update((key, n) for n in ran_on)
+            scalings[key] = scaling_of(c.trial for c in study.candidates)
         if study.name == anchor or (key is not None and key in wanted):
-            rows.append(_measured_row(study, key, catalog, records, constraints))
+            for n in ran_on:
+                rows.append(_measured_row(study, key, catalog, records, constraints, n))
     why_not = (
         "nothing of this workload was measured on a GPU of the catalog: measure it on one "
         "(a study of the same workload), then every other is estimated from it"
     )
     source = sources[0] if sources else None
-    singles: dict[str, OfferRow] = {r.gpu: r for r in rows if r.gpu is not None}
+    singles: dict[str, OfferRow] = {r.gpu: r for r in rows if r.gpu is not None and r.count == 1}
     for key, counts in wanted.items():
-        if 1 in counts and key not in measured_keys:
+        if 1 in counts and (key, 1) not in measured_keys:
             row = (
                 _estimate_row(source, measured, key, catalog, measurement_of, constraints, band)
                 if source is not None
@@ -162,8 +173,10 @@ def offer_table(
             )
     cheapest = _cheapest(rows)
     for key, counts in wanted.items():
-        for count in sorted(c for c in counts if c > 1):
-            rows.append(_multi_row(key, count, catalog, singles.get(key), cheapest, constraints))
+        for count in sorted(c for c in counts if c > 1 and (key, c) not in measured_keys):
+            seen = [s for k, found in scalings.items() for s in found if s.devices == count]
+            row = _multi_row(key, count, catalog, singles.get(key), cheapest, constraints)
+            rows.append(_with_seen_scaling(row, seen, catalog, scalings))
     rows.sort(key=_order)
     return OfferTable(
         catalog="sweeper/gpus.yaml (shipped)" if catalog.path == str(SHIPPED) else catalog.path,
@@ -223,8 +236,8 @@ def _calibration(
             src_key, tgt_key = measured[source.name], measured[target.name]
             if src_key is None or tgt_key is None or src_key == tgt_key:
                 continue
-            theirs = {_key(c.trial.config): c for c in target.candidates}
-            for candidate in source.candidates:
+            theirs = {_key(c.trial.config): c for c in _one_device(target.candidates)}
+            for candidate in _one_device(source.candidates):
                 other = theirs.get(_key(candidate.trial.config))
                 if other is None or not other.trial.samples_per_s:
                     continue
@@ -268,18 +281,42 @@ def _meets(hours: float, cost: float, band: float, constraints: Constraints) -> 
     return "yes" if within(hours * (1 + band), cost * (1 + band)) else "within its band"
 
 
+def _one_device(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """The candidates that ran on one device: what the one-GPU model scales."""
+    return [c for c in candidates if device_count(c.trial.config) == 1]
+
+
+def _chosen(
+    study: MeasuredStudy, constraints: Constraints, count: int
+) -> tuple[Candidate | None, Meets]:
+    """The cheapest of ``study``'s configs on ``count`` devices that meets the constraints,
+    else its cheapest on ``count`` devices (which does not)."""
+    on_n = [c for c in study.candidates if device_count(c.trial.config) == count]
+    floor = constraints.min_memory_headroom
+    meeting = [
+        c
+        for c in on_n
+        if _meets(c.hours, c.cost, 0.0, constraints) == "yes"
+        and (floor is None or (c.headroom is not None and c.headroom >= floor))
+    ]
+    if meeting:
+        return min(meeting, key=lambda c: c.key), "yes"
+    return (min(on_n, key=lambda c: c.key), "no") if on_n else (None, "no")
+
+
 def _measured_row(
     study: MeasuredStudy,
     key: str | None,
     catalog: Catalog,
     records: Sequence[CalibrationRecord],
     constraints: Constraints,
+    count: int = 1,
 ) -> OfferRow:
     rec = study.recommendation
     figures: dict[str, Any] = {}
     meets: Meets = "yes"
     device = rec.measured_on if rec is not None else None
-    if rec is not None:
+    if rec is not None and rec.devices == count:
         figures = {
             "trial_number": rec.trial_number,
             "config": rec.config,
@@ -287,16 +324,17 @@ def _measured_row(
             "hours_per_run": rec.hours_per_run,
             "cost_per_run_usd": rec.cost_per_run_usd,
         }
-    elif study.candidates:  # nothing meets the constraints: its cheapest, which does not
-        meets, chosen = "no", study.candidates[0]
-        device = chosen.trial.device_name
-        figures = {
-            "trial_number": chosen.trial.number,
-            "config": dict(chosen.trial.config),
-            "samples_per_s": chosen.trial.samples_per_s,
-            "hours_per_run": chosen.hours,
-            "cost_per_run_usd": chosen.cost,
-        }
+    else:  # the study's recommendation runs on another count: its cheapest on ``count``
+        chosen, meets = _chosen(study, constraints, count)
+        if chosen is not None:
+            device = chosen.trial.device_name
+            figures = {
+                "trial_number": chosen.trial.number,
+                "config": dict(chosen.trial.config),
+                "samples_per_s": chosen.trial.samples_per_s,
+                "hours_per_run": chosen.hours,
+                "cost_per_run_usd": chosen.cost,
+            }
     notes = []
     if key is None and device:
         notes.append(
@@ -315,17 +353,61 @@ def _measured_row(
             f"predicted from {own.source_study} ({own.source_gpu}): "
             f"{own.predicted_samples_per_s:,.1f} samples/s, {own.error:+.1%} off"
         )
+    efficiency = None
+    if count > 1 and figures:
+        scaled = next(
+            (
+                s
+                for s in scaling_of(c.trial for c in study.candidates)
+                if s.trial_number == figures["trial_number"]
+            ),
+            None,
+        )
+        efficiency = None if scaled is None else scaled.efficiency
+        notes.append(
+            f"{count} devices measured ({(figures['config'] or {}).get('data_parallel')}), "
+            f"priced {count} × ${study.usd_per_hour:.2f}/h"
+            + ("" if scaled is None else f"; {scaled.text().split(': ', 1)[1]}")
+        )
+    name = study.hardware_name if key is None else catalog.gpus[key].name
     return OfferRow(
         gpu=key,
-        name=study.hardware_name if key is None else catalog.gpus[key].name,
-        usd_per_hour=study.usd_per_hour,
+        name=name if count == 1 else f"{count}× {name}",
+        count=count,
+        usd_per_hour=study.usd_per_hour * count,
         basis="measured",
         study=study.name,
         meets=meets if figures else None,
         predicted_samples_per_s=own.predicted_samples_per_s if own else None,
         prediction_error=own.error if own else None,
+        scaling_efficiency=efficiency,
         note="; ".join(notes),
         **figures,
+    )
+
+
+def _with_seen_scaling(
+    row: OfferRow,
+    seen: Sequence[Scaling],
+    catalog: Catalog,
+    scalings: Mapping[str, Sequence[Scaling]],
+) -> OfferRow:
+    """An unmeasured N-GPU row, told the efficiencies measured at N on other GPUs (not
+    assumed for it: its interconnect may differ)."""
+    told = [s for s in seen if s.efficiency is not None]
+    if not told:
+        return row
+    where = {s.trial_number: k for k, found in scalings.items() for s in found}
+    measured = ", ".join(
+        f"{s.efficiency:.0%} on {catalog.gpus[where[s.trial_number]].name} "
+        f"(#{s.trial_number}, {s.data_parallel})"
+        for s in told[:3]
+    )
+    return row.model_copy(
+        update={
+            "note": f"{row.note}; measured at {row.count} devices elsewhere: {measured} "
+            "(not assumed here: the interconnect may differ)"
+        }
     )
 
 
@@ -345,7 +427,7 @@ def _estimate_row(
     best: tuple[Candidate, predict.Prediction] | None = None
     ooms: list[predict.Prediction] = []
     why = ""
-    for candidate in source.candidates[:RUNNERS_UP]:
+    for candidate in _one_device(source.candidates)[:RUNNERS_UP]:
         try:
             guess = predict.predict(
                 _observed(source, candidate, measurement_of),
@@ -386,7 +468,7 @@ def _estimate_row(
         notes.append(
             f"memory tight: needs {guess.memory_needed_bytes / 1e9:,.1f} of {target.memory_gb:g} GB"
         )
-    if candidate is not source.candidates[0]:
+    if candidate is not _one_device(source.candidates)[0]:
         notes.append(f"a runner-up: the cheaper configs do not fit in {target.memory_gb:g} GB")
     return OfferRow(
         gpu=key,
@@ -435,7 +517,10 @@ def _multi_row(
 ) -> OfferRow:
     """N GPUs: unmeasured, so unpriced; what scaling it would need, from one GPU's figures."""
     gpu = catalog.gpus[key]
-    note = "needs a multi-GPU measurement (a trial on N devices: not yet in sweeper)"
+    note = (
+        f"not measured on {count} {gpu.name}: a study there with {count} in search.devices "
+        "measures it (no scaling is assumed)"
+    )
     if single is not None and single.cost_per_run_usd and single.hours_per_run:
         parts = [
             f"one {gpu.name}: {single.hours_per_run:,.1f} h, ${single.cost_per_run_usd:,.2f}/run "
