@@ -66,6 +66,7 @@ def test_one_and_two_device_rows_are_measured_and_unmeasured_counts_say_why(
         store.dispose()
     rows = {row.name: row for row in table.rows}
     one, two = rows["H100 SXM 80GB"], rows["2× H100 SXM 80GB"]
+    assert one.config is not None
     assert (one.basis, one.count, one.config.get("devices", 1)) == ("measured", 1, 1)
     assert one.cost_per_run_usd == pytest.approx(16.57, abs=0.01)  # as before N-device trials
     assert (two.basis, two.count, two.usd_per_hour) == ("measured", 2, 2 * PRICE)
