@@ -15,6 +15,7 @@ import yaml
 
 from sweeper import knobs
 from sweeper.errors import ConflictError, SpaceError
+from sweeper.job import CHATML
 from sweeper.recommend import Recommendation
 from sweeper.space import Space, parse_space
 
@@ -263,9 +264,64 @@ def _sft(rec: Recommendation, space_yaml: str) -> str:
         + (f"{note}\n" if note else "")
         + _lines(config, "sft")
         + f"sft_config = {_call('SFTConfig', sft_kwargs(rec, space_yaml))}\n"
-        "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
-        "processing_class=tokenizer)\n"
+        + _sft_data_lines(space_yaml)
+        + "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
+        "processing_class=tokenizer)\n# trainer.train()\n"
     )
+
+
+_BUILDERS = (
+    ((".jsonl", ".json", ".jsonl.gz", ".json.gz"), "json"),
+    ((".parquet",), "parquet"),
+    ((".csv", ".csv.gz"), "csv"),
+    ((".txt", ".txt.gz"), "text"),
+)
+
+
+def _sft_data_lines(space_yaml: str) -> str:
+    """The tokenizer and the space's data as SFTTrainer takes them: chat records from a
+    'messages' column (renamed from the space's messages_field), plain text from
+    dataset_text_field; the chat template the trials rendered with, where the space set one.
+    Without a dataset path in the space, a line to fill in."""
+    space = _space(space_yaml)
+    spec = space.workload.dataset if space is not None else None
+    if space is None or spec is None or spec.path is None:
+        return "# dataset = load_dataset(...)  # your training data\n"
+    tokenizer_id = space.workload.tokenizer.id
+    lines = [
+        "from datasets import load_dataset, load_from_disk",
+        "from transformers import AutoTokenizer",
+        "",
+        "tokenizer = AutoTokenizer.from_pretrained("
+        + (repr(tokenizer_id) if tokenizer_id else "MODEL_ID")
+        + ")",
+    ]
+    template = space.workload.tokenizer.chat_template
+    if spec.messages_field is not None and template is not None:
+        lines.append(
+            "tokenizer.chat_template = "
+            + (repr(CHATML) if template == "chatml" else repr(template))
+            + "  # the template the trials rendered with (workload.tokenizer.chat_template)"
+        )
+    suffix = spec.path.lower()
+    builder = next((b for ends, b in _BUILDERS if suffix.endswith(ends)), None)
+    if builder is None:  # a save_to_disk directory
+        lines.append(f"dataset = load_from_disk({spec.path!r})")
+        lines.append(f"dataset = dataset[{spec.split!r}] if hasattr(dataset, 'keys') else dataset")
+    else:
+        lines.append(
+            f"dataset = load_dataset({builder!r}, data_files={spec.path!r}, split='train')"
+        )
+    if spec.messages_field is not None and spec.messages_field != "messages":
+        lines.append(
+            f"dataset = dataset.rename_column({spec.messages_field!r}, 'messages')"
+            "  # SFTTrainer reads chat records from 'messages'"
+        )
+    elif spec.messages_field is None and spec.text_field != "text":
+        lines.append(
+            f"sft_config.dataset_text_field = {spec.text_field!r}  # the space's text_field"
+        )
+    return "\n".join(lines) + "\n"
 
 
 _PACKING = '''

@@ -61,6 +61,18 @@ class ModelSpec(Frozen):
         return self
 
 
+# the built-in ChatML template (workload.tokenizer.chat_template: chatml), with TRL's
+# {% generation %} markers around the assistant's replies
+CHATML = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% generation %}{{ message['content'] }}<|im_end|>\n{% endgeneration %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
 class TokenizerSpec(Frozen):
     """A tokenizer loaded by id/path (default: the model's own, when model.id is set), or a
     byte-level BPE trained locally on the dataset (models built from ``arch``)."""

@@ -63,13 +63,16 @@ def _model_dir(root: Path, template: str) -> Path:
 def _sweep(root: Path, cache_dir: Path, template: str) -> tuple[Recommendation, str]:
     model_dir = _model_dir(root, template)
     data = root / "chats.jsonl"
-    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
+    # the chat records under a column of the user's own name, beside another column
+    data.write_text(
+        "".join(json.dumps({"id": i, "conversation": c}) + "\n" for i, c in enumerate(CHATS))
+    )
     space = yaml.safe_load(TINY_SPACE.read_text())
     space["study"] = "mine"
     space["workload"]["model"] = {"id": str(model_dir)}
     space["workload"]["tokenizer"] = {}
     space["workload"]["dataset"] = {
-        "path": str(data), "messages_field": "messages", "loss": "completion",
+        "path": str(data), "messages_field": "conversation", "loss": "completion",
     }  # fmt: skip
     space["workload"]["engine"] = "sft"
     space["workload"]["learning_rate"] = 2e-4
@@ -112,24 +115,13 @@ def _exec(text: str, **names: Any) -> dict[str, Any]:
     return namespace
 
 
-def _messages() -> Any:
-    from datasets import Dataset
-
-    return Dataset.from_list([{"messages": c} for c in CHATS])
-
-
-def _run_sft(text: str, tokenizer: Any) -> list[float]:
-    from trl import SFTTrainer
-
-    namespace = _exec(text)
-    args = namespace["sft_config"]
-    args.max_steps, args.logging_steps = STEPS, 1
-    trainer = SFTTrainer(
-        model=namespace["model"],
-        args=args,
-        train_dataset=_messages(),
-        processing_class=tokenizer,
-    )
+def _run_sft(text: str) -> list[float]:
+    """The sft export as a script: its own tokenizer and data lines (the space's file, its
+    'conversation' column renamed as SFTTrainer needs) and its trainer line, uncommented."""
+    assert "# trainer = SFTTrainer(" in text and "# trainer.train()" in text
+    script = "from trl import SFTTrainer\n" + text.replace("# trainer = ", "trainer = ")
+    trainer = _exec(script)["trainer"]
+    trainer.args.max_steps, trainer.args.logging_steps = STEPS, 1
     trainer.train()
     return [log["loss"] for log in trainer.state.log_history if "loss" in log]
 
@@ -212,8 +204,8 @@ def test_every_export_runs_with_the_users_model_and_template(
             "sft_config = SFTConfig(", "sft_config = SFTConfig(\n    assistant_only_loss=True,"
         )
         with pytest.raises((ValueError, RuntimeError)):
-            _run_sft(refused, tokenizer)
-    assert len(_run_sft(sft, tokenizer)) == STEPS
+            _run_sft(refused)
+    assert len(_run_sft(sft)) == STEPS
 
     trainer = render(rec, "trainer", space_yaml)
     assert _call_kwargs(trainer, "TrainingArguments")["learning_rate"] == 2e-4

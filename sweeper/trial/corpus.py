@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import TrialError
-from sweeper.job import GeneratedCorpus, Workload
+from sweeper.job import CHATML, GeneratedCorpus, Workload
 from sweeper.trial.protocol import DatasetFormat, PreparedData
 
 SPECIAL_TOKENS = {"pad_token": "<|pad|>", "bos_token": "<|bos|>", "eos_token": "<|eos|>"}
@@ -332,16 +332,6 @@ def check_model(model_id: str, tokenizer: Any, trust_remote_code: bool) -> None:
             f"workload.tokenizer: the tokenizer has {len(tokenizer)} tokens but {model_id}'s "
             f"embedding has {vocab}; use the model's own tokenizer (leave tokenizer.id out)",
         )
-
-
-CHATML = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"
-    "{% generation %}{{ message['content'] }}<|im_end|>\n{% endgeneration %}"
-    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def resolve_chat_template(workload: Workload, tokenizer: Any) -> str:
