@@ -234,3 +234,38 @@ def test_describe_names_every_knob_that_differs_from_its_default() -> None:
     line = knobs.describe(config.model_dump())
     for word in ("bf16", "tf32", "adafactor", "ckpt", "pinned", "packed", "persist", "w2/pf2"):
         assert word in line
+
+
+def test_the_issue_36_levers_get_a_verdict_at_the_winner() -> None:
+    """padding_free, liger_kernel, fp8 and reduce-overhead flow through the knob verdict
+    (sweeper/verdict.py reads KNOBS): each lever's pair at the winner gives its ratio, and
+    a lever that loses is said to stay off."""
+    from types import SimpleNamespace
+
+    from sweeper.verdict import knob_effects
+
+    base = tiny_config(max_seq_length=512).model_dump()
+
+    def trial(number: int, cost: float, **change: Any) -> Any:
+        config = knobs.normalize(base | change)
+        return SimpleNamespace(
+            number=number, state="complete", config=config, cost_per_run_usd=cost,
+            cost_ci95_rel=0.01,
+        )  # fmt: skip
+
+    winner = trial(0, 10.0, padding_free=True)
+    trials = [
+        winner,
+        trial(1, 14.0),  # padded: 1.4x the $
+        trial(2, 10.02, padding_free=True, liger_kernel=True),
+        trial(3, 12.5, padding_free=True, precision="fp8"),
+        trial(4, 11.0, padding_free=True, compile_mode="reduce-overhead"),
+    ]
+    effects = {e.knob: e for e in knob_effects(trials, winner).effects}
+    assert effects["padding_free"].ratio == pytest.approx(1.4)
+    assert effects["padding_free"].verdict == "leave it at on"  # verdict.py: True reads "on"
+    assert effects["liger_kernel"].verdict.startswith("no difference that matters")
+    assert effects["precision"].ratio == pytest.approx(1.25)
+    assert effects["precision"].verdict == "leave it at fp32"
+    assert effects["compile_mode"].ratio == pytest.approx(1.1)
+    assert all(e.basis == "at the winner" for e in effects.values())
