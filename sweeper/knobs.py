@@ -360,7 +360,7 @@ KNOBS: tuple[Knob, ...] = (
         "masked-out blocks (flash attention); at batch size 1 there is nothing to remove, and "
         "sdpa/eager compute the whole row's scores and mask them",
         # after max_seq_length: TRL refuses max_length without packing when padding-free
-        sft=lambda v: {"padding_free": v} | ({"max_length": None} if v else {}),
+        sft=lambda v: {"padding_free": True, "max_length": None} if v else {},  # as Liger's
         memory=lambda v: 0 if v else 1,  # no pad tokens' activations
         code=_padding_free_code,
     ),
@@ -443,7 +443,9 @@ KNOBS: tuple[Knob, ...] = (
         short=lambda v: "liger" if v else None,
         caveat="Liger's gains are reported on 8B models at large batch; at small batch it "
         "can run slower than the plain model, and its fused loss changes the numerics a little",
-        trainer=lambda v: {"use_liger_kernel": v},
+        # said only when on: TrainingArguments' default is off, and a script's own parser
+        # (knobs: flags) need not know the flag until it searches it
+        trainer=lambda v: {"use_liger_kernel": True} if v else {},
         memory=lambda v: 0 if v else 1,  # the fused loss never materialises the logits
         code=_liger_code,
     ),
