@@ -358,7 +358,8 @@ _OPTIMIZERS = {
     "adafactor": "transformers.optimization.Adafactor(model.parameters(), lr=LEARNING_RATE, "
     "scale_parameter=False, relative_step=False)",
 }
-_AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+# fp8: what is not a float8 Linear runs under bf16 autocast
+_AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.bfloat16"}
 
 
 def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str:
@@ -395,6 +396,7 @@ def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str
         lines.append("    import bitsandbytes")
     if config.get("optim") == "adafactor":
         lines.append("    import transformers.optimization")
+    lines += [f"    {line}".rstrip() for line in knobs.code_lines(config, "model")]
     lines += knobs.code_lines(config, "loop")
     lines += _data_parallel_lines(config.get("data_parallel") if devices > 1 else None, device)
     lines.append(f"    optimizer = {_OPTIMIZERS[config.get('optim') or 'adamw_torch']}")

@@ -146,6 +146,8 @@ def machine_fingerprint() -> dict[str, Any]:
         "kernels",
         "trl",
         "bitsandbytes",
+        "liger-kernel",
+        "torchao",
     ):
         try:
             packages[name] = importlib.metadata.version(name)

@@ -92,6 +92,9 @@ def test_the_levers_reach_the_exported_text(url: str) -> None:
     loop = render(rec, "dataloader", space_yaml)
     assert "_apply_liger_kernel_to_instance(model=model)" in loop
     assert "torch.compile(model, mode='reduce-overhead')" in loop
+    assert "    convert_to_float8_training(model" in loop  # inside prepare(model)
+    assert "dtype=torch.bfloat16)" in loop  # fp8's other layers under bf16 autocast
+    ast.parse(loop)
     flags = render(rec, "json", space_yaml)
     assert '"padding_free": true' in flags
 

@@ -29,6 +29,7 @@ _OPTIONAL_PACKAGES = (
     "trl",
     "bitsandbytes",
     "liger_kernel",
+    "torchao",  # fp8 training (precision: fp8)
     "kernels",
 )
 
