@@ -11,7 +11,9 @@ and tests/test_knobs.py checks each field against this table.
 Adding a knob is one entry here, its field in those three classes (the test names what is
 missing), its effect in the engines (``sweeper/trial/engines``) and its read-back there
 (``readback.READERS``: how each engine reads the value that really ran; a trial of an engine
-without one fails, and a test checks every knob × engine pair). The ``trainer`` and ``sft``
+without one fails, and a test checks every knob × engine pair). What a value needs beyond
+keyword arguments in an export (a collator, a model conversion, a patch in the loop) is its
+``code``, by place, which every export reads. The ``trainer`` and ``sft``
 keywords say every value, defaults included: SFTConfig's defaults are not TrainingArguments'
 (it turns gradient checkpointing on), so nothing is left to them.
 
