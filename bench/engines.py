@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from sweeper.knobs import describe
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, parse_measurement
+from sweeper.preflight import run_preflight
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig, load_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -85,9 +86,17 @@ def main() -> None:
         _ok(run_child(ChildRequest.for_space("prepare", space, cache_dir), timeout_s=900))
     )
     results: dict[tuple[int, str], list[Measurement]] = {}
-    configs = _configs(space)
+    changes: list[str] = []
     with ForkServer(str(cache_dir)) as server:
         server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
+        # the named configs as a sweep runs them on this machine: what preflight drops takes
+        # its fallback (pinned memory on a CPU runs unpinned), said under the table
+        report = run_preflight(space, prepared, cache_dir, server=server)
+        configs = []
+        for config in _configs(space):
+            runnable, changed = report.nearest(config)
+            configs.append(runnable)
+            changes += changed
         for _round in range(args.rounds):
             for index, config in enumerate(configs):
                 for engine in engines:
@@ -154,6 +163,8 @@ def main() -> None:
         + ("; ".join(beyond) if beyond else "none")
         + ".\n"
     )
+    if changes:
+        print("Run as this machine can (preflight's fallbacks): " + "; ".join(changes) + ".\n")
 
 
 if __name__ == "__main__":
