@@ -81,21 +81,58 @@ def _unpacked(config: Mapping[str, Any]) -> bool:
 
 # the engines that train on several devices: the plain loop (DDP, FSDP2), transformers'
 # Trainer and TRL's SFTTrainer (accelerate wraps the model as TrainingArguments say; the
-# read-back judges what ran)
-MULTI_DEVICE_ENGINES = ("loop", "trainer", "sft")
+# read-back judges what ran), and a user's script (one copy per rank with torchrun's
+# environment; the hook in each rank records its steps)
+MULTI_DEVICE_ENGINES = ("loop", "trainer", "sft", "script")
+
+
+# DeepSpeed's ZeRO stages, and the engines that run them: TrainingArguments(deepspeed=...)
+# makes accelerate wrap the model in DeepSpeed's engine (the plain loop wraps ddp and fsdp2)
+ZERO_STAGES = ("zero2", "zero3")
+ZERO_ENGINES = ("trainer", "sft")
 
 
 def _several_devices(config: Mapping[str, Any]) -> bool:
     return (config.get("devices") or 1) > 1
 
 
+def deepspeed_config(stage: int) -> dict[str, Any]:
+    """The DeepSpeed config a ZeRO stage runs with, as ``TrainingArguments(deepspeed=...)``
+    takes it: "auto" where the Trainer fills the value from its own arguments (batch sizes
+    and accumulation from the batch knobs, bf16/fp16 from ``precision``, clipping, bucket
+    sizes and ZeRO-3's persistence threshold from the model's hidden size). No optimizer or
+    scheduler section: the Trainer's own (``optim``) goes to DeepSpeed as a client optimizer.
+
+    >>> deepspeed_config(3)["zero_optimization"]["stage"], deepspeed_config(2)["bf16"]
+    (3, {'enabled': 'auto'})
+    """
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "reduce_bucket_size": "auto"}
+    if stage == 3:
+        zero |= {
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "stage3_gather_16bit_weights_on_model_save": True,
+        }
+    else:
+        zero |= {"allgather_partitions": True, "contiguous_gradients": True}
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
+
+
 def _data_parallel_args(value: str) -> dict[str, Any]:
     """TrainingArguments' sharding fields (DDP is what Trainer runs under torchrun without
-    them; ZeRO's DeepSpeed config file is the launch's, not an argument's)."""
+    them; ZeRO: the DeepSpeed config as a dict, which accelerate's DeepSpeed plugin runs)."""
     if value == "fsdp2":
         return {"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2}}
     if value in ("zero2", "zero3"):
-        return {"deepspeed": f"ds_{value}.json"}
+        return {"deepspeed": deepspeed_config(int(value[-1]))}
     return {}
 
 

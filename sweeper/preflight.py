@@ -483,9 +483,11 @@ class _PreflightRun:
                     f"needs {count} CUDA devices; this machine has {self.device_count}"
                 )
         for strategy in self.search.values("data_parallel"):
-            if strategy in ("zero2", "zero3") and self.capabilities.get("deepspeed") is None:
+            # where deepspeed does not import, machine_drops says so (the knob's needs)
+            if strategy in knobs.ZERO_STAGES and engine not in knobs.ZERO_ENGINES:
                 dropped.setdefault("data_parallel", {})[strategy] = (
-                    "DeepSpeed ZeRO is not built into sweeper's engines yet (ddp and fsdp2 are)"
+                    f"sweeper measures DeepSpeed ZeRO through the Trainer (engine "
+                    f"{' or '.join(knobs.ZERO_ENGINES)}); the {engine} engine does not run it"
                 )
         return dropped
 
