@@ -17,6 +17,11 @@ is the ``with sweeper.step``.
 
     python scripts/pretrain_job.py --out seed004-job
     python examples/amp_loop/train.py --config seed004-job/model --data seed004-job/tokens.npy
+
+On several devices it runs as torchrun runs it (``torchrun --nproc-per-node 2 train.py ...``;
+a sweeper trial with ``devices: 2`` gives each rank the same environment): each process joins
+the group torchrun's variables name (NCCL on CUDA, gloo on the CPU), reads its share of the data
+(a DistributedSampler) and trains the model inside DistributedDataParallel.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 import sweeper
@@ -73,7 +81,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--packing", type=_bool, default=None)
     parser.add_argument("--packing_strategy", default="wrapped", choices=("wrapped",))
     parser.add_argument("--quantization", default="none", choices=("none",))  # all weights train
-    parser.add_argument("--devices", type=int, default=1, choices=(1,))  # one process, one device
+    # one process per device, started by torchrun (its WORLD_SIZE): said here, it must agree
+    parser.add_argument("--devices", type=int, default=None)
     args = parser.parse_args()
     trial = sweeper.trial_config()  # None outside a sweeper trial
     if trial is not None:
@@ -81,6 +90,12 @@ def arguments() -> argparse.Namespace:
         args.attn_implementation = trial["attn_implementation"]
         args.multiprocessing_context = trial["multiprocessing_context"]
         args.packing = trial["packing"]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.devices is not None and args.devices != world:
+        parser.error(
+            f"--devices {args.devices}: this run has {world} process(es); launch it with "
+            f"torchrun --nproc-per-node {args.devices}"
+        )
     packed = Path(args.data).suffix == ".npy"
     if args.packing is not None and args.packing != packed:
         parser.error(
@@ -160,7 +175,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> Any:
     return model.to(device).train()
 
 
-def build_loader(args: argparse.Namespace, cuda: bool) -> DataLoader:
+def build_loader(args: argparse.Namespace, cuda: bool, distributed: bool) -> DataLoader:
     workers = args.dataloader_num_workers
     if Path(args.data).suffix == ".npy":
         dataset: Dataset = PackedTokens(args.data, args.max_seq_length)
@@ -170,10 +185,13 @@ def build_loader(args: argparse.Namespace, cuda: bool) -> DataLoader:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         dataset, collate = Chats(args.data, tokenizer, args.max_seq_length), PadChats(tokenizer)
+    # under torchrun: this rank's share of the rows (the sampler shuffles them)
+    sampler = DistributedSampler(dataset, shuffle=True, drop_last=True) if distributed else None
     return DataLoader(
         dataset,
         batch_size=args.per_device_train_batch_size,
-        shuffle=True,
+        shuffle=sampler is None,
+        sampler=sampler,
         drop_last=True,
         collate_fn=collate,
         num_workers=workers,
@@ -184,18 +202,33 @@ def build_loader(args: argparse.Namespace, cuda: bool) -> DataLoader:
     )
 
 
+def join(cuda: bool) -> tuple[torch.device, bool]:
+    """This process's device, and whether it is one of several (torchrun's environment
+    names the group: NCCL on CUDA, gloo on the CPU)."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if distributed:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return device, distributed
+
+
 def main() -> None:
     args = arguments()
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
+    device, distributed = join(cuda)
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
         torch.backends.cudnn.allow_tf32 = args.tf32
     model = build_model(args, device)
-    runnable = model
+    runnable: Any = model
+    if distributed:
+        runnable = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     if args.torch_compile:
-        runnable = torch.compile(model, mode=args.torch_compile_mode)
-    loader = build_loader(args, cuda)
+        runnable = torch.compile(runnable, mode=args.torch_compile_mode)
+    loader = build_loader(args, cuda, distributed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.learning_rate, fused=args.optim == "adamw_torch_fused"
     )
@@ -207,8 +240,11 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cuda", enabled=cuda and fp16)
     accumulation = args.gradient_accumulation_steps
 
-    step, micro = 0, []
+    step, micro, epoch = 0, [], 0
     while step < args.max_steps:
+        if isinstance(loader.sampler, DistributedSampler):
+            loader.sampler.set_epoch(epoch)
+        epoch += 1
         for batch in loader:
             micro.append(batch)
             if len(micro) < accumulation:
@@ -234,8 +270,15 @@ def main() -> None:
             micro, step = [], step + 1
             if step >= args.max_steps:
                 break
-    if args.output_dir:
-        out = Path(args.output_dir)
+    save(args.output_dir, model, optimizer, step)
+    if distributed:
+        dist.destroy_process_group()
+
+
+def save(output_dir: str | None, model: Any, optimizer: Any, step: int) -> None:
+    """The checkpoint at the end (rank 0's, on several devices: DDP keeps them equal)."""
+    if output_dir and (not dist.is_initialized() or dist.get_rank() == 0):
+        out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         torch.save(state, out / "checkpoint.pt")

@@ -3,7 +3,8 @@
 Each rank is ``python -m sweeper.trial.rank REQUEST RESULT`` with the environment
 ``torchrun --standalone --nproc-per-node N`` gives its workers (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS=1 unless set), so the model, the
-data and ``torch.distributed`` see what the user's launch gives them. The ranks are started here
+data and ``torch.distributed`` see what the user's launch gives them (a script trial's rank
+runs the user's program with it: ``sweeper.trial.script``). The ranks are started here
 rather than by torchrun because torchrun's agent starts each worker in a new session: out of
 reach of the launcher's kill of the trial's process group, so a timed-out or interrupted trial
 would leave ranks behind. Here every rank stays in the trial's process group and dies with this
@@ -64,9 +65,15 @@ def run_group(request: ChildRequest, request_path: Path, result_path: Path) -> C
             failure_message=f"devices {world}: the {request.workload.engine} engine trains on "
             f"one device so far (several: engine {' or '.join(MULTI_DEVICE_ENGINES)})",
         )
+    if request.workload.script is not None:
+        from sweeper.trial.script import devices_problem
+
+        problem = devices_problem(request.workload.script.command, world)
+        if problem is not None:
+            return ChildResult(status="failed", failure_kind="unsupported", failure_message=problem)
     folder = result_path.parent / "ranks"
     folder.mkdir(exist_ok=True)
-    port = _free_port()
+    port = free_port()
     ranks: list[_Rank] = []
     try:
         for index in range(world):
@@ -77,7 +84,7 @@ def run_group(request: ChildRequest, request_path: Path, result_path: Path) -> C
         raise
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A port for the group's rendezvous (torchrun --standalone picks one the same way)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

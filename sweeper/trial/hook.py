@@ -23,21 +23,31 @@ are not TrainingArguments (attn_implementation, max_seq_length, packing).
 
 In a loop, the time from the end of one step to the start of the next (your ``for`` fetching the
 batch) counts as waiting for data.
+
+On several devices (``devices: N``) each rank runs your program with torchrun's environment, and
+its line records that rank's steps: the ranks agree when burn-in and the window end (a gloo group
+of the hook's own, beside your process group), so all of them stop at the same step, and rank 0
+writes the group's measurement from every rank's steps (samples/s from the slowest rank's step
+times, each rank's peak memory). A rank that reaches its first step without torch.distributed's
+process group (the program ignored the launch) fails the trial as a mismatch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import hashlib
 import json
 import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sweeper.trial.rank import Ranks
 from sweeper.trial.script import CONFIG_ENV, REQUEST_ENV, RESULT_ENV
 
 _session: _Session | None = None
@@ -124,6 +134,11 @@ class _Session:
         # whole step (Trainer passes num_items_in_batch) or over its own micro-batch only
         self.step_losses: list[tuple[Any, bool]] = []
         self.effective: dict[str, Any] = {}
+        # this process's rank of a multi-device trial (None on one device)
+        self.ranks = Ranks.from_env()
+        self.wrappers: list[Any] = []  # what wraps the model (DDP), found at the read-back
+        self.communication: Any = None  # DDP's wait on its all-reduce (rank.ExposedCommunication)
+        self.first_batch: str | None = None  # a digest of the first batch's token ids
         self._loss_hook: Any = None
         self._previous_hook = sys.excepthook
         sys.excepthook = self._crashed  # an exception in the program: a classified failure
@@ -188,9 +203,19 @@ class _Session:
             optimizer=self.optimizer,
             optimizer_name=optimizer_name(self.optimizer) if self.optimizer is not None else "?",
             effective=self.effective,
+            notes={
+                "first_batch": self.first_batch,
+                "communication_s": None
+                if self.communication is None
+                else self.communication.per_step_s(),
+            },
         )
-        payload = finish(self.ctx, run, None, self.started_at, self.started_at)
-        payload["phases_s"]["imports"] = None  # the program's own start-up, not told apart
+        if self.ranks is None:
+            payload = finish(self.ctx, run, None, self.started_at, self.started_at)
+        else:
+            payload = self._finish_group(run)
+        if "phases_s" in payload:
+            payload["phases_s"]["imports"] = None  # the program's own start-up, not told apart
         self._write(ChildResult(status="ok", payload=payload))
         sys.stdout.flush()
         sys.stderr.flush()
@@ -198,6 +223,35 @@ class _Session:
         # the trial's
         _end_children()
         os._exit(0)
+
+    def _finish_group(self, run: Any) -> dict[str, Any]:
+        """Every rank's figures to rank 0, which measures the group as the built-in engines'
+        ranks do (``sweeper.trial.measure.run_trial``); the other ranks' result is their rank."""
+        from sweeper.trial.engines.readback import sharded_share
+        from sweeper.trial.measure import _rank_figures, _sharded_checkpoint_cost, finish
+        from sweeper.trial.recipe import merge
+
+        ranks, workload = self.ranks, self.request.workload
+        assert ranks is not None
+        window_end = time.time()
+        sharded = None
+        if sharded_share(run.model) is not None and workload.checkpoint.save_steps is not None:
+            sharded = _sharded_checkpoint_cost(run.model, run.optimizer, workload, self.ctx, ranks)
+        group = ranks.gather(_rank_figures(self.ctx, run))
+        if ranks.rank != 0:
+            return {"rank": ranks.rank}
+        self.ctx.recorder.recording = merge([figures.pop("recording") for figures in group])
+        return dict(
+            finish(
+                self.ctx,
+                run,
+                None,
+                self.started_at,
+                self.started_at,
+                group=group,
+                checkpoint=None if sharded is None else (sharded, time.time() - window_end),
+            )
+        )
 
     # -- the recorder ------------------------------------------------------------------------
 
@@ -221,6 +275,12 @@ class _Session:
         base = _unwrap(model)
         device = next(base.parameters()).device
         index = (device.index or 0) if device.type == "cuda" else None
+        agree = None
+        if self.ranks is not None:
+            problem = self.ranks.adopt(request.settings.collective_timeout_s)
+            if problem is not None:
+                self._fail("mismatch", problem)
+            agree = self.ranks.agree
         self.ctx = TrialContext(
             request=request,
             device=device,
@@ -231,9 +291,11 @@ class _Session:
                 timer_for(device),
                 HostWatch(index),
                 on_phase=progress.mark,
+                agree=agree,
             ),
             cache_dir=Path(request.cache_dir),
             loss_labels="replies" if request.prepared.completion_only else "all",
+            ranks=self.ranks,
         )
         self.ctx.startup_s = time.time() - self.started_at
         self.computed = ComputeDtype(base)
@@ -268,6 +330,9 @@ class _Session:
         counts = count_batch(batch)
         self.ctx.recorder.batch(**counts, data_wait_s=waited)
         if not self.first_step_read:
+            if self.first_batch is None and isinstance(batch, Mapping) and "input_ids" in batch:
+                ids = batch["input_ids"].detach().cpu().contiguous()
+                self.first_batch = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
             self.micro_batches += 1
             self.first_rows = self.first_rows or int(counts["rows"])
             self.widest_row = max(self.widest_row, widest_row(batch))
@@ -281,6 +346,8 @@ class _Session:
             done = self.ctx.recorder.step_end()
             if done:
                 self._done()
+            if self.communication is not None and self.ctx.recorder.phase == "window":
+                self.communication.window_started()
         except Exception as exc:  # noqa: BLE001 - every failure here is the trial's result
             self._abort(exc)
 
@@ -292,12 +359,19 @@ class _Session:
             self.computed.remove()
         config = self.request.config
         assert config is not None
+        if self.ranks is not None:
+            self.wrappers = _wrappers_of(_unwrap(self.model))
+            ddp = next((w for w in [self.model, *self.wrappers] if _is_ddp(w)), None)
+            if ddp is not None:
+                from sweeper.trial.rank import ExposedCommunication
+
+                self.communication = ExposedCommunication(ddp)
         self.effective = check(
             "script",
             Running(
                 device=self.ctx.device,
                 model=_unwrap(self.model),
-                runnables=[self.model, getattr(self.model, "module", None)],
+                runnables=[self.model, getattr(self.model, "module", None), *self.wrappers],
                 optimizer=self.optimizer,
                 loader=self.loader,
                 args=self.args,
@@ -370,6 +444,25 @@ def _end_children() -> None:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.kill()
+
+
+def _is_ddp(module: Any) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return isinstance(getattr(module, "_orig_mod", module), DistributedDataParallel)
+
+
+def _wrappers_of(model: Any) -> list[Any]:
+    """The DistributedDataParallel objects that wrap ``model``: a Trainer's callbacks see the
+    model itself, while accelerate trains the DDP around it (``Trainer.model_wrapped``), which
+    no callback argument shows; found once, at the read-back, among the live objects."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return [
+        obj
+        for obj in gc.get_objects()
+        if isinstance(obj, DistributedDataParallel) and _unwrap(obj.module) is model
+    ]
 
 
 def _unwrap(model: Any) -> Any:

@@ -64,6 +64,29 @@ class Ranks:
             self.host_group = dist.group.WORLD
         return device
 
+    def adopt(self, timeout_s: float) -> str | None:
+        """Take the process group a user's script made (``engine: script``): the hook's own
+        host-side exchanges get a gloo group of their own, bounded by ``timeout_s``. What is
+        wrong with the script's group, when it is not the launch's (None: nothing)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return (
+                f"devices: asked {self.world}, ran 1: rank {self.rank} reached its first step "
+                "without a torch.distributed process group, so each rank trained alone (the "
+                f"script ignored the launch's WORLD_SIZE={self.world}); call "
+                "torch.distributed.init_process_group() (it reads torchrun's environment) and "
+                "wrap the model in DistributedDataParallel, or use Trainer/accelerate, which do "
+                "both under torchrun"
+            )
+        if dist.get_world_size() != self.world:
+            return (
+                f"devices: asked {self.world}, ran {dist.get_world_size()}: the script's "
+                f"process group has {dist.get_world_size()} ranks, the launch started {self.world}"
+            )
+        self.host_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        return None
+
     def agree(self, verdict: bool) -> bool:
         """True when any rank's verdict is: the phase ends for all together."""
         import torch
@@ -114,7 +137,7 @@ def wrap(model: Any, strategy: str | None, device: Any) -> Any:
     raise TrialError(
         "unsupported",
         f"data_parallel {strategy}: the plain loop wraps ddp and fsdp2 only (DeepSpeed ZeRO "
-        "is not built into sweeper's engines yet)",
+        "runs through engine trainer or sft)",
     )
 
 
