@@ -478,6 +478,8 @@ class _PreflightRun:
                     f"the {engine} engine trains on one device so far (several: engine "
                     f"{' or '.join(knobs.MULTI_DEVICE_ENGINES)})"
                 )
+            elif engine == "script" and (problem := _script_devices(self.space, count)):
+                dropped.setdefault("devices", {})[str(count)] = problem
             elif self.device_count is not None and count > self.device_count:
                 dropped.setdefault("devices", {})[str(count)] = (
                     f"needs {count} CUDA devices; this machine has {self.device_count}"
@@ -552,6 +554,14 @@ def check_precision(space: Space, precision: str, payload: dict[str, Any]) -> st
         f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file "
         "(or add fp32 to search.precision), or run on hardware with native support"
     )
+
+
+def _script_devices(space: Space, count: int) -> str | None:
+    """Why the space's script cannot run on ``count`` devices (an accelerate launch line)."""
+    from sweeper.trial.script import devices_problem
+
+    script = space.workload.script
+    return None if script is None else devices_problem(script.command, count)
 
 
 def _script_program(script: Any) -> tuple[Path, str | None]:
