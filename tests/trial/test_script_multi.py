@@ -269,3 +269,26 @@ def test_the_torchrun_line_is_read_with_torchruns_own_parser() -> None:
     assert program[1:] == ["-u", "-m", "pkg.train", "--lr", "1"] and asked == "2"
     program, _ = _torchrun_program([TORCHRUN, "--no-python", "./train.sh", "x"])
     assert program == ["./train.sh", "x"]
+
+
+def test_preflight_drops_several_devices_for_an_accelerate_line_only(tmp_path: Path) -> None:
+    import yaml
+
+    from sweeper.preflight import _PreflightRun
+    from sweeper.space import load_space
+
+    space = yaml.safe_load((REPO / "examples/trainer/space.yaml").read_text())
+    space["search"]["devices"] = [1, 2]
+
+    def drops(command: list[str]) -> dict[str, dict[str, str]]:
+        space["workload"]["script"]["command"] = command
+        path = tmp_path / "space.yaml"
+        path.write_text(yaml.safe_dump(space))
+        run = _PreflightRun(load_space(path), None, tmp_path, print, None, True, None)  # type: ignore[arg-type]
+        return run.multi_device_drops()
+
+    dropped = drops(["accelerate", "launch", "--num_processes", "2", "train.py"])
+    assert list(dropped["devices"]) == ["2"]
+    assert "accelerate launch line runs on one device" in dropped["devices"]["2"]
+    assert "devices" not in drops([TORCHRUN, "--nproc-per-node", "2", "train.py"])
+    assert "devices" not in drops(["python", "train.py"])
