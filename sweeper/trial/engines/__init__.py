@@ -235,7 +235,9 @@ def build_optimizer(
 
 def optimizer_name(optimizer: Any) -> str:
     """What the optimizer object is, read back (the fused kernel, 8-bit, Adafactor)."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps it
+    inner = optimizer  # accelerate wraps it, and DeepSpeed's ZeRO optimizer under that
+    while getattr(inner, "optimizer", None) is not None:
+        inner = inner.optimizer
     kind = type(inner).__name__
     if getattr(inner, "defaults", {}).get("fused"):
         return f"{kind} (fused)"

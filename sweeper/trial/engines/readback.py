@@ -247,8 +247,17 @@ def gradient_checkpointing(run: Running) -> Any:
     return bool(base.is_gradient_checkpointing)
 
 
+def innermost_optimizer(optimizer: Any) -> Any:
+    """The optimizer that updates the weights, under its wrappers (accelerate's, and under
+    it DeepSpeed's ZeRO optimizer holding the Trainer's own as ``optimizer``)."""
+    inner = optimizer
+    while getattr(inner, "optimizer", None) is not None:
+        inner = inner.optimizer
+    return inner
+
+
 def optim(run: Running) -> Any:
-    inner = getattr(run.optimizer, "optimizer", run.optimizer)  # accelerate wraps it
+    inner = innermost_optimizer(run.optimizer)
     kind = type(inner).__name__
     if kind == "AdamW":
         return "adamw_torch_fused" if inner.defaults.get("fused") else "adamw_torch"
@@ -272,8 +281,9 @@ def devices(run: Running) -> Any:
 
 
 def data_parallel(run: Running) -> Any:
-    """The wrapper the model really trained in: DDP around it, or FSDP2's module class on it
-    with every parameter a DTensor shard (HF Trainer asked for FSDP on a CPU runs DDP)."""
+    """The wrapper the model really trained in: DDP around it, FSDP2's module class on it
+    with every parameter a DTensor shard (HF Trainer asked for FSDP on a CPU runs DDP), or
+    DeepSpeed's engine with the ZeRO stage it runs (``deepspeed_stage``)."""
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
@@ -284,7 +294,59 @@ def data_parallel(run: Running) -> Any:
         if isinstance(inner, FSDPModule):
             sharded = sharded_share(cast(torch.nn.Module, inner)) is not None
             return "fsdp2" if sharded else "fsdp2 (not sharded)"
+        stage = deepspeed_stage(inner)
+        if stage is not None:
+            return stage
     return "none"
+
+
+def deepspeed_stage(wrapped: Any) -> str | None:
+    """What a DeepSpeed engine runs, read from the engine and the objects it made: "zero2"
+    where its ZeRO optimizer partitions the fp32 master weights over the world's ranks,
+    "zero3" where the module's parameters are partitioned too (``zero3_share``); anything
+    else says what it is. None: not a DeepSpeed engine (deepspeed never imported: none)."""
+    import sys
+
+    if "deepspeed" not in sys.modules:
+        return None
+    from deepspeed import DeepSpeedEngine
+
+    if not isinstance(wrapped, DeepSpeedEngine):
+        return None
+    stage = int(wrapped.zero_optimization_stage())
+    world = torch.distributed.get_world_size()
+    if stage == 3:
+        share = zero3_share(wrapped.module)
+        return "zero3" if share is not None and share < 1 else "zero3 (not partitioned)"
+    partitions = getattr(wrapped.optimizer, "partition_count", None)
+    if stage in (1, 2) and partitions is not None and set(partitions) != {world}:
+        return f"zero{stage} (optimizer state in {sorted(set(partitions))} partitions)"
+    return f"zero{stage}"
+
+
+def zero3_share(model: torch.nn.Module) -> float | None:
+    """This rank's share of the parameters' elements under ZeRO-3: a parameter released
+    after its use holds only its partition here (``ds_tensor``; DeepSpeed's padding
+    included), one kept whole (below the persistence threshold) all of its ``ds_numel``.
+    None when no parameter is DeepSpeed's."""
+    local = total = 0
+    for parameter in model.parameters():
+        whole = getattr(parameter, "ds_numel", None)
+        if whole is None:
+            return None
+        partition = parameter.ds_tensor  # type: ignore[attr-defined]  # DeepSpeed's own
+        local += partition.numel() if parameter.data.numel() == 0 else whole
+        total += whole
+    return local / total if total else None
+
+
+def parameter_share(model: torch.nn.Module) -> float:
+    """This rank's share of the parameters' elements: FSDP2's DTensor shards, ZeRO-3's
+    partitions, 1.0 where the model is whole here (DDP, ZeRO-2)."""
+    share = sharded_share(model)
+    if share is None:
+        share = zero3_share(model)
+    return 1.0 if share is None else share
 
 
 def sharded_share(model: torch.nn.Module) -> float | None:

@@ -12,6 +12,11 @@ same function the export uses, so the pasted arguments are the measured ones.
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,7 +32,13 @@ from sweeper.trial.engines import (
     optimizer_name,
     sample_boundaries,
 )
-from sweeper.trial.engines.readback import ComputeDtype, Running, check, has_generation_markers
+from sweeper.trial.engines.readback import (
+    ComputeDtype,
+    Running,
+    check,
+    deepspeed_stage,
+    has_generation_markers,
+)
 from sweeper.trial.workload import build_model, build_training_dataset, make_collator, open_rows
 
 
@@ -163,6 +174,7 @@ def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
         loader_epochs=max(1, math.ceil(trainer.state.epoch or 1)),
         effective=trainer.sweeper_effective or {},
         notes={
+            "sharded_save": _deepspeed_save(ctx, trainer),
             "first_batch": trainer.sweeper_loader.first_batch,
             "communication_s": None
             if trainer.sweeper_record.communication is None
@@ -172,6 +184,55 @@ def _finish(ctx: TrialContext, trainer: Any) -> EngineRun:
             ),
         },
     )
+
+
+def _deepspeed_save(ctx: TrialContext, trainer: Any) -> Callable[[], dict[str, Any]] | None:
+    """Under DeepSpeed, one checkpoint save as the user's Trainer makes it at save_steps, to
+    be timed on every rank (None: not DeepSpeed's engine). The Trainer's own
+    ``_save_checkpoint``: the model (ZeRO-3 gathers its 16-bit weights to rank 0) and, unless
+    the checkpoint is the model only, DeepSpeed's ``save_checkpoint`` where each rank writes
+    its partitions of the optimizer state (ZeRO-3: of the weights too). A save of one rank's
+    ``state_dict`` would time a ZeRO-3 model's empty partitions."""
+    if deepspeed_stage(trainer.model_wrapped) is None:
+        return None
+    spec = ctx.request.workload.checkpoint
+    ranks = ctx.ranks
+    assert ranks is not None
+
+    def save() -> dict[str, Any]:
+        import torch.distributed as dist
+
+        target = Path(spec.dir).expanduser() if spec.dir else ctx.cache_dir / "checkpoints"
+        # one folder for the group: the ranks share their leader (their parent)
+        folder = target / f"sweeper-checkpoint-{os.getppid()}-deepspeed"
+        trainer.args.output_dir = str(folder)
+        trainer.args.save_only_model = not spec.save_optimizer
+        try:
+            dist.barrier(group=ranks.host_group)
+            started = time.perf_counter()
+            trainer._save_checkpoint(trainer.model, trial=None)
+            for path in folder.rglob("*"):  # on the disk, not just in the page cache
+                if path.is_file():
+                    with path.open("rb") as f:
+                        os.fsync(f.fileno())
+            dist.barrier(group=ranks.host_group)
+            save_s = time.perf_counter() - started
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            dist.barrier(group=ranks.host_group)  # every rank has read the size
+        except OSError as e:
+            raise TrialError(
+                "error", f"saving a DeepSpeed checkpoint under {target} failed: {e.strerror or e}"
+            ) from e
+        finally:
+            if ranks.rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+        return {
+            "checkpoint_save_s": save_s,
+            "checkpoint_bytes": size,
+            "checkpoint_source": "measured",
+        }
+
+    return save
 
 
 def _require(module: str, engine: str) -> None:
