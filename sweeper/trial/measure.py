@@ -31,7 +31,12 @@ from sweeper.space import TrialConfig
 from sweeper.trial import progress
 from sweeper.trial.contention import HostWatch
 from sweeper.trial.engines import EngineRun, TrialContext, engine, timer_for
-from sweeper.trial.engines.readback import float8_linears, has_generation_markers, sharded_share
+from sweeper.trial.engines.readback import (
+    float8_linears,
+    has_generation_markers,
+    parameter_share,
+    sharded_share,
+)
 from sweeper.trial.oneoff import (
     CheckpointCosts,
     CompileSlot,
@@ -87,7 +92,10 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
         return finish(ctx, run, slot, process_started_at, imports_done_at)
     window_end = time.time()
     sharded = None
-    if sharded_share(run.model) is not None and workload.checkpoint.save_steps is not None:
+    engine_save = run.notes.get("sharded_save")  # the engine's own (DeepSpeed's)
+    if workload.checkpoint.save_steps is not None and engine_save is not None:
+        sharded = engine_save()  # timed on every rank, as the FSDP2 save below
+    elif sharded_share(run.model) is not None and workload.checkpoint.save_steps is not None:
         # every rank writes its own shards: timed on all of them, before the figures travel
         sharded = _sharded_checkpoint_cost(run.model, run.optimizer, workload, ctx, ranks)
     group = ranks.gather(_rank_figures(ctx, run))
@@ -173,7 +181,7 @@ def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
         step.rows = int(step.rows)
         step.loss = None if step.loss is None else float(step.loss)
     times = recording.window_times
-    share = sharded_share(run.model)
+    share = parameter_share(run.model)  # FSDP2's shards, ZeRO-3's partitions
     return {
         "recording": recording,
         "rank": ctx.ranks.rank,
@@ -181,7 +189,7 @@ def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:
         "window_s": recording.window_s,
         "rows": sum(step.rows for step in recording.window),
         "peak_memory_bytes": _peak_memory(ctx.device)["peak_memory_bytes"],
-        "parameter_share": 1.0 if share is None else share,
+        "parameter_share": share,
         "first_batch": run.notes.get("first_batch"),
         "communication_s": run.notes.get("communication_s"),
     }
@@ -479,6 +487,9 @@ def _numel(parameter: torch.Tensor) -> int:
     packed, two values a byte; its quant_state holds the real shape."""
     state = getattr(parameter, "quant_state", None)
     shape = getattr(state, "shape", None)
+    whole = getattr(parameter, "ds_numel", None)  # DeepSpeed ZeRO-3: partitioned, empty here
+    if whole is not None:
+        return int(whole)
     return math.prod(shape) if shape is not None else parameter.numel()
 
 
@@ -488,12 +499,12 @@ def _matmul_params(model: HFModel) -> int:
     embeddings = model.get_input_embeddings().weight
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embeddings
-    lookups = 0 if tied else embeddings.numel()
+    lookups = 0 if tied else _numel(embeddings)
     position = getattr(
         getattr(model, "transformer", None), "wpe", None
     )  # GPT-2's learned positions
     if position is not None:
-        lookups += position.weight.numel()
+        lookups += _numel(position.weight)
     return total - lookups
 
 
