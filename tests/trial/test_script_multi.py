@@ -163,6 +163,19 @@ def test_a_script_that_ignores_the_device_count_fails_as_a_mismatch(
     assert "the script ignored the launch's WORLD_SIZE=2" in message
 
 
+def test_a_script_that_joins_the_group_but_never_wraps_the_model_fails_as_a_mismatch(
+    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A process group, but each rank's model trains unwrapped: no gradient is shared."""
+    script = tmp_path / "unwrapped.py"
+    script.write_text(ALONE.replace("import sweeper", "import sweeper, torch.distributed as d\n"
+                                    "d.init_process_group('gloo')"))  # fmt: skip
+    command = [sys.executable, str(script), str(job / "model")]
+    run = run_child(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300)
+    assert run.result.status == "failed" and run.result.failure_kind == "mismatch", run.result
+    assert "data_parallel: asked 'ddp', ran 'none'" in (run.result.failure_message or "")
+
+
 CRASH = """
 import os, sys, torch
 import torch.distributed as dist
