@@ -340,7 +340,7 @@ def summarize(
     median = lambda a: float(np.median(a))  # noqa: E731
     p90 = lambda a: float(np.percentile(a, 90, method="inverted_cdf"))  # noqa: E731
     lines = []
-    for metric in METRICS:
+    for metric in [m for m in METRICS if any(k[1] == m for k in results)]:
         oks = [r.value(metric) for r in table.values() if r.status == "ok" and not r.truncates]
         best = eligible_best(table, metric)
         within = {t: sum(1 for v in oks if v and v >= (1 - t) * best) for t in THRESHOLDS}

@@ -237,6 +237,12 @@ class ImprovementGridSampler(_CandidateSampler):
     settings (the wall is sharp and the best config often sits next to it, so a failure must
     not make its knob values look slow).
 
+    Among the configs left, the chance of improving is weighed by the chance that the config
+    runs (``feasibility_weight``): where its predicted peak memory lies between the heaviest
+    config that ran and the lightest that ran out of memory, and the failure model's chance
+    that it fails otherwise. A pick is then the config most likely to run and improve, so a
+    space that mostly fails is searched from its feasible side (bench/RESULTS.md, Run 7).
+
     After an out-of-memory failure and before anything was measured, the pick is drawn from
     the lightest quarter of the configs (most of a space may run out of memory). The expected
     seconds of each trial are learned per compile mode (``_seconds``); ``cost_weight`` can
@@ -262,6 +268,16 @@ class ImprovementGridSampler(_CandidateSampler):
     cost_window = 0.5
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
+    # each pick weighs its chance of improving by its chance of running, to this power
+    # (0.5; 1 took more trials on qlora-24gb, bench/RESULTS.md Run 7): P(it fits) from the
+    # memory model, P(no other failure) from the failure model
+    feasibility_weight = 0.5
+    failure_pair_prior_sd = 0.2  # the failure model: a compile mode fails with one other knob
+    failure_cap = 0.95  # the failure model's linear P(fails) is read as at most this
+    memory_measurement_sd = 0.05  # of one trial's log peak memory
+    # P(it fits) counts to this power within P(it runs): at 1, held-out's best configs (at
+    # its wall) waited 1-2 trials longer; at 0.5 qlora-24gb still fails a quarter as often
+    fits_weight = 0.5
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
@@ -269,9 +285,10 @@ class ImprovementGridSampler(_CandidateSampler):
         sd = {"main": self.main_prior_sd, "numeric": self.numeric_prior_sd,
               "pair": self.interaction_prior_sd}  # fmt: skip
         self.prior_var = np.array([sd[k] for k in self.design.kinds]) ** 2
-        # log peak memory: mostly batch x sequence length, which the numeric features carry
-        memory_sd = {"main": 0.2, "numeric": 3.0, "pair": 0.05}
-        self.memory_prior_var = np.array([memory_sd[k] for k in self.design.kinds]) ** 2
+        # failed (1) or ran (0): a knob value, or a pair of values (max-autotune with
+        # checkpointing), makes a config fail; numeric knobs by their size
+        failure_sd = {"main": 0.2, "numeric": 3.0, "pair": self.failure_pair_prior_sd}
+        self.failure_prior_var = np.array([failure_sd[k] for k in self.design.kinds]) ** 2
         self._index = {_key(c): i for i, c in enumerate(self.candidates)}
         self._memory = _MemoryOrder(self.candidates)
         # log tokens per step (batch x sequence length): what activations grow with
@@ -302,21 +319,25 @@ class ImprovementGridSampler(_CandidateSampler):
         )
         if seen.model_failed:  # the same model with other loader settings fails the same
             free = [i for i in free if int(self._model_side[i]) not in seen.model_failed] or free
+        # log P(the config runs) of each candidate, as far as the models below know
+        log_runs = np.zeros(len(self.candidates))
         if oom:
             heavy = self._memory.dominated(oom)
             free = [i for i in free if not heavy[i]] or free
-            free = self._fits(free, oom, memory)
+            free = self._fits(free, oom, memory, log_runs)
         # one model per cause: out of memory (batch x length) and the others (a compile mode
         # with checkpointing...) have different shapes, and one model of both blamed a knob
         # for the other's failures (checkpointing, which lets the big batches fit)
-        for failures in (oom, failed):
+        for failures, soft in ((oom, not memory), (failed, True)):
             if failures:
-                free = self._unlike(free, failures, rows)
+                free = self._unlike(free, failures, rows, log_runs if soft else None)
         if not rows:  # nothing measured yet
             return self._light_first(free) if oom else int(self.rng.choice(free))
         log_seconds = np.log(self._seconds(free, seen.took))
         return free[
-            self._most_likely_to_improve(np.array(rows), np.array(values), free, log_seconds)
+            self._most_likely_to_improve(
+                np.array(rows), np.array(values), free, log_seconds, log_runs[free]
+            )
         ]
 
     def _history(self, trials: list[FrozenTrial]) -> _History:
@@ -371,7 +392,12 @@ class ImprovementGridSampler(_CandidateSampler):
         return np.array([known.get(m, ordinary + _compile_s(m)) for m in modes])
 
     def _most_likely_to_improve(
-        self, rows: np.ndarray, y: np.ndarray, free: list[int], log_seconds: np.ndarray
+        self,
+        rows: np.ndarray,
+        y: np.ndarray,
+        free: list[int],
+        log_seconds: np.ndarray,
+        log_runs: np.ndarray,
     ) -> int:
         """The index into ``free`` of the config to run next: among the configs whose
         probability of beating the best measured log $/run by more than ``improvement`` is at
@@ -388,6 +414,7 @@ class ImprovementGridSampler(_CandidateSampler):
             mean, variance = posterior.mean(features), posterior.variance(features)
             z = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
             log_pi[start : start + self.chunk] = scipy.special.log_ndtr(z)
+        log_pi = log_pi + self.feasibility_weight * log_runs  # P(it runs and improves)
         promising = log_pi >= log_pi.max() + math.log(self.cost_window)
         score = np.where(promising, log_pi - self.cost_weight * log_seconds, -np.inf)
         return int(np.argmax(score))
@@ -405,7 +432,13 @@ class ImprovementGridSampler(_CandidateSampler):
         light = [i for i, t in zip(free, tokens, strict=True) if t <= np.quantile(tokens, 0.25)]
         return int(self.rng.choice(light or free))
 
-    def _fits(self, free: list[int], oom: list[int], memory: list[tuple[int, float]]) -> list[int]:
+    def _fits(
+        self,
+        free: list[int],
+        oom: list[int],
+        memory: list[tuple[int, float]],
+        log_runs: np.ndarray,
+    ) -> list[int]:
         """The free configs a model of peak memory says fit: predicted lighter than the
         lightest config that ran out of memory is predicted (and than the heaviest that ran:
         the model may not say less). The model is physical from the first measured trial:
@@ -432,11 +465,25 @@ class ImprovementGridSampler(_CandidateSampler):
         for start in range(0, len(free), self.chunk):
             chunk = free[start : start + self.chunk]
             sd = np.sqrt(np.maximum(posterior.variance(self.design.matrix(np.asarray(chunk))), 0))
-            lowest = predicted(chunk) - self.memory_margin_sd * sd
+            mean = predicted(chunk)
+            lowest = mean - self.memory_margin_sd * sd
             keep += [i for i, p in zip(chunk, lowest, strict=True) if p < limit]
+            # P(it fits) by where its predicted peak lies between the two, without the
+            # model's own spread: a spread-weighted P(fits) put off every config unlike the
+            # measured ones (checkpointing, eager attention), held-out's best among them
+            # (25 trials to 5% against 15-16 on samples/s; bench/RESULTS.md, Run 7)
+            spread = np.full(len(chunk), self.memory_measurement_sd)
+            fits = _log_p_fits(mean, spread, heaviest_ran, lightest_oom)
+            log_runs[chunk] += self.fits_weight * fits
         return keep or free
 
-    def _unlike(self, free: list[int], failed: list[int], ran: list[int]) -> list[int]:
+    def _unlike(
+        self,
+        free: list[int],
+        failed: list[int],
+        ran: list[int],
+        log_runs: np.ndarray | None = None,
+    ) -> list[int]:
         """The free configs a linear model of "failed" (1) against "ran" (0), over the same
         features, does not confidently put at even odds or worse: a config is left out when
         its posterior mean, less half its posterior sd, is at least 0.5. A config like no
@@ -447,14 +494,17 @@ class ImprovementGridSampler(_CandidateSampler):
             return free
         rows = np.array(failed + ran)
         label = np.array([1.0] * len(failed) + [0.0] * len(ran))
-        posterior = _Posterior(self.design.matrix(rows), label, self.memory_prior_var, 0.3)
+        posterior = _Posterior(self.design.matrix(rows), label, self.failure_prior_var, 0.3)
         keep = []
         for start in range(0, len(free), self.chunk):
             chunk = free[start : start + self.chunk]
             features = self.design.matrix(np.asarray(chunk))
             sd = np.sqrt(np.maximum(posterior.variance(features), 0.0))
-            failing = posterior.mean(features) + label.mean() - self.failure_margin_sd * sd
+            expected = posterior.mean(features) + label.mean()
+            failing = expected - self.failure_margin_sd * sd
             keep += [i for i, p in zip(chunk, failing, strict=True) if p < 0.5]
+            if log_runs is not None:  # P(it runs): 1 - P(fails), a linear model's, clipped
+                log_runs[chunk] += np.log(1 - np.clip(expected, 0.0, self.failure_cap))
         return keep or free
 
     def _posterior_mean(
@@ -515,6 +565,19 @@ class _Posterior:
             return prior - np.sum(reduced**2, axis=0)
         reduced = scipy.linalg.solve_triangular(self.factor, features.T, lower=True)
         return np.sum(reduced**2, axis=0)
+
+
+def _log_p_fits(mean: np.ndarray, sd: np.ndarray, low: float, high: float) -> np.ndarray:
+    """log P(peak < capacity) for a log peak ~ N(mean, sd^2) and a log capacity uniform
+    between ``low`` (the heaviest config that ran) and ``high`` (the lightest that did not)."""
+    if high <= low:
+        return scipy.special.log_ndtr((low - mean) / sd)
+
+    def integral(z: np.ndarray) -> np.ndarray:  # of Phi: z Phi(z) + phi(z)
+        return z * scipy.special.ndtr(z) + np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
+
+    share = sd * (integral((high - mean) / sd) - integral((low - mean) / sd)) / (high - low)
+    return np.log(np.clip(share, 1e-12, 1.0))
 
 
 ORDINARY_TRIAL_S = 60.0  # a trial without compiling: start-up, burn-in, the timed window

@@ -184,3 +184,21 @@ def test_bayes_can_weigh_a_trials_time() -> None:
     assert seconds[0.5] < 0.8 * seconds[0.0], seconds
     medians = {w: float(np.median([len(r) for r in rs])) for w, rs in runs.items()}
     assert medians[0.5] <= 1.25 * medians[0.0], medians
+
+
+def test_the_chance_that_a_config_fits_between_the_heaviest_run_and_the_lightest_oom() -> None:
+    """P(peak < capacity) for a capacity anywhere between the heaviest config that ran and
+    the lightest that ran out of memory (log scale): about 1 below the first, about 0 past
+    the second, the share of the gap above the peak in between, and falling with the peak."""
+    from sweeper.search import _log_p_fits
+
+    low, high = np.log(40.0), np.log(80.0)
+    peaks = np.log(np.array([20.0, 40.0, 50.0, 60.0, 70.0, 80.0, 160.0]))
+    p = np.exp(_log_p_fits(peaks, np.full(len(peaks), 0.01), low, high))
+    assert p[0] > 0.999 and p[-1] < 1e-6, p
+    middle = (high - np.log(60.0)) / (high - low)
+    assert abs(p[3] - middle) < 0.01, (p[3], middle)
+    assert np.all(np.diff(p) < 0), p
+    # a wall known exactly (the two meet): a step, smoothed by the spread
+    step = np.exp(_log_p_fits(np.log(np.array([30.0, 50.0])), np.full(2, 0.05), low, low))
+    assert step[0] > 0.99 and step[1] < 0.01, step
