@@ -299,29 +299,3 @@ def test_a_scripts_own_python_runs_the_probes(
     assert report.dropped == {} and report.outcomes, report
     probes = [line for line in started.read_text().splitlines() if "-m sweeper.trial" in line]
     assert len(probes) == len(report.outcomes), (probes, report.outcomes)
-
-
-def test_zero_stages_are_dropped_with_the_reason_and_devices_stay_on_a_cpu(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
-) -> None:
-    """devices: [1, 2] runs on a CPU (two gloo ranks); DeepSpeed ZeRO is dropped, saying why:
-    deepspeed does not import here, or sweeper's engines do not run it yet."""
-    space = tiny_space.model_copy(
-        update={
-            "search": tiny_space.search.model_copy(
-                update={"devices": [1, 2], "data_parallel": ["ddp", "fsdp2", "zero2", "zero3"]}
-            )
-        }
-    )
-    notes: list[str] = []
-    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
-    assert "devices" not in report.dropped
-    dropped = report.dropped["data_parallel"]
-    assert set(dropped) == {"zero2", "zero3"}
-    for reason in dropped.values():
-        assert "deepspeed does not import" in reason or "not built into" in reason, reason
-    assert any("drops data_parallel=zero3" in note for note in notes)
-    assert report.allows(tiny_config(devices=2, data_parallel="fsdp2")) is None
-    assert "zero3 failed preflight" in (
-        report.allows(tiny_config(devices=2, data_parallel="zero3")) or ""
-    )
