@@ -287,10 +287,14 @@ def replay(
     )
 
 
-def _job(args: tuple[str, str, str, str, int, float | None]) -> tuple[str, str, int, Replay]:
-    space_path, table_path, sampler, metric, seed, cost_weight = args
+def _job(
+    args: tuple[str, str, str, str, int, float | None, float | None],
+) -> tuple[str, str, int, Replay]:
+    space_path, table_path, sampler, metric, seed, cost_weight, cost_window = args
     if cost_weight is not None:  # (a forked worker: the class is this process's own)
         ImprovementGridSampler.cost_weight = cost_weight
+    if cost_window is not None:
+        ImprovementGridSampler.cost_window = cost_window
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
     return sampler, metric, seed, replay(space, table, sampler, metric, seed)
@@ -485,6 +489,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="bayes: weigh the chance of improving per second of trial, to this power "
         "(ImprovementGridSampler.cost_weight; default: the sampler's own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cost-window", type=float,
+        help="bayes: weigh time only among configs at least this share as likely to improve "
+        "as the likeliest (ImprovementGridSampler.cost_window)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
     parser.add_argument("--export-study")
     parser.add_argument("--storage")
@@ -508,7 +517,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     grid = list(space.search.grid())
     missing = sum(1 for c in grid if c not in table)
     jobs = [
-        (str(args.space), str(args.table), sampler, metric, seed, args.cost_weight)
+        (
+            str(args.space),
+            str(args.table),
+            sampler,
+            metric,
+            seed,
+            args.cost_weight,
+            args.cost_window,
+        )
         for sampler in samplers
         for metric in metrics
         for seed in range(args.seeds)

@@ -263,9 +263,12 @@ class ImprovementGridSampler(_CandidateSampler):
     # least cost_window as likely to improve as the likeliest. Off (0): at 0.5 it put off
     # max-autotune, which interactions' best configs need, for 12 more trials on samples/s
     # (and more seconds); on qlora-24gb it saved a third of the seconds for no more trials
-    # (bench/RESULTS.md, Run 6)
+    # (bench/RESULTS.md, Run 6). Run 7: a mode's time counted only once it has been measured
+    # (cost_after), as a near-tie breaker (weight 1, window 0.9), still lost 3.5 trials on
+    # interactions' samples/s (14.5 against 11, 20 seeds)
     cost_weight = 0.0
     cost_window = 0.5
+    cost_after = 1  # measured trials of a compile mode before its time counts
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -333,7 +336,7 @@ class ImprovementGridSampler(_CandidateSampler):
                 free = self._unlike(free, failures, rows, log_runs if soft else None)
         if not rows:  # nothing measured yet
             return self._light_first(free) if oom else int(self.rng.choice(free))
-        log_seconds = np.log(self._seconds(free, seen.took))
+        log_seconds = self._log_seconds(free, seen.took, rows)
         return free[
             self._most_likely_to_improve(
                 np.array(rows), np.array(values), free, log_seconds, log_runs[free]
@@ -371,6 +374,24 @@ class ImprovementGridSampler(_CandidateSampler):
             if isinstance(peak, (int, float)) and peak > 0:
                 seen.memory.append((index, math.log(peak)))
         return seen
+
+    def _log_seconds(
+        self, free: list[int], took: list[tuple[int, float]], measured: list[int]
+    ) -> np.ndarray:
+        """log of each free config's expected trial seconds, as the time weighing counts them:
+        a compile mode measured fewer than ``cost_after`` times counts as the cheapest mode,
+        since its first trials tell the model its effect on every config (information that
+        its time buys, not only a cost)."""
+        log_seconds = np.log(self._seconds(free, took))
+        counts: dict[Any, int] = {}
+        for i in measured:
+            mode = self.candidates[i].get("compile_mode", "none")
+            counts[mode] = counts.get(mode, 0) + 1
+        modes = [self.candidates[i].get("compile_mode", "none") for i in free]
+        new = np.array([counts.get(m, 0) < self.cost_after for m in modes], dtype=bool)
+        if new.all():
+            return np.zeros(len(free))
+        return np.where(new, log_seconds[~new].min(), log_seconds)
 
     def _seconds(self, free: list[int], took: list[tuple[int, float]]) -> np.ndarray:
         """The expected seconds of a trial of each free config: the mean of earlier trials

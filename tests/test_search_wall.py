@@ -202,3 +202,24 @@ def test_the_chance_that_a_config_fits_between_the_heaviest_run_and_the_lightest
     # a wall known exactly (the two meet): a step, smoothed by the spread
     step = np.exp(_log_p_fits(np.log(np.array([30.0, 50.0])), np.full(2, 0.05), low, low))
     assert step[0] > 0.99 and step[1] < 0.01, step
+
+
+def test_the_time_weighing_does_not_put_off_a_compile_mode_never_measured() -> None:
+    """A compile mode's first trial tells the model its effect on every config: until one
+    with it has been measured (``cost_after``), it counts as the cheapest mode measured; a
+    measured one counts its own time (max-autotune's 345 s of compile)."""
+    candidates = [
+        {"per_device_batch_size": b, "compile_mode": m}
+        for b in (1, 2)
+        for m in ("none", "default", "max-autotune")
+    ]
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    free = list(range(len(candidates)))
+    took = [(0, 60.0)]  # batch 1, none: a minute
+    seconds = np.exp(sampler._log_seconds(free, took, measured=[0]))
+    assert np.allclose(seconds, 60.0), seconds  # default and max-autotune: not yet measured
+    took += [(2, 405.0)]  # batch 1, max-autotune: measured once
+    seconds = np.exp(sampler._log_seconds(free, took, measured=[0, 2]))
+    by_mode = {candidates[i]["compile_mode"]: s for i, s in zip(free, seconds, strict=True)}
+    assert by_mode["max-autotune"] == pytest.approx(405.0), by_mode
+    assert by_mode["default"] == pytest.approx(60.0) and by_mode["none"] == pytest.approx(60.0)
