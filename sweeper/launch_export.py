@@ -5,9 +5,10 @@ The trial ran its N ranks as ``torchrun --standalone --nproc-per-node N`` does
 (``sweeper.trial.group``), so that is the command; the accelerate file says the same in
 accelerate's words: ``distributed_type`` MULTI_GPU (DDP), FSDP with ``fsdp_version: 2`` and
 full sharding of each decoder layer (what the loop's ``fully_shard`` and the Trainer's
-``fsdp="full_shard"`` do), or DEEPSPEED with the ZeRO stage. ``sweeper export --format
-accelerate`` writes it; tests/test_launch_export.py parses it with accelerate's own
-``load_config_from_file``.
+``fsdp="full_shard"`` do), or DEEPSPEED with the ZeRO stage of the DeepSpeed config the
+Trainer ran (``knobs.deepspeed_config``, which the exported TrainingArguments carry whole).
+``sweeper export --format accelerate`` writes it; tests/test_launch_export.py parses it
+with accelerate's own ``load_config_from_file``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from sweeper import knobs
 from sweeper.cost import device_count
 
 ACCELERATE_FILE = "accelerate.yaml"
@@ -25,21 +27,20 @@ _MIXED = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 def launch_command(config: Mapping[str, Any], script: str = "train.py") -> str:
     """The command that runs ``script`` as the trial ran: one process on one device, else
-    ``torchrun`` (ZeRO: ``accelerate launch`` with the exported file, as DeepSpeed's engine
-    comes from accelerate there).
+    ``torchrun`` (ZeRO too: the Trainer carries the DeepSpeed config in
+    ``TrainingArguments(deepspeed=...)`` and builds DeepSpeed's engine under torchrun, as the
+    trial did; ``accelerate launch`` with the exported file is the alternative).
 
     >>> launch_command({"devices": 2, "data_parallel": "ddp"})
     'torchrun --standalone --nproc-per-node 2 train.py'
     >>> launch_command({"devices": 4, "data_parallel": "zero3"})
-    'accelerate launch --config_file accelerate.yaml train.py'
+    'torchrun --standalone --nproc-per-node 4 train.py'
     >>> launch_command({})
     'python train.py'
     """
     devices = device_count(config)
     if devices == 1:
         return f"python {script}"
-    if str(config.get("data_parallel")).startswith("zero"):
-        return f"accelerate launch --config_file {ACCELERATE_FILE} {script}"
     return f"torchrun --standalone --nproc-per-node {devices} {script}"
 
 
@@ -90,16 +91,24 @@ def accelerate_config(
         if layer_class:
             fsdp["fsdp_transformer_layer_cls_to_wrap"] = layer_class
         document["fsdp_config"] = fsdp
-    elif strategy in ("zero2", "zero3"):
-        document["deepspeed_config"] = {
-            "zero_stage": int(strategy[-1]),
-            "gradient_accumulation_steps": config.get("gradient_accumulation_steps") or 1,
-            "offload_optimizer_device": "none",
-            "offload_param_device": "none",
-            "zero3_init_flag": strategy == "zero3",
-            "zero3_save_16bit_model": strategy == "zero3",
-        }
+    elif strategy in knobs.ZERO_STAGES:
+        document["deepspeed_config"] = _deepspeed_section(config, int(strategy[-1]))
     return document
+
+
+def _deepspeed_section(config: Mapping[str, Any], stage: int) -> dict[str, Any]:
+    """accelerate's DeepSpeed keys for the DeepSpeed config the trial's TrainingArguments
+    carried (``knobs.deepspeed_config``): its stage, the accumulation its "auto" took from
+    the config, no offload, and ZeRO-3's 16-bit save where that config gathers one."""
+    zero = knobs.deepspeed_config(stage)["zero_optimization"]
+    return {
+        "zero_stage": zero["stage"],
+        "gradient_accumulation_steps": config.get("gradient_accumulation_steps") or 1,
+        "offload_optimizer_device": "none",
+        "offload_param_device": "none",
+        "zero3_init_flag": stage == 3,
+        "zero3_save_16bit_model": bool(zero.get("stage3_gather_16bit_weights_on_model_save")),
+    }
 
 
 def _distributed_type(strategy: Any, devices: int, cpu: bool) -> str:
@@ -107,7 +116,7 @@ def _distributed_type(strategy: Any, devices: int, cpu: bool) -> str:
         return "NO"
     if strategy == "fsdp2":
         return "FSDP"
-    if strategy in ("zero2", "zero3"):
+    if strategy in knobs.ZERO_STAGES:
         return "DEEPSPEED"
     return "MULTI_CPU" if cpu else "MULTI_GPU"
 

@@ -59,15 +59,46 @@ def test_ddp_config_is_multi_gpu_and_the_command_is_torchrun(tmp_path: Path) -> 
     assert _launched(tmp_path, one)[0].distributed_type == DistributedType.NO
 
 
-def test_zero3_config_carries_the_stage_for_accelerates_deepspeed_plugin(tmp_path: Path) -> None:
-    from accelerate.utils import DistributedType
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_zero_exports_carry_the_deepspeed_config_the_trainer_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """The trainer export's TrainingArguments carry the DeepSpeed config as a dict (the one
+    the trial's Trainer ran, knobs.deepspeed_config, its "auto" filled from the knobs); the
+    accelerate file's DEEPSPEED section gives accelerate's own DeepSpeed plugin, built from
+    the environment its launcher gives the ranks, the same stage and accumulation."""
+    pytest.importorskip("deepspeed")
+    from accelerate.utils import DeepSpeedPlugin, DistributedType
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+    from transformers import TrainingArguments
 
-    config = tiny_config(devices=2, data_parallel="zero3", gradient_accumulation_steps=4)
-    loaded, _ = _launched(tmp_path, config.model_dump())
+    from sweeper import knobs
+
+    stage = int(strategy[-1])
+    config = tiny_config(devices=2, data_parallel=strategy, gradient_accumulation_steps=4)
+    arguments = knobs.trainer_arguments(config.model_dump())
+    assert arguments["deepspeed"] == knobs.deepspeed_config(stage)
+    # transformers 5.23 renamed gradient_checkpointing (the engines pass the new name too)
+    arguments["activation_checkpointing"] = arguments.pop("gradient_checkpointing")
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, **arguments)
+    ran = args.hf_deepspeed_config.config  # after the Trainer filled its "auto" values
+    assert ran["zero_optimization"]["stage"] == stage
+    assert ran["gradient_accumulation_steps"] == 4 and ran["bf16"] == {"enabled": False}
+    assert ran["train_micro_batch_size_per_gpu"] == config.per_device_batch_size
+
+    loaded, launched = _launched(tmp_path, config.model_dump())
     assert loaded.distributed_type == DistributedType.DEEPSPEED
-    assert loaded.deepspeed_config["zero_stage"] == 3
-    assert loaded.deepspeed_config["gradient_accumulation_steps"] == 4
-    assert launch_command(config.model_dump()).startswith("accelerate launch --config_file")
+    assert loaded.deepspeed_config["zero_stage"] == stage
+    # as accelerate's launch_command does before its DeepSpeed launcher
+    launched.deepspeed_fields_from_accelerate_config = ",".join(loaded.deepspeed_config)
+    for key, value in prepare_deepspeed_cmd_env(launched)[1].items():  # the ranks' environment
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    assert plugin.zero_stage == stage and plugin.gradient_accumulation_steps == 4
+    assert plugin.zero3_save_16bit_model == (stage == 3)
+    # launched as the trial was: torchrun, the Trainer building DeepSpeed's engine itself
+    command = launch_command(config.model_dump())
+    assert command == "torchrun --standalone --nproc-per-node 2 train.py"
 
 
 def test_export_format_accelerate_of_a_study_whose_winner_ran_on_two_devices(
