@@ -737,10 +737,46 @@ def machine_drops(
     return dropped
 
 
+# SFTConfig fields whose None no flag can say: HfArgumentParser parses an ``int | None`` field
+# with a non-None default as a plain int (transformers 5.23: max_length's type is int, default
+# 1024; "None" is no int), so a left-out flag keeps the default instead
+_NO_NONE_FLAG = {"max_length": "SFTConfig's max_length (default 1024)"}
+
+
+def flag_problems(config: Mapping[str, Any], form: str) -> list[str]:
+    """What ``config`` asks of a script that its knobs form (``workload.script.knobs``) cannot
+    say as flags (empty: every argument can be said).
+
+    >>> flag_problems({"padding_free": True, "packing": False}, "sft_flags")[0][:65]
+    'padding_free=True is SFTConfig(padding_free=True, max_length=None'
+    """
+    if form != "sft_flags":
+        return []
+    problems = []
+    for knob in KNOBS:
+        value = config.get(knob.name)
+        if value is None or not knob.is_active(config):
+            continue
+        for key, argument in knob.sft(value).items():
+            if argument is None and key in _NO_NONE_FLAG:
+                said = ", ".join(f"{k}={v!r}" for k, v in knob.sft(value).items())
+                problems.append(
+                    f"{knob.name}={value!r} is SFTConfig({said}), and no command-line flag "
+                    f"says {key}=None to {_NO_NONE_FLAG[key]}: HfArgumentParser parses it "
+                    "as an int, so left out it stays at its default and TRL refuses the "
+                    "combination. Use knobs: env and build SFTConfig from "
+                    f"sweeper.trial_config() in the script, or leave {knob.name} out of "
+                    "the search"
+                )
+    return problems
+
+
 def command_flags(config: Mapping[str, Any], form: str) -> list[str]:
     """The config as command-line flags in HfArgumentParser's form, for a user's script
     (``workload.script.knobs``): flags: TrainingArguments' fields; sft_flags: SFTConfig's too
-    (max_length, packing); env: none. An argument whose value is None keeps its default.
+    (max_length, packing); env: none. An argument whose value is None is left out, keeping
+    its default, which is None for each such TrainingArguments field; a None no flag can say
+    (``flag_problems``) is a ValueError rather than the default said instead.
 
     >>> command_flags({"per_device_batch_size": 8, "precision": "bf16", "num_workers": 0},
     ...               "flags")  # doctest: +NORMALIZE_WHITESPACE
@@ -749,6 +785,9 @@ def command_flags(config: Mapping[str, Any], form: str) -> list[str]:
     """
     if form == "env":
         return []
+    problems = flag_problems(config, form)
+    if problems:
+        raise ValueError("; ".join(problems))
     arguments = trainer_arguments(config)
     if form == "sft_flags":
         arguments |= sft_arguments(config)

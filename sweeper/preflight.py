@@ -450,7 +450,7 @@ class _PreflightRun:
         machine = knobs.machine_drops(
             {k: search.values(k) for k in MACHINE_KNOBS}, self.capabilities
         )
-        for knob, reasons in self.multi_device_drops().items():
+        for knob, reasons in [*self.multi_device_drops().items(), *self.flag_drops().items()]:
             for value, why in reasons.items():
                 machine.setdefault(knob, {}).setdefault(value, why)
         for knob, values in machine.items():
@@ -491,6 +491,21 @@ class _PreflightRun:
                     f"sweeper measures DeepSpeed ZeRO through the Trainer (engine "
                     f"{' or '.join(knobs.ZERO_ENGINES)}); the {engine} engine does not run it"
                 )
+        return dropped
+
+    def flag_drops(self) -> dict[str, dict[str, str]]:
+        """Values a script's knobs form cannot say as flags (``knobs.flag_problems``: sft_flags
+        has no flag for SFTConfig's max_length=None, which padding_free needs)."""
+        script = self.space.workload.script
+        if script is None:
+            return {}
+        dropped: dict[str, dict[str, str]] = {}
+        for name in knobs.NAMES:
+            for value in self.search.values(name):
+                # the knob alone, active: what it asks of SFTConfig whatever else the trial says
+                config = {"packing": False, name: value}
+                for problem in knobs.flag_problems(config, script.knobs):
+                    dropped.setdefault(name, {})[str(value)] = problem
         return dropped
 
     def note_reused(self) -> None:

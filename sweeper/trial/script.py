@@ -123,7 +123,11 @@ def command_of(request: ChildRequest) -> list[str]:
                 file=sys.stderr,
                 flush=True,
             )
-    return [*command, *knobs.command_flags(request.config.model_dump(), script.knobs)]
+    try:
+        flags = knobs.command_flags(request.config.model_dump(), script.knobs)
+    except ValueError as e:  # a value the knobs form cannot say (knobs.flag_problems)
+        raise TrialError("unsupported", f"workload.script.knobs {script.knobs}: {e}") from e
+    return [*command, *flags]
 
 
 def _one_rank_env(command: list[str]) -> dict[str, str]:
