@@ -91,9 +91,10 @@ def _listed(name: str) -> Any:
 
 
 class EffectiveBatch(_Frozen):
-    """Samples per optimizer step (batch × accumulation × devices; one device here).
+    """Samples per optimizer step over every device (batch × accumulation × devices).
 
-    ``fixed``: the sweep keeps it, and gradient accumulation is derived from the batch size;
+    ``fixed``: the sweep keeps it, and gradient accumulation is derived from the batch size
+    and the device count (fixed ÷ (batch × devices); a pair it does not divide is skipped);
     ``min``/``max``: configs outside are skipped without a trial. Left out: free, and the
     recommendation says how to scale the learning rate if it differs from the baseline's.
     """
@@ -169,6 +170,13 @@ class _SearchRules(_Frozen):
                     f"effective_batch.fixed {fixed} is not a multiple of per_device_batch_size "
                     f"{misfits}; drop those sizes or pick a fixed batch they divide"
                 )
+            for devices in self.values("devices"):
+                if not any(fixed % (b * devices) == 0 for b in batches):
+                    raise ValueError(
+                        f"effective_batch.fixed {fixed} is not a multiple of batch × devices "
+                        f"for any per_device_batch_size {batches} with devices {devices}; drop "
+                        f"that count, or list a batch size that divides {fixed} {devices} ways"
+                    )
             return self
         if self.effective_batch is not None and not any(
             self.effective_batch.admits(b * a) for b in batches for a in accumulations or [1]
@@ -184,20 +192,44 @@ class _SearchRules(_Frozen):
         listed = getattr(self, knob)
         return [] if listed is None or listed == AUTO else list(listed)
 
-    def accumulation_choices(self, batch: int) -> list[int]:
-        """The accumulation steps a config with ``batch`` may use."""
+    @property
+    def derives_accumulation(self) -> bool:
+        """Accumulation follows from ``effective_batch.fixed``, batch and devices (so after
+        them: ``devices`` comes late in the knobs' order)."""
+        return self.effective_batch is not None and self.effective_batch.fixed is not None
+
+    def accumulation_choices(self, batch: int, devices: int = 1) -> list[int]:
+        """The accumulation steps a config with ``batch`` on ``devices`` may use: with
+        ``effective_batch.fixed``, fixed ÷ (batch × devices), none where that does not divide.
+
+        >>> s = SearchSpace(effective_batch=EffectiveBatch(fixed=32), per_device_batch_size=[4])
+        >>> s.accumulation_choices(4), s.accumulation_choices(4, 2), s.accumulation_choices(4, 3)
+        ([8], [4], [])
+        """
         if self.effective_batch is not None and self.effective_batch.fixed is not None:
-            return [self.effective_batch.fixed // batch]
+            fixed = self.effective_batch.fixed
+            return [] if fixed % (batch * devices) else [fixed // (batch * devices)]
         return self.values("gradient_accumulation_steps") or [1]
 
     def choices_for(self, knob: str, config: Mapping[str, Any]) -> list[Any]:
-        """What ``knob`` may take given the knobs before it in ``config``."""
+        """What ``knob`` may take given the knobs before it in ``config`` (a derived
+        accumulation: given the batch and the devices, which ``config`` must hold)."""
         if knob == "gradient_accumulation_steps":
-            return self.accumulation_choices(config["per_device_batch_size"])
+            return self.accumulation_choices(
+                config["per_device_batch_size"], config.get("devices") or 1
+            )
         return self.values(knob)
 
     def admits(self, config: TrialConfig) -> str | None:
         """Why ``config`` is outside the space's rules (None: it is inside)."""
+        fixed = None if self.effective_batch is None else self.effective_batch.fixed
+        share = config.per_device_batch_size * config.devices
+        if fixed is not None and fixed % share:
+            return (
+                f"effective_batch.fixed {fixed} is not a multiple of per_device_batch_size "
+                f"{config.per_device_batch_size} × devices {config.devices}: no gradient "
+                "accumulation makes it"
+            )
         if self.effective_batch is not None and not self.effective_batch.admits(
             config.effective_batch
         ):
@@ -222,6 +254,8 @@ class _SearchRules(_Frozen):
             if not knob.is_active(values) or getattr(self, knob.name) == AUTO:
                 continue  # auto: the data decides, and the length of a known config is added
             choices = self.choices_for(knob.name, values)
+            if not choices and knob.name == "gradient_accumulation_steps":
+                continue  # nothing derives from fixed here: admits says why
             if value not in choices:
                 return (
                     f"{knob.name} = {value!r} is not among search.{knob.name} {choices}; add it "
@@ -244,11 +278,18 @@ class _SearchRules(_Frozen):
     def grid(self) -> Iterator[TrialConfig]:
         """Every distinct config the space admits (a knob that does not apply is None)."""
 
+        derived = self.derives_accumulation
+
         def extend(index: int, partial: dict[str, Any]) -> Iterator[dict[str, Any]]:
-            if index == len(KNOBS):
-                yield partial
+            if index == len(KNOBS):  # accumulation derived now the devices are chosen
+                key = "gradient_accumulation_steps"
+                for steps in self.choices_for(key, partial) if derived else [partial[key]]:
+                    yield {**partial, key: steps}  # (none where fixed does not divide)
                 return
             knob = KNOBS[index]
+            if derived and knob.name == "gradient_accumulation_steps":
+                yield from extend(index + 1, partial)
+                return
             if not knob.is_active(partial):
                 yield from extend(index + 1, {**partial, knob.name: None})
                 return
@@ -643,8 +684,11 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
     """Ask Optuna for one config. A knob with one choice is not a parameter; a knob that does
     not apply (prefetch_factor without workers) is None and not asked for."""
     searched = set(search.searched())
+    derived = search.derives_accumulation
     values: dict[str, Any] = {}
     for knob in KNOBS:
+        if derived and knob.name == "gradient_accumulation_steps":
+            continue  # after the devices: below
         if not knob.is_active(values):
             values[knob.name] = None
             continue
@@ -653,6 +697,9 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
             values[knob.name] = trial.suggest_categorical(knob.name, choices)
         else:
             values[knob.name] = choices[0]
+    if derived:  # not dividing: 1, and the sweep's rules skip it saying why (``admits``)
+        steps = search.choices_for("gradient_accumulation_steps", values)
+        values["gradient_accumulation_steps"] = steps[0] if steps else 1
     return TrialConfig(**values)
 
 
