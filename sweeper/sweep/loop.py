@@ -106,17 +106,23 @@ class SearchLoop:
             self._revise(config, cost)
 
     def run(
-        self, n_trials: int, clock: SweepClock | None = None, deadline: float | None = None
+        self,
+        n_trials: int,
+        clock: SweepClock | None = None,
+        deadline: float | None = None,
+        device_deadline: float | None = None,
     ) -> dict[str, int]:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
-        at the time left. ``settle`` then measures the best configs again."""
+        at the time left; with a ``device_deadline`` (``TimeBudget``), the same in device
+        time, a trial on N devices spending N. ``settle`` then measures the best configs
+        again."""
         counts = {
             "run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0,
             "ruled_out": 0,
         }  # fmt: skip
         skipped_in_a_row = 0
-        self.time.deadline = deadline
+        self.time.deadline, self.time.device_deadline = deadline, device_deadline
         while counts["run"] < n_trials:
             left_s = self.time.left_s()
             reason = self._reason_not_to_ask(left_s)
@@ -165,11 +171,9 @@ class SearchLoop:
             return "stop requested (REST); the sweep ends here"
         if self._runnable <= self.results.keys():
             return f"all {len(self._runnable)} runnable configs of the space are measured"
-        if self.time.spent(left_s):
-            return (
-                f"the sweep's time budget is spent ({max(0.0, left_s or 0.0):.0f} s left, the "
-                f"longest trial took {self.time.longest_s:.0f} s)"
-            )
+        spent = self.time.why_spent(left_s)
+        if spent is not None:
+            return spent
         return None
 
     def _propose(self) -> tuple[optuna.Trial, TrialConfig]:
@@ -221,8 +225,10 @@ class SearchLoop:
     ) -> bool:
         """Run the trial and tell it; whether the sweep stops after it."""
         started = time.monotonic()
+        # N devices spend device time N times as fast: the timeout is capped accordingly
+        left_s = self.time.left_s(config.devices) if left_s is not None else None
         outcome = self.executor.execute(trial, config, left_s)
-        self.time.took(time.monotonic() - started)
+        self.time.took(time.monotonic() - started, config.devices)
         self.results[config] = outcome
         calm = False
         if outcome.sample is not None:

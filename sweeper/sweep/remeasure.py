@@ -91,8 +91,9 @@ class Remeasure:
             return None
         number = self.results[config].number
         started = time.monotonic()
+        left_s = None if left_s is None else self.time.left_s(config.devices)
         sample = self.executor.remeasure(number, config, kind, left_s)
-        self.time.took(time.monotonic() - started)
+        self.time.took(time.monotonic() - started, config.devices)  # N devices: N × the time
         self.remeasured += 1
         if sample is not None:
             self.samples.setdefault(config, []).append(sample)

@@ -25,6 +25,7 @@ from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, workload_server
 from sweeper.sweep.queue import enqueue_interrupted, enqueue_known
+from sweeper.sweep.stopping import device_hours_limit
 from sweeper.sweep.worker import Worker
 
 # How long a sweep waits out a lost database (Settings.database_retry_s, 120 s) before it
@@ -158,6 +159,11 @@ def run_sweep(
     ``DatabaseLostError``; its worker is left for the reaper (see ``Worker.abandon``)."""
     observer = observer or SilentObserver()
     n_trials = n_trials or space.budget.n_trials
+    # budget.max_usd / max_device_hours in device time: a trial on N devices spends N
+    device_hours = device_hours_limit(space.budget, space.hardware.usd_per_hour)
+    device_deadline = None
+    if max_minutes is None and device_hours is not None:
+        device_deadline = time.monotonic() + 3600 * device_hours
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
@@ -210,7 +216,7 @@ def run_sweep(
                 seed=worker_seed(space.budget.seed, worker), eligible=eligible,
                 worker_id=member.id,
             )  # fmt: skip
-            counts = loop.run(n_trials, clock, deadline)
+            counts = loop.run(n_trials, clock, deadline, device_deadline)
             if not loop.stopped:
                 loop.settle(clock)
     except KeyboardInterrupt:

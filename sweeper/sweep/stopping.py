@@ -8,32 +8,89 @@ import statistics
 import time
 from collections.abc import Iterable, Sequence
 
-from sweeper.space import Space
+from sweeper.space import Budget, Space
 from sweeper.sweep.outcome import Outcome
 
 # The stopping rule of budget.planned_runs looks at improvements over at least this many trials.
 _SAVING_WINDOW = 10
 
 
+def device_hours_limit(budget: Budget, usd_per_hour: float) -> float | None:
+    """The space's limits on device time, in device-hours: ``budget.max_device_hours``, and
+    ``budget.max_usd`` at ``usd_per_hour`` (one device's price); None: neither is set. A
+    trial on N devices spends N device-hours per hour.
+
+    >>> device_hours_limit(Budget(n_trials=9, max_usd=10, max_device_hours=5), 2.5)
+    4.0
+    """
+    limits = [
+        budget.max_device_hours,
+        None if budget.max_usd is None else budget.max_usd / usd_per_hour,
+    ]
+    known = [h for h in limits if h is not None]
+    return min(known) if known else None
+
+
 class TimeBudget:
-    """The sweep's deadline (``time.monotonic()``; None: no limit) and how long its trials
-    (and re-measures) took: a trial starts only if the time left holds the longest so far."""
+    """The sweep's deadlines (``time.monotonic()``; None: no limit) and how long its trials
+    (and re-measures) took: a trial starts only if the time left holds the longest so far.
 
-    def __init__(self, deadline: float | None = None) -> None:
+    Two clocks: ``deadline`` is wall time (``budget.max_minutes``); ``device_deadline`` is
+    when one device's time would reach the space's device-time limit (``budget.max_usd``,
+    ``budget.max_device_hours``). The sweep spends one device's time while it prepares,
+    probes and runs one-device trials; a trial on N devices spends N: it brings the device
+    deadline (N - 1) × its seconds nearer."""
+
+    def __init__(self, deadline: float | None = None, device_deadline: float | None = None):
         self.deadline = deadline
+        self.device_deadline = device_deadline
         self.trial_seconds: list[float] = []
+        self.trial_device_seconds: list[float] = []  # seconds × the trial's devices
         self.longest_s = 0.0
+        self.longest_device_s = 0.0
 
-    def left_s(self) -> float | None:
-        return None if self.deadline is None else self.deadline - time.monotonic()
+    def left_s(self, devices: int = 1) -> float | None:
+        """Wall seconds a trial on ``devices`` may still run (None: no limit)."""
+        now = time.monotonic()
+        left = [
+            None if self.deadline is None else self.deadline - now,
+            None if self.device_deadline is None else (self.device_deadline - now) / devices,
+        ]
+        known = [s for s in left if s is not None]
+        return min(known) if known else None
 
-    def took(self, seconds: float) -> None:
+    def device_left_s(self) -> float | None:
+        """Device-seconds left under the device-time limit (None: no limit)."""
+        return None if self.device_deadline is None else self.device_deadline - time.monotonic()
+
+    def took(self, seconds: float, devices: int = 1) -> None:
         self.trial_seconds.append(seconds)
+        self.trial_device_seconds.append(seconds * devices)
         self.longest_s = max(self.longest_s, seconds)
+        self.longest_device_s = max(self.longest_device_s, seconds * devices)
+        if self.device_deadline is not None:
+            self.device_deadline -= (devices - 1) * seconds
 
     def spent(self, left_s: float | None) -> bool:
-        """Whether ``left_s`` (``left_s()``) cannot hold another trial as long as the longest."""
-        return left_s is not None and (left_s <= 0 or left_s < self.longest_s)
+        """Whether ``left_s`` (``left_s()``) cannot hold another trial as long as the longest,
+        or the device time left cannot pay for another as costly as the costliest."""
+        return self.why_spent(left_s) is not None
+
+    def why_spent(self, left_s: float | None) -> str | None:
+        """Why no trial may start now (``spent``), in words; None: one may."""
+        device_left = self.device_left_s()
+        if device_left is not None and (device_left <= 0 or device_left < self.longest_device_s):
+            return (
+                f"the sweep's device-time budget is spent ({max(0.0, device_left):.0f} "
+                f"device-seconds left, the costliest trial took {self.longest_device_s:.0f}: "
+                "budget.max_usd / max_device_hours, each device priced)"
+            )
+        if left_s is not None and (left_s <= 0 or left_s < self.longest_s):
+            return (
+                f"the sweep's time budget is spent ({max(0.0, left_s):.0f} s left, the "
+                f"longest trial took {self.longest_s:.0f} s)"
+            )
+        return None
 
 
 def expected_saving(
@@ -110,8 +167,9 @@ class Stopping:
         if self.measured < window or not self.gains:
             return None  # no improvement seen yet: nothing to expect from (budget.patience is)
         saving = expected_saving(self.gains, self.measured, window, self.best.cost, runs)
-        trial_s = statistics.median(self.time.trial_seconds)
-        trial_usd = trial_s / 3600 * self.space.hardware.usd_per_hour
+        # a trial on N devices costs N devices' time
+        trial_device_s = statistics.median(self.time.trial_device_seconds)
+        trial_usd = trial_device_s / 3600 * self.space.hardware.usd_per_hour
         if saving >= trial_usd:
             return None
         recent = sum(1 for at, _ in self.gains if at > self.measured - window)
