@@ -148,8 +148,10 @@ def _words(e: KnobEffect) -> tuple[str, str]:
     }[e.basis]
     if e.low >= 1 - NEGLIGIBLE and e.high <= 1 + NEGLIGIBLE:
         verdict = f"no difference that matters (within {NEGLIGIBLE:.0%}): either"
-    elif e.low > 1:
-        verdict = f"leave it at {winner}"
+    elif e.low > 1:  # "leave it on/off" for a switch, "leave it at sdpa" for a choice
+        verdict = (
+            f"leave it {winner}" if isinstance(e.winner_value, bool) else f"leave it at {winner}"
+        )
     elif e.high < 1:
         verdict = (
             f"{value} was cheaper {'here' if e.basis == 'at the winner' else 'there'}: "

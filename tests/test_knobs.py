@@ -263,7 +263,7 @@ def test_the_issue_36_levers_get_a_verdict_at_the_winner() -> None:
     ]
     effects = {e.knob: e for e in knob_effects(trials, winner).effects}
     assert effects["padding_free"].ratio == pytest.approx(1.4)
-    assert effects["padding_free"].verdict == "leave it at on"  # verdict.py: True reads "on"
+    assert effects["padding_free"].verdict == "leave it on"  # a switch: on/off, not "at on"
     assert effects["liger_kernel"].verdict.startswith("no difference that matters")
     assert effects["precision"].ratio == pytest.approx(1.25)
     assert effects["precision"].verdict == "leave it at fp32"
