@@ -462,12 +462,13 @@ class Budget(_Frozen):
         "count); no trial starts with less time left than the longest so far took",
     )
     max_device_hours: float | None = Field(
-        default=None, gt=0, description="the same limit in hours of this machine"
+        default=None, gt=0, description="the same limit in device-hours (N devices spend N)"
     )
     max_usd: float | None = Field(
         default=None,
         gt=0,
-        description="the same limit in dollars of this machine's time (hardware.usd_per_hour)",
+        description="the same limit in dollars, each device a trial holds priced at "
+        "hardware.usd_per_hour",
     )
     patience: int | None = Field(
         default=None,

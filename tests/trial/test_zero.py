@@ -30,13 +30,18 @@ pytestmark = [
 
 
 def _zero_trial(
-    space: Space, prepared: PreparedData, cache_dir: Path, strategy: str, **knobs: Any
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    strategy: str,
+    engine: str = "trainer",
+    **knobs: Any,
 ) -> dict[str, Any]:
     run = _run(
         space,
         prepared,
         cache_dir,
-        engine="trainer",
+        engine=engine,
         data_parallel=strategy,
         per_device_batch_size=2,
         gradient_accumulation_steps=2,
@@ -64,6 +69,7 @@ def test_zero3_partitions_the_parameters(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     payload = _zero_trial(tiny_space, tiny_prepared, cache_dir, "zero3", checkpoint=True)
+    assert payload["engine"] == "trainer"
     assert payload["effective"]["data_parallel"] == "zero3"
     # the model's size counts each parameter whole (ds_numel), not this rank's empty copy
     assert payload["n_params"] == _tiny_model_params(tiny_space, tiny_prepared)
@@ -77,6 +83,16 @@ def test_zero3_partitions_the_parameters(
     assert all(0.45 < share < 0.6 for share in shares), shares
     assert shares[0] == pytest.approx(shares[1], abs=0.02)
     _group_figures(payload, batch=2, accumulation=2)
+
+
+def test_sfttrainer_runs_zero3_the_same_way(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """SFTTrainer is a Trainer: SFTConfig(deepspeed={...}) gives the same engine."""
+    payload = _zero_trial(tiny_space, tiny_prepared, cache_dir, "zero3", engine="sft")
+    assert payload["engine"] == "sft" and payload["effective"]["data_parallel"] == "zero3"
+    shares = [r["parameter_share"] for r in payload["ranks"]]
+    assert all(0.45 < share < 0.6 for share in shares), shares
 
 
 def _tiny_model_params(space: Space, prepared: PreparedData) -> int:
