@@ -288,13 +288,15 @@ def replay(
 
 
 def _job(
-    args: tuple[str, str, str, str, int, float | None, float | None],
+    args: tuple[str, str, str, str, int, float | None, float | None, int | None],
 ) -> tuple[str, str, int, Replay]:
-    space_path, table_path, sampler, metric, seed, cost_weight, cost_window = args
+    space_path, table_path, sampler, metric, seed, cost_weight, cost_window, cost_after = args
     if cost_weight is not None:  # (a forked worker: the class is this process's own)
         ImprovementGridSampler.cost_weight = cost_weight
     if cost_window is not None:
         ImprovementGridSampler.cost_window = cost_window
+    if cost_after is not None:
+        ImprovementGridSampler.cost_after = cost_after
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
     return sampler, metric, seed, replay(space, table, sampler, metric, seed)
@@ -494,6 +496,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="bayes: weigh time only among configs at least this share as likely to improve "
         "as the likeliest (ImprovementGridSampler.cost_window)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cost-after", type=int,
+        help="bayes: measured trials of a compile mode before its time counts "
+        "(ImprovementGridSampler.cost_after)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
     parser.add_argument("--export-study")
     parser.add_argument("--storage")
@@ -525,6 +532,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             seed,
             args.cost_weight,
             args.cost_window,
+            args.cost_after,
         )
         for sampler in samplers
         for metric in metrics

@@ -205,15 +205,16 @@ def test_the_chance_that_a_config_fits_between_the_heaviest_run_and_the_lightest
 
 
 def test_the_time_weighing_does_not_put_off_a_compile_mode_never_measured() -> None:
-    """A compile mode's first trial tells the model its effect on every config: until one
-    with it has been measured (``cost_after``), it counts as the cheapest mode measured; a
-    measured one counts its own time (max-autotune's 345 s of compile)."""
+    """A compile mode's first trial tells the model its effect on every config: with
+    ``cost_after`` 1, until one with it has been measured it counts as the cheapest mode
+    measured; a measured one counts its own time (max-autotune's 345 s of compile)."""
     candidates = [
         {"per_device_batch_size": b, "compile_mode": m}
         for b in (1, 2)
         for m in ("none", "default", "max-autotune")
     ]
     sampler = ImprovementGridSampler(candidates, seed=0)
+    sampler.cost_after = 1
     free = list(range(len(candidates)))
     took = [(0, 60.0)]  # batch 1, none: a minute
     seconds = np.exp(sampler._log_seconds(free, took, measured=[0]))
