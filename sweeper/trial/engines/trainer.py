@@ -193,11 +193,10 @@ def _deepspeed_save(ctx: TrialContext, trainer: Any) -> Callable[[], dict[str, A
     the checkpoint is the model only, DeepSpeed's ``save_checkpoint`` where each rank writes
     its partitions of the optimizer state (ZeRO-3: of the weights too). A save of one rank's
     ``state_dict`` would time a ZeRO-3 model's empty partitions."""
-    if deepspeed_stage(trainer.model_wrapped) is None:
-        return None
-    spec = ctx.request.workload.checkpoint
     ranks = ctx.ranks
-    assert ranks is not None
+    if ranks is None or deepspeed_stage(trainer.model_wrapped) is None:
+        return None  # (data_parallel applies on several devices only)
+    spec = ctx.request.workload.checkpoint
 
     def save() -> dict[str, Any]:
         import torch.distributed as dist
