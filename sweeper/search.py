@@ -281,8 +281,10 @@ class ImprovementGridSampler(_CandidateSampler):
     failure_cap = 0.95  # the failure model's linear P(fails) is read as at most this
     memory_measurement_sd = 0.05  # of one trial's log peak memory
     # P(it fits) counts to this power within P(it runs): at 1, held-out's best configs (at
-    # its wall) waited 1-2 trials longer; at 0.5 qlora-24gb still fails a quarter as often
-    fits_weight = 0.5
+    # its wall) waited 1-2 trials longer; at 0.5 oom-wall's best (next to its wall) waited
+    # 2-2.5 (14.5 / 14 against 12 / 12); at 0.25 oom-wall 11.5 / 12 and qlora-24gb 18 / 17.5
+    # trials, 31% of them failed against random's 47% (0.5: 24%; bench/RESULTS.md, Run 8)
+    fits_weight = 0.25
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
