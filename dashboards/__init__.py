@@ -18,6 +18,7 @@ import jinja2
 import plotly
 
 import sweeper
+from sweeper.cost import hours_figure, money
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 STATIC_DIR = Path(__file__).parent / "static"
@@ -47,21 +48,22 @@ def _is_number(value: object) -> TypeGuard[int | float]:
 
 
 def usd(value: float | None) -> str:
-    """Dollars with cents.
+    """Dollars with cents; below $0.10 two significant figures (``sweeper.cost.money``).
 
-    >>> usd(1234.567)
-    '$1,234.57'
+    >>> usd(1234.567), usd(0.0013272)
+    ('$1,234.57', '$0.0013')
     """
-    return f"${value:,.2f}" if _is_number(value) else MISSING
+    return money(value) if _is_number(value) else MISSING
 
 
 def hours(value: float | None) -> str:
-    """Hours with one decimal (the unit is in the column header).
+    """Hours with one decimal; below 1 h two significant figures (the unit is in the column
+    header).
 
-    >>> hours(5.04)
-    '5.0'
+    >>> hours(5.04), hours(0.013271)
+    ('5.0', '0.013')
     """
-    return f"{value:,.1f}" if _is_number(value) else MISSING
+    return hours_figure(value) if _is_number(value) else MISSING
 
 
 def sig3(value: float | None) -> str:

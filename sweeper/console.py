@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from sweeper.cost import one_off_text
+from sweeper.cost import hours_figure, money, one_off_text
 
 if TYPE_CHECKING:
     from sweeper.compare import Comparison
@@ -118,7 +118,7 @@ class RichObserver:
             line = (
                 f"[green]✓[/] #{row.number} {config} → {num(row.samples_per_s, ',.1f')} "
                 f"samples/s, {num(row.it_per_s, '.2f')} it/s, "
-                f"${num(row.cost_per_run_usd, ',.2f')}/run"
+                f"{dollars(row.cost_per_run_usd)}/run"
             )
         else:
             message = (row.failure_message or "")[:160]
@@ -133,6 +133,20 @@ class RichObserver:
 def num(value: float | None, spec: str) -> str:
     """Format a figure that may be unknown (NULL in the store) as '—'."""
     return "—" if value is None else format(value, spec)
+
+
+def dollars(value: float | None, *, sign: bool = True) -> str:
+    """A $ figure (``cost.money``: fractions of a cent keep two figures), '—' if unknown;
+    without the sign in a table whose header says $."""
+    if value is None:
+        return "—"
+    text = money(value)
+    return text if sign else text.replace("$", "", 1)
+
+
+def hours_cell(value: float | None) -> str:
+    """Hours (``cost.hours_figure``), '—' if unknown."""
+    return "—" if value is None else hours_figure(value)
 
 
 def describe(config: TrialConfig) -> str:
@@ -173,8 +187,8 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
             num(t.it_per_s, ".2f"),
             num(None if t.data_wait_share is None else t.data_wait_share * 100, ".0f") + "%",
             num(None if padding is None else padding * 100, ".0f") + "%",
-            num(t.hours_per_run, ",.1f"),
-            num(t.cost_per_run_usd, ",.2f"),
+            hours_cell(t.hours_per_run),
+            dollars(t.cost_per_run_usd, sign=False),
             num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
             + "%"
             + (f" ×{len(t.remeasures)}" if t.remeasures else "")
@@ -224,7 +238,7 @@ def print_recommendation(rec: Recommendation) -> None:
         console.print(f"  {key}: {escape(str(shown))}", highlight=False)
     console.print(
         f"  → {rec.throughput_text()}, "
-        f"{num(rec.it_per_s, '.2f')} it/s; {num(rec.hours_per_run, ',.1f')} h/run, "
+        f"{num(rec.it_per_s, '.2f')} it/s; {hours_cell(rec.hours_per_run)} h/run, "
         f"[bold]{rec.interval_text()}[/]",
         highlight=False,
     )
@@ -283,10 +297,11 @@ def _print_versus_baseline(rec: Recommendation) -> None:
     elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
         console.print(
             f"  vs baseline (trial #{rec.baseline_trial_number}): "
-            f"{num(rec.baseline_hours_per_run, ',.1f')} h, "
-            f"${num(rec.baseline_cost_per_run_usd, ',.2f')}/run, "
+            f"{hours_cell(rec.baseline_hours_per_run)} h, "
+            f"{dollars(rec.baseline_cost_per_run_usd)}/run, "
             f"{rec.baseline_throughput_text()} → "
-            f"{rec.speedup_vs_baseline:.2f}× faster, ${rec.usd_saved_per_run:,.2f} saved per run",
+            f"{rec.speedup_vs_baseline:.2f}× faster, "
+            f"{dollars(rec.usd_saved_per_run)} saved per run",
             highlight=False,
         )
     if rec.sweep_cost_usd is not None:
@@ -298,7 +313,7 @@ def _print_versus_baseline(rec: Recommendation) -> None:
         )
         console.print(
             f"  the sweep used {num(rec.sweep_hours, ',.2f')} h of this machine "
-            f"(${rec.sweep_cost_usd:,.2f}){payback}",
+            f"({dollars(rec.sweep_cost_usd)}){payback}",
             highlight=False,
         )
 
@@ -361,8 +376,8 @@ def print_comparison(comparison: Comparison) -> None:
     console.print(
         f"\n[bold]cheapest[/] across {len(comparison.per_study)} machine(s): "
         f"{cheapest.hardware_name} (${cheapest.usd_per_hour:.2f}/h, study {cheapest.study}), "
-        f"trial #{cheapest.trial_number}: {num(cheapest.hours_per_run, ',.1f')} h, "
-        f"[bold]${cheapest.cost_per_run_usd:,.2f}/run[/]",
+        f"trial #{cheapest.trial_number}: {hours_cell(cheapest.hours_per_run)} h, "
+        f"[bold]{dollars(cheapest.cost_per_run_usd)}/run[/]",
         highlight=False,
     )
     table = Table(title="Pareto front: no other config is both faster and cheaper")
@@ -375,8 +390,8 @@ def print_comparison(comparison: Comparison) -> None:
             point.study,
             str(point.trial_number),
             describe_dict(point.config),
-            f"{point.hours_per_run:,.1f}",
-            f"{point.cost_per_run_usd:,.2f}",
+            hours_cell(point.hours_per_run),
+            dollars(point.cost_per_run_usd, sign=False),
         )
     console.print(table)
     for name, why in comparison.unavailable.items():
@@ -399,8 +414,9 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
             escape(row.name),
             num(row.usd_per_hour, ".2f"),
             row.basis + (f" ({row.study})" if row.basis == "measured" else ""),
-            num(row.hours_per_run, ",.1f") + (band if row.hours_per_run is not None else ""),
-            num(row.cost_per_run_usd, ",.2f") + (band if row.cost_per_run_usd is not None else ""),
+            hours_cell(row.hours_per_run) + (band if row.hours_per_run is not None else ""),
+            dollars(row.cost_per_run_usd, sign=False)
+            + (band if row.cost_per_run_usd is not None else ""),
             row.meets or "",
             "" if row.config is None else f"#{row.trial_number} {describe_dict(row.config)}",
             escape(row.note),
@@ -412,7 +428,7 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
     else:
         console.print(
             f"  [bold]cheapest that meets them:[/] {escape(cheapest.name)}, "
-            f"{num(cheapest.hours_per_run, ',.1f')} h, ${num(cheapest.cost_per_run_usd, ',.2f')}"
+            f"{hours_cell(cheapest.hours_per_run)} h, {dollars(cheapest.cost_per_run_usd)}"
             f"/run, {cheapest.basis}"
             + (f" ±{cheapest.band:.0%}" if cheapest.band is not None else ""),
             highlight=False,

@@ -186,3 +186,28 @@ def one_off_text(projection: Mapping[str, Any] | None) -> str:
     elif cache == "cold":
         parts.append("compile measured cold in this trial")
     return "; ".join(parts)
+
+
+def money(usd: float) -> str:
+    """Dollars as the CLI, the REST texts and the dashboard show them: cents from $0.10, two
+    significant digits below (a small job's run costs a fraction of a cent, and '$0.00' for
+    every config hides which is cheapest).
+
+    >>> money(1234.567), money(0.5), money(0.0013272), money(0.0), money(-0.0421)
+    ('$1,234.57', '$0.50', '$0.0013', '$0.00', '$-0.042')
+    """
+    if usd == 0 or abs(usd) >= 0.1:
+        return f"${usd:,.2f}"
+    return f"${usd:.2g}"
+
+
+def hours_figure(hours: float) -> str:
+    """Hours with one decimal from 1 h, two significant digits below (a 48-second run reads
+    0.013 h, not 0.0).
+
+    >>> hours_figure(38.04), hours_figure(1.0), hours_figure(0.013271), hours_figure(0.0)
+    ('38.0', '1.0', '0.013', '0.0')
+    """
+    if hours == 0 or abs(hours) >= 0.95:
+        return f"{hours:,.1f}"
+    return f"{hours:.2g}"

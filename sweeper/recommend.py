@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.cost import device_count, one_off_text, run_cost
+from sweeper.cost import device_count, money, one_off_text, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise, overlaps
@@ -152,7 +152,7 @@ def cost_text(cost: float, ci95_rel: float | None, measurements: int = 1) -> str
     """
     interval = f" ±{ci95_rel:.1%}" if ci95_rel else ""
     many = f" ({measurements} measurements)" if measurements > 1 else ""
-    return f"${cost:,.2f}{interval}/run{many}"
+    return f"{money(cost)}{interval}/run{many}"
 
 
 def _count(n: int) -> str:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sweeper.cost import money
 from sweeper.noise import (
     Estimate,
     Noise,
@@ -552,4 +553,4 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
     assert recommendation.contended
     assert any("while the machine was shared" in w for w in recommendation.warnings)
     assert recommendation.measurements >= 2 and recommendation.cost_ci95_rel
-    assert recommendation.interval_text().startswith(f"${recommendation.cost_per_run_usd:,.2f} ±")
+    assert recommendation.interval_text().startswith(f"{money(recommendation.cost_per_run_usd)} ±")

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from sweeper.cost import money
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.recommend import Constraints, best
 from sweeper.space import parse_space
@@ -375,7 +376,7 @@ def test_configs_within_the_noise_tie_and_the_least_memory_wins(store: Store) ->
     assert r.tie_note is not None and r.tie_note.startswith("ties within the noise with #2 (")
     assert "picked for the least peak memory (6.00 GB)" in r.tie_note
     assert r.cost_ci95_rel == pytest.approx(0.02)
-    assert r.interval_text() == f"${r.cost_per_run_usd:,.2f} ±2.0%/run"
+    assert r.interval_text() == f"{money(r.cost_per_run_usd)} ±2.0%/run"
 
 
 def test_when_the_baseline_ties_the_answer_is_to_keep_it(store: Store) -> None:

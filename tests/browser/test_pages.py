@@ -6,6 +6,7 @@ import httpx
 import pytest
 from playwright.sync_api import Dialog, Page, expect
 
+from sweeper.cost import hours_figure, money
 from sweeper.knobs import describe
 from sweeper.store import Store
 from tests.browser.helpers import (
@@ -202,8 +203,8 @@ def test_the_overview_shows_each_studys_recommendation(
         best = response.json()
         assert response.status_code == 200, (name, response.status_code, best)
         assert describe(best["config"]) in line, (name, line)
-        assert f"${best['cost_per_run_usd']:,.2f}/run" in line
-        assert f"{best['hours_per_run']:,.1f} h" in line
+        assert f"{money(best['cost_per_run_usd'])}/run" in line
+        assert f"{hours_figure(best['hours_per_run'])} h" in line
         answered += 1
     assert answered >= 1  # the priced study has one
 
