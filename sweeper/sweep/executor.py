@@ -193,6 +193,8 @@ class ChildExecutor:
                     held = stack.enter_context(self.pool.hold(config.devices))
                     env = {"CUDA_VISIBLE_DEVICES": held.visible}
                 run = run_child(request, timeout_s=timeout_s, server=self.server, env=env)
+                if held is not None:  # before the devices are given back, not after
+                    held = dataclasses.replace(held, until=time.time())
         except DevicePoolError as e:
             run = ChildRun(
                 result=ChildResult(
@@ -202,8 +204,6 @@ class ChildExecutor:
                 log_tail="",
                 pid=0,
             )
-        if held is not None:
-            held = dataclasses.replace(held, until=time.time())
         result = run.result
         measurement, invalid = measurement_of(result.payload if result.status == "ok" else None)
         if measurement is None:

@@ -333,14 +333,17 @@ def test_the_trials_timeout_reaches_every_rank(
         measure={"min_steps": 3, "max_steps": 100000, "min_seconds": 200, "max_seconds": 300},
     )
     out: list[Any] = []
+    # long enough for two ranks to reach burn-in on a loaded machine (at load 12 on 2 cores
+    # they had not in 30 s), short of the window's 200 s, which never ends on its own
+    timeout_s = min(180.0, 30.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
     thread = threading.Thread(
-        target=lambda: out.append(run_child(request, timeout_s=30, workdir=tmp_path))
+        target=lambda: out.append(run_child(request, timeout_s=timeout_s, workdir=tmp_path))
     )
     thread.start()
     ranks = _ranks_when_timing(tmp_path, thread, phases=("burn_in", "window"))
     leader = ranks[0].parent()
     assert leader is not None and os.getpgid(ranks[1].pid) == os.getpgid(leader.pid)
-    thread.join(timeout=240)
+    thread.join(timeout=timeout_s + 210)
     (run,) = out
     assert run.result.failure_kind == "timeout", run.result.failure_message
     _all_gone([*ranks.values(), leader])
