@@ -492,12 +492,16 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
     flags = knobs.command_flags(config, script.knobs)
     words = [*script.command, *flags]
     passed = {flag.removeprefix("--") for flag in flags[::2]}
-    # what the flags do not carry, the script read from trial_config()
+    # what the flags do not carry, the script read from trial_config(): the knobs the space
+    # lists, and any other away from its default (a lever the space never searched, such as
+    # liger_kernel: False, is not the script's business)
+    assert space is not None
     rest = {
         knob.name: value
         for knob in knobs.KNOBS
         if (value := config.get(knob.name)) is not None
         and not {*knob.trainer(value), *knob.sft(value)} & passed
+        and (value != knob.default or knob.name in space.search.model_fields_set)
     }
     lines = [
         _header(rec).rstrip("\n"),

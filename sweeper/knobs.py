@@ -26,6 +26,7 @@ keywords say every value, defaults included: SFTConfig's defaults are not Traini
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
@@ -793,6 +794,6 @@ def command_flags(config: Mapping[str, Any], form: str) -> list[str]:
         arguments |= sft_arguments(config)
     words: list[str] = []
     for key, value in arguments.items():
-        if value is not None:
-            words += [f"--{key}", str(value)]
+        if value is not None:  # a dict (fsdp_config) as the JSON TrainingArguments parses
+            words += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
     return words

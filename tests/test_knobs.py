@@ -269,3 +269,22 @@ def test_the_issue_36_levers_get_a_verdict_at_the_winner() -> None:
     assert effects["precision"].verdict == "leave it at fp32"
     assert effects["compile_mode"].ratio == pytest.approx(1.1)
     assert all(e.basis == "at the winner" for e in effects.values())
+
+
+@pytest.mark.torch
+def test_command_flags_give_a_dict_argument_as_json_trainingarguments_parses() -> None:
+    """fsdp_config reaches a script's HfArgumentParser as JSON (str(dict) is not JSON, and
+    TrainingArguments' json.loads refused it)."""
+    import warnings
+
+    from transformers import HfArgumentParser, TrainingArguments
+
+    config = knobs.normalize(tiny_config().model_dump() | {"devices": 2, "data_parallel": "fsdp2"})
+    flags = knobs.command_flags(config, "flags")
+    assert flags[flags.index("--fsdp_config") + 1] == '{"fsdp_version": 2}'
+    with warnings.catch_warnings():  # transformers 5.23's renames and fsdp-as-string notices
+        warnings.simplefilter("ignore")
+        (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+            [*flags, "--output_dir", "unused", "--use_cpu", "True"]
+        )
+    assert args.fsdp_config["version"] == 2
