@@ -12,6 +12,10 @@ import pytest
 from sweeper.launch_export import accelerate_config_yaml, launch_command
 from tests.helpers import tiny_config
 
+# accelerate (and torch, which it imports) are the trial side's: not in the controller's
+# environment (scripts/test.sh step 2)
+pytestmark = pytest.mark.torch
+
 
 def _launched(tmp_path: Path, config: dict[str, Any], **kwargs: Any) -> tuple[Any, Any]:
     """The file as accelerate's config class and its launcher's validated arguments."""
