@@ -44,6 +44,7 @@ from sweeper.trial.oneoff import (
     graph_signature,
     signature,
     study_dir,
+    timed_group_save,
 )
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.rank import Ranks
@@ -133,43 +134,22 @@ def _sharded_checkpoint_cost(
     """One sharded checkpoint save as a plain loop with FSDP2 saves one: torch's distributed
     checkpoint (each rank writes its shards of the weights and optimizer state, rank 0 the
     metadata), fsync'd, timed from a barrier to the last rank's end, then deleted."""
-    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     target = _checkpoint_target(workload, Path(ctx.request.cache_dir))
-    # one folder for the group: the ranks share their leader (their parent)
-    folder = target / f"sweeper-checkpoint-{os.getppid()}-sharded"
-    try:
-        if ranks.rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
-        dist.barrier(group=ranks.host_group)
-        _sync(ctx.device)
-        started = time.perf_counter()
+
+    def write() -> None:
         model_state, optimizer_state = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_state}
         if workload.checkpoint.save_optimizer:
             state["optimizer"] = optimizer_state
         dcp.save(state, checkpoint_id=str(folder))
-        for path in folder.iterdir():  # on the disk, not just in the page cache
-            with path.open("rb") as f:
-                os.fsync(f.fileno())
-        dist.barrier(group=ranks.host_group)
-        save_s = time.perf_counter() - started
-        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-        dist.barrier(group=ranks.host_group)  # every rank has read the size
-    except OSError as e:
-        raise TrialError(
-            "error", f"saving a sharded checkpoint under {target} failed: {e.strerror or e}"
-        ) from e
-    finally:
-        if ranks.rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
-    return {
-        "checkpoint_save_s": save_s,
-        "checkpoint_bytes": size,
-        "checkpoint_source": "measured",
-    }
+
+    # one folder for the group: the ranks share their leader (their parent)
+    folder = target / f"sweeper-checkpoint-{os.getppid()}-sharded"
+    _sync(ctx.device)  # the steps before it are not the save's
+    return timed_group_save(ranks, folder, write, "a sharded checkpoint")
 
 
 def _rank_figures(ctx: TrialContext, run: EngineRun) -> dict[str, Any]:

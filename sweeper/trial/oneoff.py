@@ -35,7 +35,7 @@ import re
 import shutil
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -187,3 +187,39 @@ def graph_signature(
         "torch": torch_version,
         "host": socket.gethostname(),
     }
+
+
+def timed_group_save(
+    ranks: Any, folder: Path, write: Callable[[], None], what: str
+) -> dict[str, Any]:
+    """One checkpoint saved by every rank of a trial's group into ``folder`` (made by rank
+    0), timed from a barrier to the last rank's end with each file fsync'd (on the disk, not
+    just in the page cache), its size read by every rank, then deleted. ``write`` is the save
+    each rank makes (distributed checkpoint's shards, the Trainer's DeepSpeed save); ``what``
+    names it in the error a failed write gives."""
+    import torch.distributed as dist
+
+    from sweeper.errors import TrialError
+
+    try:
+        if ranks.rank == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+        dist.barrier(group=ranks.host_group)
+        started = time.perf_counter()
+        write()
+        for path in folder.rglob("*"):
+            if path.is_file():
+                with path.open("rb") as f:
+                    os.fsync(f.fileno())
+        dist.barrier(group=ranks.host_group)
+        save_s = time.perf_counter() - started
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        dist.barrier(group=ranks.host_group)  # every rank has read the size
+    except OSError as e:
+        raise TrialError(
+            "error", f"saving {what} under {folder.parent} failed: {e.strerror or e}"
+        ) from e
+    finally:
+        if ranks.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    return {"checkpoint_save_s": save_s, "checkpoint_bytes": size, "checkpoint_source": "measured"}

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from sweeper.trial.engines.readback import (
     deepspeed_stage,
     has_generation_markers,
 )
+from sweeper.trial.oneoff import timed_group_save
 from sweeper.trial.workload import build_model, build_training_dataset, make_collator, open_rows
 
 
@@ -199,37 +198,17 @@ def _deepspeed_save(ctx: TrialContext, trainer: Any) -> Callable[[], dict[str, A
     spec = ctx.request.workload.checkpoint
 
     def save() -> dict[str, Any]:
-        import torch.distributed as dist
-
         target = Path(spec.dir).expanduser() if spec.dir else ctx.cache_dir / "checkpoints"
         # one folder for the group: the ranks share their leader (their parent)
         folder = target / f"sweeper-checkpoint-{os.getppid()}-deepspeed"
         trainer.args.output_dir = str(folder)
         trainer.args.save_only_model = not spec.save_optimizer
-        try:
-            dist.barrier(group=ranks.host_group)
-            started = time.perf_counter()
-            trainer._save_checkpoint(trainer.model, trial=None)
-            for path in folder.rglob("*"):  # on the disk, not just in the page cache
-                if path.is_file():
-                    with path.open("rb") as f:
-                        os.fsync(f.fileno())
-            dist.barrier(group=ranks.host_group)
-            save_s = time.perf_counter() - started
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-            dist.barrier(group=ranks.host_group)  # every rank has read the size
-        except OSError as e:
-            raise TrialError(
-                "error", f"saving a DeepSpeed checkpoint under {target} failed: {e.strerror or e}"
-            ) from e
-        finally:
-            if ranks.rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
-        return {
-            "checkpoint_save_s": save_s,
-            "checkpoint_bytes": size,
-            "checkpoint_source": "measured",
-        }
+        return timed_group_save(
+            ranks,
+            folder,
+            lambda: trainer._save_checkpoint(trainer.model, trial=None),
+            "a DeepSpeed checkpoint",
+        )
 
     return save
 
