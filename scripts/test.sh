@@ -94,7 +94,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$controller_python" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=24"
   .venv/bin/python scripts/requirements.py --extra dev \
-    --without torch transformers datasets tokenizers accelerate trl peft > "$venv/requirements.txt"
+    --without torch transformers datasets tokenizers accelerate trl peft deepspeed > "$venv/requirements.txt"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c constraints.txt \
     -r "$venv/requirements.txt"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
