@@ -40,8 +40,9 @@ def test_concurrent_holds_of_mixed_sizes_never_share_a_device(tmp_path: Path) ->
     def one(size: int) -> None:
         with pool.hold(size) as held:
             time.sleep(0.15)
+            until = time.time()  # before the devices are given back, not after
         with lock:
-            holds.append(Held(held.devices, held.since, held.waited_s, time.time()))
+            holds.append(Held(held.devices, held.since, held.waited_s, until))
 
     threads = [threading.Thread(target=one, args=(1 + i % 2,)) for i in range(8)]
     for t in threads:
