@@ -27,6 +27,8 @@ from sweeper.space import Space
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.script import devices_problem
 from tests.helpers import REPO, tiny_config, trial_request
+from tests.trial.test_multi_device import _group_figures as _engine_group_figures
+from tests.trial.test_multi_device import _ok
 
 pytestmark = pytest.mark.torch
 
@@ -72,28 +74,11 @@ def _request(
     )
 
 
-def _ok(run: ChildRun) -> dict[str, Any]:
-    assert run.result.status == "ok", (run.result.failure_message, run.log_tail[-4000:])
-    assert run.result.payload is not None
-    return run.result.payload
-
-
 def _group_figures(payload: dict[str, Any], batch: int, accumulation: int) -> None:
-    """Both ranks' rows over the slowest rank's window; the largest rank's peak memory."""
-    ranks = payload["ranks"]
-    assert [r["rank"] for r in ranks] == [0, 1]
-    steps = payload["measured_steps"]
-    for rank in ranks:
-        assert rank["rows"] == steps * batch * accumulation
-    # each rank read its own share of the data
-    assert ranks[0]["first_batch"] and ranks[0]["first_batch"] != ranks[1]["first_batch"]
-    assert payload["devices"] == 2 and payload["effective"]["devices"] == 2
+    """The built-in engines' group figures (test_multi_device), and what the script ran."""
+    _engine_group_figures(payload, batch, accumulation)
+    assert payload["effective"]["devices"] == 2
     assert payload["effective"]["data_parallel"] == "ddp"
-    assert payload["effective_batch"] == batch * accumulation * 2
-    rows = sum(r["rows"] for r in ranks)
-    assert payload["rows_per_s"] == pytest.approx(rows / payload["window_s"], rel=1e-9)
-    assert payload["window_s"] >= max(r["window_s"] for r in ranks) * 0.999
-    assert payload["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in ranks)
     # DDP's own stats, read from the wrapper the script trained in
     assert 0 <= payload["communication_share"] < 1
 
