@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import ast
 import warnings
-from typing import Any
 
 import pytest
 
 from sweeper.export import render, sft_kwargs, trainer_kwargs
 from sweeper.measurement import sample_measurement
-from sweeper.recommend import best
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
+from tests.test_export import _call_kwargs, _recommendation
 
 CPU_SPACE = TINY_SPACE.read_text()
 GPU_SPACE = CPU_SPACE.replace("device: cpu", "device: cuda")
@@ -60,20 +59,7 @@ def url(sqlite_url: str) -> str:
     return sqlite_url
 
 
-def _best(url: str, study: str) -> tuple[Any, str]:
-    store = Store(url)
-    try:
-        return best(store, study), store.get_study(study).space_yaml
-    finally:
-        store.dispose()
-
-
-def _call_kwargs(text: str, name: str) -> dict:
-    tree = ast.parse(text)  # valid Python
-    (call,) = [
-        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name
-    ]
-    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+_best = _recommendation  # the study's recommendation and its space, as test_export reads them
 
 
 def test_the_levers_reach_the_exported_text(url: str) -> None:
