@@ -446,6 +446,9 @@ def _meets(c: Candidate, constraints: Constraints) -> bool:
 def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
     """A warning for each knob that changes more than speed and differs from the baseline.
 
+    A knob the winner leaves inactive (padding_free once packing is on) is not warned of: it
+    does nothing there, and the knob that switched it off has its own warning.
+
     >>> knob_caveats({"optim": "adamw_torch"}, {"optim": "adafactor"})[0][:52]
     'optim is adafactor, not the baseline’s adamw_torch: '
     """
@@ -453,9 +456,15 @@ def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
 
     before, after = normalize(baseline), normalize(winner)
     return [
-        f"{name} is {after[name]}, not the baseline’s {before[name]}: {knob.caveat}"
+        f"{name} is {after[name]}, "
+        + (
+            "not set in the baseline"
+            if before.get(name) is None
+            else f"not the baseline’s {before[name]}"
+        )
+        + f": {knob.caveat}"
         for name, knob in KNOB.items()
-        if knob.caveat and before.get(name) != after.get(name)
+        if knob.caveat and after.get(name) is not None and before.get(name) != after.get(name)
     ]
 
 

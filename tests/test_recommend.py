@@ -9,7 +9,7 @@ import pytest
 
 from sweeper.cost import money
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
-from sweeper.recommend import Constraints, best
+from sweeper.recommend import Constraints, best, knob_caveats
 from sweeper.space import parse_space
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
@@ -427,3 +427,18 @@ def test_without_a_baseline_the_answer_never_claims_to_keep_it(store: Store) -> 
     kept = r.model_copy(update={"baseline_trial_number": r.trial_number})
     assert kept.keeps_baseline
     assert not r.model_copy(update={"baseline_trial_number": None}).keeps_baseline
+
+
+def test_caveats_skip_knobs_the_winner_leaves_inactive() -> None:
+    """A packed winner against an unpacked baseline: packing and its strategy are warned of,
+    padding_free (inactive once packed) is not; a knob the baseline left unset says so."""
+    warned = knob_caveats(
+        {"packing": False, "padding_free": False},
+        {"packing": True, "packing_strategy": "wrapped"},
+    )
+    names = [line.split(" is ")[0] for line in warned]
+    assert "packing" in names and "packing_strategy" in names
+    assert "padding_free" not in names
+    strategy = next(line for line in warned if line.startswith("packing_strategy"))
+    assert strategy.startswith("packing_strategy is wrapped, not set in the baseline: ")
+    assert not any("None" in line.split(":")[0] for line in warned)
