@@ -11,6 +11,7 @@ from sweeper.catalog import Catalog as GpuCatalog
 from sweeper.measurement import COLUMN_METRICS
 from sweeper.recommend import Recommendation, padding_share
 from sweeper.space import TrialConfig
+from sweeper.studyfile import RealTokenMfu
 
 TrialState = Literal["running", "complete", "failed", "pruned"]
 
@@ -118,6 +119,12 @@ class TrialDetail(TrialSummary):
     """A trial with its raw measurement (per-step times and everything derived from them)."""
 
     measurement: dict[str, Any] | None
+    real_token_mfu: RealTokenMfu | None = Field(
+        default=None,
+        description="MFU counting real (non-pad) tokens only: as recorded, or, for a trial "
+        "recorded before sweeper counted only real tokens (its mfu counts padding), derived "
+        "from its padding share (derived: true; the recorded figures are left as they are)",
+    )
 
 
 # The recommendation has one definition, shared with the CLI.

@@ -6,7 +6,9 @@
 A file holds every column of the study row (the space it was swept with, the dataset's token
 statistics, the preflight verdicts) and of each trial (the full measurement with its environment
 fingerprint, the run projection, the failure), plus Optuna's record of the study (params,
-distributions, states, values, attributes). An imported study therefore answers ``best``, the
+distributions, states, values, attributes). A trial recorded before sweeper counted only real
+tokens in MFU (issue 36) keeps its figures; ``real_token_mfu`` derives the real-token MFU beside
+them, labelled as derived. An imported study therefore answers ``best``, the
 REST API and the dashboard exactly as the original did, and ``sweeper launch`` can resume it.
 
 The round trip is lossless: exporting an imported study gives the same document, save
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -461,3 +464,159 @@ def read_study_file(path: Path) -> StudyDocument:
     if not isinstance(document.study.get("name"), str):
         raise StudyFileError(f"{path}: study.name is missing")
     return document
+
+
+# ---------------------------------------------------------------- MFU of older records
+
+# the recorded figures agree with "FLOPs counted on the padded tokens" to this relative error
+_ACCOUNTING_TOLERANCE = 1e-3
+
+
+class RealTokenMfu(BaseModel):
+    """A trial's MFU counting real (non-pad) tokens only, as recorded or, for a measurement
+    recorded before sweeper counted real tokens (issue 36), derived from its padding share.
+    The recorded figures themselves are never rewritten: this is read beside them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mfu: float  # real tokens only: the recorded MFU, or derived from it
+    recorded_mfu: float  # what the trial recorded
+    counts_padding: bool  # the recorded MFU counted the padded tokens' FLOPs
+    derived: bool  # ``mfu`` is derived from the padding share, not measured
+    upper_bound: bool = False  # derived without the model's shape: at most this
+    note: str = ""  # how it was derived, for the reader
+
+    @property
+    def figure(self) -> str:
+        """'7.2%', or 'at most 7.5%' where derived without the model's shape."""
+        return f"{'at most ' if self.upper_bound else ''}{self.mfu:.1%}"
+
+    @property
+    def label(self) -> str:
+        """'25.8%', or '7.2% (derived: the recorded 25.8% counted padding)'."""
+        if not self.derived:
+            return self.figure
+        return f"{self.figure} (derived: the recorded {self.recorded_mfu:.1%} counted padding)"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def model_shape(space_yaml: str) -> tuple[int, int] | None:
+    """(layers, hidden size) of a space's model built from a preset (``arch`` + ``size``, with
+    its config overrides); None for a pretrained ``id`` (its shape is in its hub config) or a
+    space this sweeper cannot read."""
+    from sweeper.presets import MODEL_SIZES
+    from sweeper.space import parse_space
+
+    try:
+        model = parse_space(space_yaml, "the study's space").workload.model
+    except SweeperError:
+        return None
+    if model.arch is None or model.size is None:
+        return None
+    config = {**MODEL_SIZES[model.arch][model.size], **model.config}
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
+    hidden = config.get("hidden_size", config.get("n_embd"))
+    if isinstance(layers, int) and isinstance(hidden, int):
+        return layers, hidden
+    return None
+
+
+def real_token_mfu(
+    measurement: dict[str, Any] | None, shape: tuple[int, int] | None = None
+) -> RealTokenMfu | None:
+    """The real-token MFU of a recorded measurement (None: it recorded no MFU, e.g. a CPU).
+
+    A measurement recorded before issue 36 has no ``mean_sample_tokens`` and its
+    ``achieved_tflops`` is ``flops_per_token`` × the PADDED tokens/s: its MFU counted padding.
+    Derived: MFU × real share (tokens/s ÷ padded tokens/s) × FLOPs per token at the real
+    sample length ÷ at the padded row length (PaLM's 12·L·d·T attention term; ``shape`` gives
+    L and d). Without ``shape`` the attention term stays at the padded length: an upper bound.
+
+    >>> m = {"mfu": 0.3, "tokens_per_s": 250.0, "padded_tokens_per_s": 1000.0,
+    ...      "flops_per_token": 1e9, "achieved_tflops": 1.0, "mean_row_tokens": 2048}
+    >>> real_token_mfu(m).label
+    'at most 7.5% (derived: the recorded 30.0% counted padding)'
+    """
+    m = measurement or {}
+    recorded = _number(m.get("mfu"))
+    if recorded is None:
+        return None
+    real, padded = _number(m.get("tokens_per_s")), _number(m.get("padded_tokens_per_s"))
+    flops, achieved = _number(m.get("flops_per_token")), _number(m.get("achieved_tflops"))
+    plain = RealTokenMfu(mfu=recorded, recorded_mfu=recorded, counts_padding=False, derived=False)
+    if m.get("mean_sample_tokens") is not None or None in (real, padded, flops, achieved):
+        return plain  # recorded with real-token accounting, or too little to tell
+    assert real is not None and padded is not None and flops is not None and achieved is not None
+    if not 0 < real < padded or not flops > 0:
+        return plain  # no padding: both accountings agree
+    on_padded = flops * padded / 1e12
+    if abs(achieved - on_padded) > _ACCOUNTING_TOLERANCE * on_padded:
+        return plain
+    share = real / padded
+    row = _number(m.get("mean_row_tokens"))
+    if shape is None or row is None or m.get("packing"):
+        return RealTokenMfu(
+            mfu=recorded * share,
+            recorded_mfu=recorded,
+            counts_padding=True,
+            derived=True,
+            upper_bound=True,
+            note=f"recorded MFU × real-token share {share:.3f}; the attention FLOPs stay at "
+            "the padded row length, so the real-token MFU is at most this",
+        )
+    layers, hidden = shape
+    # an unpacked row is one sample: its real tokens are the row's less its padding
+    flops_real = flops - 12 * layers * hidden * row * (1 - share)
+    return RealTokenMfu(
+        mfu=recorded * share * flops_real / flops,
+        recorded_mfu=recorded,
+        counts_padding=True,
+        derived=True,
+        note=f"recorded MFU × real-token share {share:.3f} × FLOPs per token at "
+        f"{row * share:,.0f} real tokens ÷ at the {row:,.0f}-token padded row "
+        f"({flops_real / flops:.3f})",
+    )
+
+
+def padding_counted_notes(document: StudyDocument) -> list[str]:
+    """What a reader of ``document`` must know about its MFU figures: one line per trial whose
+    recorded MFU counted padding, with the real-token MFU derived from its padding share
+    (empty when every MFU counts real tokens only)."""
+    shape = model_shape(document.study.get("space_yaml") or "")
+    notes = []
+    for trial in document.trials:
+        accounting = real_token_mfu(trial.get("measurement"), shape)
+        if accounting is not None and accounting.counts_padding:
+            notes.append(
+                f"trial #{trial.get('number')}: recorded MFU {accounting.recorded_mfu:.1%} "
+                f"counts padding (recorded before MFU counted real tokens only); real-token "
+                f"MFU {accounting.figure}, derived: {accounting.note}"
+            )
+    return notes
+
+
+def padding_counted(store: Store, study: str, trials: Sequence[Any]) -> dict[int, RealTokenMfu]:
+    """Of ``trials`` (rows with ``number``, ``mfu``, ``tokens_per_s`` and
+    ``padded_tokens_per_s``: a page of the dashboard's table), those whose recorded MFU
+    counted padding, by number, with the real-token MFU derived. Only a trial that padded and
+    recorded an MFU can be one: only its measurement is read."""
+    candidates = [
+        t
+        for t in trials
+        if t.mfu is not None and (t.padded_tokens_per_s or 0) > (t.tokens_per_s or 0)
+    ]
+    if not candidates:
+        return {}
+    shape = model_shape(store.get_study(study).space_yaml)
+    found = {}
+    for trial in candidates:
+        row = store.get_trial(study, trial.number)
+        accounting = real_token_mfu(None if row is None else row.measurement, shape)
+        if accounting is not None and accounting.counts_padding:
+            found[trial.number] = accounting
+    return found

@@ -354,3 +354,35 @@ def study_knob_effects(
     ]
     winner = next(t for t in trials if t.number == recommendation.trial_number)
     return knob_effects(trials, winner)
+
+
+def markdown_table(effects: KnobEffects) -> str:
+    """The verdicts as a markdown table for bench/RESULTS.md (scripts/gpu-record.sh's summary):
+    one row per knob value against the recommended one's, the largest effect first.
+
+    >>> e = KnobEffect(knob="liger_kernel", winner_value=False, value=True, ratio=1.03,
+    ...                low=1.01, high=1.05, basis="at the winner", pairs=1, trials=(7,),
+    ...                verdict="leave it off")
+    >>> print(markdown_table(KnobEffects(winner=3, effects=(e,))).splitlines()[-1])
+    | Liger kernels | on | off | 1.03× | 1.01–1.05 | at the winner (#7) | leave it off |
+    """
+    lines = [
+        "| knob | value | recommended | $/run ÷ recommended's | 95% interval | from | verdict |",
+        "| --- | --- | --- | ---: | --- | --- | --- |",
+    ]
+    for e in sorted(effects.effects, key=lambda e: -abs(math.log(e.ratio))):
+        shown = ", ".join(f"#{n}" for n in e.trials)
+        where = {
+            "at the winner": f"at the winner ({shown})",
+            "elsewhere": f"{e.pairs} pair(s) elsewhere",
+            "model": "a model, no pair",
+        }[e.basis]
+        lines.append(
+            f"| {_label(e.knob)} | {_value_words(e.value)} | {_value_words(e.winner_value)} "
+            f"| {e.ratio:.2f}× | {e.low:.2f}–{e.high:.2f} | {where} | {e.verdict} |"
+        )
+    if effects.untold:
+        lines.append(
+            f"\nNot told apart (no pair, too few trials to model): {', '.join(effects.untold)}"
+        )
+    return "\n".join(lines)

@@ -22,7 +22,10 @@ from sweeper.studyfile import (
     StudyFileError,
     export_study,
     import_study,
+    model_shape,
+    padding_counted_notes,
     read_study_file,
+    real_token_mfu,
     write_study_file,
 )
 from sweeper.sweep.run import run_sweep
@@ -346,3 +349,93 @@ def test_a_file_that_is_not_a_study_is_refused(tmp_path: Path) -> None:
         read_study_file(path)
     with pytest.raises(StudyFileError, match="cannot read"):
         read_study_file(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------- MFU of older records
+
+H100_STUDY = REPO / "studies" / "h100-llama-1b.json"  # recorded before real-token MFU
+
+
+def _h100_trials() -> dict[int, dict[str, Any]]:
+    return {t["number"]: t for t in json.loads(H100_STUDY.read_text())["trials"]}
+
+
+def _expected_real_mfu(trials: dict[int, dict[str, Any]], number: int) -> float:
+    """Real-token MFU from the record's own figures, by another road than the code's: the
+    attention FLOPs per token of context (12·L·d) read off two trials of different padded row
+    lengths, the peak and the real tokens/s as recorded (not the recorded MFU)."""
+    a, b = trials[0]["measurement"], trials[3]["measurement"]
+    per_context_token = (a["flops_per_token"] - b["flops_per_token"]) / (
+        a["mean_row_tokens"] - b["mean_row_tokens"]
+    )
+    m = trials[number]["measurement"]
+    real_length = m["mean_row_tokens"] * m["tokens_per_s"] / m["padded_tokens_per_s"]
+    flops_real = m["flops_per_token"] - per_context_token * (m["mean_row_tokens"] - real_length)
+    return flops_real * m["tokens_per_s"] / (m["peak_tflops"] * 1e12)
+
+
+def test_an_old_records_mfu_is_said_to_count_padding_and_the_real_token_one_derived() -> None:
+    trials = _h100_trials()
+    document = read_study_file(H100_STUDY)
+    shape = model_shape(document.study["space_yaml"])
+    assert shape == (16, 2048)  # the 1b preset; 12·L·d matches the record's own slope
+    for number in (0, 1, 2, 3):  # unpacked: 42-71% of the computed tokens were padding
+        m = trials[number]["measurement"]
+        accounting = real_token_mfu(m, shape)
+        assert accounting is not None and accounting.counts_padding and accounting.derived
+        assert accounting.recorded_mfu == m["mfu"]  # the record is read, never rewritten
+        assert accounting.mfu == pytest.approx(_expected_real_mfu(trials, number), rel=1e-6)
+        assert accounting.mfu < m["mfu"] * (1 - m["padding_share"]) < m["mfu"]
+        assert "derived" in accounting.label and not accounting.upper_bound
+        # without the model's shape: the padded share off, the attention term left: a bound
+        bound = real_token_mfu(m)
+        assert bound is not None and bound.upper_bound
+        assert bound.mfu == pytest.approx(m["mfu"] * (1 - m["padding_share"]), rel=1e-9)
+        assert bound.label.startswith("at most ") and bound.mfu > accounting.mfu
+    for number in (4, 5):  # packed: no padding, both accountings agree
+        accounting = real_token_mfu(trials[number]["measurement"], shape)
+        assert accounting is not None and not accounting.counts_padding
+        assert accounting.mfu == trials[number]["mfu"] and not accounting.derived
+    # a measurement with real-token accounting (mean_sample_tokens, FLOPs on real tokens)
+    m = trials[0]["measurement"]
+    new = m | {
+        "mean_sample_tokens": 613.0,
+        "achieved_tflops": m["flops_per_token"] * m["tokens_per_s"] / 1e12,
+    }
+    assert real_token_mfu(new, shape) == real_token_mfu(new | {"mean_sample_tokens": None}, shape)
+    assert not real_token_mfu(new, shape).counts_padding  # type: ignore[union-attr]
+    assert real_token_mfu({"mfu": None}) is None  # a CPU records none
+    notes = padding_counted_notes(document)
+    assert [n.split(":")[0] for n in notes] == ["trial #0", "trial #1", "trial #2", "trial #3"]
+    assert "recorded MFU 25.8% counts padding" in notes[0] and "real-token MFU 7.1%" in notes[0]
+
+
+def test_the_import_the_rest_api_and_the_dashboard_label_an_old_records_mfu(
+    tmp_path: Path,
+) -> None:
+    trials = _h100_trials()
+    url = f"sqlite:///{tmp_path / 'h100.db'}"
+    run = run_sweeper("study", "import", str(H100_STUDY), "--storage", url)
+    assert run.returncode == 0, run.stderr
+    said = " ".join(run.stdout.split())
+    for number in (0, 1, 2, 3):
+        assert f"trial #{number}: recorded MFU {trials[number]['mfu']:.1%} counts padding" in said
+    assert "trial #4" not in said
+    with TestClient(create_app(url)) as client:
+        for number in (0, 4):
+            answer = client.get(f"/api/studies/h100-llama-1b/trials/{number}")
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["mfu"] == trials[number]["mfu"]  # as recorded
+            accounting = body["real_token_mfu"]
+            assert accounting["recorded_mfu"] == trials[number]["mfu"]
+            assert accounting["derived"] is accounting["counts_padding"] is (number == 0)
+        assert accounting["mfu"] == trials[4]["mfu"]
+        derived = client.get("/api/studies/h100-llama-1b/trials/0").json()["real_token_mfu"]
+        assert derived["mfu"] == pytest.approx(_expected_real_mfu(trials, 0), rel=1e-6)
+        page = client.get("/studies/h100-llama-1b")
+        assert page.status_code == 200
+        rows = [r.split("</tr>")[0] for r in page.text.split('<tr class="" data-number="')[1:]]
+        labelled = {int(row.split('"')[0]): row for row in rows if "counts padding" in row}
+        assert set(labelled) == {0, 1, 2, 3}
+        assert "real tokens 7.1%, derived" in labelled[0]

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from sweeper.store import Store
 from sweeper.studyfile import import_study, read_study_file
-from sweeper.verdict import knob_effects, study_knob_effects
+from sweeper.verdict import knob_effects, markdown_table, study_knob_effects
 from tests.helpers import REPO
 
 CPU_DEMO = REPO / "studies" / "cpu-demo.json"  # 8 trials recorded on this project's CPU demo
@@ -173,3 +173,25 @@ def test_the_cli_rest_and_study_page_show_what_each_knob_is_worth(
         section = page.text.split('<section id="knob-effects">')[1].split("</section>")[0]
         assert section.count("<tr data-basis=") == 3
         assert "leave it at sdpa" in section and "Not told apart" in section
+
+
+def test_the_verdict_table_for_results_has_one_row_per_effect_largest_first(
+    sqlite_url: str,
+) -> None:
+    store = Store(sqlite_url)
+    store.migrate()
+    import_study(store, read_study_file(CPU_DEMO), name="demo")
+    effects = study_knob_effects(store, "demo")
+    store.dispose()
+    table, untold = markdown_table(effects).split("\n\n")
+    rows = table.splitlines()[2:]
+    assert len(rows) == len(effects.effects) == 3
+    assert untold.endswith(", ".join(effects.untold))
+    ratios = [float(row.split("|")[4].strip().rstrip("×")) for row in rows]
+    assert [abs(math.log(r)) for r in ratios] == sorted(
+        (abs(math.log(r)) for r in ratios), reverse=True
+    )
+    for effect in effects.effects:
+        row = next(r for r in rows if f"| {effect.ratio:.2f}× |" in r)
+        assert row.rstrip().endswith(f"| {effect.verdict} |")
+        assert f"{effect.low:.2f}–{effect.high:.2f}" in row

@@ -25,6 +25,7 @@ from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
 from sweeper.offers import OfferTable
 from sweeper.store import Store, TrialMetrics
+from sweeper.studyfile import padding_counted
 
 router = APIRouter(include_in_schema=False)
 
@@ -143,6 +144,13 @@ def study_page(
         "trials": trials,
         "best": best,
         "knob_effects": effects,
+        # trials recorded before MFU counted real tokens only: their MFU counts padding
+        "mfu_padding": cache.get(
+            store,
+            name,
+            ("mfu-padding", sort, descending, page),
+            lambda: padding_counted(store, name, trials),
+        ),
         "no_best": no_best,
         "no_best_line": describe(no_best.fallback.config)  # type: ignore[union-attr]
         if getattr(no_best, "fallback", None) is not None

@@ -33,6 +33,7 @@ from sweeper.space import TrialConfig
 from sweeper.store import Store, StudyRow
 from sweeper.store.models import TRIAL_STATES
 from sweeper.store.store import TRIAL_SORT_KEYS, utcnow
+from sweeper.studyfile import model_shape, real_token_mfu
 
 SortKey = Literal[TRIAL_SORT_KEYS]  # type: ignore[valid-type]
 # Lax validation turns the query's text into the knob's type ("8" → 8, "true" → True).
@@ -170,7 +171,9 @@ def get_trial(name: StudyName, number: TrialNumber, store: StoreDep) -> TrialDet
     trial = store.get_trial(name, number)
     if trial is None:
         raise HTTPException(status_code=404, detail=f"study {name!r} has no trial {number}")
-    return TrialDetail.model_validate(trial)
+    detail = TrialDetail.model_validate(trial)
+    shape = model_shape(store.get_study(name).space_yaml)
+    return detail.model_copy(update={"real_token_mfu": real_token_mfu(trial.measurement, shape)})
 
 
 def _constraints(
