@@ -460,6 +460,15 @@ def print_sweep_summary(report: SweepReport) -> None:
         + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
         highlight=False,
     )
+    if report.device_limit_s is not None and report.study_device_s is not None:
+        limit = report.device_limit_s
+        console.print(
+            f"device time: this worker used {report.device_s:,.0f} device-seconds "
+            f"({report.device_s / limit:.0%} of the study's budget, {limit:,.0f}); the "
+            f"{count(report.workers, 'worker')} of this run used {report.study_device_s:,.0f} "
+            f"({report.study_device_s / limit:.0%})",
+            highlight=False,
+        )
 
 
 def print_knob_effects(effects: KnobEffects) -> None:

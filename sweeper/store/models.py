@@ -148,6 +148,12 @@ class WorkerRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    device_seconds: Mapped[float] = mapped_column(
+        Float,
+        default=0.0,
+        server_default="0",
+        doc="device time it used: wall seconds × the devices its trial held (one between trials)",
+    )
 
 
 class TrialMetrics(Protocol):

@@ -240,11 +240,25 @@ class Store:
         with self.session() as s:
             return self._study(s, name).state == "stopping"
 
-    def add_sweep_seconds(self, name: str, seconds: float) -> None:
-        """Count machine time the sweep spent (trials, preparation, probes) against the study."""
+    def add_sweep_seconds(
+        self,
+        name: str,
+        seconds: float,
+        worker_id: str | None = None,
+        device_seconds: float = 0.0,
+    ) -> None:
+        """Count machine time the sweep spent (trials, preparation, probes) against the study,
+        and ``device_seconds`` (those seconds × the devices held) against ``worker_id``, in
+        one transaction: the study's workers share its device-time budget by these sums."""
         with self.session() as s:
             row = self._study(s, name)
             row.sweep_seconds = (row.sweep_seconds or 0.0) + max(0.0, seconds)
+            if worker_id is not None:
+                s.execute(
+                    update(WorkerRow)
+                    .where(WorkerRow.id == worker_id)
+                    .values(device_seconds=WorkerRow.device_seconds + max(0.0, device_seconds))
+                )
 
     def studies_of_workload(self, workload_hash: str) -> list[StudyRow]:
         """Studies pricing the same job, e.g. on other hardware, oldest first."""

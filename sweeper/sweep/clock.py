@@ -1,7 +1,8 @@
-"""The machine time a sweep uses, charged to its study as it goes."""
+"""The machine time a sweep uses, charged to its study and its worker as it goes."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from sweeper.errors import SweeperError
@@ -9,17 +10,44 @@ from sweeper.store import Store
 
 
 class SweepClock:
-    """Charges the machine time a sweep uses (preparation, probes, trials) to its study, as it
-    goes, so an interrupted sweep is accounted for too."""
+    """Charges the machine time a sweep uses (preparation, probes, trials) to its study, and
+    its device time to its worker, as it goes (after each trial, and from the heartbeat), so an
+    interrupted sweep is accounted for too and the study's other workers see what this one
+    spent (``sweeper.sweep.share``).
 
-    def __init__(self, store: Store, study: str) -> None:
-        self.store, self.study = store, study
-        self.since = time.perf_counter()
+    Device time is wall time on one device, plus ``(N - 1) ×`` the seconds of each trial
+    that held N devices (``add_device_seconds`` when it ends). ``since``: when the sweep
+    started (``time.perf_counter()``): its preparation counts."""
+
+    def __init__(
+        self, store: Store, study: str, worker_id: str | None = None, since: float | None = None
+    ) -> None:
+        self.store, self.study, self.worker_id = store, study, worker_id
+        self.since = time.perf_counter() if since is None else since
+        self.started = self.since
+        self.extra_device_s = 0.0  # device-seconds beyond wall time, not yet charged
+        self.charged_device_s = 0.0
+        self._lock = threading.Lock()  # the heartbeat's thread charges too
+
+    def add_device_seconds(self, seconds: float) -> None:
+        """Device time beyond the wall clock's: a trial on N devices adds (N - 1) × its
+        seconds."""
+        with self._lock:
+            self.extra_device_s += max(0.0, seconds)
+
+    def device_s(self) -> float:
+        """The device-seconds this sweep used so far, charged or not."""
+        with self._lock:
+            now = time.perf_counter()
+            return self.charged_device_s + (now - self.since) + self.extra_device_s
 
     def charge(self) -> None:
-        now = time.perf_counter()
-        try:
-            self.store.add_sweep_seconds(self.study, now - self.since)
-        except SweeperError:
-            return  # accounting never stops a sweep; the next charge carries the time
-        self.since = now
+        with self._lock:
+            now = time.perf_counter()
+            wall, device = now - self.since, now - self.since + self.extra_device_s
+            try:
+                self.store.add_sweep_seconds(self.study, wall, self.worker_id, device)
+            except SweeperError:
+                return  # accounting never stops a sweep; the next charge carries the time
+            self.since, self.extra_device_s = now, 0.0
+            self.charged_device_s += device

@@ -120,6 +120,50 @@ def check_pool(devices: list[str], sizes: list[int], count: int | None) -> int:
     return most if count is None else count
 
 
+def budget_use(url: str, study: str, pids: list[int], max_minutes: float | None) -> list[str]:
+    """What each of the workers (``pids``, of this host) used of the study's device time, one
+    line each, with their share of the space's device-time budget (``budget.max_usd``,
+    ``budget.max_device_hours``) where it applies (``--max-minutes`` replaces it); nothing
+    when the store cannot say."""
+    import socket
+
+    from sweeper.space import stored_space
+    from sweeper.store import Store
+    from sweeper.sweep.stopping import device_hours_limit
+
+    try:
+        store = Store(url)
+        try:
+            row = store.get_study(study)
+            listed = store.list_workers(study)
+        finally:
+            store.dispose()
+        space = stored_space(row.space_yaml, study, row.space_path or f"study {study}")
+    except SweeperError:
+        return []
+    workers, trials = [w for w, _ in listed], {w.id: n for w, n in listed}
+    hours = device_hours_limit(space.budget, space.hardware.usd_per_hour)
+    limit = None if max_minutes is not None or hours is None else 3600 * hours
+    host, lines, total = socket.gethostname(), [], 0.0
+    for index, pid in enumerate(pids):
+        # the latest row of that process (a PID can come back in an older run)
+        rows = [w for w in workers if w.pid == pid and w.host == host]
+        if not rows:
+            continue
+        worker = max(rows, key=lambda w: w.started_at)
+        used = worker.device_seconds or 0.0
+        total += used
+        share = "" if limit is None else f", {used / limit:.0%} of the study's budget"
+        lines.append(
+            f"worker {index}: {trials.get(worker.id, 0)} trial(s), {used:,.0f} "
+            f"device-seconds{share}"
+        )
+    if lines:
+        said = "" if limit is None else f" of the budget's {limit:,.0f} ({total / limit:.0%})"
+        lines.append(f"the {len(lines)} workers used {total:,.0f} device-seconds{said}")
+    return lines
+
+
 def run_workers(
     command: list[str],
     name: str,
@@ -170,6 +214,8 @@ def run_workers(
         for log, process in processes:
             if process.wait() != 0:
                 failed.append((log, process.returncode))
+        for line in budget_use(url, name, [p.pid for _, p in processes], max_minutes):
+            say(line)
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated)
         # pass it on once; a second signal must not cut the wait for the workers short

@@ -29,6 +29,7 @@ from sweeper.sweep.rules import (
     SkipRule,
     first_skip,
 )
+from sweeper.sweep.share import StudyShare
 from sweeper.sweep.stopping import Stopping, TimeBudget
 
 # Stop asking after this many consecutive configs that were measured or ruled out already.
@@ -111,18 +112,21 @@ class SearchLoop:
         clock: SweepClock | None = None,
         deadline: float | None = None,
         device_deadline: float | None = None,
+        shared: StudyShare | None = None,
     ) -> dict[str, int]:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
         at the time left; with a ``device_deadline`` (``TimeBudget``), the same in device
-        time, a trial on N devices spending N. ``settle`` then measures the best configs
-        again."""
+        time, a trial on N devices spending N; with ``shared`` instead, the study's device
+        time, all its workers' together (``sweeper.sweep.share``). ``settle`` then measures
+        the best configs again."""
         counts = {
             "run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0,
             "ruled_out": 0,
         }  # fmt: skip
         skipped_in_a_row = 0
         self.time.deadline, self.time.device_deadline = deadline, device_deadline
+        self.time.shared = shared
         while counts["run"] < n_trials:
             left_s = self.time.left_s()
             reason = self._reason_not_to_ask(left_s)

@@ -25,6 +25,7 @@ from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, workload_server
 from sweeper.sweep.queue import enqueue_interrupted, enqueue_known
+from sweeper.sweep.share import StudyShare
 from sweeper.sweep.stopping import device_hours_limit
 from sweeper.sweep.worker import Worker
 
@@ -96,6 +97,11 @@ class SweepReport:
     predicted_oom: int = 0  # configs not run: as heavy as one that ran out of memory
     stop_reason: str = ""  # why the sweep ended
     remeasured: int = 0  # measurements of configs measured before (sweeper.noise)
+    device_s: float = 0.0  # the device time this worker used (N devices: N × the seconds)
+    # with a device-time budget: the study's limit, and what its run's workers used together
+    device_limit_s: float | None = None
+    study_device_s: float | None = None
+    workers: int = 1  # workers of the run that shared the budget
 
 
 def study_fields(
@@ -161,9 +167,9 @@ def run_sweep(
     n_trials = n_trials or space.budget.n_trials
     # budget.max_usd / max_device_hours in device time: a trial on N devices spends N
     device_hours = device_hours_limit(space.budget, space.hardware.usd_per_hour)
-    device_deadline = None
+    device_limit_s = None  # the study's, all its workers' together (sweeper.sweep.share)
     if max_minutes is None and device_hours is not None:
-        device_deadline = time.monotonic() + 3600 * device_hours
+        device_limit_s = 3600 * device_hours
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
@@ -189,9 +195,13 @@ def run_sweep(
         observer.note(f"#{number}: wrote the {what} kept while the database was away")
     enqueue_known(study, space)
     enqueue_interrupted(store, study, space)
-    clock = SweepClock(store, space.study)
     member = Worker(store, storage, study, space, heartbeat_s, worker_grace_s)
     member.start()
+    clock = SweepClock(store, space.study, member.id, since=started)  # preparation counts
+    member.clock = clock
+    shared = None
+    if device_limit_s is not None:
+        shared = StudyShare(store, space.study, clock, device_limit_s)
     worker = worker or member.seed_name()
     executor: ChildExecutor | None = None
     try:
@@ -216,7 +226,7 @@ def run_sweep(
                 seed=worker_seed(space.budget.seed, worker), eligible=eligible,
                 worker_id=member.id,
             )  # fmt: skip
-            counts = loop.run(n_trials, clock, deadline, device_deadline)
+            counts = loop.run(n_trials, clock, deadline, shared=shared)
             if not loop.stopped:
                 loop.settle(clock)
     except KeyboardInterrupt:
@@ -247,6 +257,7 @@ def run_sweep(
         clock.charge()
         storage.engine.dispose()
     member.stop("stopped" if loop.stopped else "finished")
+    use = None if shared is None else shared.use()
     store.dispose()
     return SweepReport(
         study=space.study,
@@ -258,4 +269,8 @@ def run_sweep(
         predicted_oom=counts["predicted"],
         stop_reason=loop.stop_reason,
         remeasured=loop.remeasure.remeasured,
+        device_s=clock.charged_device_s,
+        device_limit_s=device_limit_s,
+        study_device_s=None if use is None else use.used_s,
+        workers=1 if use is None else len(use.workers),
     )

@@ -7,9 +7,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sweeper.space import Budget, Space
 from sweeper.sweep.outcome import Outcome
+
+if TYPE_CHECKING:
+    from sweeper.sweep.share import StudyShare
 
 # The stopping rule of budget.planned_runs looks at improvements over at least this many trials.
 _SAVING_WINDOW = 10
@@ -39,11 +43,21 @@ class TimeBudget:
     when one device's time would reach the space's device-time limit (``budget.max_usd``,
     ``budget.max_device_hours``). The sweep spends one device's time while it prepares,
     probes and runs one-device trials; a trial on N devices spends N: it brings the device
-    deadline (N - 1) × its seconds nearer."""
+    deadline (N - 1) × its seconds nearer.
 
-    def __init__(self, deadline: float | None = None, device_deadline: float | None = None):
+    ``shared`` (a sweep with a store) replaces ``device_deadline``: the device time is the
+    study's, what all its workers used counted from the store, and this worker may spend its
+    share of what is left (``sweeper.sweep.share``)."""
+
+    def __init__(
+        self,
+        deadline: float | None = None,
+        device_deadline: float | None = None,
+        shared: StudyShare | None = None,
+    ):
         self.deadline = deadline
         self.device_deadline = device_deadline
+        self.shared = shared
         self.trial_seconds: list[float] = []
         self.trial_device_seconds: list[float] = []  # seconds × the trial's devices
         self.longest_s = 0.0
@@ -52,15 +66,19 @@ class TimeBudget:
     def left_s(self, devices: int = 1) -> float | None:
         """Wall seconds a trial on ``devices`` may still run (None: no limit)."""
         now = time.monotonic()
+        device_left = self.device_left_s()
         left = [
             None if self.deadline is None else self.deadline - now,
-            None if self.device_deadline is None else (self.device_deadline - now) / devices,
+            None if device_left is None else device_left / devices,
         ]
         known = [s for s in left if s is not None]
         return min(known) if known else None
 
     def device_left_s(self) -> float | None:
-        """Device-seconds left under the device-time limit (None: no limit)."""
+        """Device-seconds this worker may still spend under the device-time limit (None: no
+        limit): with ``shared``, its share of what the study's workers have left."""
+        if self.shared is not None:
+            return self.shared.left_s()[1]
         return None if self.device_deadline is None else self.device_deadline - time.monotonic()
 
     def took(self, seconds: float, devices: int = 1) -> None:
@@ -68,7 +86,9 @@ class TimeBudget:
         self.trial_device_seconds.append(seconds * devices)
         self.longest_s = max(self.longest_s, seconds)
         self.longest_device_s = max(self.longest_device_s, seconds * devices)
-        if self.device_deadline is not None:
+        if self.shared is not None:
+            self.shared.clock.add_device_seconds((devices - 1) * seconds)
+        elif self.device_deadline is not None:
             self.device_deadline -= (devices - 1) * seconds
 
     def spent(self, left_s: float | None) -> bool:
@@ -80,6 +100,17 @@ class TimeBudget:
         """Why no trial may start now (``spent``), in words; None: one may."""
         device_left = self.device_left_s()
         if device_left is not None and (device_left <= 0 or device_left < self.longest_device_s):
+            if self.shared is not None:
+                left, share, live = self.shared.left_s()
+                limit = self.shared.limit_s
+                return (
+                    f"the study's device-time budget is spent: its workers used "
+                    f"{limit - left:.0f} of {limit:.0f} device-seconds, this one "
+                    f"{self.shared.clock.device_s():.0f}; {max(0.0, share):.0f} left to this "
+                    f"worker ({live} live worker(s) share {max(0.0, left):.0f}), the costliest "
+                    f"trial took {self.longest_device_s:.0f} (budget.max_usd / "
+                    "max_device_hours, each device priced)"
+                )
             return (
                 f"the sweep's device-time budget is spent ({max(0.0, device_left):.0f} "
                 f"device-seconds left, the costliest trial took {self.longest_device_s:.0f}: "

@@ -17,6 +17,7 @@ from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.store.optuna import fail_trial
 from sweeper.store.retry import connection_lost
+from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.outcome import Outcome, tell, worst_cost
 from sweeper.sweep.queue import enqueue_lost
 
@@ -38,6 +39,9 @@ class Worker:
         self.store, self.storage, self.study, self.space = store, storage, study, space
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
         self.id = str(uuid.uuid4())
+        # charged on each beat: the study's other workers see this one's time as it goes,
+        # not only after each trial (``sweeper.sweep.share``)
+        self.clock: SweepClock | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="sweeper-heartbeat", daemon=True)
 
@@ -56,6 +60,8 @@ class Worker:
         while not self._stopped.wait(self.heartbeat_s):
             try:
                 self.store.beat(self.id)
+                if self.clock is not None:
+                    self.clock.charge()
                 self.reap()
             except Exception as e:
                 if isinstance(e, SweeperError) or connection_lost(e):

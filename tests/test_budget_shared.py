@@ -1,0 +1,183 @@
+"""One device-time budget for all the workers of a study (``sweeper.sweep.share``, issue 35):
+what they used together is read from the store, a trial on N devices counting N × its
+seconds, so two workers stop at the study's budget, not at twice it; each says what it used.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweeper.preflight import PreflightReport
+from sweeper.space import TrialConfig, parse_space
+from sweeper.store import Store
+from sweeper.store.models import WorkerRow
+from sweeper.sweep.clock import SweepClock
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.outcome import Outcome
+from sweeper.sweep.share import StudyShare, the_run
+from tests.helpers import REPO, STUDY_FIELDS, tiny_space_without_baseline
+from tests.test_budget_devices import _Timed
+from tests.test_cli import env  # noqa: F401 (a fixture)
+from tests.test_search import SPACE
+
+
+def _worker(name: str, start: int, end: int | None) -> WorkerRow:
+    """A worker that lived from ``start`` to ``end`` seconds (None: alive)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    return WorkerRow(
+        id=name, study_id=1, host="h", pid=1, state="alive" if end is None else "done",
+        started_at=t0 + timedelta(seconds=start), heartbeat_at=t0 + timedelta(seconds=start),
+        finished_at=None if end is None else t0 + timedelta(seconds=end),
+    )  # fmt: skip
+
+
+def test_the_run_is_the_chain_of_overlapping_workers() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=1000)
+    earlier = [_worker("old-a", 0, 100), _worker("old-b", 50, 120)]  # a launch that ended
+    run = [_worker("a", 500, 700), _worker("b", 510, None), _worker("late", 900, None)]
+    chain = the_run([*earlier, *run], "late", now)
+    # "late" joined while "b" was alive, which overlapped "a": one run; the old launch is not
+    assert sorted(w.id for w in chain) == ["a", "b", "late"]
+    assert sorted(w.id for w in the_run([*earlier, *run], "old-a", now)) == ["old-a", "old-b"]
+    # a worker lost at its last heartbeat (no finished_at) ends there
+    lost = _worker("lost", 200, None)
+    lost.state = "lost"
+    assert [w.id for w in the_run([lost, _worker("next", 300, None)], "next", now)] == ["next"]
+
+
+def _study_with_workers(url: str, *ids: str) -> Store:
+    store = Store(url)
+    store.migrate()
+    store.upsert_study("s", **STUDY_FIELDS)
+    for worker_id in ids:
+        store.register_worker("s", worker_id, "host", 1)
+    return store
+
+
+def test_the_workers_share_what_the_study_has_left(storage_url: str) -> None:
+    """Two workers of one study, each with its clock: each one's share counts the other's
+    charged device time and a 2-device trial it is running, and halves what is left."""
+    store = _study_with_workers(storage_url, "a", "b")
+    try:
+        a, b = SweepClock(store, "s", "a"), SweepClock(store, "s", "b")
+        b.since -= 100  # b has used 100 s of one device...
+        b.add_device_seconds(50)  # ...and a trial of 50 s on 2 devices
+        b.charge()
+        assert store.get_study("s").sweep_seconds == pytest.approx(100, abs=1)
+        share = StudyShare(store, "s", a, limit_s=1000)
+        use = share.use()
+        assert use.live == 2
+        assert {w.worker_id: round(w.device_s) for w in use.workers} == {"a": 0, "b": 150}
+        left, mine, live = share.left_s()
+        assert left == pytest.approx(850, abs=1) and mine == pytest.approx(425, abs=1)
+        # b starts a trial on 2 devices 40 s ago: its second device counts from the start
+        store.start_trial("s", 0, {"devices": 2}, worker_id="b")
+        with store.session() as s:
+            from sweeper.store.models import TrialRow
+
+            row = s.query(TrialRow).one()
+            row.started_at = datetime.now(UTC) - timedelta(seconds=40)
+        time.sleep(1.1)  # past the read that stands for a second
+        (b_use,) = [w for w in share.use().workers if w.worker_id == "b"]
+        assert b_use.device_s == pytest.approx(190, abs=2)
+        # b ends (its time all charged): a has the whole of what is left
+        store.end_worker("b")
+        time.sleep(1.1)
+        left, mine, live = share.left_s()
+        assert live == 1 and mine == pytest.approx(left)
+        assert left == pytest.approx(850 - a.device_s(), abs=0.5)
+    finally:
+        store.dispose()
+
+
+class _Slow(_Timed):
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        time.sleep(3)
+        return super().execute(trial, config, left_s)
+
+
+def test_a_loop_of_two_device_trials_stops_at_the_studys_budget(sqlite_url: str) -> None:
+    """The loop, with the store's shared budget: another worker used most of it; a trial on 2
+    devices is charged 2 × its seconds, and the loop stops when its share cannot hold one."""
+    space = parse_space(SPACE.replace("search:\n", "search:\n  devices: [2]\n"))
+    store = _study_with_workers(sqlite_url, "me", "other")
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    try:
+        study = optuna.create_study(study_name=space.study, storage=storage)
+        other = SweepClock(store, "s", "other")
+        other.since -= 90  # the other worker used 90 of the study's 100 device-seconds
+        other.charge()
+        slow = _Slow()
+        loop = SearchLoop(space, study, slow, PreflightReport(), SilentObserver())
+        clock = SweepClock(store, "s", "me")
+        loop.run(5, clock, shared=StudyShare(store, "s", clock, limit_s=100))
+        # 10 left, halved between the two live workers: 5 device-seconds, 2.5 s on 2 devices;
+        # the 3 s trial spends 6 or more: what is left cannot hold another
+        assert len(slow.ran) == 1
+        (left,) = slow.left
+        assert left is not None and 1.5 < left <= 2.5
+        (seconds,) = loop.time.trial_seconds
+        assert clock.charged_device_s >= 2 * seconds >= 6  # the second device counted
+        assert "the study's device-time budget is spent" in loop.stop_reason
+        assert "2 live worker(s)" in loop.stop_reason
+    finally:
+        storage.engine.dispose()
+        store.dispose()
+
+
+@pytest.mark.torch
+def test_two_workers_stop_at_the_studys_budget_not_twice_it(
+    tmp_path: Path,
+    sqlite_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    """`launch --workers 2` with a device-time budget (budget.max_device_hours) and more
+    trials and configs than it can pay for: the two workers together use about the budget
+    (each alone would have used all of it: twice), both run trials, each stops saying the
+    study's budget is spent, and the launch says what each worker used."""
+    # each worker's preparation and first trial take 30-60 s at load 10: a budget that
+    # holds a few trials more, so that what the sharing leaves over is a small part of it
+    limit_s = 200.0
+    text = tiny_space_without_baseline()
+    text = text.replace("[2, 4]", "[1, 2, 3, 4]").replace("[1, 2]", "[1, 2, 3]")
+    text = text.replace("max_seq_length: [64]", "max_seq_length: [32, 48, 64]")
+    text = text.replace("n_trials: 3", f"n_trials: 60\n  max_device_hours: {limit_s / 3600}")
+    space = tmp_path / "budget.yaml"
+    space.write_text(text)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
+        + ["--storage", sqlite_url, "--workers", "2"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    wall_s = time.monotonic() - started
+    logs = Path(env["SWEEPER_CACHE_DIR"]) / "workers"
+    worker_logs = [p.read_text() for p in sorted(logs.glob("tiny-*.log"))]
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + str(worker_logs)
+    store = Store(sqlite_url)
+    try:
+        workers = store.list_workers("tiny")
+    finally:
+        store.dispose()
+    assert len(workers) == 2
+    used = sum(w.device_seconds for w, _ in workers)
+    print(f"2 workers used {used:.0f} of {limit_s:.0f} device-seconds ({used / limit_s:.2f}x)")
+    # each worker alone would stop near the whole budget (2 × it together); shared, about it:
+    # above it by at most the trials the two started when their shares could still hold one
+    assert 0.6 * limit_s < used < 1.4 * limit_s, (used, wall_s, worker_logs)
+    assert all(n >= 1 for _, n in workers), [n for _, n in workers]
+    for log in worker_logs:
+        assert "the study's device-time budget is spent" in log, log[-3000:]
+        assert re.search(r"device time: this worker used [\d,]+ device-seconds \(\d+% of", log)
+    lines = re.findall(r"worker \d: \d+ trial\(s\), [\d,]+ device-seconds, \d+% of", done.stdout)
+    assert len(lines) == 2, done.stdout
+    assert re.search(r"the 2 workers used [\d,]+ device-seconds of the budget's 200", done.stdout)
