@@ -272,6 +272,10 @@ class _PreflightRun:
         self.precision_factor: float | None = None
         self.capabilities: dict[str, str | None] = {}
         self.device_count: int | None = None  # CUDA devices the probe saw (None: the CPU)
+        # whether the probe child imports deepspeed (seconds each): only for a ZeRO stage listed
+        self.check_deepspeed = any(
+            v in knobs.ZERO_STAGES for v in self.search.values("data_parallel")
+        )
         # a user's script runs in its own python: its torch and kernels are what the trials
         # get, so the probes run there (without the fork server, which is sweeper's python)
         self.python = _other_python(space)
@@ -333,6 +337,7 @@ class _PreflightRun:
                     precision=self.main_precision,
                     compare_fp32=compare and self.main_precision != "fp32",
                     steps=10 if compare else 4,  # a ratio of two timings needs more steps
+                    deepspeed=self.check_deepspeed,  # these probes say what the machine has
                 ),
             )
             if not outcome.ok:

@@ -33,7 +33,7 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
     tokenizer = load_tokenizer(request.prepared)
     result: dict[str, Any] = {
         "device_type": device.type,
-        "capabilities": capabilities(device),
+        "capabilities": capabilities(device, deepspeed=probe.deepspeed),
         # how many ranks a trial may have: one per GPU (on the CPU, ranks are processes)
         "device_count": torch.cuda.device_count() if device.type == "cuda" else None,
     }
@@ -50,8 +50,10 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
     return result
 
 
-def capabilities(device: torch.device) -> dict[str, str | None]:
-    """What knob values need (``sweeper.knobs.Capability``): None when present, else why not."""
+def capabilities(device: torch.device, deepspeed: bool = False) -> dict[str, str | None]:
+    """What knob values need (``sweeper.knobs.Capability``): None when present, else why not.
+    ``deepspeed``: whether to import it (2-3 s on a loaded CPU) to say if ZeRO runs here; left
+    out, the answer is not in the dict (preflight reads that as "not checked")."""
     cuda = None if device.type == "cuda" else f"the trial device is the {device.type.upper()}"
     bnb = cuda
     if cuda is None:
@@ -69,7 +71,7 @@ def capabilities(device: torch.device) -> dict[str, str | None]:
     return {
         "cuda": cuda,
         "bitsandbytes": bnb,
-        "deepspeed": _deepspeed(),
+        **({"deepspeed": _deepspeed()} if deepspeed else {}),
         "liger": cuda or _liger(),
         "fp8": cuda or _float8(device),
         "cuda_graphs": cuda,

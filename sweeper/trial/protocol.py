@@ -60,6 +60,8 @@ class ProbeSpec(BaseModel):
     precision: Precision
     compare_fp32: bool = False  # also time fp32, to catch a pathologically slow precision
     steps: int = 4
+    # also check that deepspeed imports (seconds per child): only where the space lists ZeRO
+    deepspeed: bool = False
 
 
 class ChildRequest(BaseModel):
