@@ -107,13 +107,15 @@ def test_workers_sharing_two_devices_run_trials_of_one_and_two_without_overlap(
     env: dict[str, str],  # noqa: F811
 ) -> None:
     """`launch --workers 2` with two visible devices and search.devices [1, 2]: the 2-device
-    trials hold both, the 1-device ones one each; each trial's devices and the time it held
-    them are recorded (Optuna user attributes); no two trials held a device at once. Priced
-    per device: a 2-device trial costs hours × 2 × the device's $/h."""
+    trial holds both, the 1-device one one; each trial's devices and the time it held them
+    are recorded (Optuna user attributes); no two trials held a device at once. Priced per
+    device: a 2-device trial costs hours × 2 × the device's $/h. One trial of each size (the
+    space has just those two configs): the two workers start them together, so one of them
+    waits for the other's device."""
     space = tmp_path / "pool.yaml"
     text = tiny_space_without_baseline()
     text = text.replace(
-        "  per_device_batch_size: [2, 4]", "  per_device_batch_size: [2, 4]\n  devices: [1, 2]"
+        "  per_device_batch_size: [2, 4]", "  per_device_batch_size: [2]\n  devices: [1, 2]"
     )
     text = text.replace("gradient_accumulation_steps: [1, 2]", "gradient_accumulation_steps: [1]")
     text = text.replace("[sdpa, eager]", "[sdpa]")
@@ -123,7 +125,7 @@ def test_workers_sharing_two_devices_run_trials_of_one_and_two_without_overlap(
     run_env = dict(env, CUDA_VISIBLE_DEVICES="0,1", SWEEPER_DEVICE_LOCKS=str(locks))
     done = subprocess.run(
         [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
-        + ["--storage", url, "--workers", "2", "--n-trials", "4"],
+        + ["--storage", url, "--workers", "2", "--n-trials", "2"],
         env=run_env,
         cwd=REPO,
         capture_output=True,
@@ -145,10 +147,10 @@ def test_workers_sharing_two_devices_run_trials_of_one_and_two_without_overlap(
         trials = optuna.load_study(study_name="tiny", storage=storage).trials
     finally:
         storage.engine.dispose()
-    assert [rows[t.number].state for t in trials] == ["complete"] * 4, [
+    assert [rows[t.number].state for t in trials] == ["complete"] * 2, [
         r.failure_message for r in rows.values()
     ]
-    assert sorted(rows[t.number].config["devices"] for t in trials) == [1, 1, 2, 2]
+    assert sorted(rows[t.number].config["devices"] for t in trials) == [1, 2]
     holds = []
     for t in trials:
         row = rows[t.number]
