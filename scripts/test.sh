@@ -10,6 +10,7 @@
 #   3. the tests that reach transformers' API (the engines, what each knob reads back, TRL's
 #      packing, chat templates) with transformers at its floor (5.17.0, as CUDA images ship it);
 #   4. mypy.
+# Steps 3 and 4 run in the background beside step 2 (their output follows step 2's).
 # Extra arguments go to pytest and run step 1 only (for working on one test).
 # Every step runs even when an earlier one fails; the failures are listed at the end, and the
 # exit status is 1 if any step failed.
@@ -51,6 +52,29 @@ failed=()
 step() {
   local name=$1; shift
   if ! "$@"; then failed+=("$name"); echo "test: FAILED: $name" >&2; fi
+}
+# beside NAME COMMAND...: run it in the background, its output in a log printed by `joined`
+# (steps 3 and 4 run beside step 2: the controller's tests mostly wait on servers, a browser
+# and databases, so the three together take about as long as step 2 alone on 2 cores)
+beside_names=(); beside_pids=(); beside_logs=()
+beside() {
+  local name=$1; shift
+  local log
+  log=$(mktemp "${TMPDIR:-/tmp}/sweeper-test-step.XXXXXX")
+  "$@" >"$log" 2>&1 &
+  beside_names+=("$name"); beside_pids+=("$!"); beside_logs+=("$log")
+}
+joined() {
+  local i
+  for i in "${!beside_pids[@]}"; do
+    local status=0
+    wait "${beside_pids[$i]}" || status=$?
+    echo "test: ---- ${beside_names[$i]} (ran beside step 2) ----"
+    cat "${beside_logs[$i]}"; rm -f "${beside_logs[$i]}"
+    if [ "$status" -ne 0 ]; then
+      failed+=("${beside_names[$i]}"); echo "test: FAILED: ${beside_names[$i]}" >&2
+    fi
+  done
 }
 step "lint (ruff check)" .venv/bin/ruff check .
 step "format (ruff format --check)" .venv/bin/ruff format --check .
@@ -101,6 +125,28 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     --no-build-isolation -e . >/dev/null
   echo "$want" > "$stamp"
 fi
+# 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
+# first, and trial children inherit it). 5.17 needs a huggingface_hub below 2.
+floor=.floor/transformers-5.17.0
+if [ ! -f "$floor/.installed" ]; then
+  rm -rf "$floor"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$floor" transformers==5.17.0 huggingface_hub==1.33.0
+  touch "$floor/.installed"
+fi
+echo "test: 3/4 the transformers-facing trial tests with transformers 5.17.0, beside step 2"
+beside "3/4 the transformers-facing trial tests with transformers 5.17.0" \
+  env PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
+  -p no:cacheprovider -q -n "$processes" --dist worksteal tests/trial/test_engines.py \
+  tests/trial/test_readback.py tests/trial/test_packing.py \
+  "tests/trial/test_user_data.py::test_chat_records_train_replies_only_with_every_engine" \
+  "tests/trial/test_user_data.py::test_users_model_directory_sweeps_with_its_own_tokenizer" \
+  "tests/test_doctor.py::test_tiny_space_runs_here"
+
+# 4. Types (issue 30). mypy reads pyproject's [tool.mypy]: sweeper, api and dashboards, 0 errors.
+echo "test: 4/4 mypy, beside step 2"
+beside "4/4 types (mypy)" .venv/bin/mypy
+
 echo "test: 2/4 the controller without torch, $("$venv/bin/python" --version)"
 # coverage is collected here (the controller's tests, the API and the browser's included; trial
 # children are not traced) and checked by coverage itself: pytest-cov's own fail-under once
@@ -113,27 +159,7 @@ step "2/4 the controller on $("$venv/bin/python" --version)" \
 step "2/4 the controller's coverage floor (pyproject's fail_under)" \
   "$venv/bin/python" -m coverage report --skip-covered --sort=cover
 
-# 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
-# first, and trial children inherit it). 5.17 needs a huggingface_hub below 2.
-floor=.floor/transformers-5.17.0
-if [ ! -f "$floor/.installed" ]; then
-  rm -rf "$floor"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
-    --target "$floor" transformers==5.17.0 huggingface_hub==1.33.0
-  touch "$floor/.installed"
-fi
-echo "test: 3/4 the transformers-facing trial tests with transformers 5.17.0"
-step "3/4 the transformers-facing trial tests with transformers 5.17.0" \
-  env PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
-  -p no:cacheprovider -q -n "$processes" --dist worksteal tests/trial/test_engines.py \
-  tests/trial/test_readback.py tests/trial/test_packing.py \
-  "tests/trial/test_user_data.py::test_chat_records_train_replies_only_with_every_engine" \
-  "tests/trial/test_user_data.py::test_users_model_directory_sweeps_with_its_own_tokenizer" \
-  "tests/test_doctor.py::test_tiny_space_runs_here"
-
-# 4. Types (issue 30). mypy reads pyproject's [tool.mypy]: sweeper, api and dashboards, 0 errors.
-echo "test: 4/4 mypy"
-step "4/4 types (mypy)" .venv/bin/mypy
+joined
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test: ${#failed[@]} step(s) failed:" >&2
