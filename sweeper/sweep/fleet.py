@@ -120,11 +120,10 @@ def check_pool(devices: list[str], sizes: list[int], count: int | None) -> int:
     return most if count is None else count
 
 
-def budget_use(url: str, study: str, pids: list[int], max_minutes: float | None) -> list[str]:
+def budget_use(url: str, study: str, pids: list[int]) -> list[str]:
     """What each of the workers (``pids``, of this host) used of the study's device time, one
     line each, with their share of the space's device-time budget (``budget.max_usd``,
-    ``budget.max_device_hours``) where it applies (``--max-minutes`` replaces it); nothing
-    when the store cannot say."""
+    ``budget.max_device_hours``) where it has one; nothing when the store cannot say."""
     import socket
 
     from sweeper.space import stored_space
@@ -143,7 +142,7 @@ def budget_use(url: str, study: str, pids: list[int], max_minutes: float | None)
         return []
     workers, trials = [w for w, _ in listed], {w.id: n for w, n in listed}
     hours = device_hours_limit(space.budget, space.hardware.usd_per_hour)
-    limit = None if max_minutes is not None or hours is None else 3600 * hours
+    limit = None if hours is None else 3600 * hours
     host, lines, total = socket.gethostname(), [], 0.0
     for index, pid in enumerate(pids):
         # the latest row of that process (a PID can come back in an older run)
@@ -162,6 +161,17 @@ def budget_use(url: str, study: str, pids: list[int], max_minutes: float | None)
         said = "" if limit is None else f" of the budget's {limit:,.0f} ({total / limit:.0%})"
         lines.append(f"the {len(lines)} workers used {total:,.0f} device-seconds{said}")
     return lines
+
+
+def trial_shares(n_trials: int, count: int) -> list[int]:
+    """Each worker's trials: ``n_trials`` in all (not ``count`` × the rounded-up share), no
+    worker without one.
+
+    >>> trial_shares(5, 2), trial_shares(2, 3)
+    ([3, 2], [1, 1])
+    """
+    shares = [n_trials // count + (index < n_trials % count) for index in range(count)]
+    return [share for share in shares if share > 0]
 
 
 def run_workers(
@@ -187,9 +197,11 @@ def run_workers(
         check_pool(devices, sizes or [1], count)
         pool = DevicePool(devices)
     logs.mkdir(parents=True, exist_ok=True)
-    share = -(-n_trials // count)
+    shares = trial_shares(n_trials, count)
+    if len(shares) < count:
+        say(f"{n_trials} trial(s) for {count} workers: starting {len(shares)}, one trial each")
     processes = []
-    for index in range(count):
+    for index, share in enumerate(shares):
         env = dict(os.environ, SWEEPER_FLEET_TRIALS=str(n_trials))  # the study plans them all
         if pool is not None:
             env.update(pool.env())
@@ -214,7 +226,7 @@ def run_workers(
         for log, process in processes:
             if process.wait() != 0:
                 failed.append((log, process.returncode))
-        for line in budget_use(url, name, [p.pid for _, p in processes], max_minutes):
+        for line in budget_use(url, name, [p.pid for _, p in processes]):
             say(line)
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated)

@@ -167,9 +167,9 @@ def run_sweep(
     n_trials = n_trials or space.budget.n_trials
     # budget.max_usd / max_device_hours in device time: a trial on N devices spends N
     device_hours = device_hours_limit(space.budget, space.hardware.usd_per_hour)
-    device_limit_s = None  # the study's, all its workers' together (sweeper.sweep.share)
-    if max_minutes is None and device_hours is not None:
-        device_limit_s = 3600 * device_hours
+    # the study's, all its workers' together (sweeper.sweep.share); --max-minutes replaces
+    # the wall-clock limit only: a limit in dollars holds whatever the deadline
+    device_limit_s = None if device_hours is None else 3600 * device_hours
     max_minutes = max_minutes or space.budget.minutes(space.hardware.usd_per_hour)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     started = time.perf_counter()
