@@ -325,6 +325,22 @@ def _probe_findings(
             )
         )
     found += _outcome_findings(space, facts, preflight)
+    # values dropped unprobed for what the machine lacks (a lever's CUDA, package or compute
+    # capability): the sweep skips them, and the user wants to know before it does
+    probed = {(o.knob, str(o.value)) for o in preflight.outcomes}
+    for knob, values in preflight.dropped.items():
+        if knob in preflight.fallbacks:
+            continue  # said above, with what runs instead
+        for value, reason in values.items():
+            if (knob, value) not in probed:
+                found.append(
+                    Finding(
+                        level="warning",
+                        topic="knobs",
+                        text=f"search.{knob}: {value} cannot run here, the sweep skips it: "
+                        f"{reason}",
+                    )
+                )
     for message in preflight.problems:
         found.append(
             Finding(
@@ -371,7 +387,9 @@ def _precision_findings(
         listed = space.search.values("precision")
         where = "workload.precision" if space.workload.precision else "search.precision"
         for wanted in listed:
-            if wanted == "fp32" or precisions[wanted]["runs"]:
+            # fp8 is no autocast dtype the facts probe: preflight's machine check drops it
+            # (compute capability, torchao), and its finding says why
+            if wanted not in precisions or precisions[wanted]["runs"]:
                 continue
             alternative = "fp16" if wanted == "bf16" and precisions["fp16"]["runs"] else "fp32"
             found.append(
