@@ -25,7 +25,13 @@ from sweeper.measurement import parse_measurement
 from sweeper.recommend import Recommendation, best
 from sweeper.space import TrialConfig, parse_space
 from sweeper.store import Store
-from sweeper.studyfile import StudyDocument, import_study, read_study_file
+from sweeper.studyfile import (
+    StudyDocument,
+    import_study,
+    model_shape,
+    read_study_file,
+    real_token_mfu,
+)
 
 
 def _describe(config: dict[str, Any]) -> str:
@@ -78,6 +84,7 @@ def report(
     complete = [t for t in trials if t["state"] == "complete"]
     failed = [t for t in trials if t["state"] == "failed"]
     study = document.study
+    shape = model_shape(study["space_yaml"])  # for the real-token MFU of older records
     env = parse_measurement(complete[0]["measurement"]).env if complete else None
     lines = [
         f"#### {study['name']} on {env.device_name if env else study['hardware_name']}, "
@@ -119,7 +126,7 @@ def report(
                 f"| | | | | | |"
             )
             continue
-        lines.append(_trial_row(label, trial))
+        lines.append(_trial_row(label, trial, shape))
     if recommendation is None:
         lines.append(f"\nNo recommendation: {why_none}")
     else:
@@ -140,7 +147,14 @@ def report(
     lines += ["", "##### Every trial", ""]
     lines += [header, "|---|---|---:|---:|---:|---:|---:|---:|"]
     for trial in sorted(complete, key=lambda t: t["cost_per_run_usd"] or float("inf")):
-        lines.append(_trial_row(_describe(trial["config"]), trial))
+        lines.append(_trial_row(_describe(trial["config"]), trial, shape))
+    if any("counts padding" in line for line in lines):
+        lines += [
+            "",
+            "MFU marked 'counts padding' was recorded before MFU counted real tokens only "
+            "(issue 36): the recorded figure is kept; the real-token one beside it is derived "
+            "from the trial's padding share (`sweeper.studyfile.real_token_mfu`).",
+        ]
     for trial in failed:
         message = (trial["failure_message"] or "")[:160].replace("|", "/").replace("\n", " ")
         lines.append(
@@ -219,13 +233,20 @@ def overhead_lines(trials: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _trial_row(label: str, trial: dict[str, Any]) -> str:
+def _mfu_cell(trial: dict[str, Any], shape: tuple[int, int] | None) -> str:
+    accounting = real_token_mfu(trial["measurement"], shape)
+    if accounting is None or not accounting.counts_padding:
+        return _num(trial["mfu"], ".1%")
+    return f"{trial['mfu']:.1%} (counts padding; real tokens {accounting.figure}, derived)"
+
+
+def _trial_row(label: str, trial: dict[str, Any], shape: tuple[int, int] | None) -> str:
     measurement = parse_measurement(trial["measurement"])
     return (
         f"| {label} | #{trial['number']} | {_num(trial['samples_per_s'], ',.1f')} "
         f"(±{_num(measurement.throughput_ci95_rel, '.1%')}) "
         f"| {_num(trial['tokens_per_s'], ',.0f')} "
-        f"| {_num(trial['mfu'], '.1%')} | {_gib(trial['peak_memory_bytes'])} "
+        f"| {_mfu_cell(trial, shape)} | {_gib(trial['peak_memory_bytes'])} "
         f"| {_num(trial['hours_per_run'], ',.2f')} | {_num(trial['cost_per_run_usd'], ',.2f')} |"
     )
 

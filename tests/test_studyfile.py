@@ -5,6 +5,8 @@ Bad files and name clashes are clear errors that write nothing."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +441,11 @@ def test_the_import_the_rest_api_and_the_dashboard_label_an_old_records_mfu(
         labelled = {int(row.split('"')[0]): row for row in rows if "counts padding" in row}
         assert set(labelled) == {0, 1, 2, 3}
         assert "real tokens 7.1%, derived" in labelled[0]
+    # bench/RESULTS.md's tables (bench/study_report.py) say it too
+    report = subprocess.run(
+        [sys.executable, "bench/study_report.py", str(H100_STUDY)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert "| 25.8% (counts padding; real tokens 7.1%, derived) |" in report.stdout
+    assert "MFU marked 'counts padding' was recorded before" in report.stdout
