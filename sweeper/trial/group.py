@@ -74,10 +74,15 @@ def run_group(request: ChildRequest, request_path: Path, result_path: Path) -> C
     folder = result_path.parent / "ranks"
     folder.mkdir(exist_ok=True)
     port = free_port()
+    launch: dict[str, str] = {}
+    if request.workload.script is not None:  # the user's launch line, read once for all ranks
+        from sweeper.trial.script import launch_for_ranks
+
+        launch = launch_for_ranks(request, port)
     ranks: list[_Rank] = []
     try:
         for index in range(world):
-            ranks.append(_start(index, world, port, request_path, folder))
+            ranks.append(_start(index, world, port, request_path, folder, launch))
         return _wait(ranks)
     except BaseException:
         _stop(ranks)  # the leader's SIGTERM or an error here: no rank outlives it
@@ -91,8 +96,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _start(index: int, world: int, port: int, request_path: Path, folder: Path) -> _Rank:
-    env = dict(os.environ)
+def _start(
+    index: int, world: int, port: int, request_path: Path, folder: Path, launch: dict[str, str]
+) -> _Rank:
+    env = dict(os.environ) | launch
     env.update(
         RANK=str(index),
         LOCAL_RANK=str(index),

@@ -146,8 +146,10 @@ def _sharded_checkpoint_cost(
             state["optimizer"] = optimizer_state
         dcp.save(state, checkpoint_id=str(folder))
 
-    # one folder for the group: the ranks share their leader (their parent)
-    folder = target / f"sweeper-checkpoint-{os.getppid()}-sharded"
+    # one folder for the group: named by the ranks' leader (a built-in rank's parent; a
+    # script's program is its rank's child, and has the leader's pid in its environment)
+    leader = os.environ.get("SWEEPER_PARENT_PID") or os.getppid()
+    folder = target / f"sweeper-checkpoint-{leader}-sharded"
     _sync(ctx.device)  # the steps before it are not the save's
     return timed_group_save(ranks, folder, write, "a sharded checkpoint")
 

@@ -19,7 +19,13 @@ command that is itself a torchrun line (``torchrun [options] train.py ...``, rea
 own parser) runs its program the same way, on the trial's device count instead of the line's
 ``--nproc-per-node``: torchrun's agent starts its workers in sessions of their own, out of reach
 of the trial's timeout and kill, so sweeper starts them itself. An ``accelerate launch`` line
-runs as it is on one device; on several it is refused (its launcher's settings are not read here).
+is read the same way, with accelerate's own parser and config file (``--config_file``, or its
+default file, as ``accelerate launch`` reads them): its program runs on the trial's device
+count instead of the line's ``--num_processes``, each rank with torchrun's environment plus what
+accelerate's multi-GPU launcher adds to it (``ACCELERATE_MIXED_PRECISION``, the dynamo and FSDP
+settings), or on one device with its simple launcher's. accelerate's launcher on several
+processes is torchrun's agent, whose sessions the trial's kill does not reach; its DeepSpeed,
+TPU and Megatron launches are refused on several devices (their launchers are not torchrun's).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from sweeper.trial.protocol import ChildRequest, ChildResult
 REQUEST_ENV = "SWEEPER_SCRIPT_REQUEST"  # the trial's request (JSON file); the hook reads it
 RESULT_ENV = "SWEEPER_SCRIPT_RESULT"  # where the hook writes its ChildResult
 CONFIG_ENV = "SWEEPER_TRIAL_CONFIG"  # the config as JSON: sweeper.trial_config()
+LAUNCH_ENV = "SWEEPER_SCRIPT_LAUNCH"  # a rank's program and environment, as its leader read them
+NOTE_ENV = "SWEEPER_SCRIPT_NOTE"  # what the trial runs otherwise than the line says
 
 THE_LINE = (
     "add sweeper's one line to it: callbacks=[sweeper.callback()] in Trainer(...) or "
@@ -60,16 +68,30 @@ def launcher(command: list[str]) -> str | None:
     return None
 
 
+# accelerate launch's modes whose launcher is not torchrun's (DeepSpeed's, XLA's, Megatron's)
+_NOT_TORCHRUN = ("--use_deepspeed", "--tpu", "--use_megatron_lm")
+
+
+_VISIBILITY = ("_VISIBLE_DEVICES", "_VISIBLE_MODULES", "_VISIBLE_CORES", "_AFFINITY_MASK")
+
+
 def devices_problem(command: list[str], devices: int) -> str | None:
-    """Why ``command`` cannot run as ``devices`` ranks (None: it can)."""
+    """Why ``command`` cannot run as ``devices`` ranks (None: it can). Read from the words
+    only (preflight's environment need not have accelerate); a mode that only the line's
+    config file names is refused when the trial reads it (``_accelerate_program``)."""
     if devices > 1 and launcher(command) == "accelerate":
-        return (
-            f"devices {devices}: an accelerate launch line runs on one device here (sweeper starts "
-            "a script's ranks itself and does not read accelerate's launch settings); give the "
-            "command as [python, train.py, ...] or a torchrun line, and sweeper starts it on each "
-            "device with torchrun's environment"
-        )
+        modes = [w for w in command if w.split("=")[0] in _NOT_TORCHRUN]
+        if modes:
+            return _not_torchrun(" ".join(modes), devices)
     return None
+
+
+def _not_torchrun(mode: str, devices: int) -> str:
+    return (
+        f"devices {devices}: an accelerate launch line with {mode} runs through a launcher "
+        "other than torchrun's, which sweeper does not start on several devices; launch "
+        "DDP or FSDP (--multi_gpu, --use_fsdp), or give a torchrun line"
+    )
 
 
 def _torchrun_program(command: list[str]) -> tuple[list[str], int | str]:
@@ -89,15 +111,8 @@ def _torchrun_program(command: list[str]) -> tuple[list[str], int | str]:
     if args.no_python:
         return [args.training_script, *args.training_script_args], args.nproc_per_node
     # torchrun runs the program with its own interpreter: its #! line's python
-    from sweeper.preflight import script_python
-
-    python = (
-        command[0]
-        if Path(command[0]).name.startswith("python")
-        else script_python(_Line(command)) or sys.executable
-    )
     module = ["-m"] if args.module else []
-    program = [python, "-u", *module, args.training_script, *args.training_script_args]
+    program = [_python(command), "-u", *module, args.training_script, *args.training_script_args]
     return program, args.nproc_per_node
 
 
@@ -108,35 +123,129 @@ class _Line:
         self.command, self.cwd = command, None
 
 
-def command_of(request: ChildRequest) -> list[str]:
-    """The words this trial runs (on each rank): the space's command, or the program of its
-    torchrun line, with the knobs in the user's flag form."""
+def _accelerate_program(
+    command: list[str], devices: int, device: str = "cuda", port: int | None = None
+) -> tuple[list[str], dict[str, str], int | None, bool]:
+    """What an ``accelerate launch`` line runs on each of ``devices`` processes of the trial's
+    ``device`` kind, as its launcher would: the program, the environment the launcher adds to
+    this one, the line's own process count (its flags, else its config file), and whether the
+    launch is torchrun's (several processes, or FSDP on one), whose workers also get torchrun's
+    variables (``port``: their rendezvous port)."""
+    import warnings
+
+    # accelerate's own reading of the line: its parser, then its config file's defaults
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser  # type: ignore[import-untyped]
+    from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env  # type: ignore[import-untyped]
+
+    words = command[2:]
+    try:
+        parsed = launch_command_parser().parse_args(words)
+        explicit = parsed.num_processes is not None
+        args, defaults, _ = _validate_launch_command(parsed)
+    except (SystemExit, ValueError, OSError) as e:
+        said = "" if isinstance(e, SystemExit) else f": {e}"
+        raise TrialError(
+            "error",
+            f"workload.script.command: accelerate launch does not take {' '.join(words)!r}"
+            f"{said or ' (its own parser said so above)'}; fix the line (or its --config_file) "
+            "so it runs as `accelerate launch ... train.py`",
+        ) from e
+    # said by the line or its config file (else accelerate counts the GPUs it sees)
+    asked = args.num_processes if explicit or defaults is not None else None
+    for flag, on in (("--use_deepspeed", args.use_deepspeed), ("--tpu", args.tpu),
+                     ("--use_megatron_lm", args.use_megatron_lm)):  # fmt: skip
+        if on and devices > 1:
+            raise TrialError(
+                "unsupported", _not_torchrun(f"{flag} (or its config file's)", devices)
+            )
+    # a trial on the CPU runs the line as --cpu does (else an Accelerator that finds no GPU
+    # trains each process alone): the trial's device kind is the trial's, as its devices are
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    cpu = bool(args.cpu or getattr(args, "use_cpu", False)) or device == "cpu"
+    args.num_processes = devices
+    torchrun = devices > 1 or (bool(args.use_fsdp) and not cpu)
+    with warnings.catch_warnings():
+        # the port is the group's own (its rank 0 may have bound it already): not a clash
+        warnings.simplefilter("ignore")
+        if torchrun:
+            args.main_process_port = port
+            env = prepare_multi_gpu_env(args)
+        else:
+            _, env = prepare_simple_launcher_cmd_env(args)
+        if cpu:  # what its simple launcher says of a --cpu launch
+            env["ACCELERATE_USE_CPU"] = "True"
+    # which devices the trial has is the trial's (its device pool's): the line's --gpu_ids
+    # does not narrow them
+    added = {
+        key: value
+        for key, value in env.items()
+        if os.environ.get(key) != value and not key.endswith(_VISIBILITY)
+    }
+    if args.no_python:
+        return [args.training_script, *args.training_script_args], added, asked, torchrun
+    module = ["-m"] if args.module else []
+    unbuffered = ["-u"] if torchrun else []  # torchrun runs python -u; the simple launcher not
+    program = [_python(command), *unbuffered, *module, args.training_script,
+               *args.training_script_args]  # fmt: skip
+    return program, added, asked, torchrun
+
+
+def _python(command: list[str]) -> str:
+    """The interpreter a launcher runs its program with: its own (its #! line's python)."""
+    from sweeper.preflight import script_python
+
+    if Path(command[0]).name.startswith("python"):
+        return command[0]
+    return script_python(_Line(command)) or sys.executable
+
+
+def launch_of(request: ChildRequest, port: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """The words this trial runs (on each rank) and the environment its launcher adds: the
+    space's command, or the program of its torchrun or accelerate line, with the knobs in the
+    user's flag form. ``port``: the group's rendezvous port, when its leader reads the line for
+    its ranks (which have torchrun's variables already); None on one device."""
     script = request.workload.script
     assert script is not None and request.config is not None
-    command = list(script.command)
+    command, env = list(script.command), dict[str, str]()
+    devices = request.config.devices
+    asked: int | str | None = None
+    # a torchrun launch's one worker gets torchrun's variables; a group's ranks have them
+    one_rank = _one_rank_env if port is None else dict[str, str]
     if launcher(command) == "torchrun":
         command, asked = _torchrun_program(command)
-        if str(asked) != str(request.config.devices):
-            print(
-                f"sweeper: the torchrun line says --nproc-per-node {asked}; this trial runs "
-                f"{request.config.devices} (its devices knob)",
-                file=sys.stderr,
-                flush=True,
-            )
+        env = one_rank()
+    elif launcher(command) == "accelerate":
+        command, env, asked, torchrun = _accelerate_program(command, devices, request.device, port)
+        env |= one_rank() if torchrun else {}
+    if asked is not None and str(asked) != str(devices):
+        name = "--nproc-per-node" if launcher(script.command) == "torchrun" else "--num_processes"
+        env[NOTE_ENV] = (
+            f"sweeper: the {launcher(script.command)} line says {name} {asked}; this trial "
+            f"runs {devices} (its devices knob)"
+        )
     try:
         flags = knobs.command_flags(request.config.model_dump(), script.knobs)
     except ValueError as e:  # a value the knobs form cannot say (knobs.flag_problems)
         raise TrialError("unsupported", f"workload.script.knobs {script.knobs}: {e}") from e
-    return [*command, *flags]
+    return [*command, *flags], env
 
 
-def _one_rank_env(command: list[str]) -> dict[str, str]:
-    """What ``torchrun --nproc-per-node 1`` gives its one worker, for a torchrun line on one
+def launch_for_ranks(request: ChildRequest, port: int) -> dict[str, str]:
+    """What the group's leader adds to each rank's environment: the launch line read once
+    (its program and its launcher's environment), rather than by each rank (reading a torchrun
+    or accelerate line imports torch: seconds of CPU a rank, at the group's start)."""
+    command, env = launch_of(request, port)
+    return {LAUNCH_ENV: json.dumps({"command": command, "env": env})}
+
+
+def _one_rank_env() -> dict[str, str]:
+    """What ``torchrun --nproc-per-node 1`` gives its one worker, for a torchrun launch on one
     device (on several, the group's leader gave each rank its own)."""
-    from sweeper.trial.group import RANK_ENV, free_port
+    from sweeper.trial.group import free_port
 
-    if launcher(command) != "torchrun" or RANK_ENV in os.environ:
-        return {}
     return {
         "RANK": "0",
         "LOCAL_RANK": "0",
@@ -156,7 +265,12 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
     problem = devices_problem(script.command, request.config.devices)
     if problem is not None:
         raise TrialError("unsupported", problem)
-    command = command_of(request)
+    given = os.environ.pop(LAUNCH_ENV, None)  # a rank: its leader read the line
+    if given is None:
+        command, launched = launch_of(request)
+    else:
+        read = json.loads(given)
+        command, launched = list(read["command"]), dict(read["env"])
     rank = os.environ.get("RANK") if "SWEEPER_RANK" in os.environ else None
     result_path = request_path.with_name(
         "script-result.json" if rank is None else f"script-result-{rank}.json"
@@ -164,13 +278,15 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
     result_path.unlink(missing_ok=True)
     env = {
         **os.environ,
-        **_one_rank_env(script.command),
+        **launched,
         REQUEST_ENV: str(request_path),
         RESULT_ENV: str(result_path),
         CONFIG_ENV: json.dumps(request.config.model_dump()),
     }
     cwd = Path(script.cwd).expanduser() if script.cwd else None
     where = "" if rank is None else f" as rank {rank} of {os.environ['WORLD_SIZE']}"
+    if NOTE_ENV in env:  # said by each rank, beside what it runs
+        print(env.pop(NOTE_ENV), file=sys.stderr, flush=True)
     print(f"sweeper: running {' '.join(command)}{where}", file=sys.stderr, flush=True)
     parent = os.getpid()
     try:
