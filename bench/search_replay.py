@@ -14,10 +14,11 @@ measurement: each lookup then draws a log-normal measurement around the value), 
 that probability, slowed by that factor and flagged contended, as the child's host watch flags
 it; the loop then measures it again), ``status`` (``ok``, or a failure kind such as
 ``oom``), and optionally ``trial_s``, the seconds one trial of the config takes (start-up,
-compile, burn-in and the timed window; a failing config until it fails). A table without
-``trial_s`` gets it from the config's compile mode (``trial_seconds``). A knob the table
-leaves out takes the space's value. A config the space allows but the table lacks is a failed
-trial.
+compile, burn-in and the timed window; a failing config until it fails), and ``first_trial_s``,
+the same config as the sweep's first trial (weights and data read cold;
+bench/replay/make_tables.py). A table without ``trial_s`` gets it from the config's compile
+mode (``trial_seconds``). A knob the table leaves out takes the space's value. A config the
+space allows but the table lacks is a failed trial.
 
 For each metric (samples/s, tokens/s) the search minimizes $/run computed from that metric, and
 the bench prints, over the seeds, the number of distinct configs run until one within 5% and
@@ -30,6 +31,11 @@ busy for).
     .venv/bin/python bench/search_replay.py --export-study NAME --storage URL --out FILE.jsonl
 
 writes a study's measured trials as such a table.
+
+A long run can be split: ``--save FILE`` appends every replay (one JSON line each, with the
+table's name, sampler, metric and seed) as it ends; ``--load FILE`` (repeatable) adds a
+file's replays of the same table to the summary, so samplers run by separate processes are
+reported side by side (``--samplers ''`` runs none).
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class Row:
     # cuts samples the coverage needs whole: the recommendation cannot pick it
     truncates: bool = False
     trial_s: float = 0.0  # the seconds one trial of the config takes
+    first_trial_s: float = 0.0  # as the sweep's first trial (cold start-up); 0: trial_s
 
     def value(self, metric: str) -> float | None:
         return self.samples_per_s if metric == "samples_per_s" else self.tokens_per_s
@@ -108,6 +115,7 @@ def read_table(path: Path, space: Space) -> dict[TrialConfig, Row]:
             peak_memory_bytes=data.get("peak_memory_bytes"),
             truncates=bool(data.get("truncates", False)),
             trial_s=float(data.get("trial_s") or trial_seconds(config, data.get("status", "ok"))),
+            first_trial_s=float(data.get("first_trial_s") or 0.0),
         )
     return rows
 
@@ -170,6 +178,8 @@ class LookupExecutor:
         self.measured_at.append(self.measurements)
         row = self.table.get(config)
         seconds = row.trial_s if row is not None else trial_seconds(config, "error")
+        if row is not None and row.first_trial_s and len(self.run) == 1:
+            seconds = row.first_trial_s  # the sweep's first start-up is cold
         self.seconds += seconds
         self.seconds_at.append(self.seconds)
         trial.set_user_attr(SECONDS_ATTR, seconds)  # the lookup itself takes no time
@@ -300,6 +310,33 @@ def _job(
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
     return sampler, metric, seed, replay(space, table, sampler, metric, seed)
+
+
+def save_replay(path: Path, table: str, sampler: str, metric: str, seed: int, r: Replay) -> None:
+    """Appends one replay to ``path`` as a JSON line (infinity as JSON's Infinity)."""
+    record = {"table": table, "sampler": sampler, "metric": metric, "seed": seed} | vars(r)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_replays(paths: Sequence[Path], table: str) -> dict[tuple[str, str], dict[int, Replay]]:
+    """The replays of ``table`` saved in ``paths``, by (sampler, metric) and seed (a seed saved
+    twice: the last one)."""
+    out: dict[tuple[str, str], dict[int, Replay]] = {}
+    for path in paths:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if record["table"] != table:
+                    continue
+                replayed = Replay(**{k: record[k] for k in Replay.__dataclass_fields__})
+                key, seed = (record["sampler"], record["metric"]), int(record["seed"])
+            except (ValueError, KeyError, TypeError) as e:
+                sys.exit(f"{path}:{number}: not a saved replay ({e}); write it with --save")
+            out.setdefault(key, {})[seed] = replayed
+    return out
 
 
 # ------------------------------------------------------------------ statistics
@@ -502,6 +539,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(ImprovementGridSampler.cost_after)",
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
+    parser.add_argument("--save", type=Path, help="append each replay to this JSONL file")
+    parser.add_argument(
+        "--load", type=Path, action="append", default=[],
+        help="add the replays of this table saved in this file (repeatable)",
+    )  # fmt: skip
     parser.add_argument("--export-study")
     parser.add_argument("--storage")
     parser.add_argument("--out", type=Path)
@@ -540,14 +582,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     weight = ImprovementGridSampler.cost_weight if args.cost_weight is None else args.cost_weight
     started = time.perf_counter()
-    results: dict[tuple[str, str], list[Replay]] = {}
-    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        for sampler, metric, _seed, values in pool.imap_unordered(_job, jobs, chunksize=4):
-            results.setdefault((sampler, metric), []).append(values)
+    missing_files = [str(p) for p in args.load if not p.is_file()]
+    if missing_files:
+        sys.exit(f"--load: no such file {', '.join(missing_files)}")
+    by_seed = load_replays(args.load, args.table.name)
+    with multiprocessing.get_context("fork").Pool(max(1, args.jobs)) as pool:
+        for sampler, metric, seed, values in pool.imap_unordered(_job, jobs, chunksize=4):
+            by_seed.setdefault((sampler, metric), {})[seed] = values
+            if args.save:
+                save_replay(args.save, args.table.name, sampler, metric, seed, values)
+    results = {key: [r for _, r in sorted(seeds.items())] for key, seeds in by_seed.items()}
+    loaded = [s for s, _ in results if s not in samplers]
+    samplers += sorted(set(loaded), key=lambda s: (s != DEFAULT_SAMPLER, s))
+    seeds = sorted({len(v) for v in results.values()})
     print(
         f"### {args.table.name}: {len(grid)} configs in the space, {len(table)} in the table "
         f"({missing} missing: failed trials), {sum(r.status != 'ok' for r in table.values())} "
-        f"failing; {args.seeds} seeds, {time.perf_counter() - started:.0f} s; bayes's cost "
+        f"failing; {'/'.join(map(str, seeds)) or 0} seeds, {time.perf_counter() - started:.0f} s "
+        f"({args.seeds} seeds run here, the rest loaded); bayes's cost "
         f"weight {weight:g}"
     )
     print(summarize(results, table, samplers, len(grid)))

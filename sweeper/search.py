@@ -41,8 +41,11 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-from sweeper import knobs
+from sweeper import knobs, search_cost
 from sweeper.samplers import SAMPLERS
+from sweeper.search_cost import COMPILE_S, SECONDS_ATTR
+
+__all__ = ["COMPILE_S", "SECONDS_ATTR"]  # where the bench and the tests have found them
 
 # failures the config itself causes: told to the sampler as infeasible, not as failed
 INFEASIBLE_KINDS = frozenset(
@@ -53,9 +56,6 @@ CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasib
 REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
 CONTENDED_ATTR = "contended"  # user attr: every measurement was taken on a shared machine
 WORKER_ATTR = "worker"  # user attr: the id of the study's worker that asked for the trial
-# user attr: the seconds the trial took, start-up and compile included (without it, the time
-# from ask to tell)
-SECONDS_ATTR = "trial_s"
 
 
 def infeasible(trial: FrozenTrial) -> bool:
@@ -245,8 +245,9 @@ class ImprovementGridSampler(_CandidateSampler):
 
     After an out-of-memory failure and before anything was measured, the pick is drawn from
     the lightest quarter of the configs (most of a space may run out of memory). The expected
-    seconds of each trial are learned per compile mode (``_seconds``); ``cost_weight`` can
-    weigh them against the chance of improving (off by default: bench/RESULTS.md, Run 6).
+    seconds of each trial are learned per compile mode; ``cost_weight`` can make a trial
+    dearer than the best measured config's count against its chance among near-ties
+    (``sweeper.search_cost``; off by default: bench/RESULTS.md, Run 9).
 
     On the replay tables this needs about half the trials that Thompson sampling with the same
     model needed (bench/RESULTS.md).
@@ -259,18 +260,17 @@ class ImprovementGridSampler(_CandidateSampler):
     improvement = 0.05  # log $/run: the gain a pick must be likely to bring (beyond the noise)
     failure_margin_sd = 0.5  # how sure the failure model must be to leave a config out
     chunk = 4096  # free configs scored at once
-    # probability of improvement per second of trial, to this power, among the configs at
-    # least cost_window as likely to improve as the likeliest. Off (0): at 0.5 it put off
-    # max-autotune, which interactions' best configs need, for 12 more trials on samples/s
-    # (and more seconds); on qlora-24gb it saved a third of the seconds for no more trials
-    # (bench/RESULTS.md, Run 6). Run 7: a mode's time counted only once it has been measured
-    # (cost_after), as a near-tie breaker (weight 1, window 0.9), still lost 3.5 trials on
-    # interactions' samples/s (14.5 against 11, 20 seeds)
+    # the time weighing (sweeper.search_cost.pick): among the configs at least cost_window
+    # as likely to run and improve as the likeliest, the chance per second of trial beyond
+    # the incumbent's, to the power cost_weight; a compile mode measured fewer than
+    # cost_after times counts as the cheapest. Off (0): at weight 1 it lost trials where the
+    # best configs need a dear compile mode and a cheap one holds the best for a while
+    # (noisy samples/s 16 against 11.5 trials to 5%, 1.47x the seconds, 20 paired seeds),
+    # though it won on interactions (11.5 / 15 against 12.5 / 14.5, 0.82 / 0.90 of the
+    # seconds, 40 seeds; bench/RESULTS.md, Run 9)
     cost_weight = 0.0
-    cost_window = 0.5
-    # measured trials of a compile mode before its time counts (0: from the start; at 1 the
-    # weighing saved no seconds on tests/test_search_wall.py's table)
-    cost_after = 0
+    cost_window = 0.9
+    cost_after = 1
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -340,10 +340,17 @@ class ImprovementGridSampler(_CandidateSampler):
                 free = self._unlike(free, failures, rows, log_runs if soft else None)
         if not rows:  # nothing measured yet
             return self._light_first(free) if oom else int(self.rng.choice(free))
-        log_seconds = self._log_seconds(free, seen.took, rows)
+        log_p = self._log_p_improves(np.array(rows), np.array(values), free)
+        log_p += self.feasibility_weight * log_runs[free]  # P(it runs and improves)
+        mode = lambda i: self.candidates[i].get("compile_mode", "none")  # noqa: E731
+        took = [(mode(i), s) for i, s in seen.took]
+        log_seconds = search_cost.counted_log_seconds(
+            [mode(i) for i in free] + [mode(rows[int(np.argmin(values))])],
+            took, [mode(i) for i in rows], self.cost_after,
+        )  # fmt: skip
         return free[
-            self._most_likely_to_improve(
-                np.array(rows), np.array(values), free, log_seconds, log_runs[free]
+            search_cost.pick(
+                log_p, log_seconds[:-1], float(log_seconds[-1]), self.cost_weight, self.cost_window
             )
         ]
 
@@ -357,7 +364,7 @@ class ImprovementGridSampler(_CandidateSampler):
             index = self._index.get(_key(t.params))
             if index is None:
                 continue
-            seconds = _seconds(t)
+            seconds = search_cost.trial_seconds(t)
             if seconds is not None:
                 seen.took.append((index, seconds))
             if infeasible(t):
@@ -379,58 +386,9 @@ class ImprovementGridSampler(_CandidateSampler):
                 seen.memory.append((index, math.log(peak)))
         return seen
 
-    def _log_seconds(
-        self, free: list[int], took: list[tuple[int, float]], measured: list[int]
-    ) -> np.ndarray:
-        """log of each free config's expected trial seconds, as the time weighing counts them:
-        a compile mode measured fewer than ``cost_after`` times counts as the cheapest mode,
-        since its first trials tell the model its effect on every config (information that
-        its time buys, not only a cost)."""
-        log_seconds = np.log(self._seconds(free, took))
-        counts: dict[Any, int] = {}
-        for i in measured:
-            mode = self.candidates[i].get("compile_mode", "none")
-            counts[mode] = counts.get(mode, 0) + 1
-        modes = [self.candidates[i].get("compile_mode", "none") for i in free]
-        new = np.array([counts.get(m, 0) < self.cost_after for m in modes], dtype=bool)
-        if new.all():
-            return np.zeros(len(free))
-        return np.where(new, log_seconds[~new].min(), log_seconds)
-
-    def _seconds(self, free: list[int], took: list[tuple[int, float]]) -> np.ndarray:
-        """The expected seconds of a trial of each free config: the mean of earlier trials
-        with its compile mode (what dominates the difference: max-autotune compiled for 345 s
-        on an H100 where an ordinary trial took a minute), or, for a mode not run yet, the
-        mean of the other trials less their modes' compile time and plus its own, from
-        ``COMPILE_S``."""
-        modes = [self.candidates[i].get("compile_mode", "none") for i in free]
-        if not took:
-            return np.array([ORDINARY_TRIAL_S + _compile_s(m) for m in modes])
-        by_mode: dict[str, list[float]] = {}
-        for index, seconds in took:
-            by_mode.setdefault(self.candidates[index].get("compile_mode", "none"), []).append(
-                seconds
-            )
-        ordinary = float(np.mean([s - _compile_s(m) for m, ss in by_mode.items() for s in ss]))
-        ordinary = max(ordinary, 1.0)
-        known = {m: float(np.mean(ss)) for m, ss in by_mode.items()}
-        return np.array([known.get(m, ordinary + _compile_s(m)) for m in modes])
-
-    def _most_likely_to_improve(
-        self,
-        rows: np.ndarray,
-        y: np.ndarray,
-        free: list[int],
-        log_seconds: np.ndarray,
-        log_runs: np.ndarray,
-    ) -> int:
-        """The index into ``free`` of the config to run next: among the configs whose
-        probability of beating the best measured log $/run by more than ``improvement`` is at
-        least ``cost_window`` times the highest, the one with the most of it per second of
-        its trial (to the power ``cost_weight``). Cheap configs come first where they are
-        about as promising; an expensive one (a compile mode that compiles for minutes) runs
-        once it is clearly the most likely to pay off, so time is never bought with trials
-        beyond the window."""
+    def _log_p_improves(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
+        """log P(a free config beats the best measured log $/run by more than
+        ``improvement``), under the posterior of the cost model."""
         posterior = _Posterior(self.design.matrix(rows), y, self.prior_var, self.noise_sd)
         target = float(y.min()) - self.improvement - float(y.mean())
         log_pi = np.empty(len(free))
@@ -439,10 +397,7 @@ class ImprovementGridSampler(_CandidateSampler):
             mean, variance = posterior.mean(features), posterior.variance(features)
             z = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
             log_pi[start : start + self.chunk] = scipy.special.log_ndtr(z)
-        log_pi = log_pi + self.feasibility_weight * log_runs  # P(it runs and improves)
-        promising = log_pi >= log_pi.max() + math.log(self.cost_window)
-        score = np.where(promising, log_pi - self.cost_weight * log_seconds, -np.inf)
-        return int(np.argmax(score))
+        return log_pi
 
     def _light_first(self, free: list[int]) -> int:
         """After a config ran out of memory and before any has been measured: a random one
@@ -603,26 +558,6 @@ def _log_p_fits(mean: np.ndarray, sd: np.ndarray, low: float, high: float) -> np
 
     share = sd * (integral((high - mean) / sd) - integral((low - mean) / sd)) / (high - low)
     return np.log(np.clip(share, 1e-12, 1.0))
-
-
-ORDINARY_TRIAL_S = 60.0  # a trial without compiling: start-up, burn-in, the timed window
-# compile seconds of each compile mode, until the sweep has run one: max-autotune compiled for
-# 345 s on an H100 (issue 33); default and reduce-overhead compile in about a minute
-COMPILE_S = {"none": 0.0, "default": 60.0, "reduce-overhead": 90.0, "max-autotune": 345.0}
-
-
-def _compile_s(mode: Any) -> float:
-    return COMPILE_S.get(mode, COMPILE_S["default"]) if isinstance(mode, str) else 0.0
-
-
-def _seconds(trial: FrozenTrial) -> float | None:
-    """The seconds a trial took (None: it did not run, or the time is unknown)."""
-    if "skipped" in trial.user_attrs:
-        return None
-    seconds = trial.user_attrs.get(SECONDS_ATTR)
-    if isinstance(seconds, (int, float)) and seconds > 0:
-        return float(seconds)
-    return trial.duration.total_seconds() if trial.duration is not None else None
 
 
 CHECKPOINTED_SHARE = 1 / 3  # of the activations kept with gradient checkpointing: the prior

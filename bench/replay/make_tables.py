@@ -42,8 +42,18 @@
   the 7B in its own child (202 s, a QLoRA trial's first start-up as measured; later ones are
   assumed as slow, no page cache counted), compiles (default 60 s, max-autotune 345 s as
   measured on an H100), then 45 s of burn-in and timed window; an out-of-memory config fails
-  at the first step after compiling (5 s), a compile error at the end of its compile. The
-  other tables have no ``trial_s``: bench/search_replay.py derives it from the compile mode.
+  at the first step after compiling (5 s), a compile error at the end of its compile.
+
+Every table's rows carry their trial time (``trial_s``) and the first trial's
+(``first_trial_s``), by ``timed``: the model's start-up by its size (a tiny CPU model 4 s, a
+1B-class model on an H100 30 s, the 3B LoRA 60 s, the 7B QLoRA 202 s), its compile mode's
+compile (sweeper.search.COMPILE_S, measured for a 1B on an H100: max-autotune 345 s, scaled by
+model size: 0.3 tiny, 1.5 for the 3B; qlora-24gb keeps its own, unscaled), then burn-in and the
+timed window (45 s; 15 s on the CPU grids, whose trials measure for at most 6 s); a failing
+config ends where it fails (see trial_s of bench/search_replay.py). The first trial of a sweep
+also reads the weights and prepares the data cold: its start-up counts twice
+(``first_trial_s``). The measured CPU grids' rows get the same model (the grid's study did not
+keep its trials' seconds).
 
 Each config also gets a fixed +-4% idiosyncrasy (what no model of the knobs explains). The
 numbers are made up; the shapes are the ones measured sweeps show (bench/RESULTS.md).
@@ -283,6 +293,34 @@ def qlora_24gb(rng: random.Random) -> list[dict]:
     return rows
 
 
+# start-up (s) by model size and its compile time against the 1B's on an H100 (see above)
+TINY_CPU, ONE_B, LORA_3B = (4.0, 0.3, 15.0), (30.0, 1.0, 45.0), (60.0, 1.5, 45.0)
+START_UP = {"oom-wall": ONE_B, "interactions": ONE_B, "noisy": ONE_B, "held-out": ONE_B,
+            "held-out-lora": LORA_3B, "cpu-grid": TINY_CPU, "cpu-grid-contended": TINY_CPU,
+            "cpu-grid-loaded": TINY_CPU, "qlora-24gb": (QLORA_START_S, 1.0, WINDOW_S)}  # fmt: skip
+TRIAL_COMPILE_S = {"none": 0.0, "default": 60.0, "reduce-overhead": 90.0, "max-autotune": 345.0}
+
+
+def timed(name: str, rows: list[dict]) -> list[dict]:
+    """The rows with their trial seconds (``trial_s``, kept where a row has its own) and the
+    first trial's (``first_trial_s``: the start-up twice), by the model in the docstring."""
+    start, scale, window = START_UP[name]
+    out = []
+    for row in rows:
+        compile_s = scale * TRIAL_COMPILE_S[row.get("compile_mode", "none")]
+        status = row["status"]
+        if "trial_s" in row:
+            seconds = row["trial_s"]
+        elif status == "ok":
+            seconds = start + compile_s + window
+        elif status == "oom":
+            seconds = start + compile_s + FIRST_STEP_S
+        else:
+            seconds = start + (compile_s if status == "compile" else FIRST_STEP_S)
+        out.append(row | {"trial_s": round(seconds, 1), "first_trial_s": round(seconds + start, 1)})
+    return out
+
+
 MEASURED_SPREAD = 0.045  # CV of 5 trials of one config on this CPU (bench/RESULTS.md)
 SLOWED = 0.85  # a loaded measurement below this share of the calm one was slowed by the load
 
@@ -310,6 +348,7 @@ def loaded() -> list[dict]:
 
 def write(name: str, rows: list[dict]) -> None:
     path = HERE / f"{name}.jsonl"
+    rows = timed(name, rows)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     ok = [r for r in rows if r["status"] == "ok"]
     best = max(r["tokens_per_s"] for r in ok)
@@ -324,3 +363,5 @@ if __name__ == "__main__":
     write("held-out", held_out(random.Random(3)))
     write("held-out-lora", held_out_lora(random.Random(4)))
     write("qlora-24gb", qlora_24gb(random.Random(5)))
+    for measured in ("cpu-grid", "cpu-grid-contended"):  # the measured grids: times only
+        write(measured, [json.loads(x) for x in (HERE / f"{measured}.jsonl").open() if x.strip()])

@@ -1,0 +1,101 @@
+"""What a trial costs in seconds, and how ``bayes`` weighs it against its chance of improving
+(issue 33 item 4: a max-autotune trial compiled for 345 s on an H100, a QLoRA trial's first
+start-up took 202 s, an ordinary trial about a minute).
+
+- **Expected seconds per compile mode** (``expected_seconds``): the compile dominates the
+  difference between two configs' trials, so a config's trial is expected to take what earlier
+  trials of its compile mode took; a mode not run yet, what the others took less their
+  compile, plus its own (``COMPILE_S``).
+- **A mode never measured is not put off** (``counted_log_seconds``): its first trial tells
+  the model its effect on every config, information its time buys.
+- **Only the seconds beyond the incumbent's count** (``pick``): a config whose trial is
+  expected to take no longer than the best measured config's counts as free; a dearer one
+  counts the ratio. The time weighing is a near-tie breaker (among the configs at least
+  ``window`` as likely to run and improve as the likeliest), and counting seconds against the
+  incumbent keeps it from steering the search away from an expensive mode once that mode
+  holds the best config (interactions' best configs need max-autotune: counted against the
+  cheapest mode, the same tie breaker took 0.5-1.5 more trials there; bench/RESULTS.md Run 9).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from optuna.trial import FrozenTrial
+
+# user attr: the seconds the trial took, start-up and compile included (without it, the time
+# from ask to tell)
+SECONDS_ATTR = "trial_s"
+ORDINARY_TRIAL_S = 60.0  # a trial without compiling: start-up, burn-in, the timed window
+# compile seconds of each compile mode, until the sweep has run one: max-autotune compiled for
+# 345 s on an H100 (issue 33); default and reduce-overhead compile in about a minute
+COMPILE_S = {"none": 0.0, "default": 60.0, "reduce-overhead": 90.0, "max-autotune": 345.0}
+
+
+def compile_s(mode: Any) -> float:
+    """The prior compile seconds of a compile mode (an unknown mode: as ``default``)."""
+    return COMPILE_S.get(mode, COMPILE_S["default"]) if isinstance(mode, str) else 0.0
+
+
+def trial_seconds(trial: FrozenTrial) -> float | None:
+    """The seconds a trial took (None: it did not run, or the time is unknown)."""
+    if "skipped" in trial.user_attrs:
+        return None
+    seconds = trial.user_attrs.get(SECONDS_ATTR)
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        return float(seconds)
+    return trial.duration.total_seconds() if trial.duration is not None else None
+
+
+def expected_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) -> np.ndarray:
+    """The expected seconds of a trial of each of ``modes`` (compile modes), from ``took``
+    (compile mode, seconds) of the trials run: the mean of earlier trials of its mode, or for
+    a mode not run yet the mean of the others less their modes' compile, plus its own."""
+    if not took:
+        return np.array([ORDINARY_TRIAL_S + compile_s(m) for m in modes])
+    by_mode: dict[Any, list[float]] = {}
+    for mode, seconds in took:
+        by_mode.setdefault(mode, []).append(seconds)
+    ordinary = float(np.mean([s - compile_s(m) for m, ss in by_mode.items() for s in ss]))
+    ordinary = max(ordinary, 1.0)
+    known = {m: float(np.mean(ss)) for m, ss in by_mode.items()}
+    return np.array([known.get(m, ordinary + compile_s(m)) for m in modes])
+
+
+def counted_log_seconds(
+    modes: Sequence[Any],
+    took: Sequence[tuple[Any, float]],
+    measured_modes: Sequence[Any],
+    after: int,
+) -> np.ndarray:
+    """log of each of ``modes``' expected seconds as the weighing counts them: a compile mode
+    measured fewer than ``after`` times counts as the cheapest mode that has been."""
+    log_seconds = np.log(expected_seconds(modes, took))
+    counts: dict[Any, int] = {}
+    for mode in measured_modes:
+        counts[mode] = counts.get(mode, 0) + 1
+    new = np.array([counts.get(m, 0) < after for m in modes], dtype=bool)
+    if new.all():
+        return np.zeros(len(modes))
+    return np.where(new, log_seconds[~new].min(), log_seconds)
+
+
+def pick(
+    log_p: np.ndarray,
+    log_seconds: np.ndarray,
+    incumbent_log_s: float,
+    weight: float,
+    window: float,
+) -> int:
+    """The index of the config to run next: among the configs whose log chance of running
+    and improving (``log_p``) is at least log ``window`` below the highest, the one with the
+    most of it per second of trial beyond ``incumbent_log_s`` (the best measured config's
+    expected log seconds), to the power ``weight`` (0: the likeliest, time ignored)."""
+    if weight == 0:
+        return int(np.argmax(log_p))
+    promising = log_p >= log_p.max() + math.log(window)
+    extra = np.maximum(log_seconds - incumbent_log_s, 0.0)  # a cheaper trial is not a gain
+    return int(np.argmax(np.where(promising, log_p - weight * extra, -np.inf)))

@@ -1,0 +1,85 @@
+"""bench/search_replay.py's bookkeeping (issue 33 items 4-5): each table's per-config trial time,
+the sweep's cold first trial, and replays saved by one process and summarized by another.
+
+The replays are real (the sweep's own loop on an in-memory Optuna study, the lookup executor);
+only the tables are small: the measured CPU grid (128 configs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.helpers import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+import search_replay  # noqa: E402
+
+REPLAY = REPO / "bench" / "replay"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The bench's output for these arguments (its main, in this process)."""
+    search_replay.main(list(args))
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in REPLAY.glob("*.jsonl")))
+def test_every_replay_table_carries_its_trial_times(name: str) -> None:
+    """Every row says how long its trial takes and how long it takes as the sweep's first
+    (cold) trial; a compile mode costs its compile, and a config that runs takes longer than
+    one of the same compile mode that fails out of memory."""
+    rows = [json.loads(line) for line in (REPLAY / f"{name}.jsonl").read_text().splitlines()]
+    assert all(r["trial_s"] > 0 and r["first_trial_s"] > r["trial_s"] for r in rows)
+    by_mode: dict[tuple[str, str], set[float]] = {}
+    for r in rows:
+        by_mode.setdefault((r.get("compile_mode", "none"), r["status"]), set()).add(r["trial_s"])
+    if ("max-autotune", "ok") in by_mode:
+        assert min(by_mode[("max-autotune", "ok")]) > max(by_mode[("none", "ok")]) + 300
+    for mode in ("none", "default", "max-autotune"):
+        if (mode, "ok") in by_mode and (mode, "oom") in by_mode:
+            assert min(by_mode[(mode, "ok")]) > max(by_mode[(mode, "oom")])
+
+
+def test_the_first_trial_of_a_replay_pays_the_cold_start_up() -> None:
+    """The seconds a replay counts: the first trial's cold time, then each trial's own (a
+    measurement taken again, a drift check, counts as a trial again)."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    space = search_replay.load_space(REPLAY / "cpu-grid.yaml")
+    table = search_replay.read_table(REPLAY / "cpu-grid.jsonl", space)
+    replayed = search_replay.replay(space, table, "random", "samples_per_s", seed=0)
+    rows = next(iter(table.values()))
+    assert replayed.seconds_at[0] == pytest.approx(rows.first_trial_s)
+    steps = [b - a for a, b in zip(replayed.seconds_at, replayed.seconds_at[1:], strict=False)]
+    assert steps and all(s / rows.trial_s == pytest.approx(round(s / rows.trial_s)) for s in steps)
+    assert all(s >= rows.trial_s for s in steps), steps
+
+
+def test_replays_saved_by_one_run_are_summarized_by_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--save`` writes each replay as it ends; ``--load`` reports them beside the samplers
+    run there, with the seeds it has; a file that is not a saved replay is a clear error with
+    its line (SystemExit's message: no traceback)."""
+    space, table = str(REPLAY / "cpu-grid.yaml"), str(REPLAY / "cpu-grid.jsonl")
+    saved = tmp_path / "random.jsonl"
+    one = ("--space", space, "--table", table, "--metrics", "samples_per_s", "--jobs", "1")
+    first = _run(capsys, *one, "--seeds", "3", "--samplers", "random", "--save", str(saved))
+    records = [json.loads(line) for line in saved.read_text().splitlines()]
+    assert sorted((r["metric"], r["seed"]) for r in records) == [
+        ("samples_per_s", s) for s in range(3)
+    ]
+    both = _run(capsys, *one, "--seeds", "2", "--samplers", "bayes", "--load", str(saved))
+    assert "| bayes (default) | 2 |" in both and "| random | 3 |" in both
+    assert "median trials to 5%, bayes ÷ random:" in both
+    # the loaded rows are the saved run's own: the same table row for random as before
+    random_rows = [line for line in first.splitlines() if line.startswith("| random")]
+    assert random_rows and all(row in both for row in random_rows)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(saved.read_text().splitlines()[0] + "\n{not json\n")
+    with pytest.raises(SystemExit, match=f"{broken}:2: not a saved replay"):
+        search_replay.load_replays([broken], "cpu-grid.jsonl")
