@@ -144,6 +144,10 @@ class WorkerSummary(_Response):
         "done: ended; lost: reaped"
     )
     trials: int = Field(description="trials it ran")
+    device_seconds: float = Field(
+        description="device time it used: wall seconds × the devices its trial held (one "
+        "between trials); the workers of a run share budget.max_usd / max_device_hours by these"
+    )
     started_at: UtcDatetime
     heartbeat_at: UtcDatetime
     finished_at: UtcDatetime | None

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+from fastapi.testclient import TestClient
 
+from api.app import create_app
 from sweeper.preflight import PreflightReport
 from sweeper.space import TrialConfig, parse_space
 from sweeper.store import Store
@@ -95,6 +97,11 @@ def test_the_workers_share_what_the_study_has_left(storage_url: str) -> None:
         left, mine, live = share.left_s()
         assert live == 1 and mine == pytest.approx(left)
         assert left == pytest.approx(850 - a.device_s(), abs=0.5)
+        # REST lists each worker's device time
+        with TestClient(create_app(storage_url)) as client:
+            listed = client.get("/api/studies/s/workers").json()
+        used = {w["id"]: w["device_seconds"] for w in listed}
+        assert used["b"] == pytest.approx(150, abs=1) and used["a"] == 0
     finally:
         store.dispose()
 

@@ -344,6 +344,7 @@ def list_workers(name: StudyName, store: StoreDep) -> list[WorkerSummary]:
             if worker.state == "alive" and assume_utc(worker.heartbeat_at) < silent_before
             else cast(Any, worker.state),  # alive, done or lost: the model checks it
             trials=trials,
+            device_seconds=worker.device_seconds or 0.0,
             started_at=worker.started_at,
             heartbeat_at=worker.heartbeat_at,
             finished_at=worker.finished_at,
