@@ -70,8 +70,8 @@ def test_the_workers_share_what_the_study_has_left(storage_url: str) -> None:
     charged device time and a 2-device trial it is running, and halves what is left."""
     store = _study_with_workers(storage_url, "a", "b")
     try:
-        a, b = SweepClock(store, "s", "a"), SweepClock(store, "s", "b")
-        b.since -= 100  # b has used 100 s of one device...
+        a = SweepClock(store, "s", "a")
+        b = SweepClock(store, "s", "b", since=time.perf_counter() - 100)  # 100 s on one device
         b.add_device_seconds(50)  # ...and a trial of 50 s on 2 devices
         b.charge()
         assert store.get_study("s").sweep_seconds == pytest.approx(100, abs=1)
@@ -91,6 +91,14 @@ def test_the_workers_share_what_the_study_has_left(storage_url: str) -> None:
         time.sleep(1.1)  # past the read that stands for a second
         (b_use,) = [w for w in share.use().workers if w.worker_id == "b"]
         assert b_use.device_s == pytest.approx(190, abs=2)
+        # the heartbeat's charge: the worker's device time, not the study row (whose changes
+        # the API's caches follow)
+        before = store.version("s")
+        a.charge_worker()
+        assert store.version("s") == before
+        (a_row,) = [w for w, _ in store.list_workers("s") if w.id == "a"]
+        assert a.charged_device_s > 0
+        assert a_row.device_seconds == pytest.approx(a.charged_device_s)
         # b ends (its time all charged): a has the whole of what is left
         store.end_worker("b")
         time.sleep(1.1)
@@ -101,7 +109,8 @@ def test_the_workers_share_what_the_study_has_left(storage_url: str) -> None:
         with TestClient(create_app(storage_url)) as client:
             listed = client.get("/api/studies/s/workers").json()
         used = {w["id"]: w["device_seconds"] for w in listed}
-        assert used["b"] == pytest.approx(150, abs=1) and used["a"] == 0
+        assert used["b"] == pytest.approx(150, abs=1)
+        assert used["a"] == pytest.approx(a.charged_device_s)
     finally:
         store.dispose()
 
@@ -120,8 +129,8 @@ def test_a_loop_of_two_device_trials_stops_at_the_studys_budget(sqlite_url: str)
     storage = optuna.storages.RDBStorage(sqlite_url)
     try:
         study = optuna.create_study(study_name=space.study, storage=storage)
-        other = SweepClock(store, "s", "other")
-        other.since -= 90  # the other worker used 90 of the study's 100 device-seconds
+        # the other worker used 90 of the study's 100 device-seconds
+        other = SweepClock(store, "s", "other", since=time.perf_counter() - 90)
         other.charge()
         slow = _Slow()
         loop = SearchLoop(space, study, slow, PreflightReport(), SilentObserver())

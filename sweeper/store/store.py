@@ -260,6 +260,16 @@ class Store:
                     .values(device_seconds=WorkerRow.device_seconds + max(0.0, device_seconds))
                 )
 
+    def add_worker_seconds(self, worker_id: str, device_seconds: float) -> None:
+        """Count device time against a worker alone (its heartbeat's charge: the study row,
+        whose changes the API's caches follow, is written after each trial)."""
+        with self.session() as s:
+            s.execute(
+                update(WorkerRow)
+                .where(WorkerRow.id == worker_id)
+                .values(device_seconds=WorkerRow.device_seconds + max(0.0, device_seconds))
+            )
+
     def studies_of_workload(self, workload_hash: str) -> list[StudyRow]:
         """Studies pricing the same job, e.g. on other hardware, oldest first."""
         with self.session() as s:

@@ -24,9 +24,9 @@ class SweepClock:
     ) -> None:
         self.store, self.study, self.worker_id = store, study, worker_id
         self.since = time.perf_counter() if since is None else since
-        self.started = self.since
         self.extra_device_s = 0.0  # device-seconds beyond wall time, not yet charged
         self.charged_device_s = 0.0
+        self.wall_since = self.since  # the study's wall time is charged from here
         self._lock = threading.Lock()  # the heartbeat's thread charges too
 
     def add_device_seconds(self, seconds: float) -> None:
@@ -42,12 +42,29 @@ class SweepClock:
             return self.charged_device_s + (now - self.since) + self.extra_device_s
 
     def charge(self) -> None:
+        """Charge the study its wall time and the worker its device time, up to now."""
         with self._lock:
             now = time.perf_counter()
-            wall, device = now - self.since, now - self.since + self.extra_device_s
+            wall, device = now - self.wall_since, now - self.since + self.extra_device_s
             try:
                 self.store.add_sweep_seconds(self.study, wall, self.worker_id, device)
             except SweeperError:
                 return  # accounting never stops a sweep; the next charge carries the time
+            self.since = self.wall_since = now
+            self.extra_device_s = 0.0
+            self.charged_device_s += device
+
+    def charge_worker(self) -> None:
+        """Charge the worker its device time up to now, and the study nothing yet (the
+        heartbeat's: the study row changes after each trial, and the API's caches with it)."""
+        if self.worker_id is None:
+            return
+        with self._lock:
+            now = time.perf_counter()
+            device = now - self.since + self.extra_device_s
+            try:
+                self.store.add_worker_seconds(self.worker_id, device)
+            except SweeperError:
+                return
             self.since, self.extra_device_s = now, 0.0
             self.charged_device_s += device

@@ -61,7 +61,7 @@ class Worker:
             try:
                 self.store.beat(self.id)
                 if self.clock is not None:
-                    self.clock.charge()
+                    self.clock.charge_worker()
                 self.reap()
             except Exception as e:
                 if isinstance(e, SweeperError) or connection_lost(e):
