@@ -52,6 +52,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--per_device_train_batch_size", type=int, default=4)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
     parser.add_argument("--dataloader_num_workers", type=int, default=0)
+    parser.add_argument("--dataloader_prefetch_factor", type=int, default=2)
+    parser.add_argument("--dataloader_persistent_workers", type=_bool, default=False)
     parser.add_argument("--dataloader_pin_memory", type=_bool, default=True)
     parser.add_argument("--gradient_checkpointing", type=_bool, default=False)
     parser.add_argument(
@@ -63,6 +65,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--fp16", type=_bool, default=False)
     parser.add_argument("--tf32", type=_bool, default=None)
     parser.add_argument("--torch_compile", type=_bool, default=False)
+    parser.add_argument("--torch_compile_mode", default=None)
+    parser.add_argument("--use_liger_kernel", type=_bool, default=False)
     parser.add_argument("--fsdp", default="")
     parser.add_argument("--fsdp_config", default=None)
     args = parser.parse_args()
@@ -88,6 +92,8 @@ def check_launch(args: argparse.Namespace, accelerator: Accelerator) -> None:
         )
     if args.torch_compile and accelerator.state.dynamo_plugin.backend.value == "NO":
         problems.append("--torch_compile True: launched with --dynamo_backend no")
+    if args.use_liger_kernel:  # not this loop's: said rather than trained without
+        problems.append("--use_liger_kernel True: this loop has no Liger kernels")
     if problems:
         raise SystemExit(
             "train.py: "
@@ -148,6 +154,8 @@ def main() -> None:
         collate_fn=PadChats(tokenizer),
         num_workers=workers,
         pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
+        prefetch_factor=args.dataloader_prefetch_factor if workers > 0 else None,
+        persistent_workers=args.dataloader_persistent_workers and workers > 0,
     )
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=args.learning_rate, fused=args.optim == "adamw_torch_fused"

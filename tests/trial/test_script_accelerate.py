@@ -24,7 +24,7 @@ import yaml
 from sweeper.errors import TrialError
 from sweeper.launch_export import accelerate_config
 from sweeper.launcher import ChildRun, run_child
-from sweeper.space import Space
+from sweeper.space import Space, load_space
 from sweeper.trial.protocol import PreparedData
 from sweeper.trial.script import _accelerate_program, devices_problem
 from tests.helpers import REPO
@@ -206,3 +206,9 @@ def test_the_line_is_read_with_accelerates_own_parser_and_config_file(
     assert devices_problem([ACCELERATE, "launch", "--use_deepspeed", "t.py"], 2)
     assert devices_problem([ACCELERATE, "launch", "--use_deepspeed", "t.py"], 1) is None
     assert devices_problem([ACCELERATE, "launch", "--num_processes", "2", "t.py"], 2) is None
+    # the example's space: its line reads as 2 processes, and runs on the trial's devices
+    example = load_space(REPO / "examples/accelerate_loop/space.yaml")
+    assert example.workload.script is not None and example.search.devices == [2]
+    assert devices_problem(example.workload.script.command, 2) is None
+    program, env, asked, _ = _accelerate_program(example.workload.script.command, 2, "cpu", 1)
+    assert asked == 2 and program[2].endswith("examples/accelerate_loop/train.py")
