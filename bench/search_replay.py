@@ -519,6 +519,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--table", type=Path)
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument(
+        "--seed-from", type=int, default=0,
+        help="the first seed (seeds seed-from .. seed-from + seeds - 1): to extend a saved run",
+    )  # fmt: skip
+    parser.add_argument(
         "--samplers", default=f"{DEFAULT_SAMPLER},random,tpe",
         help=f"comma-separated, of {', '.join(SAMPLERS)}",
     )  # fmt: skip
@@ -578,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         for sampler in samplers
         for metric in metrics
-        for seed in range(args.seeds)
+        for seed in range(args.seed_from, args.seed_from + args.seeds)
     ]
     weight = ImprovementGridSampler.cost_weight if args.cost_weight is None else args.cost_weight
     started = time.perf_counter()

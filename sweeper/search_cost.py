@@ -15,6 +15,11 @@ start-up took 202 s, an ordinary trial about a minute).
   incumbent keeps it from steering the search away from an expensive mode once that mode
   holds the best config (interactions' best configs need max-autotune: counted against the
   cheapest mode, the same tie breaker took 0.5-1.5 more trials there; bench/RESULTS.md Run 9).
+
+The weighing is off by default (``ImprovementGridSampler.cost_weight`` 0): it still lost
+trials on the noisy replay table (15 against 13 to 5% on samples/s, 1.15x the seconds, 40
+paired seeds), whose best configs also need max-autotune; it saves seconds only where it
+saves trials.
 """
 
 from __future__ import annotations
