@@ -21,7 +21,9 @@ is the ``with sweeper.step``.
 On several devices it runs as torchrun runs it (``torchrun --nproc-per-node 2 train.py ...``;
 a sweeper trial with ``devices: 2`` gives each rank the same environment): each process joins
 the group torchrun's variables name (NCCL on CUDA, gloo on the CPU), reads its share of the data
-(a DistributedSampler) and trains the model inside DistributedDataParallel.
+(a DistributedSampler) and trains the model inside DistributedDataParallel, or sharded with FSDP2
+(``--fsdp full_shard``, TrainingArguments' flag: each decoder layer, then the model; the
+checkpoint at the end is then every rank's shards).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -83,6 +88,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--quantization", default="none", choices=("none",))  # all weights train
     # one process per device, started by torchrun (its WORLD_SIZE): said here, it must agree
     parser.add_argument("--devices", type=int, default=None)
+    # TrainingArguments' sharding flags: full_shard is FSDP2 (fully_shard on each decoder layer,
+    # then the model) instead of DDP; its config must say fsdp_version 2
+    parser.add_argument("--fsdp", default="", choices=("", "full_shard"))
+    parser.add_argument("--fsdp_config", type=json.loads, default=None)
     args = parser.parse_args()
     trial = sweeper.trial_config()  # None outside a sweeper trial
     if trial is not None:
@@ -96,6 +105,10 @@ def arguments() -> argparse.Namespace:
             f"--devices {args.devices}: this run has {world} process(es); launch it with "
             f"torchrun --nproc-per-node {args.devices}"
         )
+    if args.fsdp and world == 1:
+        parser.error("--fsdp full_shard: shards over several processes; launch with torchrun")
+    if args.fsdp and (args.fsdp_config or {}).get("fsdp_version", 2) != 2:
+        parser.error(f"--fsdp_config {args.fsdp_config}: this loop shards with FSDP2 only")
     packed = Path(args.data).suffix == ".npy"
     if args.packing is not None and args.packing != packed:
         parser.error(
@@ -224,7 +237,11 @@ def main() -> None:
         torch.backends.cudnn.allow_tf32 = args.tf32
     model = build_model(args, device)
     runnable: Any = model
-    if distributed:
+    if args.fsdp:  # each rank keeps its shard of the weights, gradients and optimizer state
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    elif distributed:
         runnable = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     if args.torch_compile:
         runnable = torch.compile(runnable, mode=args.torch_compile_mode)
@@ -276,8 +293,13 @@ def main() -> None:
 
 
 def save(output_dir: str | None, model: Any, optimizer: Any, step: int) -> None:
-    """The checkpoint at the end (rank 0's, on several devices: DDP keeps them equal)."""
-    if output_dir and (not dist.is_initialized() or dist.get_rank() == 0):
+    """The checkpoint at the end: with FSDP2 every rank writes its shards (torch's distributed
+    checkpoint); else rank 0's (DDP keeps the ranks equal)."""
+    if output_dir and isinstance(model, FSDPModule):
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state, "step": step}
+        dcp.save(state, checkpoint_id=str(Path(output_dir) / "checkpoint"))
+    elif output_dir and (not dist.is_initialized() or dist.get_rank() == 0):
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}

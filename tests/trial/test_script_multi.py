@@ -2,12 +2,12 @@
 
 The trial's leader starts two ranks with torchrun's environment and each runs the user's real
 program: the Trainer example (accelerate wraps the model in DDP under that environment) given as
-the torchrun line a user already has, the AMP-loop example (its own init_process_group,
-DistributedSampler and DDP) and a loop that shards with FSDP2 and saves its checkpoints with
-torch's distributed checkpoint. The hook in each rank records its steps, the ranks end the
-window together, and rank 0 writes the group's figures. A script that joins the group but never
-wraps its model fails as a mismatch. An ``accelerate launch`` line, a script that ignores the
-launch and a rank that crashes: tests/trial/test_script_accelerate.py.
+the torchrun line a user already has, and the AMP-loop example (its own init_process_group and
+DistributedSampler, sharding with FSDP2, its checkpoint torch's distributed checkpoint). The
+hook in each rank records its steps, the ranks end the window together, and rank 0 writes the
+group's figures. A script that joins the group but never wraps its model fails as a mismatch.
+An ``accelerate launch`` line (DDP in a custom loop), a script that ignores the launch and a
+rank that crashes: tests/trial/test_script_accelerate.py.
 
 Each test is one group run (two rank start-ups, each importing torch and transformers): what a
 run shows is checked on that run rather than in a run of its own.
@@ -111,16 +111,32 @@ def test_the_trainer_example_trains_two_ranks_with_ddp_from_its_torchrun_line(
     assert "this trial runs 2 (its devices knob)" in run.log_tail
 
 
-def test_the_amp_loop_example_trains_two_ranks_with_ddp(
-    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+def test_the_amp_loop_example_shards_with_fsdp2_and_has_its_checkpoint_timed_as_sharded(
+    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
 ) -> None:
-    """A custom loop given as [python, train.py]: sweeper starts it on each device."""
+    """A custom loop given as [python, train.py]: sweeper starts it on each device, and it
+    shards with FSDP2 from the knobs' own flags (--fsdp full_shard). The run saves a
+    checkpoint (every rank its shards); the trial times one save of the same state as the run
+    pays it: every rank writes at once, from a barrier to the last rank's end."""
     command = [
         sys.executable, str(REPO / "examples/amp_loop/train.py"), "--model", str(job / "model"),
         "--data", str(job / "chats.jsonl"), "--gradient_checkpointing", "False",
+        "--output_dir", str(tmp_path / "out"),
     ]  # fmt: skip
-    payload = _ok(run_child(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300))
-    _group_figures(payload, batch=2, accumulation=1)
+    request = _request(
+        tiny_space, tiny_prepared, cache_dir, command, save_steps=500, data_parallel="fsdp2"
+    )
+    payload = _ok(run_child(request, timeout_s=300))
+    _engine_group_figures(payload, batch=2, accumulation=1)
+    assert payload["effective"]["devices"] == 2
+    assert payload["effective"]["data_parallel"] == "fsdp2"
+    assert payload["checkpoint_source"] == "measured"
+    # both ranks' shards: fp32 weights and AdamW's two fp32 moments per parameter, and the
+    # metadata (one rank's shards alone would be 6 bytes a parameter)
+    floor = 12 * payload["n_params"]
+    assert floor <= payload["checkpoint_bytes"] <= floor * 1.3 + 2**20, payload["checkpoint_bytes"]
+    assert 0 < payload["checkpoint_save_s"] <= payload["phases_s"]["checkpoint"]
+    assert not (tmp_path / "out").exists()  # the run's own save, at its end, was not reached
 
 
 UNWRAPPED = """
@@ -149,55 +165,6 @@ def test_a_script_that_joins_the_group_but_never_wraps_the_model_fails_as_a_mism
     run = run_child(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300)
     assert run.result.status == "failed" and run.result.failure_kind == "mismatch", run.result
     assert "data_parallel: asked 'ddp', ran 'none'" in (run.result.failure_message or "")
-
-
-FSDP2 = """
-import sys, torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.fsdp import fully_shard
-from transformers import AutoModelForCausalLM
-import sweeper
-dist.init_process_group("gloo")
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
-for layer in model.model.layers:
-    fully_shard(layer)
-fully_shard(model)
-optimizer = torch.optim.AdamW(model.parameters())
-step = 0
-while True:
-    batch = {"input_ids": torch.randint(0, 100, (2, 16))}
-    batch["labels"] = batch["input_ids"]
-    with sweeper.step(batch, model=model, optimizer=optimizer):
-        model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
-    step += 1
-    if step % 500 == 0:  # the run's checkpoint: each rank writes its own shards
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        dcp.save(state, checkpoint_id=f"{sys.argv[2]}/step-{step}")
-"""
-
-
-def test_a_script_saving_fsdp2_checkpoints_on_two_ranks_has_its_save_timed_as_sharded(
-    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
-) -> None:
-    """The run saves every 500 steps, each rank its shards; the trial ends long before, and
-    times one save of the same state as the run pays it: every rank writes its shards of the
-    weights and of AdamW's two moments at once, from a barrier to the last rank's end."""
-    script = tmp_path / "fsdp2.py"
-    script.write_text(FSDP2)
-    command = [sys.executable, str(script), str(job / "model"), str(tmp_path / "saves")]
-    request = _request(
-        tiny_space, tiny_prepared, cache_dir, command, save_steps=500, data_parallel="fsdp2"
-    )
-    payload = _ok(run_child(request, timeout_s=300))
-    _engine_group_figures(payload, batch=2, accumulation=1)
-    assert payload["effective"]["data_parallel"] == "fsdp2"
-    assert payload["checkpoint_source"] == "measured"
-    # both ranks' shards: fp32 weights and two fp32 moments per parameter, plus metadata
-    # (one rank's half would be 6 bytes a parameter)
-    floor = 12 * payload["n_params"]
-    assert floor <= payload["checkpoint_bytes"] <= floor * 1.3 + 2**20, payload["checkpoint_bytes"]
-    assert 0 < payload["checkpoint_save_s"] <= payload["phases_s"]["checkpoint"]
 
 
 @pytest.mark.skipif(shutil.which(TORCHRUN) is None, reason="no torchrun beside this python")
