@@ -163,10 +163,15 @@ def test_two_workers_stop_at_the_studys_budget_not_twice_it(
     # each worker's preparation and first trial take 30-60 s at load 10: a budget that
     # holds a few trials more, so that what the sharing leaves over is a small part of it
     limit_s = 200.0
+    # 128 configs and 400 trials: on a quiet machine (a trial in 2-3 s) the budget still ends
+    # the sweep, not the plan or the space running out of configs
     text = tiny_space_without_baseline()
-    text = text.replace("[2, 4]", "[1, 2, 3, 4]").replace("[1, 2]", "[1, 2, 3]")
-    text = text.replace("max_seq_length: [64]", "max_seq_length: [32, 48, 64]")
-    text = text.replace("n_trials: 3", f"n_trials: 60\n  max_device_hours: {limit_s / 3600}")
+    text = text.replace("[2, 4]", "[1, 2, 3, 4, 5, 6, 7, 8]")
+    text = text.replace(
+        "gradient_accumulation_steps: [1, 2]",
+        "gradient_accumulation_steps: [1, 2, 3, 4, 5, 6, 7, 8]",
+    )
+    text = text.replace("n_trials: 3", f"n_trials: 400\n  max_device_hours: {limit_s / 3600}")
     space = tmp_path / "budget.yaml"
     space.write_text(text)
     started = time.monotonic()
