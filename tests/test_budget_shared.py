@@ -5,7 +5,9 @@ seconds, so two workers stop at the study's budget, not at twice it; each says w
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -18,15 +20,16 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from sweeper.preflight import PreflightReport
-from sweeper.space import TrialConfig, parse_space
+from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.store import Store
 from sweeper.store.models import WorkerRow
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver
 from sweeper.sweep.outcome import Outcome
-from sweeper.sweep.share import StudyShare, the_run
-from tests.helpers import REPO, STUDY_FIELDS, tiny_space_without_baseline
+from sweeper.sweep.run import run_sweep
+from sweeper.sweep.share import StudyShare, plan_reached, the_run
+from tests.helpers import REPO, STUDY_FIELDS, TINY_SPACE, tiny_space_without_baseline
 from tests.test_budget_devices import _Timed
 from tests.test_cli import env  # noqa: F401 (a fixture)
 from tests.test_search import SPACE
@@ -202,3 +205,44 @@ def test_two_workers_stop_at_the_studys_budget_not_twice_it(
     lines = re.findall(r"worker \d: \d+ trial\(s\), [\d,]+ device-seconds, \d+% of", done.stdout)
     assert len(lines) == 2, done.stdout
     assert re.search(r"the 2 workers used [\d,]+ device-seconds of the budget's 200", done.stdout)
+
+
+def test_the_plan_counts_finished_trials_and_the_others_running_ones(sqlite_url: str) -> None:
+    store = _study_with_workers(sqlite_url, "me", "other")
+    try:
+        for number, (state, kind) in enumerate(
+            [("complete", None), ("failed", "oom"), ("failed", "lost"), ("failed", "interrupted")]
+        ):
+            store.start_trial("s", number, {}, worker_id="other")
+            store.finish_trial("s", number, state, failure_kind=kind)
+        # lost and interrupted trials run again: 2 of a plan of 3 taken
+        assert plan_reached(store, "s", 3, "me") is None
+        store.start_trial("s", 4, {}, worker_id="me")  # this worker's own: about to end
+        assert plan_reached(store, "s", 3, "me") is None
+        store.start_trial("s", 5, {}, worker_id="other")  # another's running trial counts
+        reason = plan_reached(store, "s", 3, "me")
+        assert reason is not None and "has its 3 planned trials (3 finished or running" in reason
+    finally:
+        store.dispose()
+
+
+@pytest.mark.torch
+def test_a_worker_joining_a_live_run_shares_its_planned_trials(
+    tiny_space: Space, sqlite_url: str, cache_dir: Path
+) -> None:
+    """`sweeper worker --study` without --n-trials beside a live worker: it runs what the run's
+    plan lacks, here nothing (1 planned, 1 done), instead of the space's 3 more of its own."""
+    text = TINY_SPACE.read_text()
+    first = run_sweep(
+        tiny_space, storage_url=sqlite_url, cache_dir=cache_dir, space_text=text, n_trials=1
+    )
+    assert first.completed == 1
+    store = Store(sqlite_url)
+    try:  # a worker of the run still alive (this process: not taken for a dead one)
+        store.register_worker("tiny", "alive", socket.gethostname(), os.getpid())
+        joined = run_sweep(tiny_space, storage_url=sqlite_url, cache_dir=cache_dir, space_text=text)
+        assert joined.trials_run == 0, joined.stop_reason
+        assert "the study has its 1 planned trials" in joined.stop_reason
+        assert store.get_study("tiny").n_trials_planned == 1  # shared, not added to
+    finally:
+        store.dispose()

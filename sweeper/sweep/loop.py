@@ -93,6 +93,7 @@ class SearchLoop:
             OomDominated(self.results),
         ]
         self.time = TimeBudget()
+        self._plan: Callable[[], str | None] | None = None
         self.remeasure = Remeasure(
             space, preflight, executor, observer, self.results, self.time,
             earlier_samples=earlier_samples, eligible=eligible,
@@ -113,13 +114,15 @@ class SearchLoop:
         deadline: float | None = None,
         device_deadline: float | None = None,
         shared: StudyShare | None = None,
+        plan: Callable[[], str | None] | None = None,
     ) -> dict[str, int]:
         """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
         with less time left than the longest trial so far took, and cap each one's timeout
         at the time left; with a ``device_deadline`` (``TimeBudget``), the same in device
         time, a trial on N devices spending N; with ``shared`` instead, the study's device
         time, all its workers' together (``sweeper.sweep.share``). ``settle`` then measures
-        the best configs again."""
+        the best configs again. ``plan``: why the study's plan is done (a worker that joined a
+        live run shares its planned trials), asked before each proposal."""
         counts = {
             "run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0,
             "ruled_out": 0,
@@ -127,6 +130,7 @@ class SearchLoop:
         skipped_in_a_row = 0
         self.time.deadline, self.time.device_deadline = deadline, device_deadline
         self.time.shared = shared
+        self._plan = plan
         while counts["run"] < n_trials:
             left_s = self.time.left_s()
             reason = self._reason_not_to_ask(left_s)
@@ -178,7 +182,7 @@ class SearchLoop:
         spent = self.time.why_spent(left_s)
         if spent is not None:
             return spent
-        return None
+        return None if self._plan is None else self._plan()
 
     def _propose(self) -> tuple[optuna.Trial, TrialConfig]:
         """Ask; the config to run for the proposal (a known config's knob that cannot run here

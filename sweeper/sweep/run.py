@@ -3,6 +3,8 @@ re-measure; what it ran comes back as a ``SweepReport``."""
 
 from __future__ import annotations
 
+import functools
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import DatabaseLostError, DiskFullError, StudyNotFoundError
+from sweeper.joining import process_alive
 from sweeper.preflight import PreflightReport
 from sweeper.search import worker_seed
 from sweeper.settings import Settings
@@ -25,7 +28,7 @@ from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, workload_server
 from sweeper.sweep.queue import enqueue_interrupted, enqueue_known
-from sweeper.sweep.share import StudyShare
+from sweeper.sweep.share import StudyShare, plan_reached
 from sweeper.sweep.stopping import device_hours_limit
 from sweeper.sweep.worker import Worker
 
@@ -134,6 +137,21 @@ def trials_done(store: Store, study: str) -> int:
     return sum(t.failure_kind not in ("lost", "interrupted") for t in trials)
 
 
+def live_plan(store: Store, study: str, grace_s: float) -> int | None:
+    """The trials ``study`` plans, if it has a live worker; None: no live run to join. A
+    worker of this host counts only while its process exists (a worker killed a moment ago
+    still beats within the grace period; launching again after it adds trials, as before)."""
+    try:
+        row = store.get_study(study)
+        live = store.live_workers(study, grace_s)
+    except StudyNotFoundError:
+        return None
+    host = socket.gethostname()
+    if not [w for w in live if w.host != host or process_alive(w.pid)]:
+        return None
+    return row.n_trials_planned
+
+
 _DEFAULTS = Settings.model_fields
 
 
@@ -164,7 +182,7 @@ def run_sweep(
     A database away for longer than ``database_retry_s`` ends the sweep with
     ``DatabaseLostError``; its worker is left for the reaper (see ``Worker.abandon``)."""
     observer = observer or SilentObserver()
-    n_trials = n_trials or space.budget.n_trials
+    asked, n_trials = n_trials, n_trials or space.budget.n_trials
     # budget.max_usd / max_device_hours in device time: a trial on N devices spends N
     device_hours = device_hours_limit(space.budget, space.hardware.usd_per_hour)
     # the study's, all its workers' together (sweeper.sweep.share); --max-minutes replaces
@@ -184,8 +202,15 @@ def run_sweep(
     storage = optuna_storage(storage_url, retry_s=database_retry_s)
     study = create_or_load_study(space.study, storage, space.budget.seed)
     # a resumed study plans what it has and what this launch adds (16 after two launches of 8);
-    # a worker of a fleet, what the whole fleet adds (``fleet_trials``), not its own share
-    planned = trials_done(store, space.study) + (fleet_trials or n_trials)
+    # a worker of a fleet, what the whole fleet adds (``fleet_trials``), not its own share; a
+    # worker joining a live run without a count of its own, the run's plan (shared, not added)
+    joined = None
+    if asked is None and fleet_trials is None:
+        joined = live_plan(store, space.study, worker_grace_s)
+    if joined is not None:
+        planned = n_trials = joined
+    else:
+        planned = trials_done(store, space.study) + (fleet_trials or n_trials)
     store.upsert_study(
         space.study,
         state="running",
@@ -226,7 +251,10 @@ def run_sweep(
                 seed=worker_seed(space.budget.seed, worker), eligible=eligible,
                 worker_id=member.id,
             )  # fmt: skip
-            counts = loop.run(n_trials, clock, deadline, shared=shared)
+            plan = None
+            if joined is not None:
+                plan = functools.partial(plan_reached, store, space.study, joined, member.id)
+            counts = loop.run(n_trials, clock, deadline, shared=shared, plan=plan)
             if not loop.stopped:
                 loop.settle(clock)
     except KeyboardInterrupt:

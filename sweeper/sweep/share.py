@@ -134,3 +134,26 @@ class StudyShare:
         use = self.use()
         left = self.limit_s - use.used_s
         return left, left / use.live, use.live
+
+
+def plan_reached(store: Store, study: str, planned: int, worker_id: str) -> str | None:
+    """Why a worker that joined a live run without a trial count of its own stops: the study
+    has its ``planned`` trials, finished (lost and interrupted ones run again: not counted)
+    or running on another worker. None: it may start one more. A store that cannot be read
+    says nothing (the other limits still hold)."""
+    try:
+        trials = store.list_trials(study, states=["complete", "failed", "pruned", "running"])
+    except SweeperError:
+        return None
+    taken = sum(
+        t.failure_kind not in ("lost", "interrupted")
+        if t.state != "running"
+        else t.worker_id != worker_id
+        for t in trials
+    )
+    if taken < planned:
+        return None
+    return (
+        f"the study has its {planned} planned trials ({taken} finished or running on the "
+        "study's workers); this worker joined their run without --n-trials of its own"
+    )
