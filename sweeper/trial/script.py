@@ -1,7 +1,8 @@
 """``engine: script``: the user's own training program is the trial.
 
 Outside ``sweeper/trial/engines`` on purpose: this side only starts the program, so a script
-trial's child never imports torch (the engines package does, at import).
+trial's child never imports torch (the engines package does, at import), except to read a
+torchrun or accelerate line with their own parsers.
 
 The trial child runs ``workload.script.command`` in its own process group (so the launcher's
 timeout and kill reach it, and every DataLoader worker it starts), with the knobs as
@@ -26,6 +27,7 @@ accelerate's multi-GPU launcher adds to it (``ACCELERATE_MIXED_PRECISION``, the 
 settings), or on one device with its simple launcher's. accelerate's launcher on several
 processes is torchrun's agent, whose sessions the trial's kill does not reach; its DeepSpeed,
 TPU and Megatron launches are refused on several devices (their launchers are not torchrun's).
+The group's leader reads the line once and hands each rank its program and environment.
 """
 
 from __future__ import annotations
