@@ -42,8 +42,10 @@ class Comparison(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     workload_hash: str | None
-    cheapest: Recommendation
-    fastest: ParetoPoint
+    # None only when no measured config meets the constraints and the offer table names a
+    # catalog GPU (an estimate) that would: the table is then the answer
+    cheapest: Recommendation | None
+    fastest: ParetoPoint | None
     per_study: list[Recommendation]
     unavailable: dict[str, str]  # study → why it has no recommendation
     pareto: list[ParetoPoint]  # by hours, ascending (so by $, descending)
@@ -137,6 +139,17 @@ def compare(
     )
     if not recommendations:
         cheapest = table.cheapest if table is not None else None
+        if cheapest is not None:  # e.g. only an estimated faster GPU meets the deadline
+            return Comparison(
+                workload_hash=anchor.workload_hash,
+                cheapest=None,
+                fastest=None,
+                per_study=[],
+                unavailable=unavailable,
+                pareto=[],
+                constraints=per_study_constraints.describe(),
+                offers=table,
+            )
         raise NoResultError(
             "no study of this workload has an eligible trial: "
             + "; ".join(f"{name}: {why}" for name, why in unavailable.items())

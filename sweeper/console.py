@@ -373,6 +373,17 @@ def print_doctor(report: DoctorReport) -> None:
 
 def print_comparison(comparison: Comparison) -> None:
     cheapest = comparison.cheapest
+    if cheapest is None:  # nothing measured meets the constraints; an estimate might
+        console.print(
+            f"\n[bold]no measured config meets {escape(comparison.constraints)}[/]; "
+            "the catalog's table below says which GPU would (an estimate until measured)",
+            highlight=False,
+        )
+        for name, why in comparison.unavailable.items():
+            console.print(f"  [yellow]{escape(name)}:[/] {escape(why)}", highlight=False)
+        if comparison.offers is not None:
+            print_offers(comparison.offers, comparison.constraints)
+        return
     console.print(
         f"\n[bold]cheapest[/] across {len(comparison.per_study)} machine(s): "
         f"{cheapest.hardware_name} (${cheapest.usd_per_hour:.2f}/h, study {cheapest.study}), "

@@ -177,6 +177,39 @@ def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> 
     assert "h100-sxm" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
+def test_a_deadline_only_an_estimated_gpu_meets_still_shows_the_table(sqlite_url: str) -> None:
+    """6.5 h rules out every measured H100 config (6.6 h at best); the H200's estimate
+    (~6.1 h) meets it: the answer is the table, saying nothing measured meets (CLI and REST)."""
+    _store_with(sqlite_url, (_h100(), "h100")).dispose()
+    env = os.environ | {"SWEEPER_STORAGE": sqlite_url, "COLUMNS": "250"}
+    run = [sys.executable, "-m", "sweeper.cli", "best", "--study", "h100", "--max-hours", "6.5"]
+    run += ["--gpu", "h200-sxm", "--gpu", "h100-sxm"]
+    out = subprocess.run(run + ["--json"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["cheapest"] is None and answer["pareto"] == []
+    assert "h100" in answer["unavailable"]
+    assert answer["offers"]["cheapest"]["gpu"] == "h200-sxm"
+    assert answer["offers"]["cheapest"]["basis"] == "estimate"
+    rows = {row["gpu"]: row for row in answer["offers"]["rows"]}
+    assert rows["h100-sxm"]["meets"] == "no" and rows["h100-sxm"]["basis"] == "measured"
+    table = subprocess.run(run, capture_output=True, text=True, env=env)
+    assert table.returncode == 0, table.stderr
+    assert "no measured config meets within 6.5 h" in table.stdout
+    assert "cheapest that meets them: H200 SXM 141GB" in table.stdout
+    assert "estimate" in table.stdout and "Traceback" not in table.stderr
+    with TestClient(create_app(sqlite_url)) as client:
+        rest = client.get(
+            "/api/studies/h100/compare", params={"max_hours": 6.5, "gpus": ["h200-sxm"]}
+        )
+        assert rest.status_code == 200, rest.text
+        assert rest.json()["cheapest"] is None
+        assert rest.json()["offers"]["cheapest"]["gpu"] == "h200-sxm"
+        # nothing meets at all (no GPU of the set, measured or estimated): still a 409
+        none = client.get("/api/studies/h100/compare", params={"max_hours": 1})
+        assert none.status_code == 409 and "no study of this workload" in none.text
+
+
 def test_a_bad_catalog_file_is_exit_2_with_its_line(sqlite_url: str, tmp_path: Path) -> None:
     _store_with(sqlite_url, (_h100(), "h100")).dispose()
     bad = tmp_path / "gpus.yaml"
