@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Record sweeper on a GPU machine, in one output folder:
-#   install sweeper from a wheelhouse without touching the machine's torch, `sweeper doctor`,
-#   the GPU-marked tests, a sweep of spaces/h100.yaml (seed 000's baseline, seed 000's and seed
-#   001's configs, TrainingArguments defaults, then the search) within a time budget, its export,
-#   fidelity (a trial against a run 10x longer) for the recommended config and seed 001's, and
-#   a summary for bench/RESULTS.md.
+#   install sweeper from a wheelhouse without touching the machine's torch (DeepSpeed and the
+#   levers' liger-kernel and torchao too), `sweeper doctor`, the GPU-marked tests (the levers'
+#   tests/trial/test_levers_gpu.py first), a sweep of spaces/h100.yaml (seed 000's baseline, seed
+#   000's and seed 001's configs, TrainingArguments defaults, the same with each lever of issue 36
+#   alone, then the search) within a time budget, its export, fidelity (a trial against a run 10x
+#   longer) for the recommended config and seed 001's, and a summary for bench/RESULTS.md: the
+#   study's tables, each knob's verdict, and the recommended config's real-token MFU against the
+#   40% goal.
 #
 #   bash scripts/gpu-record.sh run   [--wheelhouse .whl] [--out gpu-record] [--minutes 24]
 #   bash scripts/gpu-record.sh start [same options]   # `run` in the background (setsid)
 #   bash scripts/gpu-record.sh wait  [--out gpu-record] [--seconds 540]
 #
 # Other options (defaults: the H100 record): --space FILE --study NAME --fidelity-configs LIST
-# (bench/trial_quality.py --configs; "none" skips the stage), --skip-tests, --doctor-plain (doctor
+# (bench/trial_quality.py --configs; "none" skips the stage), --skip-tests, --levers-tests-only
+# (of the GPU tests, only tests/trial/test_levers_gpu.py), --doctor-plain (doctor
 # without the space: the space's compile probes, max-autotune's ~6 min compile on an H100, are then
 # paid only by a trial that samples them). tests/test_packaging.py runs it end to end on a CPU with
 # a tiny space, so the GPU session finds it working.
@@ -25,8 +29,11 @@
 # what the GPU image lacks):
 #   bash scripts/wheelhouse.sh --python 3.12 --tests --out .whl --skip-file scripts/gpu-image-packages.txt
 #
-# --minutes is the whole run's budget; the sweep gets what is left after the earlier stages,
+# --minutes is the whole run's budget; the GPU tests get at most a sixth of it each for the
+# levers' file and the rest (5 min at least), the sweep what is left after the earlier stages,
 # less the fidelity runs' share. PYTHON picks the interpreter that has torch (default python3).
+# For the levers in a 30-minute lease (the other GPU tests passed in earlier leases):
+#   start --minutes 22 --doctor-plain --levers-tests-only --fidelity-configs none
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,6 +50,7 @@ space=spaces/h100.yaml
 study=h100-llama-1b
 fidelity_configs="best,also_try[1]"  # the recommendation and seed 001's "after"
 skip_tests=0
+levers_tests_only=0
 doctor_plain=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,12 +62,14 @@ while [ $# -gt 0 ]; do
     --study) study=$2; shift 2 ;;
     --fidelity-configs) fidelity_configs=$2; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
+    --levers-tests-only) levers_tests_only=1; shift ;;
     --doctor-plain) doctor_plain=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument '$1' (see bash $0 --help)" >&2; exit 2 ;;
   esac
 done
 py=${PYTHON:-python3}
+extras=test,trainer,sft,lora,deepspeed
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$out/log.txt"; }
 
@@ -75,7 +85,7 @@ stage_install() {
     >> "$out/install.log" 2>&1 || log "install: could not rebuild sweeper's wheel; using $wheelhouse's"
   # a dry run first: stop if pip would install or replace torch
   "$py" -m pip install --dry-run --quiet --no-index --find-links "$wheelhouse" \
-    --report "$out/pip-report.json" "sweeper[test,trainer,sft,lora]" >> "$out/install.log" 2>&1
+    --report "$out/pip-report.json" "sweeper[$extras]" >> "$out/install.log" 2>&1
   "$py" - "$out/pip-report.json" <<'EOF'
 import json, sys
 report = json.load(open(sys.argv[1]))
@@ -84,14 +94,20 @@ print("pip would install:", ", ".join(names))
 if any(n == "torch" or n.startswith("nvidia-") or n == "triton" for n in names):
     sys.exit("error: pip would install torch or its CUDA libraries; stopping")
 EOF
-  "$py" -m pip install --quiet --no-index --find-links "$wheelhouse" "sweeper[test,trainer,sft,lora]" \
+  "$py" -m pip install --quiet --no-index --find-links "$wheelhouse" "sweeper[$extras]" \
     >> "$out/install.log" 2>&1
-  # bitsandbytes (4-bit/8-bit quantization) when the wheelhouse carries one: it needs only
-  # torch, numpy and packaging, which the image has
-  for bnb in "$wheelhouse"/bitsandbytes-*.whl; do
-    [ -e "$bnb" ] || continue
-    "$py" -m pip install --quiet --no-index --no-deps "$bnb" >> "$out/install.log" 2>&1
-    log "install: $("$py" -c 'import bitsandbytes as b; print("bitsandbytes", b.__version__)' 2>&1 | tail -n 1)"
+  # bitsandbytes (4-bit/8-bit quantization), liger-kernel and torchao (the levers) when the
+  # wheelhouse carries them, without dependencies: they need torch (and triton, which a CUDA
+  # torch brings), numpy and packaging, which the image has. What imports is logged: preflight
+  # drops a lever whose package does not, saying why.
+  local wheel module
+  for wheel in "$wheelhouse"/bitsandbytes-*.whl "$wheelhouse"/liger_kernel-*.whl \
+    "$wheelhouse"/torchao-*.whl; do
+    [ -e "$wheel" ] || continue
+    "$py" -m pip install --quiet --no-index --no-deps "$wheel" >> "$out/install.log" 2>&1
+    module=$(basename "$wheel" | cut -d- -f1)
+    [ "$module" = liger_kernel ] && module=liger_kernel.transformers
+    log "install: $module $("$py" -c "import importlib.metadata as m, $module; print(m.version('$(basename "$wheel" | cut -d- -f1)'), 'imports')" 2>&1 | tail -n 1)"
   done
   "$py" -c 'import torch, sys; print(torch.__version__, torch.__file__)' > "$out/torch-after.txt"
   if ! cmp -s "$out/torch-before.txt" "$out/torch-after.txt"; then
@@ -114,11 +130,20 @@ stage_doctor() {
 
 stage_tests() {
   [ "$skip_tests" = 1 ] && { log "tests: skipped (--skip-tests)"; return 0; }
-  log "tests: pytest -m gpu"
-  local status=0
+  # each pytest gets a sixth of the budget, 5 min at least: a hung test must not eat the sweep's
+  local cap=$(( minutes * 10 > 300 ? minutes * 10 : 300 )) status=0
+  log "tests: pytest -m gpu tests/trial/test_levers_gpu.py (at most $cap s)"
+  timeout "$cap" "$py" -m pytest -m gpu -p no:cacheprovider -q -rA tests/trial/test_levers_gpu.py \
+    > "$out/gpu-levers-tests.log" 2>&1 || status=$?
+  [ "$status" = 124 ] && log "tests: levers stopped at $cap s"
+  log "tests: levers exit $status; $(tail -n 1 "$out/gpu-levers-tests.log")"
+  [ "$levers_tests_only" = 1 ] && { log "tests: the rest skipped (--levers-tests-only)"; return 0; }
+  log "tests: pytest -m gpu, the rest (at most $cap s)"
+  status=0
   # sweeper[test] has no browser or optuna-dashboard (dev tools): those modules hold no GPU test
-  "$py" -m pytest -m gpu -p no:cacheprovider -q -rA tests --ignore=tests/browser \
-    --ignore=tests/test_optuna_dashboard.py --ignore=tests/test_api_fuzz.py > "$out/gpu-tests.log" 2>&1 || status=$?
+  timeout "$cap" "$py" -m pytest -m gpu -p no:cacheprovider -q -rA tests --ignore=tests/browser \
+    --ignore=tests/test_optuna_dashboard.py --ignore=tests/test_api_fuzz.py \
+    --ignore=tests/trial/test_levers_gpu.py > "$out/gpu-tests.log" 2>&1 || status=$?
   log "tests: exit $status; $(tail -n 1 "$out/gpu-tests.log")"
 }
 
@@ -148,6 +173,38 @@ stage_summary() {
   [ -s "$out/doctor.json" ] && args+=(--doctor "$out/doctor.json")
   [ -s "$out/fidelity.md" ] && args+=(--fidelity "$out/fidelity.md")
   "$py" bench/study_report.py "${args[@]}" > "$out/summary.md"
+  # each knob's verdict at the recommendation, and its MFU on real tokens against the goal
+  "$py" - "sqlite:///$out/study.db" "$study" "$out/$study.json" >> "$out/summary.md" <<'EOF'
+import sys
+from pathlib import Path
+from sweeper.errors import SweeperError
+from sweeper.store import Store
+from sweeper.studyfile import model_shape, read_study_file, real_token_mfu
+from sweeper.verdict import markdown_table, study_knob_effects
+
+GOAL = 0.40  # issue 36: >= 40% MFU on the ~1.1B Llama, counting real tokens (P5)
+url, study, path = sys.argv[1:]
+store = Store(url)
+try:
+    effects = study_knob_effects(store, study)
+except SweeperError as e:  # no completed trial: the tables above say why
+    sys.exit(print(f"\nNo verdicts: {e}"))
+finally:
+    store.dispose()
+print(f"\n### Each knob's verdict at the recommendation (trial #{effects.winner})\n")
+print(markdown_table(effects))
+document = read_study_file(Path(path))
+trial = next(t for t in document.trials if t["number"] == effects.winner)
+mfu = real_token_mfu(trial["measurement"], model_shape(document.study["space_yaml"]))
+if mfu is None:
+    print(f"\nRecommended config (trial #{effects.winner}): no MFU (no peak for this device)")
+else:
+    met = "met" if mfu.mfu >= GOAL else "not met"
+    print(
+        f"\nRecommended config (trial #{effects.winner}): MFU on real tokens {mfu.label} "
+        f"against the {GOAL:.0%} goal: **{met}**"
+    )
+EOF
   log "summary: $out/summary.md"
 }
 
@@ -187,6 +244,7 @@ case "$command" in
     setsid nohup bash "$0" run --wheelhouse "$wheelhouse" --out "$out" --minutes "$minutes" \
       --space "$space" --study "$study" --fidelity-configs "$fidelity_configs" \
       $( [ "$skip_tests" = 1 ] && echo --skip-tests ) $( [ "$doctor_plain" = 1 ] && echo --doctor-plain ) \
+      $( [ "$levers_tests_only" = 1 ] && echo --levers-tests-only ) \
       > "$out/run.out" 2>&1 < /dev/null &
     echo "started in the background (pid $!); follow with: bash $0 wait --out $out"
     ;;

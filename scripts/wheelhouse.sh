@@ -7,8 +7,10 @@
 #   --python X.Y    the target's Python (3.11, 3.12 or 3.13; default: this machine's python3)
 #   --arch A        x86_64 (default) or aarch64; wheels are manylinux
 #   --out DIR       where the wheels go (default: wheelhouse/); existing wheels are kept
-#   --tests         also the test tools and the engines' extras (pytest, httpx, hypothesis, trl,
-#                   peft): for scripts/gpu-record.sh
+#   --tests         also the test tools, the engines' extras (pytest, httpx, hypothesis, trl,
+#                   peft), DeepSpeed (a wheel built here from its sdist with DS_BUILD_OPS=0: no
+#                   kernels, pure Python) and the CUDA levers (liger-kernel, torchao): what
+#                   scripts/gpu-record.sh installs
 #   --skip-file F   leave out packages the target already has (one name per line, '#' comments);
 #                   pip then uses the target's own copy, so each must be in sweeper's ranges
 #
@@ -18,7 +20,9 @@
 #
 # torch and the packages only torch needs (nvidia-*, triton, sympy, networkx) are never
 # downloaded: the target's torch is used as it is, and pip never replaces it while it is in
-# sweeper's range (torch>=2.11). sweeper's own wheel is built from this checkout.
+# sweeper's range (torch>=2.11). sweeper's own wheel is built from this checkout. The levers'
+# wheels (sweeper[levers]) are installed there with --no-deps, as bitsandbytes is: liger-kernel
+# requires triton, which a CUDA torch brings and a CPU torch lacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +38,9 @@ while [ $# -gt 0 ]; do
     --python) target_python=${2:?--python needs a version, e.g. 3.12}; shift 2 ;;
     --arch) arch=${2:?--arch needs x86_64 or aarch64}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
-    --tests) extras=(--extra test --extra trainer --extra sft --extra lora); shift ;;
+    --tests)
+      extras=(--extra test --extra trainer --extra sft --extra lora --extra deepspeed --extra levers)
+      shift ;;
     --skip-file) skip_file=${2:?--skip-file needs a file}; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument '$1' (see $0 --help)" >&2; exit 2 ;;
@@ -68,13 +74,17 @@ mkdir -p "$out"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# accelerate (the trainer engine), trl (sft) and peft (adapters) require torch, directly or
-# through accelerate: they are fetched without their dependencies (the rest of them are
-# sweeper's too, or the GPU image's), and pip resolves them against the user's torch there
-"$host_python" scripts/requirements.py "${extras[@]}" --without torch accelerate trl peft \
-  > "$work/requirements.txt"
-"$host_python" scripts/requirements.py "${extras[@]}" | grep -i -E '^(accelerate|trl|peft)\b' \
+# accelerate (the trainer engine), trl (sft), peft (adapters), liger-kernel and torchao (the
+# levers) require torch, directly or through accelerate, or nothing: they are fetched without
+# their dependencies (the rest of them are sweeper's too, or the GPU image's), and pip resolves
+# them against the user's torch there. deepspeed is an sdist: built below.
+no_deps='accelerate|trl|peft|liger-kernel|torchao'
+"$host_python" scripts/requirements.py "${extras[@]}" \
+  --without torch accelerate trl peft liger-kernel torchao deepspeed > "$work/requirements.txt"
+"$host_python" scripts/requirements.py "${extras[@]}" | grep -i -E "^($no_deps)\b" \
   > "$work/no-deps.txt" || true
+"$host_python" scripts/requirements.py "${extras[@]}" | grep -i -E '^deepspeed\b' \
+  > "$work/deepspeed.txt" || true
 grep -v -i '^torch==' constraints.txt > "$work/constraints.txt"
 
 echo "wheelhouse: sweeper's wheel from this checkout"
@@ -89,6 +99,31 @@ if [ -s "$work/no-deps.txt" ]; then
   "$host_python" -m pip download --quiet --disable-pip-version-check --no-deps \
     --only-binary=:all: --implementation cp --python-version "$target_python" --abi "$abi" \
     "${platforms[@]}" -c "$work/constraints.txt" -r "$work/no-deps.txt" -d "$out"
+fi
+
+# DeepSpeed ships only an sdist: its wheel is built here, with DS_BUILD_OPS=0 (no CUDA kernels
+# compiled: ZeRO-2/3 need none; its setup does not need torch), so it is pure Python and fits any
+# target. Its requirements but torch are downloaded like the rest.
+if [ -s "$work/deepspeed.txt" ]; then
+  echo "wheelhouse: deepspeed's wheel from its sdist (DS_BUILD_OPS=0)"
+  DS_BUILD_OPS=0 "$host_python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+    --no-binary deepspeed -c "$work/constraints.txt" -r "$work/deepspeed.txt" -w "$work/deepspeed" \
+    >/dev/null
+  deepspeed_wheel=$(ls "$work"/deepspeed/deepspeed-*-py3-none-any.whl)
+  cp "$deepspeed_wheel" "$out/"
+  "$host_python" - "$deepspeed_wheel" > "$work/deepspeed-deps.txt" <<'EOF'
+import sys, zipfile
+from email.parser import Parser
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = Parser().parsestr(wheel.read(name).decode())
+for requirement in metadata.get_all("Requires-Dist") or []:
+    if "extra ==" not in requirement and not requirement.lower().startswith("torch"):
+        print(requirement.split(";")[0].strip())
+EOF
+  "$host_python" -m pip download --quiet --disable-pip-version-check \
+    --only-binary=:all: --implementation cp --python-version "$target_python" --abi "$abi" \
+    "${platforms[@]}" -c "$work/constraints.txt" -r "$work/deepspeed-deps.txt" -d "$out"
 fi
 
 # a dependency must never bring torch or its CUDA libraries along

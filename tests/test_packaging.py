@@ -114,8 +114,39 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, result.stdout + result.stderr
     wheels = {p.name.split("-")[0].lower() for p in out.glob("*.whl")}
     assert {"sweeper", "optuna", "transformers", "pytest"} <= wheels
+    # what gpu-record.sh installs beside: DeepSpeed built with no kernels, the levers' packages
+    assert {"deepspeed", "hjson", "liger_kernel", "torchao"} <= wheels
+    assert [p.name for p in out.glob("deepspeed-*.whl")][0].endswith("-py3-none-any.whl")
     assert not {w for w in wheels if w == "torch" or w.startswith(("nvidia_", "triton"))}
     return out
+
+
+# what the device tool carries to a lent GPU: the working tree and the wheelhouse together
+CARRY_LIMIT_BYTES = 64 * 1024**2
+
+
+def test_the_gpu_wheelhouse_fits_the_carry_limit_beside_the_tree(tmp_path: Path) -> None:
+    """The wheelhouse a GPU session carries (the image's Python, without what the image has,
+    with DeepSpeed and the levers) and the tracked tree stay under the tool's 64 MiB, with room
+    for the untracked files that travel too (8 MiB)."""
+    out = tmp_path / "whl"
+    result = subprocess.run(
+        ["bash", "scripts/wheelhouse.sh", "--python", GPU_IMAGE["python"].rsplit(".", 1)[0],
+         "--tests", "--out", str(out), "--skip-file", "scripts/gpu-image-packages.txt"],
+        cwd=REPO, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    wheels = {p.name.split("-")[0].lower(): p.stat().st_size for p in out.glob("*.whl")}
+    assert {"deepspeed", "liger_kernel", "torchao", "sweeper"} <= set(wheels)
+    assert "pyarrow" not in wheels and "transformers" not in wheels  # the image has them
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    tree = sum(
+        (REPO / f.decode()).stat().st_size for f in tracked if f and (REPO / f.decode()).is_file()
+    )
+    room = 8 * 1024**2
+    assert sum(wheels.values()) + tree + room < CARRY_LIMIT_BYTES, (sum(wheels.values()), tree)
 
 
 @pytest.fixture
@@ -139,16 +170,37 @@ def users_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
+def _levers_space(tmp_path: Path) -> Path:
+    """The tiny space searching the issue-36 levers, preflight on: as spaces/h100.yaml does."""
+    text = (REPO / "tests" / "spaces" / "tiny.yaml").read_text()
+    search = (
+        "search:\n"
+        "  precision: [fp32, fp8]\n"
+        "  liger_kernel: [false, true]\n"
+        "  padding_free: [false, true]\n"
+    )
+    text = text.replace("search:\n", search).replace(
+        "compile_mode: [none]", "compile_mode: [none, reduce-overhead]"
+    )
+    text = text.replace("preflight: false", "preflight: true")
+    path = tmp_path / "tiny-levers.yaml"
+    path.write_text(text)
+    return path
+
+
 def test_gpu_record_script_runs_end_to_end(
     wheelhouse: Path, users_env: Path, tmp_path: Path, cache_dir: Path
 ) -> None:
-    """The GPU session's one command, on this CPU with the tiny space: it installs sweeper
-    from the wheelhouse with no index next to the user's torch (pip must not plan to install
-    torch, and torch's RECORD must not change), runs doctor, the GPU tests (skipped here), a
-    sweep, fidelity and the summary into one folder. A lent GPU is rare: the script must not
-    be what fails there."""
+    """The GPU session's one command, on this CPU with the tiny space and the levers: it
+    installs sweeper from the wheelhouse with no index next to the user's torch (pip must not
+    plan to install torch, and torch's RECORD must not change), DeepSpeed and the levers'
+    packages, runs doctor, the GPU tests (the levers' first; skipped here), a sweep, fidelity
+    and the summary (verdicts, MFU against the goal) into one folder. On this CPU preflight
+    drops Liger, fp8 and reduce-overhead for the CPU, though torchao imports. A lent GPU is
+    rare: the script must not be what fails there."""
     torch_before = _record_digest(users_env)
     out = tmp_path / "record"
+    space = _levers_space(tmp_path)
     env = {
         **os.environ,
         "PYTHON": str(users_env),
@@ -168,7 +220,7 @@ def test_gpu_record_script_runs_end_to_end(
             "--minutes",
             "8",
             "--space",
-            "tests/spaces/tiny.yaml",
+            str(space),
             "--study",
             "tiny",
             "--fidelity-configs",
@@ -197,7 +249,21 @@ def test_gpu_record_script_runs_end_to_end(
     planned = {i["metadata"]["name"].lower() for i in report["install"]}
     assert "torch" not in planned and "sweeper" in planned
     doctor = json.loads((out / "doctor.json").read_text())
-    assert doctor["exit_code"] == 0 and doctor["space"] == "tests/spaces/tiny.yaml"
+    assert doctor["exit_code"] == 0 and doctor["space"] == str(space), doctor
+    # the levers' packages installed (liger-kernel without triton cannot import on a CPU
+    # torch); preflight drops the CUDA levers for the device, not for a missing package
+    assert "install: torchao 0.18.0 imports" in log, log
+    assert "install: liger_kernel.transformers" in log and "triton" in log, log
+    dropped = doctor["preflight"]["dropped"]
+    for knob, value in (("precision", "fp8"), ("liger_kernel", "True")):
+        assert "the trial device is the CPU" in dropped[knob][value], dropped
+    assert "CUDA graphs" in dropped["compile_mode"]["reduce-overhead"], dropped
+    assert "padding_free" not in dropped
+    said = [f["text"] for f in doctor["findings"] if f["level"] == "warning"]
+    for lever in ("precision: fp8", "liger_kernel: True", "compile_mode: reduce-overhead"):
+        assert any(t.startswith(f"search.{lever} cannot run here") for t in said), said
+    levers_tests = (out / "gpu-levers-tests.log").read_text()
+    assert "tests: levers exit 0;" in log and "skipped" in levers_tests.splitlines()[-1]
     gpu_tests = (out / "gpu-tests.log").read_text()
     assert "tests: exit 0;" in log and "error" not in gpu_tests.splitlines()[-1], gpu_tests[-3000:]
     study = json.loads((out / "tiny.json").read_text())
@@ -213,4 +279,10 @@ def test_gpu_record_script_runs_end_to_end(
     for part in ("Named configs side by side", "**recommended**", "Every trial", "sweeper doctor"):
         assert part in summary
     assert "| **recommended** | #" in summary  # a measured row, not "not run"
-    assert "not run" not in summary  # every named config ran first and is found among trials
+    # every named config ran first and is found among trials (doctor's lines may say what
+    # "cannot run here")
+    assert "| not run" not in summary
+    verdicts = summary.split("Each knob's verdict at the recommendation")[1]
+    assert "| knob | value | recommended |" in verdicts
+    # a CPU has no peak: no MFU, said so (a GPU's line reads 'MFU on real tokens ... goal')
+    assert "no MFU (no peak for this device)" in verdicts, verdicts
