@@ -94,7 +94,7 @@ def test_a_script_that_ignores_the_launchs_world_size_fails_as_a_mismatch(
 
 
 CRASH = """
-import os, sys, torch
+import os, sys, time, torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 import sweeper
@@ -112,7 +112,7 @@ while True:
     if accelerator.process_index == 1 and step == 3:
         open(sys.argv[2], "w").close()
         while not os.path.exists(sys.argv[3]):  # until the test has seen every process
-            pass
+            time.sleep(0.05)
         raise ValueError("rank 1's own bug")
 """
 
