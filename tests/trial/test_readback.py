@@ -8,6 +8,9 @@ what runs fails the trial as a ``mismatch`` naming the knob."""
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -94,26 +97,53 @@ def test_the_configs_cover_every_knob_away_from_its_default_where_the_cpu_can() 
 _RUNS: dict[tuple[str, int], dict[str, Any]] = {}
 
 
-def _run(space: Space, prepared: PreparedData, cache_dir: Path, engine: str, index: int) -> Any:
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the runs are kept for every test process of this session: each (engine, config)
+    trains once, not once per pytest-xdist worker (the engines' runs are this file's cost)."""
+    base = tmp_path_factory.getbasetemp()
+    # under xdist each worker's base is <session>/popen-gwN: their parent is the session's
+    where = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "readback-runs"
+    where.mkdir(exist_ok=True)
+    return where
+
+
+def _run(
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    shared: Path,
+    engine: str,
+    index: int,
+) -> Any:
     key = (engine, index)
-    if key not in _RUNS:
-        engine_space = space.model_copy(
-            update={"workload": space.workload.model_copy(update={"engine": engine})}
-        )
-        config = tiny_config(**CONFIGS[engine][index])
-        run = run_child(
-            trial_request(
-                engine_space,
-                prepared,
-                cache_dir,
-                config,
-                warmup={"min_steps": 1, "max_steps": 1},
-                measure={"min_steps": 2, "max_steps": 2},
-            ),
-            timeout_s=420,
-        )
-        assert run.result.status == "ok", (run.result.failure_message, run.log_tail[-2000:])
-        _RUNS[key] = {"config": config.model_dump(), "measurement": run.result.payload}
+    if key in _RUNS:
+        return _RUNS[key]
+    saved = shared / f"{engine}-{index}.json"
+    with open(shared / f"{engine}-{index}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker training this one: wait, then read
+        if not saved.exists():
+            engine_space = space.model_copy(
+                update={"workload": space.workload.model_copy(update={"engine": engine})}
+            )
+            config = tiny_config(**CONFIGS[engine][index])
+            run = run_child(
+                trial_request(
+                    engine_space,
+                    prepared,
+                    cache_dir,
+                    config,
+                    warmup={"min_steps": 1, "max_steps": 1},
+                    measure={"min_steps": 2, "max_steps": 2},
+                ),
+                timeout_s=420,
+            )
+            assert run.result.status == "ok", (run.result.failure_message, run.log_tail[-2000:])
+            record = {"config": config.model_dump(), "measurement": run.result.payload}
+            partial = saved.with_suffix(".part")
+            partial.write_text(json.dumps(record))
+            partial.replace(saved)  # whole or absent: a worker that fails writes nothing
+        _RUNS[key] = json.loads(saved.read_text())
     return _RUNS[key]
 
 
@@ -129,11 +159,16 @@ def _pairs() -> list[Any]:
 @pytest.mark.torch
 @pytest.mark.parametrize(("engine", "knob"), _pairs())
 def test_the_recorded_value_is_what_ran(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str, knob: str
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    shared_runs: Path,
+    engine: str,
+    knob: str,
 ) -> None:
     checked = 0
     for index in range(len(CONFIGS[engine])):
-        run = _run(tiny_space, tiny_prepared, cache_dir, engine, index)
+        run = _run(tiny_space, tiny_prepared, cache_dir, shared_runs, engine, index)
         asked = run["config"][knob]
         effective = run["measurement"]["effective"]
         assert knob in effective, f"{engine} recorded no effective {knob}"
