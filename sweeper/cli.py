@@ -756,12 +756,7 @@ def study_import(
     """Load a study file into a storage, so `best`, `serve` and the REST API work on it."""
     from sweeper.settings import resolve_storage
     from sweeper.store import Store
-    from sweeper.studyfile import (
-        StudyFileError,
-        import_study,
-        padding_counted_notes,
-        read_study_file,
-    )
+    from sweeper.studyfile import StudyFileError, import_study, padding_notes, read_study_file
 
     try:
         document = read_study_file(file)
@@ -782,7 +777,7 @@ def study_import(
         f"see it with `sweeper best --study {name}` or `sweeper serve`",
         highlight=False,
     )
-    for note in padding_counted_notes(document):  # figures kept as recorded, read beside them
+    for note in padding_notes(document):  # figures kept as recorded, read beside them
         console.print(f"  {escape(note)}", highlight=False)
 
 

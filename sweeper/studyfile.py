@@ -583,7 +583,7 @@ def real_token_mfu(
     )
 
 
-def padding_counted_notes(document: StudyDocument) -> list[str]:
+def padding_notes(document: StudyDocument) -> list[str]:
     """What a reader of ``document`` must know about its MFU figures: one line per trial whose
     recorded MFU counted padding, with the real-token MFU derived from its padding share
     (empty when every MFU counts real tokens only)."""

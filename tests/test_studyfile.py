@@ -25,7 +25,7 @@ from sweeper.studyfile import (
     export_study,
     import_study,
     model_shape,
-    padding_counted_notes,
+    padding_notes,
     read_study_file,
     real_token_mfu,
     write_study_file,
@@ -407,7 +407,7 @@ def test_an_old_records_mfu_is_said_to_count_padding_and_the_real_token_one_deri
     assert real_token_mfu(new, shape) == real_token_mfu(new | {"mean_sample_tokens": None}, shape)
     assert not real_token_mfu(new, shape).counts_padding  # type: ignore[union-attr]
     assert real_token_mfu({"mfu": None}) is None  # a CPU records none
-    notes = padding_counted_notes(document)
+    notes = padding_notes(document)
     assert [n.split(":")[0] for n in notes] == ["trial #0", "trial #1", "trial #2", "trial #3"]
     assert "recorded MFU 25.8% counts padding" in notes[0] and "real-token MFU 7.1%" in notes[0]
 
