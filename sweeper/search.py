@@ -263,11 +263,10 @@ class ImprovementGridSampler(_CandidateSampler):
     # the time weighing (sweeper.search_cost.pick): among the configs at least cost_window
     # as likely to run and improve as the likeliest, the chance per second of trial beyond
     # the incumbent's, to the power cost_weight; a compile mode measured fewer than
-    # cost_after times counts as the cheapest. Off (0): at weight 1 it lost trials where the
-    # best configs need a dear compile mode and a cheap one holds the best for a while
-    # (noisy samples/s 16 against 11.5 trials to 5%, 1.47x the seconds, 20 paired seeds),
-    # though it won on interactions (11.5 / 15 against 12.5 / 14.5, 0.82 / 0.90 of the
-    # seconds, 40 seeds; bench/RESULTS.md, Run 9)
+    # cost_after times counts as the cheapest. Off (0): at weight 1 it lost trials on noisy
+    # samples/s (15 against 13 to 5%, 1.15x the seconds, 40 paired seeds) and qlora-24gb
+    # (18.5 against 17, 1.13-1.23x the seconds, 20), though it won on interactions (11.5 / 15
+    # against 12.5 / 14.5, 0.82 / 0.90 of the seconds, 40; bench/RESULTS.md, Run 9)
     cost_weight = 0.0
     cost_window = 0.9
     cost_after = 1
