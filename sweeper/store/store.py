@@ -254,21 +254,13 @@ class Store:
             row = self._study(s, name)
             row.sweep_seconds = (row.sweep_seconds or 0.0) + max(0.0, seconds)
             if worker_id is not None:
-                s.execute(
-                    update(WorkerRow)
-                    .where(WorkerRow.id == worker_id)
-                    .values(device_seconds=WorkerRow.device_seconds + max(0.0, device_seconds))
-                )
+                _charge(s, worker_id, device_seconds)
 
     def add_worker_seconds(self, worker_id: str, device_seconds: float) -> None:
         """Count device time against a worker alone (its heartbeat's charge: the study row,
         whose changes the API's caches follow, is written after each trial)."""
         with self.session() as s:
-            s.execute(
-                update(WorkerRow)
-                .where(WorkerRow.id == worker_id)
-                .values(device_seconds=WorkerRow.device_seconds + max(0.0, device_seconds))
-            )
+            _charge(s, worker_id, device_seconds)
 
     def studies_of_workload(self, workload_hash: str) -> list[StudyRow]:
         """Studies pricing the same job, e.g. on other hardware, oldest first."""
@@ -431,19 +423,11 @@ class Store:
 
     def beat(self, worker_id: str) -> None:
         with self.session() as s:
-            s.execute(
-                update(WorkerRow)
-                .where(WorkerRow.id == worker_id, WorkerRow.state == "alive")
-                .values(heartbeat_at=utcnow())
-            )
+            _update_worker(s, worker_id, WorkerRow.state == "alive", heartbeat_at=utcnow())
 
     def end_worker(self, worker_id: str) -> None:
         with self.session() as s:
-            s.execute(
-                update(WorkerRow)
-                .where(WorkerRow.id == worker_id)
-                .values(state="done", finished_at=utcnow())
-            )
+            _update_worker(s, worker_id, state="done", finished_at=utcnow())
 
     def list_workers(self, study: str) -> list[tuple[WorkerRow, int]]:
         """Every worker the study ever had, oldest first, with the number of trials it ran."""
@@ -714,6 +698,15 @@ class Store:
             return s.scalar(
                 select(TrialRow).where(TrialRow.study_id == study_row.id, TrialRow.number == number)
             )
+
+
+def _update_worker(s: Session, worker_id: str, *where: Any, **values: Any) -> None:
+    s.execute(update(WorkerRow).where(WorkerRow.id == worker_id, *where).values(**values))
+
+
+def _charge(s: Session, worker_id: str, device_seconds: float) -> None:
+    device_seconds = max(0.0, device_seconds)
+    _update_worker(s, worker_id, device_seconds=WorkerRow.device_seconds + device_seconds)
 
 
 def _columns_of(row: StudyRow | TrialRow) -> dict[str, Any]:
