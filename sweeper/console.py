@@ -312,7 +312,7 @@ def _print_versus_baseline(rec: Recommendation) -> None:
             else ""
         )
         console.print(
-            f"  the sweep used {num(rec.sweep_hours, ',.2f')} h of this machine "
+            f"  the sweep used {num(rec.sweep_hours, ',.2f')} device-hours of this machine "
             f"({dollars(rec.sweep_cost_usd)}){payback}",
             highlight=False,
         )

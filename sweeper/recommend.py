@@ -73,7 +73,7 @@ class Recommendation(BaseModel):
     usd_saved_per_run: float | None = None
     learning_rate: float | None = None  # the space's (the baseline's) learning rate
     suggested_learning_rate: float | None = None  # scaled to the new effective batch
-    sweep_hours: float | None = None  # machine time the sweep itself used
+    sweep_hours: float | None = None  # device-hours the sweep itself used (N GPUs: N×)
     sweep_cost_usd: float | None = None
     payback_runs: int | None = None  # runs of the job until the sweep has paid for itself
     constraints: str = "no constraint"

@@ -77,7 +77,8 @@ def test_the_workers_share_what_the_study_has_left(storage_url: str) -> None:
         b = SweepClock(store, "s", "b", since=time.perf_counter() - 100)  # 100 s on one device
         b.add_device_seconds(50)  # ...and a trial of 50 s on 2 devices
         b.charge()
-        assert store.get_study("s").sweep_seconds == pytest.approx(100, abs=1)
+        # the study's sum prices the sweep: both devices of the 2-device trial are paid for
+        assert store.get_study("s").sweep_seconds == pytest.approx(150, abs=1)
         share = StudyShare(store, "s", a, limit_s=1000)
         use = share.use()
         assert use.live == 2

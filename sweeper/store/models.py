@@ -66,7 +66,10 @@ class StudyRow(Base):
         String(64), index=True, doc="studies with the same hash price the same job"
     )
     sweep_seconds: Mapped[float] = mapped_column(
-        Float, default=0.0, server_default="0", doc="wall time the sweep itself used the machine"
+        Float,
+        default=0.0,
+        server_default="0",
+        doc="device-seconds the sweep itself used (wall time × devices held, every worker)",
     )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -247,9 +247,9 @@ class Store:
         worker_id: str | None = None,
         device_seconds: float = 0.0,
     ) -> None:
-        """Count machine time the sweep spent (trials, preparation, probes) against the study,
-        and ``device_seconds`` (those seconds × the devices held) against ``worker_id``, in
-        one transaction: the study's workers share its device-time budget by these sums."""
+        """Count device time the sweep spent (trials, preparation, probes: wall × devices
+        held) against the study, what the sweep cost, and ``device_seconds`` against
+        ``worker_id``, in one transaction: the workers share the study's budget by these."""
         with self.session() as s:
             row = self._study(s, name)
             row.sweep_seconds = (row.sweep_seconds or 0.0) + max(0.0, seconds)

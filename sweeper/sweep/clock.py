@@ -10,10 +10,11 @@ from sweeper.store import Store
 
 
 class SweepClock:
-    """Charges the machine time a sweep uses (preparation, probes, trials) to its study, and
-    its device time to its worker, as it goes (after each trial, and from the heartbeat), so an
-    interrupted sweep is accounted for too and the study's other workers see what this one
-    spent (``sweeper.sweep.share``).
+    """Charges the device time a sweep uses (preparation, probes, trials) to its study and to
+    its worker, as it goes (the study after each trial, the worker from the heartbeat too), so
+    an interrupted sweep is accounted for and the study's other workers see what this one spent
+    (``sweeper.sweep.share``). The study's sum is what the sweep cost: price per device-hour ×
+    device-hours (a trial on 2 GPUs pays for both).
 
     Device time is wall time on one device, plus ``(N - 1) ×`` the seconds of each trial
     that held N devices (``add_device_seconds`` when it ends). ``since``: when the sweep
@@ -26,7 +27,8 @@ class SweepClock:
         self.since = time.perf_counter() if since is None else since
         self.extra_device_s = 0.0  # device-seconds beyond wall time, not yet charged
         self.charged_device_s = 0.0
-        self.wall_since = self.since  # the study's wall time is charged from here
+        self.study_since = self.since  # the study's device time is charged from here
+        self.study_extra_s = 0.0  # and its share beyond wall time (the worker's is reset apart)
         self._lock = threading.Lock()  # the heartbeat's thread charges too
 
     def add_device_seconds(self, seconds: float) -> None:
@@ -34,6 +36,7 @@ class SweepClock:
         seconds."""
         with self._lock:
             self.extra_device_s += max(0.0, seconds)
+            self.study_extra_s += max(0.0, seconds)
 
     def device_s(self) -> float:
         """The device-seconds this sweep used so far, charged or not."""
@@ -42,16 +45,17 @@ class SweepClock:
             return self.charged_device_s + (now - self.since) + self.extra_device_s
 
     def charge(self) -> None:
-        """Charge the study its wall time and the worker its device time, up to now."""
+        """Charge the study and the worker their device time, up to now."""
         with self._lock:
             now = time.perf_counter()
-            wall, device = now - self.wall_since, now - self.since + self.extra_device_s
+            study = now - self.study_since + self.study_extra_s
+            device = now - self.since + self.extra_device_s
             try:
-                self.store.add_sweep_seconds(self.study, wall, self.worker_id, device)
+                self.store.add_sweep_seconds(self.study, study, self.worker_id, device)
             except SweeperError:
                 return  # accounting never stops a sweep; the next charge carries the time
-            self.since = self.wall_since = now
-            self.extra_device_s = 0.0
+            self.since = self.study_since = now
+            self.extra_device_s = self.study_extra_s = 0.0
             self.charged_device_s += device
 
     def charge_worker(self) -> None:
