@@ -641,9 +641,11 @@ def sample_measurement(**overrides: Any) -> Measurement:
         "padded_tokens_per_s": 16_384.0,
         "padding_share": 0.25,
         "data_wait_share": 0.02,
-        "mfu": 0.1237,
+        # real tokens only (issue 36): 7.47e9 FLOPs × 12,288 real tokens/s ÷ 989.4 TFLOP/s
+        "mfu": 0.0928,
         "mean_row_tokens": 512.0,
-        "achieved_tflops": 122.4,
+        "mean_sample_tokens": 384.0,
+        "achieved_tflops": 91.8,
         "flops_per_token": 7.47e9,
         "peak_tflops": 989.4,
         "peak_name": "H100 SXM",
