@@ -223,6 +223,9 @@ def test_the_plan_counts_finished_trials_and_the_others_running_ones(sqlite_url:
         store.start_trial("s", 5, {}, worker_id="other")  # another's running trial counts
         reason = plan_reached(store, "s", 3, "me")
         assert reason is not None and "has its 3 planned trials (3 finished or running" in reason
+        # a preempted trial's config queued to run once more runs beyond the plan
+        assert plan_reached(store, "s", 3, "me", retry_waiting=lambda: True) is None
+        assert plan_reached(store, "s", 3, "me", retry_waiting=lambda: False) == reason
     finally:
         store.dispose()
 

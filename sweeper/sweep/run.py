@@ -253,7 +253,13 @@ def run_sweep(
             )  # fmt: skip
             plan = None
             if joined is not None:
-                plan = functools.partial(plan_reached, store, space.study, joined, member.id)
+                from optuna.trial import TrialState
+
+                waiting = (TrialState.WAITING,)
+                plan = functools.partial(
+                    plan_reached, store, space.study, joined, member.id,
+                    retry_waiting=lambda: bool(study.get_trials(deepcopy=False, states=waiting)),
+                )  # fmt: skip
             counts = loop.run(n_trials, clock, deadline, shared=shared, plan=plan)
             if not loop.stopped:
                 loop.settle(clock)

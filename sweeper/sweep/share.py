@@ -16,7 +16,7 @@ workers start together fit in the budget.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -136,11 +136,21 @@ class StudyShare:
         return left, left / use.live, use.live
 
 
-def plan_reached(store: Store, study: str, planned: int, worker_id: str) -> str | None:
+def plan_reached(
+    store: Store,
+    study: str,
+    planned: int,
+    worker_id: str,
+    retry_waiting: Callable[[], bool] | None = None,
+) -> str | None:
     """Why a worker that joined a live run without a trial count of its own stops: the study
     has its ``planned`` trials, finished (lost and interrupted ones run again: not counted)
-    or running on another worker. None: it may start one more. A store that cannot be read
-    says nothing (the other limits still hold)."""
+    or running on another worker. None: it may start one more, and always while a retry
+    waits in the queue (``retry_waiting``: a preempted or lost trial's config, queued to run
+    once more, is measured even when other configs have met the plan meanwhile). A store that
+    cannot be read says nothing (the other limits still hold)."""
+    if retry_waiting is not None and retry_waiting():
+        return None
     try:
         trials = store.list_trials(study, states=["complete", "failed", "pruned", "running"])
     except SweeperError:
