@@ -167,13 +167,18 @@ def test_two_workers_stop_at_the_studys_budget_not_twice_it(
     # each worker's preparation and first trial take 30-60 s at load 10: a budget that
     # holds a few trials more, so that what the sharing leaves over is a small part of it
     limit_s = 200.0
-    # 128 configs and 400 trials: on a quiet machine (a trial in 2-3 s) the budget still ends
-    # the sweep, not the plan or the space running out of configs
+    # 256 configs, 400 trials and 6-step windows: on a quiet machine the budget still ends the
+    # sweep, not the plan or the space running out of configs (with 128 configs and 3-step
+    # windows an idle CI machine ran all 128 within the budget)
     text = tiny_space_without_baseline()
     text = text.replace("[2, 4]", "[1, 2, 3, 4, 5, 6, 7, 8]")
     text = text.replace(
         "gradient_accumulation_steps: [1, 2]",
-        "gradient_accumulation_steps: [1, 2, 3, 4, 5, 6, 7, 8]",
+        f"gradient_accumulation_steps: {list(range(1, 17))}",
+    )
+    assert "    min_steps: 3\n    max_steps: 3\n" in text
+    text = text.replace(
+        "    min_steps: 3\n    max_steps: 3\n", "    min_steps: 6\n    max_steps: 6\n"
     )
     text = text.replace("n_trials: 3", f"n_trials: 400\n  max_device_hours: {limit_s / 3600}")
     space = tmp_path / "budget.yaml"
