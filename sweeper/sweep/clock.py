@@ -4,9 +4,25 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from sweeper.errors import SweeperError
 from sweeper.store import Store
+
+
+@dataclass
+class _Owed:
+    """Device time not yet charged to one account (the study, or the worker): the wall time
+    since ``since`` plus ``extra`` device-seconds beyond it."""
+
+    since: float
+    extra: float = 0.0
+
+    def at(self, now: float) -> float:
+        return now - self.since + self.extra
+
+    def paid(self, now: float) -> None:
+        self.since, self.extra = now, 0.0
 
 
 class SweepClock:
@@ -18,44 +34,41 @@ class SweepClock:
 
     Device time is wall time on one device, plus ``(N - 1) ×`` the seconds of each trial
     that held N devices (``add_device_seconds`` when it ends). ``since``: when the sweep
-    started (``time.perf_counter()``): its preparation counts."""
+    started (``time.perf_counter()``): its preparation counts. The study and the worker are
+    owed apart: the heartbeat pays the worker between trials, the study only after each."""
 
     def __init__(
         self, store: Store, study: str, worker_id: str | None = None, since: float | None = None
     ) -> None:
         self.store, self.study, self.worker_id = store, study, worker_id
-        self.since = time.perf_counter() if since is None else since
-        self.extra_device_s = 0.0  # device-seconds beyond wall time, not yet charged
-        self.charged_device_s = 0.0
-        self.study_since = self.since  # the study's device time is charged from here
-        self.study_extra_s = 0.0  # and its share beyond wall time (the worker's is reset apart)
+        start = time.perf_counter() if since is None else since
+        self._worker, self._study = _Owed(start), _Owed(start)
+        self.charged_device_s = 0.0  # what the worker was charged so far
         self._lock = threading.Lock()  # the heartbeat's thread charges too
 
     def add_device_seconds(self, seconds: float) -> None:
         """Device time beyond the wall clock's: a trial on N devices adds (N - 1) × its
         seconds."""
         with self._lock:
-            self.extra_device_s += max(0.0, seconds)
-            self.study_extra_s += max(0.0, seconds)
+            self._worker.extra += max(0.0, seconds)
+            self._study.extra += max(0.0, seconds)
 
     def device_s(self) -> float:
         """The device-seconds this sweep used so far, charged or not."""
         with self._lock:
-            now = time.perf_counter()
-            return self.charged_device_s + (now - self.since) + self.extra_device_s
+            return self.charged_device_s + self._worker.at(time.perf_counter())
 
     def charge(self) -> None:
         """Charge the study and the worker their device time, up to now."""
         with self._lock:
             now = time.perf_counter()
-            study = now - self.study_since + self.study_extra_s
-            device = now - self.since + self.extra_device_s
+            study, device = self._study.at(now), self._worker.at(now)
             try:
                 self.store.add_sweep_seconds(self.study, study, self.worker_id, device)
             except SweeperError:
                 return  # accounting never stops a sweep; the next charge carries the time
-            self.since = self.study_since = now
-            self.extra_device_s = self.study_extra_s = 0.0
+            self._study.paid(now)
+            self._worker.paid(now)
             self.charged_device_s += device
 
     def charge_worker(self) -> None:
@@ -65,10 +78,10 @@ class SweepClock:
             return
         with self._lock:
             now = time.perf_counter()
-            device = now - self.since + self.extra_device_s
+            device = self._worker.at(now)
             try:
                 self.store.add_worker_seconds(self.worker_id, device)
             except SweeperError:
                 return
-            self.since, self.extra_device_s = now, 0.0
+            self._worker.paid(now)
             self.charged_device_s += device
