@@ -298,15 +298,11 @@ def replay(
 
 
 def _job(
-    args: tuple[str, str, str, str, int, float | None, float | None, int | None],
+    args: tuple[str, str, str, str, int, dict[str, Any]],
 ) -> tuple[str, str, int, Replay]:
-    space_path, table_path, sampler, metric, seed, cost_weight, cost_window, cost_after = args
-    if cost_weight is not None:  # (a forked worker: the class is this process's own)
-        ImprovementGridSampler.cost_weight = cost_weight
-    if cost_window is not None:
-        ImprovementGridSampler.cost_window = cost_window
-    if cost_after is not None:
-        ImprovementGridSampler.cost_after = cost_after
+    space_path, table_path, sampler, metric, seed, overrides = args
+    for name, value in overrides.items():  # (a forked worker: the class is this process's own)
+        setattr(ImprovementGridSampler, name, value)
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
     return sampler, metric, seed, replay(space, table, sampler, metric, seed)
@@ -542,6 +538,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="bayes: measured trials of a compile mode before its time counts "
         "(ImprovementGridSampler.cost_after)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cost-against", choices=("incumbent", "cheapest"),
+        help="bayes: count a trial's seconds beyond the best measured config's or the cheapest "
+        "candidate's (ImprovementGridSampler.cost_against)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cost-cooling", type=int,
+        help="bayes: the cost weight falls linearly to 0 over this many measured trials "
+        "(ImprovementGridSampler.cost_cooling; 0: no cooling)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
     parser.add_argument("--save", type=Path, help="append each replay to this JSONL file")
     parser.add_argument(
@@ -569,17 +575,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     metrics = [m for m in args.metrics.split(",") if m]
     grid = list(space.search.grid())
     missing = sum(1 for c in grid if c not in table)
+    overrides = {
+        name: value
+        for name in ("cost_weight", "cost_window", "cost_after", "cost_against", "cost_cooling")
+        if (value := getattr(args, name)) is not None
+    }
     jobs = [
-        (
-            str(args.space),
-            str(args.table),
-            sampler,
-            metric,
-            seed,
-            args.cost_weight,
-            args.cost_window,
-            args.cost_after,
-        )
+        (str(args.space), str(args.table), sampler, metric, seed, overrides)
         for sampler in samplers
         for metric in metrics
         for seed in range(args.seed_from, args.seed_from + args.seeds)
@@ -605,6 +607,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"failing; {'/'.join(map(str, seeds)) or 0} seeds, {time.perf_counter() - started:.0f} s "
         f"({args.seeds} seeds run here, the rest loaded); bayes's cost "
         f"weight {weight:g}"
+        + "".join(f", {name} {value}" for name, value in overrides.items() if name != "cost_weight")
     )
     print(summarize(results, table, samplers, len(grid)))
 

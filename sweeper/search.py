@@ -270,6 +270,8 @@ class ImprovementGridSampler(_CandidateSampler):
     cost_weight = 0.0
     cost_window = 0.9
     cost_after = 1
+    cost_against = "incumbent"  # or "cheapest": seconds beyond the cheapest candidate's count
+    cost_cooling = 0  # >0: cost_weight falls linearly to 0 over this many measured trials
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -349,7 +351,12 @@ class ImprovementGridSampler(_CandidateSampler):
         )  # fmt: skip
         return free[
             search_cost.pick(
-                log_p, log_seconds[:-1], float(log_seconds[-1]), self.cost_weight, self.cost_window
+                log_p,
+                log_seconds[:-1],
+                float(log_seconds[-1]),
+                search_cost.cooled_weight(self.cost_weight, len(rows), self.cost_cooling),
+                self.cost_window,
+                self.cost_against,
             )
         ]
 

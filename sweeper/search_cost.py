@@ -88,19 +88,32 @@ def counted_log_seconds(
     return np.where(new, log_seconds[~new].min(), log_seconds)
 
 
+def cooled_weight(weight: float, measured: int, cooling: int) -> float:
+    """``weight`` falling linearly to 0 over the first ``cooling`` measured trials (CArBO's cost
+    cooling: time counts while the model knows little, then the chance alone; 0: no cooling)."""
+    if cooling <= 0:
+        return weight
+    return weight * max(0.0, 1.0 - measured / cooling)
+
+
 def pick(
     log_p: np.ndarray,
     log_seconds: np.ndarray,
     incumbent_log_s: float,
     weight: float,
     window: float,
+    against: str = "incumbent",
 ) -> int:
     """The index of the config to run next: among the configs whose log chance of running
     and improving (``log_p``) is at least log ``window`` below the highest, the one with the
     most of it per second of trial beyond ``incumbent_log_s`` (the best measured config's
-    expected log seconds), to the power ``weight`` (0: the likeliest, time ignored)."""
+    expected log seconds; ``against`` "cheapest": beyond the cheapest candidate's), to the
+    power ``weight`` (0: the likeliest, time ignored)."""
     if weight == 0:
         return int(np.argmax(log_p))
+    if against not in ("incumbent", "cheapest"):
+        raise ValueError(f"against must be 'incumbent' or 'cheapest', not {against!r}")
     promising = log_p >= log_p.max() + math.log(window)
-    extra = np.maximum(log_seconds - incumbent_log_s, 0.0)  # a cheaper trial is not a gain
+    base = incumbent_log_s if against == "incumbent" else float(log_seconds.min())
+    extra = np.maximum(log_seconds - base, 0.0)  # a cheaper trial is not a gain
     return int(np.argmax(np.where(promising, log_p - weight * extra, -np.inf)))

@@ -83,3 +83,19 @@ def test_replays_saved_by_one_run_are_summarized_by_another(
     broken.write_text(saved.read_text().splitlines()[0] + "\n{not json\n")
     with pytest.raises(SystemExit, match=f"{broken}:2: not a saved replay"):
         search_replay.load_replays([broken], "cpu-grid.jsonl")
+
+
+def test_the_time_weighings_form_is_named_in_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--cost-against`` and ``--cost-cooling`` (the forms measured in bench/RESULTS.md Run
+    10) reach the sampler and the report's header; an unknown form is refused by name."""
+    space, table = str(REPLAY / "cpu-grid.yaml"), str(REPLAY / "cpu-grid.jsonl")
+    args = ("--space", space, "--table", table, "--metrics", "samples_per_s", "--jobs", "1")
+    out = _run(
+        capsys, *args, "--seeds", "1", "--samplers", "bayes", "--cost-weight", "1",
+        "--cost-against", "cheapest", "--cost-cooling", "10",
+    )  # fmt: skip
+    assert "bayes's cost weight 1, cost_against cheapest, cost_cooling 10" in out
+    with pytest.raises(SystemExit) as refused:
+        search_replay.main([*args, "--seeds", "1", "--cost-against", "median"])
+    assert refused.value.code == 2
+    assert "invalid choice: 'median'" in capsys.readouterr().err

@@ -255,3 +255,28 @@ def test_only_a_trial_dearer_than_the_incumbents_counts_against_a_near_tie() -> 
     assert search_cost.pick(log_p, np.array([dear, cheap, cheap]), dear, 1.0, 0.9) == 0
     # weight 0: the likeliest, time ignored
     assert search_cost.pick(log_p, np.array([dear, cheap, cheap]), cheap, 0.0, 0.9) == 0
+
+
+def test_counted_against_the_cheapest_candidate_a_dear_incumbent_does_not_make_time_free() -> None:
+    """``against`` "cheapest" (the strict tie breaker measured in bench/RESULTS.md Run 10):
+    seconds beyond the cheapest candidate's count even when the incumbent is itself dear, so
+    the near-tie in a cheap mode wins where the incumbent form calls both free."""
+    log_p = np.log(np.array([0.30, 0.29, 0.10]))
+    dear, cheap = np.log(405.0), np.log(60.0)
+    seconds = np.array([dear, cheap, cheap])
+    assert search_cost.pick(log_p, seconds, dear, 1.0, 0.9, against="incumbent") == 0
+    assert search_cost.pick(log_p, seconds, dear, 1.0, 0.9, against="cheapest") == 1
+    # outside the window the cheap config cannot win, however large the weight
+    assert search_cost.pick(log_p, np.array([dear, dear, cheap]), dear, 10.0, 0.95, "cheapest") == 0
+    with pytest.raises(ValueError, match="against"):
+        search_cost.pick(log_p, seconds, dear, 1.0, 0.9, against="cheap")
+
+
+def test_cost_cooling_lets_time_count_only_over_the_first_measured_trials() -> None:
+    """CArBO's cost cooling: the weight falls linearly from ``cost_weight`` to 0 over the
+    first ``cooling`` measured trials; 0 cools nothing."""
+    assert search_cost.cooled_weight(1.0, 0, 10) == 1.0
+    assert search_cost.cooled_weight(1.0, 5, 10) == pytest.approx(0.5)
+    assert search_cost.cooled_weight(1.0, 10, 10) == 0.0
+    assert search_cost.cooled_weight(1.0, 25, 10) == 0.0
+    assert search_cost.cooled_weight(2.0, 25, 0) == 2.0
