@@ -18,6 +18,7 @@ from sweeper.errors import ConflictError, SpaceError
 from sweeper.job import CHATML
 from sweeper.recommend import Recommendation
 from sweeper.space import Space, parse_space
+from sweeper.trial import accelerate_line
 
 ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json", "command", "accelerate"]
 FORMATS: tuple[ExportFormat, ...] = (
@@ -489,8 +490,16 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
             "script), so there is no command to export; use trainer, sft or dataloader"
         )
     config = full_config(rec, space_yaml)
-    flags = knobs.command_flags(config, script.knobs)
-    words = [*script.command, *flags]
+    flags = knobs.command_flags(accelerate_line.flag_config(script, config), script.knobs)
+    command = list(script.command)
+    launched: tuple[str, ...] = ()
+    if accelerate_line.is_line(command):  # the launch says devices, precision, compile, DP
+        try:
+            command = accelerate_line.line_for(command, config)
+        except ValueError as e:
+            raise ConflictError(f"trial #{rec.trial_number} of study {rec.study!r}: {e}") from e
+        launched = accelerate_line.OWNED
+    words = [*command, *flags]
     passed = {flag.removeprefix("--") for flag in flags[::2]}
     # what the flags do not carry, the script read from trial_config(): the knobs the space
     # lists, and any other away from its default (a lever the space never searched, such as
@@ -500,6 +509,7 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         knob.name: value
         for knob in knobs.KNOBS
         if (value := config.get(knob.name)) is not None
+        and knob.name not in launched
         and not {*knob.trainer(value), *knob.sft(value)} & passed
         and (value != knob.default or knob.name in space.search.model_fields_set)
     }
@@ -508,6 +518,11 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         f"# the command the trials ran{' (in ' + script.cwd + ')' if script.cwd else ''}, "
         "with the recommended knobs",
     ]
+    if launched:
+        lines.append(
+            "# (accelerate launch's own options say the devices, precision, compile mode and "
+            "data parallelism)"
+        )
     if rest:
         lines.append(
             "# your script read these from sweeper.trial_config() in the trials; set them "

@@ -226,6 +226,36 @@ def test_the_command_export_is_the_users_command_with_the_measured_flags(url: st
         assert answer.status_code == 200 and "train.py" in answer.text
 
 
+def test_the_command_export_of_an_accelerate_line_says_the_winner_in_its_options(
+    url: str,
+) -> None:
+    """An accelerate launch line comes back in the user's own words with the winner's devices,
+    precision, compile mode and data parallelism in accelerate's options, not as flags."""
+    space_yaml = CPU_SPACE.replace(
+        "  samples: 10000\n",
+        "  samples: 10000\n  engine: script\n  script: {command: [accelerate, launch, "
+        "--mixed-precision=bf16, --num_processes, '8', train.py, --lr, '1']}\n",
+    )
+    store = Store(url)
+    store.upsert_study("launched", **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+    store.start_trial("launched", 0, CONFIG | {"precision": "fp16"})
+    store.finish_trial("launched", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                       hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
+    store.dispose()
+    rec, stored_yaml = _recommendation(url, "launched")
+    text = render(rec, "command", stored_yaml)
+    command = shlex.split(text.strip().splitlines()[-1])
+    assert command[:9] == [
+        "accelerate", "launch", "--mixed-precision=fp16", "--num_processes", "1",
+        "--dynamo_backend", "inductor", "--dynamo_mode", "max-autotune",
+    ]  # fmt: skip
+    assert command[9:12] == ["train.py", "--lr", "1"]
+    flags = dict(zip(command[12::2], command[13::2], strict=True))
+    assert flags["--per_device_train_batch_size"] == "8"
+    assert not {"--bf16", "--fp16", "--torch_compile", "--torch_compile_mode"} & set(flags)
+    assert "precision:" not in text and "compile_mode:" not in text  # not trial_config()'s
+
+
 def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:
     rec, space_yaml = _recommendation(url, "cpu")
     packed = rec.model_copy(

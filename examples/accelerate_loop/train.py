@@ -14,8 +14,10 @@ the environment ``accelerate launch`` gives each process; ``accelerator.prepare`
 model (DDP or FSDP2), the optimizer and the DataLoader (each process reads its share).
 Under sweeper (``examples/accelerate_loop/space.yaml``) the launch line is read with
 accelerate's own parser and config file, and each of the trial's devices runs this file with
-the environment accelerate's launcher would give it; the knobs arrive as TrainingArguments
-flags, the sequence length and attention kernel from ``sweeper.trial_config()``.
+the environment accelerate's launcher would give it, the trial's precision, compile mode and
+data-parallel strategy set on the launch (its ``--mixed_precision`` ...); the other knobs
+arrive as TrainingArguments flags, the sequence length and attention kernel from
+``sweeper.trial_config()``.
 A checkpoint is saved every ``--save_steps`` with ``accelerator.save_state``.
 """
 
@@ -27,7 +29,6 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader, Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -60,15 +61,10 @@ def arguments() -> argparse.Namespace:
         "--optim", default="adamw_torch", choices=["adamw_torch", "adamw_torch_fused"]
     )
     # precision, compilation and sharding are the launch's (accelerate launch --mixed_precision,
-    # --dynamo_backend, --use_fsdp or its config file): asked here, they must agree with it
-    parser.add_argument("--bf16", type=_bool, default=False)
-    parser.add_argument("--fp16", type=_bool, default=False)
+    # --dynamo_backend, --use_fsdp or its config file): Accelerator() reads them from it, and
+    # sweeper sets them on the launch, not here
     parser.add_argument("--tf32", type=_bool, default=None)
-    parser.add_argument("--torch_compile", type=_bool, default=False)
-    parser.add_argument("--torch_compile_mode", default=None)
     parser.add_argument("--use_liger_kernel", type=_bool, default=False)
-    parser.add_argument("--fsdp", default="")
-    parser.add_argument("--fsdp_config", default=None)
     args = parser.parse_args()
     trial = sweeper.trial_config()  # None outside a sweeper trial
     if trial is not None:
@@ -77,29 +73,10 @@ def arguments() -> argparse.Namespace:
     return args
 
 
-def check_launch(args: argparse.Namespace, accelerator: Accelerator) -> None:
-    """The flags that only the launch can set, against what it set: a difference is said,
-    not trained past."""
-    launched = accelerator.mixed_precision
-    asked = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-    problems = []
-    if asked != launched:
-        problems.append(f"precision {asked!r}: launched with --mixed_precision {launched}")
-    sharded = accelerator.distributed_type == DistributedType.FSDP
-    if bool(args.fsdp) != sharded:
-        problems.append(
-            f"--fsdp {args.fsdp!r}: the launch {'does' if sharded else 'does not'} shard"
-        )
-    if args.torch_compile and accelerator.state.dynamo_plugin.backend.value == "NO":
-        problems.append("--torch_compile True: launched with --dynamo_backend no")
-    if args.use_liger_kernel:  # not this loop's: said rather than trained without
-        problems.append("--use_liger_kernel True: this loop has no Liger kernels")
-    if problems:
-        raise SystemExit(
-            "train.py: "
-            + "; ".join(problems)
-            + " (set these in accelerate launch's flags or config file)"
-        )
+def check_launch(args: argparse.Namespace) -> None:
+    """A flag this loop cannot honour is said, not trained past."""
+    if args.use_liger_kernel:
+        raise SystemExit("train.py: --use_liger_kernel True: this loop has no Liger kernels")
 
 
 class Chats(Dataset):
@@ -133,7 +110,7 @@ class PadChats:
 def main() -> None:
     args = arguments()
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
-    check_launch(args, accelerator)
+    check_launch(args)
     if args.tf32 is not None and torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
     tokenizer = AutoTokenizer.from_pretrained(args.model)

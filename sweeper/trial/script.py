@@ -37,11 +37,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sweeper import knobs
 from sweeper.errors import TrialError
+from sweeper.trial import accelerate_line
 from sweeper.trial.failures import classify_output
 from sweeper.trial.lifeline import die_with_parent
 from sweeper.trial.protocol import ChildRequest, ChildResult
@@ -65,7 +67,7 @@ def launcher(command: list[str]) -> str | None:
     program = Path(command[0]).name
     if program == "torchrun" or command[1:3] == ["-m", "torch.distributed.run"]:
         return "torchrun"
-    if program == "accelerate" and command[1:2] == ["launch"]:
+    if accelerate_line.is_line(command):
         return "accelerate"
     return None
 
@@ -126,13 +128,19 @@ class _Line:
 
 
 def _accelerate_program(
-    command: list[str], devices: int, device: str = "cuda", port: int | None = None
+    command: list[str],
+    devices: int,
+    device: str = "cuda",
+    port: int | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, str], int | None, bool]:
     """What an ``accelerate launch`` line runs on each of ``devices`` processes of the trial's
     ``device`` kind, as its launcher would: the program, the environment the launcher adds to
     this one, the line's own process count (its flags, else its config file), and whether the
     launch is torchrun's (several processes, or FSDP on one), whose workers also get torchrun's
-    variables (``port``: their rendezvous port)."""
+    variables (``port``: their rendezvous port). ``config``: the trial's knobs, whose
+    launch-owned ones (``accelerate_line.OWNED``) replace the line's options; what differs
+    from the line is in the environment's ``NOTE_ENV``."""
     import warnings
 
     # accelerate's own reading of the line: its parser, then its config file's defaults
@@ -167,16 +175,27 @@ def _accelerate_program(
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     cpu = bool(args.cpu or getattr(args, "use_cpu", False)) or device == "cpu"
+    notes = []
+    if config is not None:
+        try:
+            notes = accelerate_line.apply(args, config, cpu)
+        except ValueError as e:
+            raise TrialError("unsupported", f"workload.script.command: {e}") from e
     args.num_processes = devices
     torchrun = devices > 1 or (bool(args.use_fsdp) and not cpu)
     with warnings.catch_warnings():
         # the port is the group's own (its rank 0 may have bound it already): not a clash
         warnings.simplefilter("ignore")
-        if torchrun:
-            args.main_process_port = port
-            env = prepare_multi_gpu_env(args)
-        else:
-            _, env = prepare_simple_launcher_cmd_env(args)
+        try:
+            if torchrun:
+                args.main_process_port = port
+                env = prepare_multi_gpu_env(args)
+            else:
+                _, env = prepare_simple_launcher_cmd_env(args)
+        except (ValueError, RuntimeError) as e:  # e.g. fp8 without an fp8 backend installed
+            raise TrialError(
+                "unsupported", f"workload.script.command: accelerate's launcher refused: {e}"
+            ) from e
         if cpu:  # what its simple launcher says of a --cpu launch
             env["ACCELERATE_USE_CPU"] = "True"
     # which devices the trial has is the trial's (its device pool's): the line's --gpu_ids
@@ -186,6 +205,8 @@ def _accelerate_program(
         for key, value in env.items()
         if os.environ.get(key) != value and not key.endswith(_VISIBILITY)
     }
+    if notes:
+        added[NOTE_ENV] = "\n".join(notes)
     if args.no_python:
         return [args.training_script, *args.training_script_args], added, asked, torchrun
     module = ["-m"] if args.module else []
@@ -220,16 +241,25 @@ def launch_of(request: ChildRequest, port: int | None = None) -> tuple[list[str]
         command, asked = _torchrun_program(command)
         env = one_rank()
     elif launcher(command) == "accelerate":
-        command, env, asked, torchrun = _accelerate_program(command, devices, request.device, port)
+        config = request.config.model_dump()
+        command, env, asked, torchrun = _accelerate_program(
+            command, devices, request.device, port, config
+        )
         env |= one_rank() if torchrun else {}
+    notes = [env.pop(NOTE_ENV)] if NOTE_ENV in env else []
     if asked is not None and str(asked) != str(devices):
         name = "--nproc-per-node" if launcher(script.command) == "torchrun" else "--num_processes"
-        env[NOTE_ENV] = (
+        notes.insert(
+            0,
             f"sweeper: the {launcher(script.command)} line says {name} {asked}; this trial "
-            f"runs {devices} (its devices knob)"
+            f"runs {devices} (its devices knob)",
         )
+    if notes:
+        env[NOTE_ENV] = "\n".join(notes)
     try:
-        flags = knobs.command_flags(request.config.model_dump(), script.knobs)
+        flags = knobs.command_flags(
+            accelerate_line.flag_config(script, request.config.model_dump()), script.knobs
+        )
     except ValueError as e:  # a value the knobs form cannot say (knobs.flag_problems)
         raise TrialError("unsupported", f"workload.script.knobs {script.knobs}: {e}") from e
     return [*command, *flags], env

@@ -8,6 +8,11 @@ the accelerate example checks the group's figures, the world size the script ran
 checkpoint save timed as the run pays it; a script that ignores the launch's WORLD_SIZE fails as
 for torchrun; a rank that crashes takes its group down, classified, with no process left behind.
 The line's reading itself (flags, config file, refused modes) is checked without starting ranks.
+
+The knobs accelerate's launcher owns (precision, compile mode, data parallelism) are set on the
+launch: one line, ``--mixed_precision bf16``, runs a bf16 trial and an fp32 one, each read back
+from what the Accelerator ran; an fp16 trial on the CPU, where accelerate does not autocast
+fp16, fails as a mismatch. The args rewrite and the export's line are checked without processes.
 """
 
 from __future__ import annotations
@@ -16,17 +21,21 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 import yaml
 
+from sweeper import knobs
 from sweeper.errors import TrialError
+from sweeper.job import ScriptSpec
 from sweeper.launch_export import accelerate_config
 from sweeper.launcher import ChildRun, run_child
 from sweeper.space import Space, load_space
+from sweeper.trial import accelerate_line
 from sweeper.trial.protocol import PreparedData
-from sweeper.trial.script import _accelerate_program, devices_problem
+from sweeper.trial.script import NOTE_ENV, _accelerate_program, devices_problem
 from tests.helpers import REPO
 from tests.trial.test_multi_device import _ok
 from tests.trial.test_script_multi import _group_figures, _request
@@ -212,3 +221,158 @@ def test_the_line_is_read_with_accelerates_own_parser_and_config_file(
     assert devices_problem(example.workload.script.command, 2) is None
     program, env, asked, _ = _accelerate_program(example.workload.script.command, 2, "cpu", 1)
     assert asked == 2 and program[2].endswith("examples/accelerate_loop/train.py")
+
+
+# -- the knobs accelerate's launcher owns ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def precision_runs(
+    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> dict[str, ChildRun]:
+    """The example loop from one line that says bf16, as a trial of each precision on one
+    device (accelerate's simple launcher)."""
+    command = [ACCELERATE, "launch", "--mixed_precision", "bf16",
+               str(REPO / "examples/accelerate_loop/train.py"), "--model", str(job / "model"),
+               "--data", str(job / "chats.jsonl")]  # fmt: skip
+    runs = {}
+    for precision in ("bf16", "fp32", "fp16"):
+        request = _request(
+            tiny_space, tiny_prepared, cache_dir, command,
+            devices=1, data_parallel=None, precision=precision,
+        )  # fmt: skip
+        runs[precision] = run_child(request, timeout_s=300)
+    return runs
+
+
+def test_one_accelerate_line_runs_each_precision_the_trial_asks(
+    precision_runs: dict[str, ChildRun],
+) -> None:
+    """bf16 and fp32 trials of a ``--mixed_precision bf16`` line both train, each at its own
+    precision as read back from the layers the Accelerator ran; the fp32 trial's log says what
+    it set instead of the line's."""
+    bf16, fp32 = _ok(precision_runs["bf16"]), _ok(precision_runs["fp32"])
+    assert bf16["effective"]["precision"] == "bf16"
+    assert fp32["effective"]["precision"] == "fp32"
+    said = "sweeper: accelerate --mixed_precision no (the line says bf16; this trial's precision"
+    assert said in precision_runs["fp32"].log_tail
+    assert "sweeper: accelerate" not in precision_runs["bf16"].log_tail  # as the line says
+    # the launch says the precision: no --bf16/--fp16 flag reached the loop's own parser
+    assert "--bf16" not in precision_runs["fp32"].log_tail
+
+
+def test_a_precision_the_accelerator_does_not_run_fails_as_a_mismatch(
+    precision_runs: dict[str, ChildRun],
+) -> None:
+    """accelerate takes --mixed_precision fp16 on the CPU but does not autocast to fp16 there:
+    the layers ran fp32, and the recorder says so rather than recording fp16."""
+    run = precision_runs["fp16"]
+    assert run.result.status == "failed" and run.result.failure_kind == "mismatch", run.result
+    assert "precision: asked 'fp16', ran 'fp32'" in (run.result.failure_message or "")
+    assert "--mixed_precision fp16 (the line says bf16" in run.log_tail
+
+
+def _parsed(words: list[str]) -> Any:
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser  # type: ignore[import-untyped]
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(words[2:]))
+    return args
+
+
+def test_the_launch_owned_knobs_are_set_on_accelerates_args(tmp_path: Path) -> None:
+    """Each knob as accelerate's option, over the line's flags or its config file; what
+    differs from the line is said; a value accelerate's launch cannot run is refused."""
+    line = [ACCELERATE, "launch", "--mixed_precision", "bf16", "--num_processes", "2", "t.py"]
+    config = {"precision": "fp16", "compile_mode": "reduce-overhead", "data_parallel": "fsdp2"}
+    _, env, _, torchrun = _accelerate_program(line, 2, "cpu", 29999, config)
+    assert torchrun and env["ACCELERATE_MIXED_PRECISION"] == "fp16"
+    assert (env["ACCELERATE_DYNAMO_BACKEND"], env["ACCELERATE_DYNAMO_MODE"]) == (
+        "INDUCTOR", "reduce-overhead",
+    )  # fmt: skip
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+    assert env["FSDP_RESHARD_AFTER_FORWARD"] == "true"  # FSDP2's full sharding
+    assert env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"  # each decoder layer
+    notes = env[NOTE_ENV].splitlines()
+    assert notes[0] == (
+        "sweeper: accelerate --mixed_precision fp16 (the line says bf16; this trial's "
+        "precision knob)"
+    )
+    assert "--dynamo_mode reduce-overhead (the line says --dynamo_backend no" in notes[1]
+    assert "--use_fsdp --fsdp_version 2" in notes[2] and "the line says DDP" in notes[2]
+    # a config file's FSDP launch, run as the trial's DDP, at the line's own precision: no note
+    file = tmp_path / "fsdp.yaml"
+    file.write_text(yaml.safe_dump(accelerate_config({"devices": 2, "data_parallel": "fsdp2"})))
+    line = [ACCELERATE, "launch", "--config_file", str(file), "t.py"]
+    same = {"precision": "fp32", "compile_mode": "none", "data_parallel": "ddp"}
+    _, env, _, _ = _accelerate_program(line, 2, "cpu", 29999, same)
+    assert "ACCELERATE_USE_FSDP" not in env and env["ACCELERATE_MIXED_PRECISION"] == "no"
+    assert env[NOTE_ENV] == (
+        "sweeper: accelerate without --use_fsdp (DDP) (the line says FSDP2 (reshard after "
+        "forward: true); this trial's data_parallel knob)"
+    )
+    # refused, each saying why: ZeRO (DeepSpeed's launcher), a --dynamo_mode accelerate lacks,
+    # fp8 on the CPU, another fp8 recipe
+    for knob, value, said in (
+        ("data_parallel", "zero2", "DeepSpeed's launcher"),
+        ("compile_mode", "max-autotune-no-cudagraphs", "--dynamo_mode takes default"),
+        ("precision", "fp8", "needs a CUDA device"),
+    ):
+        with pytest.raises(TrialError, match=said) as refused:
+            _accelerate_program([ACCELERATE, "launch", "t.py"], 2, "cpu", 29999, {knob: value})
+        assert refused.value.kind == "unsupported"
+    te = [ACCELERATE, "launch", "--fp8_backend", "te", "t.py"]
+    with pytest.raises(TrialError, match="--fp8_backend te is not torchao's"):
+        _accelerate_program(te, 1, "cuda", None, {"precision": "fp8"})
+
+
+def test_the_exported_line_is_the_users_own_with_the_winners_values() -> None:
+    """The export rewrites the user's words (their spelling kept, the program's arguments
+    untouched), and accelerate's parser reads the rewritten line as the trial ran it."""
+    line = [ACCELERATE, "launch", "--multi-gpu", "--num_processes=8", "--mixed-precision",
+            "bf16", "-m", "pkg.train", "--mixed_precision", "fp16"]  # fmt: skip
+    winner = {"devices": 4, "precision": "fp32", "compile_mode": "default",
+              "data_parallel": "fsdp2"}  # fmt: skip
+    words = accelerate_line.line_for(line, winner)
+    assert words[2:] == [
+        "--num_processes=4", "--mixed-precision", "no", "--dynamo_backend", "inductor",
+        "--dynamo_mode", "default", "--use_fsdp", "--fsdp_version", "2",
+        "--fsdp_reshard_after_forward", "true", "-m", "pkg.train", "--mixed_precision", "fp16",
+    ]  # fmt: skip
+    args = _parsed(words)
+    ran = _parsed(line)
+    accelerate_line.apply(ran, winner, cpu=False)
+    for option in (*accelerate_line.options(winner), "num_processes"):
+        assert str(getattr(args, option)) == str(getattr(ran, option) if option != "num_processes"
+                                                 else 4), option  # fmt: skip
+    assert args.training_script_args == ["--mixed_precision", "fp16"]  # the program's own
+    # one device: no --multi_gpu (it needs two processes), the simple launcher
+    single = accelerate_line.line_for(line, {"devices": 1, "precision": "bf16"})
+    assert "--multi-gpu" not in single and _parsed(single).num_processes == 1
+    # the words that take no value are accelerate's own
+    from accelerate.commands.launch import launch_command_parser
+
+    flags = {
+        option.lstrip("-").replace("-", "_")
+        for action in launch_command_parser()._actions
+        if action.nargs == 0
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+    assert flags == accelerate_line.FLAGS
+
+
+def test_the_launch_owned_knobs_are_not_also_flags_under_knobs_flags() -> None:
+    """``knobs: flags`` on an accelerate line: the launch says precision, compile and data
+    parallelism; ``sft_flags`` says them too (SFTConfig turns bf16 on unless told)."""
+    config = knobs.normalize({"per_device_batch_size": 2, "gradient_accumulation_steps": 1,
+                              "num_workers": 0, "max_seq_length": 64, "precision": "bf16",
+                              "compile_mode": "default", "devices": 2,
+                              "data_parallel": "fsdp2"})  # fmt: skip
+    line = ScriptSpec(command=[ACCELERATE, "launch", "t.py"])
+    flags = knobs.command_flags(accelerate_line.flag_config(line, config), "flags")
+    assert "--per_device_train_batch_size" in flags
+    assert not {"--bf16", "--fp16", "--torch_compile", "--fsdp"} & set(flags)
+    sft = line.model_copy(update={"knobs": "sft_flags"})
+    assert "--bf16" in knobs.command_flags(accelerate_line.flag_config(sft, config), "sft_flags")
+    plain = ScriptSpec(command=["python", "t.py"])  # not a launch: every knob is a flag
+    assert "--bf16" in knobs.command_flags(accelerate_line.flag_config(plain, config), "flags")
