@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from sweeper.catalog import load_catalog
-from sweeper.errors import NoResultError, SpaceError
+from sweeper.errors import NoResultError, NothingMeetsError, SpaceError
 from sweeper.offers import MeasuredStudy, OfferTable, offer_table
 from sweeper.recommend import Candidate, Constraints, Recommendation, StudyFacts, decide
 from sweeper.store import Store, StudyRow, TrialMetrics
@@ -150,7 +150,7 @@ def compare(
                 constraints=per_study_constraints.describe(),
                 offers=table,
             )
-        raise NoResultError(
+        raise NothingMeetsError(
             "no study of this workload has an eligible trial: "
             + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
             + (
@@ -160,7 +160,8 @@ def compare(
                 f"${cheapest.cost_per_run_usd or 0:,.2f}/run"
                 if cheapest is not None
                 else ""
-            )
+            ),
+            offers=table,  # the table still says how far each offer is from them
         )
     front = pareto_front(points)
     return Comparison(

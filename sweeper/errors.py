@@ -8,7 +8,8 @@
     │   └── DiskFullError         the disk under the database is full
     ├── StudyNotFoundError    no study of that name in the storage
     ├── NoResultError         a study has no completed trial to recommend
-    │   └── TruncatesOnlyError    every completed trial truncates: the fix, and the best of them
+    │   ├── TruncatesOnlyError    every completed trial truncates: the fix, and the best of them
+    │   └── NothingMeetsError     no study of a workload, nor a GPU offer, meets the constraints
     ├── ConflictError         a request does not fit the study's state (stop a finished study)
     ├── PrepareError          the workload's dataset or tokenizer could not be prepared
     └── TrialError            a trial failed; ``kind`` says how (one of FAILURE_KINDS)
@@ -86,6 +87,16 @@ class TruncatesOnlyError(NoResultError):
     def __init__(self, message: str, *, fix: str, fallback: object | None = None) -> None:
         super().__init__(message)
         self.fix, self.fallback = fix, fallback
+
+
+class NothingMeetsError(NoResultError):
+    """No study of the workload has a config that meets the constraints, and no GPU offer
+    (measured or estimated) would. ``offers`` is the table that says so (an ``OfferTable``,
+    each row marked; None when the table was not asked for)."""
+
+    def __init__(self, message: str, *, offers: object | None = None) -> None:
+        super().__init__(message)
+        self.offers = offers
 
 
 class ConflictError(SweeperError):

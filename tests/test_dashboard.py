@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import html
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -16,6 +21,8 @@ import dashboards
 from api.app import create_app
 from dashboards import figures
 from sweeper.store import Store
+from sweeper.studyfile import import_study, read_study_file
+from tests.helpers import REPO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,3 +410,174 @@ def test_trial_numbers_without_a_row_are_explained(storage_url: str) -> None:
     assert note is not None
     said = " ".join(note.group(1).split())
     assert said.startswith("No row for trial numbers #2, #4, #5, #6: those proposals repeated")
+
+
+# ------------------------------------------------------------------ the offers form
+
+SEED_000_OFFERS = "seed-000-h100"
+
+
+def seed_000_offers_store(url: str) -> None:
+    """The study recorded on a real H100 (studies/h100-llama-1b.json) with seed 000's other
+    options in its space (hardware.compare: 2x h100-sxm, 4x a100-40gb), as SEED_000_OFFERS."""
+    document = json.loads((REPO / "studies" / "h100-llama-1b.json").read_text())
+    space = document["study"]["space_yaml"]
+    assert "  device: cuda\n" in space
+    document["study"]["space_yaml"] = space.replace(
+        "  device: cuda\n", "  device: cuda\n  compare: [2x h100-sxm, 4x a100-40gb]\n", 1
+    )
+    store = Store(url)
+    store.migrate()
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"seed-000-offers-{os.getpid()}.json"
+    path.write_text(json.dumps(document))
+    try:
+        import_study(store, read_study_file(path), name=SEED_000_OFFERS)
+    finally:
+        path.unlink()
+        store.dispose()
+
+
+def offer_rows(page: str) -> list[dict[str, str]]:
+    """The offers table as a user reads it: per row, the GPU, how known, $/run, the mark,
+    and whether it is the highlighted one."""
+    section = page.split('<section id="gpus">')[1].split("</section>")[0]
+    body = section.split('<table class="data" id="gpus-table">')[1]
+    rows = []
+    for attrs, cells in re.findall(r"<tr (data-basis[^>]*)>(.*?)</tr>", body, re.S):
+        text = [" ".join(re.sub(r"<[^>]+>", " ", c).split()) for c in re.findall(
+            r"<td[^>]*>(.*?)</td>", cells, re.S)]  # fmt: skip
+        rows.append(
+            {
+                "gpu": text[0].split(" ← ")[0],
+                "basis": text[2],
+                "cost": text[4],
+                "mark": text[5],
+                "cheapest": str("cheapest" in attrs),
+            }
+        )
+    return rows
+
+
+def answer_lines(page: str) -> list[str]:
+    section = page.split('<section id="gpus">')[1].split('<div class="table-wrap">')[0]
+    found = re.findall(
+        r'<p class="[^"]*(?:offers-answer|warning)[^"]*"[^>]*>(.*?)</p>', section, re.S
+    )
+    return [" ".join(re.sub(r"<[^>]+>", "", line).split()) for line in found]
+
+
+def test_the_offers_form_marks_each_gpu_and_names_the_cheapest_that_meets(
+    sqlite_url: str,
+) -> None:
+    """Issue 35: the study page asks the offer table with a deadline, a budget and a set of
+    GPU types, marks each row against them and names the cheapest that meets: the answer
+    REST's /compare and `best --across-hardware` give for the same limits."""
+    seed_000_offers_store(sqlite_url)
+    gpus = ["h100-sxm", "h200-sxm", "a100-40gb"]
+    with TestClient(create_app(sqlite_url)) as client:
+        asked = client.get(
+            f"/studies/{SEED_000_OFFERS}",
+            params={"max_hours": "10", "max_cost_usd": "17", "gpus": gpus},
+        )
+        assert asked.status_code == 200, asked.text
+        rows = offer_rows(asked.text)
+        assert [(r["gpu"], r["basis"], r["mark"]) for r in rows] == [
+            ("H100 SXM 80GB", "measured", "meets"),
+            ("A100 SXM 40GB", "estimate ±25%", "over 10 h and $17.00"),  # ~15 h, $17.94
+            ("H200 SXM 141GB", "estimate ±25%", "over $17.00"),  # ~6.1 h, $21.31
+            ("2× H100 SXM 80GB", "needs a multi-GPU measurement", "unknown until measured"),
+            ("4× A100 SXM 40GB", "needs a multi-GPU measurement", "unknown until measured"),
+        ]
+        assert [r["gpu"] for r in rows if r["cheapest"] == "True"] == ["H100 SXM 80GB"]
+        assert answer_lines(asked.text) == [
+            "Cheapest that meets within 10 h and at most $17.00: H100 SXM 80GB (measured) "
+            "$16.57/run, 6.6 h."
+        ]
+        rest_url = f"/api/studies/{SEED_000_OFFERS}/compare?max_hours=10&max_cost_usd=17"
+        rest_url += "".join(f"&gpus={g}" for g in gpus)
+        assert f'href="{rest_url.replace("&", "&amp;")}"' in asked.text
+        rest = client.get(rest_url).json()["offers"]
+        assert rest["cheapest"]["name"] == "H100 SXM 80GB"
+        assert [r["name"] for r in rest["rows"]] == [r["gpu"] for r in rows]
+        assert [f"${r['cost_per_run_usd']:,.2f}" if r["cost_per_run_usd"] else "—"
+                for r in rest["rows"]] == [r["cost"] for r in rows]  # fmt: skip
+
+        # only an estimate meets 6.5 h (the H100's fastest takes 6.6 h): REST's cheapest is
+        # null, the page says the answer is an estimate, and its row is highlighted
+        estimate = client.get(
+            f"/studies/{SEED_000_OFFERS}", params={"max_hours": "6.5", "gpus": gpus}
+        )
+        assert estimate.status_code == 200
+        lines = answer_lines(estimate.text)
+        assert lines[0].startswith("Cheapest that meets within 6.5 h: H200 SXM 141GB (estimate")
+        assert lines[1].startswith("No measured config meets within 6.5 h")
+        marks = {r["gpu"]: (r["mark"], r["cheapest"]) for r in offer_rows(estimate.text)}
+        assert marks["H200 SXM 141GB"] == ("meets at its figure; over 6.5 h at +25%", "True")
+        assert marks["H100 SXM 80GB"] == ("over 6.5 h", "False")
+        compared = client.get(
+            f"/api/studies/{SEED_000_OFFERS}/compare", params={"max_hours": 6.5, "gpus": gpus}
+        ).json()
+        assert compared["cheapest"] is None
+        assert compared["offers"]["cheapest"]["name"] == "H200 SXM 141GB"
+
+        # nothing meets 1 h: said, and the table kept, each priced row over (REST: a 409)
+        nothing = client.get(f"/studies/{SEED_000_OFFERS}", params={"max_hours": "1"})
+        assert nothing.status_code == 200
+        lines = answer_lines(nothing.text)
+        assert lines[0] == "Nothing meets within 1 h: no GPU of the table, measured or estimated."
+        assert lines[1].startswith("Fastest: H200 SXM 141GB (estimate ±25%)")
+        rows = offer_rows(nothing.text)
+        assert len(rows) == 11 and not any(r["cheapest"] == "True" for r in rows)
+        assert {r["mark"] for r in rows if r["cost"] != "—"} == {"over 1 h"}
+        assert client.get(
+            f"/api/studies/{SEED_000_OFFERS}/compare", params={"max_hours": 1}
+        ).status_code == 409  # fmt: skip
+
+        # the CLI's flag names work in the page's URL too
+        cli_names = client.get(f"/studies/{SEED_000_OFFERS}?max_hours=24&max_cost=60")
+        assert answer_lines(cli_names.text)[0].startswith(
+            "Cheapest that meets within 24 h and at most $60.00: L40S 48GB (estimate ±25%)"
+        )
+
+    env = os.environ | {"SWEEPER_STORAGE": sqlite_url}
+    cli = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "best", "--study", SEED_000_OFFERS, "--json"]
+        + ["--max-hours", "10", "--max-cost", "17"]
+        + [arg for g in gpus for arg in ("--gpu", g)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["offers"] == rest
+
+
+BAD_OFFER_QUERIES = [
+    ("max_hours=-3", "max hours per run: '-3' is not above 0; write a number of hours"),
+    ("max_cost_usd=abc", "max $ per run: 'abc' is not a number; write a number of dollars"),
+    ("max_hours=nan&max_cost_usd=60", "max hours per run: 'nan' is not a finite number"),
+    ("max_hours=0", "max hours per run: '0' is not above 0"),
+    ("gpus=b200&gpus=h100-sxm", "GPU type 'b200' is not in this study's catalog"),
+    ("gpus=B200!", "GPU type 'B200!' is not in this study's catalog"),
+]
+
+
+def test_a_bad_offers_form_is_shown_again_with_what_is_wrong(sqlite_url: str) -> None:
+    """A negative or non-numeric limit, or a GPU type the catalog lacks: a 422 page with the
+    form, the field marked and what to write instead; never a traceback or a 5xx."""
+    seed_000_offers_store(sqlite_url)
+    with TestClient(create_app(sqlite_url)) as client:
+        for query, said in BAD_OFFER_QUERIES:
+            page = client.get(f"/studies/{SEED_000_OFFERS}?{query}")
+            assert page.status_code == 422, query
+            assert page.headers["content-type"].startswith("text/html")
+            section = page.text.split('<section id="gpus">')[1].split("</section>")[0]
+            errors = re.findall(r'<p class="error form-error" role="alert">(.*?)</p>', section)
+            assert len(errors) == 1 and html.unescape(errors[0]).startswith(said), errors
+            assert 'id="offers-form"' in section and 'id="gpus-table"' not in section
+            assert 'aria-invalid="true"' in section
+            if "gpus=b200" in query:  # the known type stays ticked, the others not
+                assert 'value="h100-sxm" checked' in section
+                assert 'value="l40s" checked' not in section
+            assert "Traceback" not in page.text
+            assert 'id="trials-table"' in page.text, query  # the rest of the page is whole

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
@@ -18,8 +19,9 @@ from api.deps import INT32_MAX, CacheDep, StoreDep, StudyName
 from api.routes.studies import study_detail, study_summaries
 from api.schemas import BestConfig, TrialSummary
 from dashboards import figures, path_segment, plotly_js_path
+from dashboards import offers as offer_view
 from sweeper import compare, importance, recommend, verdict
-from sweeper.errors import ConflictError, NoResultError, SweeperError
+from sweeper.errors import ConflictError, NoResultError, NothingMeetsError, SweeperError
 from sweeper.export import render
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
@@ -99,6 +101,12 @@ def study_page(
     sort: str = "number",
     descending: bool = False,
     page: Annotated[int, Query(ge=1, le=INT32_MAX)] = 1,
+    # the offers form's fields, REST /compare's names (max_cost: the CLI's); read as text so
+    # that a bad one re-shows the form with what is wrong, not a bare 422
+    max_hours: str | None = None,
+    max_cost_usd: str | None = None,
+    max_cost: str | None = None,
+    gpus: Annotated[list[str] | None, Query()] = None,
 ) -> HTMLResponse:
     study = study_detail(store, name)
     if sort not in SORTABLE:
@@ -138,8 +146,9 @@ def study_page(
     # figures); and numbers with no row: Optuna numbers the proposals, and one that repeated a
     # measured config (or one another worker had taken) ran nothing, which the page says
     marks = store.trial_marks(name, rows=total)
+    offers = _offers_asked(store, cache, name, max_hours, max_cost_usd or max_cost, gpus)
     context: dict[str, Any] = {
-        "offers": cache.get(store, name, ("offers",), lambda: _offers(store, name)),
+        "offers": offers,
         "study": study,
         "trials": trials,
         "best": best,
@@ -182,7 +191,67 @@ def study_page(
             "running": marks.running,
         },
     }
-    return render_page(request, "study.html", context)
+    failed = offers is not None and offers["query"].errors
+    return render_page(request, "study.html", context, status_code=422 if failed else 200)
+
+
+def _offers_asked(
+    store: Store,
+    cache: StudyCache,
+    name: str,
+    max_hours: str | None,
+    max_cost_usd: str | None,
+    gpus: Sequence[str] | None,
+) -> dict[str, Any] | None:
+    """The offers section: the form as asked, and the table under its constraints, each row
+    marked and the cheapest that meets named (``compare.compare``'s answer, as REST and the
+    CLI give it); None when the study has nothing to price yet."""
+    everything = cache.get(store, name, ("offers",), lambda: _offers(store, name))
+    if everything is None:
+        return None
+    catalog = {c.key: c.name for c in offer_view.gpu_choices(everything, offer_view.OfferQuery())}
+    query = offer_view.read_query(max_hours, max_cost_usd, gpus, catalog, everything.catalog)
+    table: OfferTable | None = everything
+    measured_meets = True
+    if query.errors:
+        table = None
+    elif query.asked:
+        table, measured_meets = cache.get(
+            store,
+            name,
+            ("offers", query.constraints, query.gpus),
+            lambda: _offers_under(store, name, query),
+        )
+    constraints = query.constraints
+    limits = {"max_hours": query.max_hours, "max_cost_usd": query.max_cost_usd}
+    rest = [(k, f"{v:g}") for k, v in limits.items() if v is not None]
+    rest += [("gpus", key) for key in query.gpus or ()]
+    return {
+        "query": query,
+        "choices": offer_view.gpu_choices(everything, query),
+        "table": table,
+        "rows": [] if table is None else offer_view.marked_rows(table, constraints),
+        "lines": []
+        if table is None
+        else offer_view.headline(table, constraints, measured_meets=measured_meets),
+        "constrained": constraints.describe() if query.asked else "",
+        "rest_url": f"/api/studies/{path_segment(name)}/compare"
+        + (f"?{urlencode(rest)}" if rest else ""),
+    }
+
+
+def _offers_under(
+    store: Store, name: str, query: offer_view.OfferQuery
+) -> tuple[OfferTable | None, bool]:
+    """The table under the form's constraints, and whether a measured config meets them
+    (REST's ``cheapest`` is not null); when nothing meets, the table that says so."""
+    try:
+        comparison = compare.compare(store, name, query.constraints, offers=True, gpus=query.gpus)
+    except NothingMeetsError as e:
+        return (e.offers if isinstance(e.offers, OfferTable) else None), False
+    except SweeperError:  # a catalog this server cannot read
+        return None, False
+    return comparison.offers, comparison.cheapest is not None
 
 
 def _offers(store: Store, name: str) -> OfferTable | None:

@@ -127,7 +127,15 @@
   }
 
   async function refresh(redraw) {
-    const response = await fetchOk(window.location.href, "text/html");
+    // A page whose offers form was filled in wrong is served as a 422 with the form's error:
+    // its live sections are whole all the same
+    const response = await fetch(window.location.href, {
+      headers: { Accept: "text/html" },
+      cache: "no-store",
+    });
+    if (!response.ok && response.status !== 422) {
+      throw new Error(`${window.location.href}: HTTP ${response.status}`);
+    }
     const next = new DOMParser().parseFromString(await response.text(), "text/html");
     // Same-origin HTML rendered by our autoescaping templates; scripts in it never run.
     for (const section of document.querySelectorAll("[data-live]")) {

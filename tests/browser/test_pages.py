@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 from playwright.sync_api import Dialog, Page, expect
 
+from api.app import create_app
 from sweeper.cost import hours_figure, money
 from sweeper.knobs import describe
 from sweeper.store import Store
@@ -18,10 +21,12 @@ from tests.browser.helpers import (
     LiveServer,
     chart_markers,
     chart_traces,
+    running_server,
     study_path,
     wait_for_chart,
 )
 from tests.test_api import add_complete, config
+from tests.test_dashboard import SEED_000_OFFERS, seed_000_offers_store
 
 # How long the live page may take to show a new trial: it polls every 3 s.
 LIVE_TIMEOUT_MS = 15_000
@@ -280,3 +285,42 @@ def test_the_study_page_fits_a_laptop_screen_and_speaks_plainly(
     page.wait_for_selector("body[data-charts-drawn]")
     expect(page.locator("#chart-failures")).to_be_hidden()
     expect(page.locator("#chart-history")).to_be_visible()
+
+
+@pytest.fixture(scope="module")
+def offers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The app over the study recorded on a real H100 with seed 000's other options."""
+    storage_url = f"sqlite:///{tmp_path_factory.mktemp('offers') / 'sweeper.db'}"
+    seed_000_offers_store(storage_url)
+    with running_server(create_app(storage_url)) as base_url:
+        yield LiveServer(base_url=base_url, storage_url=storage_url)
+
+
+def test_the_offers_form_highlights_the_cheapest_gpu_that_meets(
+    page: Page, offers_server: LiveServer
+) -> None:
+    """Issue 35: a user asks which of H100, H200 and A100 40GB runs the job within 10 h and
+    $17: the page comes back at the table, the H100 (measured) highlighted and named, the
+    others marked with the limit they break; the URL keeps the question."""
+    page.goto(offers_server.url(study_path(SEED_000_OFFERS)))
+    form = page.locator("#offers-form")
+    expect(form.locator("input[name=gpus]:checked")).to_have_count(9)  # the shipped catalog
+    form.locator("input[name=max_hours]").fill("10")
+    form.locator("input[name=max_cost_usd]").fill("17")
+    for box in form.locator("input[name=gpus]").all():
+        box.set_checked(box.get_attribute("value") in ("h100-sxm", "h200-sxm", "a100-40gb"))
+    form.locator("button[type=submit]").click()
+    page.wait_for_url("**max_hours=10&max_cost_usd=17&gpus=a100-40gb&gpus=h100-sxm*#gpus")
+    expect(page.locator("#offers-answer")).to_have_text(
+        "Cheapest that meets within 10 h and at most $17.00: H100 SXM 80GB (measured) "
+        "$16.57/run, 6.6 h."
+    )
+    highlighted = page.locator("#gpus-table tbody tr.cheapest")
+    expect(highlighted).to_have_count(1)
+    expect(highlighted.locator("td").first).to_have_text("H100 SXM 80GB ← cheapest that meets")
+    expect(highlighted).to_have_css("background-color", "rgb(238, 246, 252)")  # --best
+    marks = page.locator("#gpus-table tbody td.mark").all_inner_texts()
+    assert marks[:3] == ["meets", "over 10 h and $17.00", "over $17.00"], marks
+    expect(form.locator("input[name=gpus]:checked")).to_have_count(3)  # the form says it too
+    expect(form.locator("input[name=max_hours]")).to_have_value("10")
+    assert page.evaluate("document.querySelector('#gpus').getBoundingClientRect().top") < 200

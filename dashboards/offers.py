@@ -1,0 +1,217 @@
+"""The study page's table of GPU offers under the user's constraints: the form's query read
+(max hours, max $ per run, GPU types), and each row marked against them. Data first: the
+template renders what these return, and the answer itself is ``sweeper.compare.compare``'s,
+the one the CLI (``best --across-hardware``) and REST (``/compare``) give.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sweeper.cost import hours_figure, money
+from sweeper.offers import OfferRow, OfferTable
+from sweeper.recommend import Constraints
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuChoice:
+    """One checkbox of the form: a GPU type of the study's catalog."""
+
+    key: str
+    name: str
+    usd_per_hour: float | None
+    checked: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class OfferQuery:
+    """What the form asked, read from the page's query string.
+
+    ``text``: each field as typed (re-shown in the form); ``errors``: field → what is wrong and
+    how to fix it. ``gpus`` None: every GPU type of the catalog."""
+
+    max_hours: float | None = None
+    max_cost_usd: float | None = None
+    gpus: tuple[str, ...] | None = None
+    ticked: tuple[str, ...] = ()  # the GPU types asked that the catalog has (re-shown)
+    text: Mapping[str, str] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def asked(self) -> bool:
+        """Whether the form narrowed the table at all."""
+        return (self.max_hours, self.max_cost_usd, self.gpus) != (None, None, None)
+
+    @property
+    def constraints(self) -> Constraints:
+        return Constraints(max_hours=self.max_hours, max_cost_usd=self.max_cost_usd)
+
+
+LABELS = {
+    "max_hours": ("max hours per run", "a number of hours, e.g. 24", "for no deadline"),
+    "max_cost_usd": ("max $ per run", "a number of dollars, e.g. 60", "for no budget"),
+}
+
+
+def read_query(
+    max_hours: str | None,
+    max_cost_usd: str | None,
+    gpus: Sequence[str] | None,
+    catalog: Mapping[str, str],
+    catalog_name: str,
+) -> OfferQuery:
+    """The form's fields, checked: each limit a positive finite number (empty: none), each GPU
+    type a key of ``catalog`` (key → name; named ``catalog_name`` in the message).
+
+    >>> q = read_query("24", " ", ["h100-sxm"], {"h100-sxm": "H100"}, "gpus.yaml")
+    >>> q.max_hours, q.max_cost_usd, q.gpus, dict(q.errors)
+    (24.0, None, ('h100-sxm',), {})
+    >>> dict(read_query("-3", "abc", ["b200"], {"h100-sxm": "H100"}, "gpus.yaml").errors)["gpus"]
+    "GPU type 'b200' is not in this study's catalog (gpus.yaml); it has h100-sxm"
+    """
+    text = {"max_hours": (max_hours or "").strip(), "max_cost_usd": (max_cost_usd or "").strip()}
+    errors: dict[str, str] = {}
+    limits: dict[str, float | None] = {}
+    for name, typed in text.items():
+        limits[name] = None
+        if not typed:
+            continue
+        label, example, empty = LABELS[name]
+        fix = f"write {example} (or leave it empty {empty})"
+        try:
+            value = float(typed.removeprefix("$").replace(",", ""))
+        except ValueError:
+            errors[name] = f"{label}: {typed[:40]!r} is not a number; {fix}"
+            continue
+        if not math.isfinite(value) or value <= 0:
+            what = "above 0" if math.isfinite(value) else "a finite number"
+            errors[name] = f"{label}: {typed[:40]!r} is not {what}; {fix}"
+            continue
+        limits[name] = value
+    wanted = list(dict.fromkeys(g.strip() for g in gpus or () if g.strip()))
+    unknown = [g for g in wanted if g not in catalog]
+    if unknown:
+        errors["gpus"] = (
+            f"GPU type{'s' if len(unknown) > 1 else ''} "
+            + ", ".join(repr(g[:40]) for g in unknown[:5])
+            + f" {'are' if len(unknown) > 1 else 'is'} not in this study's catalog "
+            f"({catalog_name}); it has {', '.join(catalog)}"
+        )
+    return OfferQuery(
+        max_hours=limits["max_hours"],
+        max_cost_usd=limits["max_cost_usd"],
+        gpus=tuple(wanted) if wanted and not unknown else None,
+        ticked=tuple(g for g in wanted if g in catalog),
+        text=text | {"gpus": ",".join(wanted)},
+        errors=errors,
+    )
+
+
+def gpu_choices(table: OfferTable, query: OfferQuery) -> list[GpuChoice]:
+    """The catalog's GPU types as the unfiltered table lists them (every type has a one-GPU
+    row there), ticked as asked: all when the query names none the catalog has."""
+    chosen = set(query.ticked)
+    seen: dict[str, GpuChoice] = {}
+    for row in table.rows:
+        if row.gpu is not None and row.count == 1 and row.gpu not in seen:
+            seen[row.gpu] = GpuChoice(
+                key=row.gpu,
+                name=row.name,
+                usd_per_hour=row.usd_per_hour,
+                checked=not chosen or row.gpu in chosen,
+            )
+    return sorted(seen.values(), key=lambda c: c.name)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarkedRow:
+    """A row of the table and how it stands against the constraints."""
+
+    row: OfferRow
+    status: str  # meets | band (meets at its figure, not at its band's bad end) | over | unpriced
+    mark: str  # e.g. "over 24 h", "over $60.00", "meets"
+    cheapest: bool  # the cheapest that meets: highlighted
+
+
+UNPRICED = {
+    "needs a multi-GPU measurement": "unknown until measured",
+    "predicted OOM": "does not fit",
+}
+
+
+def mark(row: OfferRow, constraints: Constraints) -> tuple[str, str]:
+    """(status, words) for one row against the constraints.
+
+    >>> r = OfferRow(gpu="x", name="X", usd_per_hour=2, basis="estimate", hours_per_run=30,
+    ...     cost_per_run_usd=60, band=0.25, meets="no")
+    >>> mark(r, Constraints(max_hours=24, max_cost_usd=50))
+    ('over', 'over 24 h and $50.00')
+    >>> mark(r.model_copy(update={"meets": "within its band"}), Constraints(max_hours=31))
+    ('band', 'meets at its figure; over 31 h at +25%')
+    """
+    hours, cost = row.hours_per_run, row.cost_per_run_usd
+    if hours is None or cost is None or row.meets is None:
+        return "unpriced", UNPRICED.get(row.basis, "not priced")
+    if row.meets == "yes":
+        return "meets", "meets"
+    limits = []
+    if row.meets == "within its band":
+        hours, cost = hours * (1 + (row.band or 0.0)), cost * (1 + (row.band or 0.0))
+    if constraints.max_hours is not None and hours > constraints.max_hours:
+        limits.append(f"{constraints.max_hours:g} h")
+    if constraints.max_cost_usd is not None and cost > constraints.max_cost_usd:
+        limits.append(money(constraints.max_cost_usd))
+    over = "over " + " and ".join(limits) if limits else f"does not meet {constraints.describe()}"
+    if row.meets == "within its band":
+        return "band", f"meets at its figure; {over} at +{row.band or 0:.0%}"
+    return "over", over
+
+
+def marked_rows(table: OfferTable, constraints: Constraints) -> list[MarkedRow]:
+    """Every row, marked, the cheapest that meets flagged."""
+    rows = []
+    for row in table.rows:
+        status, words = mark(row, constraints)
+        rows.append(MarkedRow(row=row, status=status, mark=words, cheapest=row == table.cheapest))
+    return rows
+
+
+def offer_text(row: OfferRow) -> str:
+    """``L40S 48GB (estimate ±25%) $16.45/run, 16.6 h``: an offer in one line."""
+    band = f" ±{row.band:.0%}" if row.band is not None else ""
+    return (
+        f"{row.name} ({row.basis}{band}) {money(row.cost_per_run_usd or 0.0)}/run, "
+        f"{hours_figure(row.hours_per_run or 0.0)} h"
+    )
+
+
+def headline(table: OfferTable, constraints: Constraints, *, measured_meets: bool) -> list[str]:
+    """The lines above the table: the cheapest that meets the constraints, or that nothing
+    does (and the nearest offers, to say what to relax)."""
+    said = constraints.describe()
+    asked = said != "no constraint"
+    cheapest = table.cheapest
+    if cheapest is not None:
+        lines = [
+            f"Cheapest that meets {said}: {offer_text(cheapest)}."
+            if asked
+            else f"Cheapest: {offer_text(cheapest)}."
+        ]
+        if not measured_meets:
+            lines.append(
+                f"No measured config meets {said}: the answer is an estimate until a study "
+                f"measures it on {cheapest.name} (a short sweep there)."
+            )
+        return lines
+    priced = [r for r in table.rows if r.hours_per_run is not None and r.cost_per_run_usd]
+    lines = [f"Nothing meets {said}: no GPU of the table, measured or estimated."]
+    if priced:
+        fastest = min(priced, key=lambda r: r.hours_per_run or 0.0)
+        cheap = min(priced, key=lambda r: r.cost_per_run_usd or 0.0)
+        lines.append(
+            f"Fastest: {offer_text(fastest)}"
+            + ("." if cheap is fastest else f"; cheapest: {offer_text(cheap)}.")
+        )
+    return lines
