@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import html
 import json
 import os
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 import dashboards
 from api.app import create_app
 from dashboards import figures
+from dashboards import offers as dashboard_offers
 from sweeper.store import Store
 from sweeper.studyfile import import_study, read_study_file
 from tests.helpers import REPO
@@ -581,3 +583,15 @@ def test_a_bad_offers_form_is_shown_again_with_what_is_wrong(sqlite_url: str) ->
                 assert 'value="l40s" checked' not in section
             assert "Traceback" not in page.text
             assert 'id="trials-table"' in page.text, query  # the rest of the page is whole
+
+
+def test_the_offers_form_reads_limits_as_typed_and_its_examples_hold() -> None:
+    """dashboards/offers.py's examples (pytest collects doctests under sweeper/ only), and the
+    limits a user types: '$60', '1,000', spaces; an empty field is no limit."""
+    examples = doctest.testmod(dashboard_offers)
+    assert examples.attempted >= 5 and examples.failed == 0
+    catalog = {"h100-sxm": "H100 SXM 80GB"}
+    typed = dashboard_offers.read_query(" 1,000 ", "$60", ["h100-sxm", "h100-sxm"], catalog, "c")
+    assert (typed.max_hours, typed.max_cost_usd, typed.gpus) == (1000.0, 60.0, ("h100-sxm",))
+    empty = dashboard_offers.read_query("", None, [""], catalog, "c")
+    assert not empty.asked and not empty.errors
