@@ -17,6 +17,8 @@ fp16, fails as a mismatch. The args rewrite and the export's line are checked wi
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -376,3 +378,31 @@ def test_the_launch_owned_knobs_are_not_also_flags_under_knobs_flags() -> None:
     assert "--bf16" in knobs.command_flags(accelerate_line.flag_config(sft, config), "sft_flags")
     plain = ScriptSpec(command=["python", "t.py"])  # not a launch: every knob is a flag
     assert "--bf16" in knobs.command_flags(accelerate_line.flag_config(plain, config), "flags")
+
+
+READ_COMPILE = """
+import types, torch
+from accelerate import Accelerator
+from sweeper.trial.engines.readback import Running, script_compile_mode
+model = torch.nn.Linear(2, 2)
+trainer_args = types.SimpleNamespace(torch_compile=False)  # the launch says compile, not they
+def mode():
+    return script_compile_mode(Running(device=torch.device("cpu"), model=model,
+                                       runnables=[model], optimizer=None, loader=None,
+                                       args=trainer_args))
+before = mode()
+Accelerator(cpu=True)
+print(before, mode())
+"""
+
+
+def test_a_trainers_compile_is_read_from_the_launch_its_accelerator_took() -> None:
+    """A Trainer's callback sees the model before its Accelerator compiles it in prepare;
+    with no --torch_compile flag (the launch says it), the Accelerator's dynamo plugin tells."""
+    launched = {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_MODE": "max-autotune"}
+    out = subprocess.run(
+        [sys.executable, "-c", READ_COMPILE], env=os.environ | launched, cwd=REPO,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["none", "max-autotune"]

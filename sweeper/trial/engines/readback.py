@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -459,11 +460,27 @@ def script_max_length(run: Running) -> Any:
 
 def script_compile_mode(run: Running) -> Any:
     """The compiled wrapper where the script shows it; a Trainer's callback sees the model
-    before accelerate compiles it, so its arguments after their defaults say."""
+    before accelerate compiles it, so its arguments after their defaults say, else its
+    Accelerator's dynamo plugin (an accelerate launch's ``--dynamo_backend``)."""
     mode = compile_mode(run)
     if mode == "none" and run.args is not None and getattr(run.args, "torch_compile", False):
         return run.args.torch_compile_mode or "default"
+    if mode == "none" and run.args is not None:
+        return _accelerator_compile_mode() or mode
     return mode
+
+
+def _accelerator_compile_mode() -> str | None:
+    """The mode this process's Accelerator compiles the model with in ``prepare`` (None: no
+    Accelerator, or one that does not compile)."""
+    if "accelerate" not in sys.modules:
+        return None
+    from accelerate.state import AcceleratorState  # type: ignore[import-untyped]
+
+    plugin = AcceleratorState._shared_state.get("dynamo_plugin")
+    if plugin is None or str(plugin.backend.value).upper() == "NO":
+        return None
+    return str(plugin.mode or "default")
 
 
 def script_packing(run: Running) -> Any:
