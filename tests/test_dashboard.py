@@ -498,6 +498,10 @@ def test_the_offers_form_marks_each_gpu_and_names_the_cheapest_that_meets(
         rest_url = f"/api/studies/{SEED_000_OFFERS}/compare?max_hours=10&max_cost_usd=17"
         rest_url += "".join(f"&gpus={g}" for g in gpus)
         assert f'href="{rest_url.replace("&", "&amp;")}"' in asked.text
+        # the trials table's sort links keep the limits
+        assert (
+            "descending=false&amp;max_hours=10&amp;max_cost_usd=17&amp;gpus=h100-sxm" in asked.text
+        )
         rest = client.get(rest_url).json()["offers"]
         assert rest["cheapest"]["name"] == "H100 SXM 80GB"
         assert [r["name"] for r in rest["rows"]] == [r["gpu"] for r in rows]

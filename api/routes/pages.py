@@ -237,6 +237,8 @@ def _offers_asked(
         "constrained": constraints.describe() if query.asked else "",
         "rest_url": f"/api/studies/{path_segment(name)}/compare"
         + (f"?{urlencode(rest)}" if rest else ""),
+        # kept by the trials table's sort and page links, so a click there keeps the limits
+        "params": f"&{urlencode(rest)}" if rest and not query.errors else "",
     }
 
 
