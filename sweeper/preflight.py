@@ -500,17 +500,26 @@ class _PreflightRun:
 
     def flag_drops(self) -> dict[str, dict[str, str]]:
         """Values a script's knobs form cannot say as flags (``knobs.flag_problems``: sft_flags
-        has no flag for SFTConfig's max_length=None, which padding_free needs)."""
+        has no flag for SFTConfig's max_length=None, which padding_free needs), or its
+        accelerate line as launch options (``accelerate_line.options``: ZeRO, a compile mode
+        that is no ``--dynamo_mode``)."""
+        from sweeper.trial import accelerate_line
+
         script = self.space.workload.script
         if script is None:
             return {}
         dropped: dict[str, dict[str, str]] = {}
+        launched = accelerate_line.OWNED if accelerate_line.is_line(script.command) else ()
         for name in knobs.NAMES:
             for value in self.search.values(name):
                 # the knob alone, active: what it asks of SFTConfig whatever else the trial says
                 config = {"packing": False, name: value}
                 for problem in knobs.flag_problems(config, script.knobs):
                     dropped.setdefault(name, {})[str(value)] = problem
+                try:
+                    accelerate_line.options(config if name in launched else {})
+                except ValueError as e:
+                    dropped.setdefault(name, {})[str(value)] = str(e)
         return dropped
 
     def note_reused(self) -> None:

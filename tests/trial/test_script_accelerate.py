@@ -406,3 +406,26 @@ def test_a_trainers_compile_is_read_from_the_launch_its_accelerator_took() -> No
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["none", "max-autotune"]
+
+
+def test_preflight_drops_what_an_accelerate_line_cannot_launch(tmp_path: Path) -> None:
+    """ZeRO and a compile mode that is no --dynamo_mode are dropped before any trial, on an
+    accelerate line only (a torchrun line's Trainer runs ZeRO from its arguments)."""
+    from sweeper.preflight import _PreflightRun
+
+    space = yaml.safe_load((REPO / "examples/trainer/space.yaml").read_text())
+    space["search"] |= {"devices": [2], "data_parallel": ["ddp", "zero2"],
+                        "compile_mode": ["none", "max-autotune-no-cudagraphs"]}  # fmt: skip
+
+    def drops(command: list[str]) -> dict[str, dict[str, str]]:
+        space["workload"]["script"]["command"] = command
+        path = tmp_path / "space.yaml"
+        path.write_text(yaml.safe_dump(space))
+        run = _PreflightRun(load_space(path), None, tmp_path, print, None, True, None)  # type: ignore[arg-type]
+        return run.flag_drops()
+
+    dropped = drops(["accelerate", "launch", "--num_processes", "2", "train.py"])
+    assert list(dropped) == ["compile_mode", "data_parallel"]
+    assert list(dropped["data_parallel"]) == ["zero2"] and "DeepSpeed's launcher" in str(dropped)
+    assert list(dropped["compile_mode"]) == ["max-autotune-no-cudagraphs"]
+    assert drops(["torchrun", "--nproc-per-node", "2", "train.py"]) == {}
