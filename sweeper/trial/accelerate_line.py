@@ -213,6 +213,8 @@ def line_for(command: list[str], config: Mapping[str, Any]) -> list[str]:
     if devices == 1:  # --multi_gpu needs 2 processes; one device runs the simple launcher
         said["multi_gpu"] = False
     spans, program = _spans(command)
+    if "cpu" in spans:  # --cpu on several processes is DDP already; --multi_gpu would clash
+        said.pop("multi_gpu", None)
     words = {index: [word] for index, word in enumerate(command)}
     added: list[str] = []
     for option, value in said.items():

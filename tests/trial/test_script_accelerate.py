@@ -335,6 +335,7 @@ def test_the_exported_line_is_the_users_own_with_the_winners_values() -> None:
     winner = {"devices": 4, "precision": "fp32", "compile_mode": "default",
               "data_parallel": "fsdp2"}  # fmt: skip
     words = accelerate_line.line_for(line, winner)
+    ddp = {"data_parallel": "ddp"}
     assert words[2:] == [
         "--num_processes=4", "--mixed-precision", "no", "--dynamo_backend", "inductor",
         "--dynamo_mode", "default", "--use_fsdp", "--fsdp_version", "2",
@@ -350,6 +351,9 @@ def test_the_exported_line_is_the_users_own_with_the_winners_values() -> None:
     # one device: no --multi_gpu (it needs two processes), the simple launcher
     single = accelerate_line.line_for(line, {"devices": 1, "precision": "bf16"})
     assert "--multi-gpu" not in single and _parsed(single).num_processes == 1
+    # a --cpu line's DDP is --cpu's own (accelerate takes one of --cpu and --multi_gpu)
+    cpu = accelerate_line.line_for([ACCELERATE, "launch", "--cpu", "t.py"], winner | ddp)
+    assert cpu[2:4] == ["--cpu", "--num_processes"] and _parsed(cpu).num_processes == 4
     # the words that take no value are accelerate's own
     from accelerate.commands.launch import launch_command_parser
 
