@@ -24,9 +24,11 @@ is read the same way, with accelerate's own parser and config file (``--config_f
 default file, as ``accelerate launch`` reads them): its program runs on the trial's device
 count instead of the line's ``--num_processes``, each rank with torchrun's environment plus what
 accelerate's multi-GPU launcher adds to it (``ACCELERATE_MIXED_PRECISION``, the dynamo and FSDP
-settings), or on one device with its simple launcher's. accelerate's launcher on several
-processes is torchrun's agent, whose sessions the trial's kill does not reach; its DeepSpeed,
-TPU and Megatron launches are refused on several devices (their launchers are not torchrun's).
+settings), or on one device with its simple launcher's; the knobs its launcher owns
+(precision, compile mode, data parallelism) are set on the line as read, over its options
+(``sweeper.trial.accelerate_line``). accelerate's launcher on several processes is torchrun's
+agent, whose sessions the trial's kill does not reach; its DeepSpeed, TPU and Megatron launches
+are refused on several devices (their launchers are not torchrun's).
 The group's leader reads the line once and hands each rank its program and environment.
 """
 
