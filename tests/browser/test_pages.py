@@ -302,6 +302,7 @@ def test_the_offers_form_highlights_the_cheapest_gpu_that_meets(
     """Issue 35: a user asks which of H100, H200 and A100 40GB runs the job within 10 h and
     $17: the page comes back at the table, the H100 (measured) highlighted and named, the
     others marked with the limit they break; the URL keeps the question."""
+    page.set_viewport_size({"width": 1366, "height": 900})
     page.goto(offers_server.url(study_path(SEED_000_OFFERS)))
     form = page.locator("#offers-form")
     expect(form.locator("input[name=gpus]:checked")).to_have_count(9)  # the shipped catalog
@@ -324,3 +325,10 @@ def test_the_offers_form_highlights_the_cheapest_gpu_that_meets(
     expect(form.locator("input[name=gpus]:checked")).to_have_count(3)  # the form says it too
     expect(form.locator("input[name=max_hours]")).to_have_value("10")
     assert page.evaluate("document.querySelector('#gpus').getBoundingClientRect().top") < 200
+    # the notes wrap: the table fits a laptop screen (it was 4,157 px wide in 1,316)
+    page.goto(offers_server.url(study_path(SEED_000_OFFERS) + "?max_hours=24&max_cost=60"))
+    fit = page.evaluate(
+        "[document.querySelector('#gpus-table').scrollWidth,"
+        " document.querySelector('#gpus .table-wrap').clientWidth]"
+    )
+    assert fit[0] <= fit[1], fit
