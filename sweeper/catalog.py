@@ -129,12 +129,19 @@ class Catalog(_Strict):
                     found = (len(need), key, gpu)
         return None if found is None else (found[1], found[2])
 
+    @property
+    def label(self) -> str:
+        """How messages name this catalog: the shipped one by that name (its path is the
+        server's install, of no use to a REST client), a user's file by its path."""
+        if not self.path or self.path == str(SHIPPED):
+            return "the shipped catalog (sweeper/gpus.yaml)" if self.path else "the catalog given"
+        return f"the catalog {self.path}"
+
     def get(self, key: str, where: str = "GPU type") -> Gpu:
         """The entry ``key``; a CatalogError listing the catalog's keys otherwise."""
         if key not in self.gpus:
             raise CatalogError(
-                f"{where} {key!r} is not in the catalog {self.path or '(given)'}: it has "
-                f"{', '.join(self.gpus)}"
+                f"{where} {key!r} is not in {self.label}: it has {', '.join(self.gpus)}"
             )
         return self.gpus[key]
 

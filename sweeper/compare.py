@@ -150,17 +150,9 @@ def compare(
                 constraints=per_study_constraints.describe(),
                 offers=table,
             )
-        raise NothingMeetsError(
+        raise NothingMeetsError(  # no catalog offer meets either (else answered above)
             "no study of this workload has an eligible trial: "
-            + "; ".join(f"{name}: {why}" for name, why in unavailable.items())
-            + (
-                f". Of the catalog's GPUs, {cheapest.name} would ({cheapest.basis}"
-                + (f" ±{cheapest.band:.0%}" if cheapest.band is not None else "")
-                + f"): {cheapest.hours_per_run or 0:,.1f} h, "
-                f"${cheapest.cost_per_run_usd or 0:,.2f}/run"
-                if cheapest is not None
-                else ""
-            ),
+            + "; ".join(f"{name}: {why}" for name, why in unavailable.items()),
             offers=table,  # the table still says how far each offer is from them
         )
     front = pareto_front(points)

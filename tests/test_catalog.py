@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from sweeper.catalog import load_catalog, parse_catalog
+from sweeper.catalog import SHIPPED, load_catalog, parse_catalog
 from sweeper.compare import compare
 from sweeper.errors import CatalogError
 from sweeper.hardware import peak_flops
@@ -173,7 +173,7 @@ def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> 
 
     unknown = subprocess.run(run + ["--gpu", "b200"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2
-    assert "GPU type 'b200' is not in the catalog" in unknown.stderr
+    assert "GPU type 'b200' is not in the shipped catalog" in unknown.stderr
     assert "h100-sxm" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
@@ -251,7 +251,9 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
         for query in ({"gpus": "b200"}, {"gpus": "B200!"}):
             refused = client.get("/api/studies/h100/compare", params=query)
             assert refused.status_code == 422, refused.text
-        assert "b200" in client.get("/api/studies/h100/compare?gpus=b200").text
+        unknown = client.get("/api/studies/h100/compare?gpus=b200").text
+        assert "'b200' is not in the shipped catalog" in unknown
+        assert str(SHIPPED) not in unknown  # the server's install path is not the client's business
         page = client.get("/studies/h100")
         assert page.status_code == 200
         section = page.text.split('<section id="gpus">')[1].split("</section>")[0]
