@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -233,18 +234,21 @@ def precision_runs(
     job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> dict[str, ChildRun]:
     """The example loop from one line that says bf16, as a trial of each precision on one
-    device (accelerate's simple launcher)."""
+    device (accelerate's simple launcher); the three at once (each is mostly its startup)."""
     command = [ACCELERATE, "launch", "--mixed_precision", "bf16",
                str(REPO / "examples/accelerate_loop/train.py"), "--model", str(job / "model"),
                "--data", str(job / "chats.jsonl")]  # fmt: skip
-    runs = {}
-    for precision in ("bf16", "fp32", "fp16"):
+
+    def trial(precision: str) -> ChildRun:
         request = _request(
             tiny_space, tiny_prepared, cache_dir, command,
             devices=1, data_parallel=None, precision=precision,
         )  # fmt: skip
-        runs[precision] = run_child(request, timeout_s=300)
-    return runs
+        return run_child(request, timeout_s=300)
+
+    precisions = ("bf16", "fp32", "fp16")
+    with ThreadPoolExecutor(len(precisions)) as pool:
+        return dict(zip(precisions, pool.map(trial, precisions), strict=True))
 
 
 def test_one_accelerate_line_runs_each_precision_the_trial_asks(
