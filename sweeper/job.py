@@ -196,7 +196,9 @@ class ScriptSpec(Frozen):
     knobs: Literal["flags", "sft_flags", "env"] = Field(
         default="flags",
         description="flags: the knobs are appended as TrainingArguments command-line flags "
-        "(HfArgumentParser's --per_device_train_batch_size 8); sft_flags: SFTConfig's too "
+        "(HfArgumentParser's --per_device_train_batch_size 8), but on an accelerate launch "
+        "line precision, compile_mode and data_parallel are its launch options instead "
+        "(--mixed_precision ...); sft_flags: SFTConfig's too, all of them as flags "
         "(--max_length, --packing: TRL's scripts); env: only the environment "
         "(SWEEPER_TRIAL_CONFIG, JSON; sweeper.trial_config() reads it). The config is in the "
         "environment either way, for the knobs that are not TrainingArguments",
