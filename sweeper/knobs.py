@@ -5,8 +5,8 @@ a value (``needs``), what it falls back to where none of its values can run, how
 table, and what it becomes in the user's ``TrainingArguments`` and ``DataLoader``. From this one
 table come the search space's lists, the Optuna parameters, the grid, the baseline checks,
 preflight's machine checks, the exports and the labels; the config types (``TrialConfig``,
-``sweeper.space.SearchSpace`` and ``Baseline``) are written out, so a type checker reads them,
-and tests/test_knobs.py checks each field against this table.
+``sweeper.space_search.SearchSpace`` and ``sweeper.space.Baseline``) are written out, so a type
+checker reads them, and tests/test_knobs.py checks each field against this table.
 
 Adding a knob is one entry here, its field in those three classes (the test names what is
 missing), its effect in the engines (``sweeper/trial/engines``) and its read-back there

@@ -17,7 +17,8 @@ from sweeper.knobs import KNOBS, TrialConfig
 from sweeper.preflight import PreflightReport
 from sweeper.recommend import Recommendation
 from sweeper.seqlen import AUTO
-from sweeper.space import SEARCH_DEFAULTS, Baseline, SearchSpace, parse_space, suggest
+from sweeper.space import Baseline, parse_space, suggest
+from sweeper.space_search import SEARCH_DEFAULTS, SearchSpace
 from tests.helpers import TINY_SPACE, tiny_config
 
 TINY = TINY_SPACE.read_text()

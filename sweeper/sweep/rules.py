@@ -12,7 +12,8 @@ from typing import Any, Protocol
 
 from sweeper.preflight import PreflightReport
 from sweeper.search import oom_dominated
-from sweeper.space import SearchSpace, TrialConfig
+from sweeper.space import TrialConfig
+from sweeper.space_search import SearchSpace
 from sweeper.sweep.outcome import Outcome
 
 
