@@ -479,7 +479,7 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
 def _command(rec: Recommendation, space_yaml: str) -> str:
     """``engine: script``: the user's own command with the winner's knobs in the form the
     trials gave them (TrainingArguments/SFTConfig flags), and the rest as the values the
-    script read from ``sweeper.trial_config()``."""
+    script was given through ``sweeper.trial_config()``."""
     import shlex
 
     space = _space(space_yaml)
@@ -525,8 +525,9 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         )
     if rest:
         lines.append(
-            "# your script read these from sweeper.trial_config() in the trials; set them "
-            "the way it does outside one:"
+            "# not flags: in the trials these reached your script only through "
+            "sweeper.trial_config() (a script that never called it ran its own values, recorded "
+            "as such); set them the way it does outside one:"
         )
         lines += [f"#   {name}: {value}" for name, value in rest.items()]
     return "\n".join(lines) + "\n" + shlex.join(words) + "\n"

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import optuna
 
+from sweeper import knobs
 from sweeper.cost import RunPlan, RunProjection, project_run
 from sweeper.errors import StorageError
 from sweeper.launcher import ChildRun, ForkServer, run_child
@@ -180,7 +181,7 @@ class ChildExecutor:
         space = self.space
         request = ChildRequest.for_space(
             "trial", space, self.cache_dir, prepared=self.prepared, config=config,
-            settings=space.trial,
+            settings=space.trial, varied=_varied(space),
         )  # fmt: skip
         timeout_s = space.trial.timeout_s
         if left_s is not None and left_s < timeout_s:
@@ -436,4 +437,13 @@ def run_plan(space: Space, dataset_stats: dict[str, Any] | None, devices: int = 
         devices=devices,
         save_steps=space.workload.checkpoint.save_steps,
         tokens_per_sample=tokens_per_sample(dataset_stats),
+    )
+
+
+def _varied(space: Space) -> tuple[str, ...]:
+    """The knobs the space lists with more than one value."""
+    return tuple(
+        knob.name
+        for knob in knobs.KNOBS
+        if isinstance(values := getattr(space.search, knob.name, None), list) and len(values) > 1
     )

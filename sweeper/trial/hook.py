@@ -58,11 +58,18 @@ def active() -> bool:
     return REQUEST_ENV in os.environ
 
 
+_config_read = False  # whether the program asked for trial_config() (its knobs beyond flags)
+
+
 def trial_config() -> dict[str, Any] | None:
     """The trial's knobs (``per_device_batch_size``, ``max_seq_length``...), or None outside
     a trial."""
+    global _config_read
     text = os.environ.get(CONFIG_ENV)
-    return None if text is None else dict(json.loads(text))
+    if text is None:
+        return None
+    _config_read = True
+    return dict(json.loads(text))
 
 
 def callback() -> Any:
@@ -353,6 +360,7 @@ class _Session:
 
     def _read_back(self) -> None:
         from sweeper.trial.engines.readback import Running, check
+        from sweeper.trial.script import unreached
 
         self.first_step_read = True
         if self.computed is not None:
@@ -382,6 +390,7 @@ class _Session:
             ),
             config.model_dump(),
         )
+        self.effective = unreached(self.request, self.effective, _config_read)
 
     # -- your loop ---------------------------------------------------------------------------
 

@@ -78,6 +78,10 @@ class ChildRequest(BaseModel):
     # the study the request serves: its trials share compile caches and one-off cost figures
     # (sweeper/trial/oneoff.py); None shares nothing
     study: str | None = None
+    # the knobs the space lists with more than one value: a script trial whose program never
+    # reads one of them (not a flag, no sweeper.trial_config()) would record configs that differ
+    # in a value nothing ran (sweeper.trial.script.unreached)
+    varied: tuple[str, ...] = ()
     spawned_at: float = 0.0  # time.time() in the parent just before the spawn
 
     @classmethod

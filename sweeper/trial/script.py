@@ -267,6 +267,60 @@ def launch_of(request: ChildRequest, port: int | None = None) -> tuple[list[str]
     return [*command, *flags], env
 
 
+def carried(config: dict[str, Any], script: Any) -> set[str]:
+    """The knobs the trial's command is given as flags or as its accelerate launch's options
+    (the rest reach the program only through ``sweeper.trial_config()``)."""
+    flags = knobs.command_flags(accelerate_line.flag_config(script, config), script.knobs)
+    passed = {flag.removeprefix("--") for flag in flags[::2]}
+    names = {
+        knob.name
+        for knob in knobs.KNOBS
+        if (value := config.get(knob.name)) is not None
+        and {*knob.trainer(value), *knob.sft(value)} & passed
+    }
+    return names | (
+        set(accelerate_line.OWNED) if accelerate_line.is_line(script.command) else set()
+    )
+
+
+def unreached(
+    request: ChildRequest, effective: dict[str, Any], config_read: bool
+) -> dict[str, Any]:
+    """``effective`` with what a program that never called ``sweeper.trial_config()`` did
+    with the knobs that reach it only there, where the objects did not show it (a script's own
+    cut of its samples, its own packing): its own values, not the config's. A knob the space
+    searches (``request.varied``) that never reached the program is a ``mismatch``: its
+    trials would differ in a value nothing ran."""
+    from sweeper.trial.engines.readback import Unobserved
+
+    script, config = request.workload.script, request.config
+    if config_read or script is None or config is None:
+        return effective
+    asked = config.model_dump()
+    given = carried(asked, script)
+    missed = [
+        name
+        for name, value in effective.items()
+        if isinstance(value, Unobserved) and asked.get(name) is not None and name not in given
+    ]
+    searched = [name for name in missed if name in request.varied]
+    if searched:
+        raise TrialError(
+            "mismatch",
+            f"the space searches {', '.join(searched)}, which reach your script only through "
+            "sweeper.trial_config(), and it never called it: every value would run the same. "
+            "Read them there (config = sweeper.trial_config() or {}; "
+            f"config.get({searched[0]!r})), or list one value in the space",
+        )
+    return effective | {
+        name: Unobserved(
+            f"the script's own: not among its {script.knobs}, and it never called "
+            f"sweeper.trial_config() ({effective[name]})"
+        )
+        for name in missed
+    }
+
+
 def launch_for_ranks(request: ChildRequest, port: int) -> dict[str, str]:
     """What the group's leader adds to each rank's environment: the launch line read once
     (its program and its launcher's environment), rather than by each rank (reading a torchrun

@@ -199,3 +199,77 @@ def test_a_script_that_ignores_a_knob_fails_naming_it(
     kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, command, knobs="env")
     assert kind == "mismatch", message
     assert "per_device_batch_size: asked 2, ran 8" in message
+
+
+_OWN_CUT = '''
+"""A user's Trainer script with its own cut (256 tokens) and collator; no trial_config()."""
+import sys
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, Trainer
+from transformers import TrainingArguments
+
+import sweeper
+
+model_dir, data = sys.argv[1], sys.argv[2]
+(args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(sys.argv[3:])
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+rows = load_dataset("json", data_files=data, split="train").map(
+    lambda r: {
+        "input_ids": tokenizer(tokenizer.apply_chat_template(r["messages"], tokenize=False))[
+            "input_ids"
+        ][:256]
+    },
+    remove_columns=["messages"],
+)
+
+
+def collate(batch):
+    width = max(len(r["input_ids"]) for r in batch)
+    ids = torch.full((len(batch), width), tokenizer.pad_token_id or 0)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(batch):
+        ids[i, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+        mask[i, : len(r["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+model = AutoModelForCausalLM.from_pretrained(model_dir)
+Trainer(model=model, args=args, train_dataset=rows, data_collator=collate,
+        callbacks=[sweeper.callback()]).train()
+'''
+
+
+def test_a_knob_that_never_reached_the_script_is_recorded_as_its_own_or_fails_if_searched(
+    job: Path, tmp_path: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """max_seq_length is not a TrainingArguments flag: a script that never calls
+    sweeper.trial_config() cuts its samples where it likes. Its trial records the cut as the
+    script's own, not the config's 512; a space that searches the length fails the trial."""
+    script = tmp_path / "train.py"
+    script.write_text(_OWN_CUT)
+    command = [
+        sys.executable, str(script), str(job / "model"), str(job / "chats.jsonl"),
+        "--output_dir", str(tmp_path / "out"), "--report_to", "none", "--use_cpu", "True",
+    ]  # fmt: skip
+    workload = tiny_space.workload.model_copy(
+        update={"engine": "script", "script": ScriptSpec(command=command, knobs="flags")}
+    )
+    request = trial_request(
+        tiny_space.model_copy(update={"workload": workload}),
+        tiny_prepared,
+        cache_dir,
+        tiny_config(per_device_batch_size=2, gradient_accumulation_steps=1, max_seq_length=512),
+        warmup={"min_steps": 1, "max_steps": 1},
+        measure={"min_steps": 2, "max_steps": 2},
+    )
+    one = run_child(request, timeout_s=300)
+    assert one.result.status == "ok", (one.result.failure_message, one.log_tail[-2000:])
+    cut = parse_measurement(one.result.payload).effective["max_seq_length"]
+    assert cut != 512 and "the script's own" in cut and "sweeper.trial_config()" in cut, cut
+
+    searched = run_child(request.model_copy(update={"varied": ("max_seq_length",)}), timeout_s=300)
+    assert searched.result.failure_kind == "mismatch", searched.result
+    message = searched.result.failure_message or ""
+    assert "searches max_seq_length" in message and "never called it" in message, message
