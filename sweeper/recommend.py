@@ -14,7 +14,7 @@
    (nothing beats it beyond the noise), else the one with the least peak memory, then the
    cheaper; the answer names the ties;
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
-   with what the sweep itself cost (payback in runs).
+   with what the sweep itself cost (payback in runs); ``sweeper.caveats`` words its warnings.
 
 ``sweeper.compare`` does the same across studies of the same workload on different hardware.
 """
@@ -29,10 +29,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from sweeper import caveats
 from sweeper.cost import device_count, money, one_off_text, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
-from sweeper.hardware import peak_flops
-from sweeper.noise import Sample, drift, machine_noise, overlaps
+from sweeper.noise import overlaps
 from sweeper.scaling import Scaling, scaling_of
 from sweeper.store import Store, StudyRow, TrialMetrics
 
@@ -365,26 +365,6 @@ def padding_share(tokens_per_s: float | None, padded_tokens_per_s: float | None)
     return max(0.0, 1 - (tokens_per_s or 0.0) / padded_tokens_per_s)
 
 
-def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -> tuple[float, str]:
-    """The learning rate for ``new_batch`` and a sentence saying why.
-
-    AdamW's rule of thumb is square-root scaling (Malladi et al., 2022); SGD's is linear
-    (Goyal et al., 2017). Either way it is a starting point to check on the loss curve.
-
-    >>> lr, _ = learning_rate_advice(1e-4, 16, 8)
-    >>> round(lr, 8)
-    7.071e-05
-    """
-    ratio = new_batch / old_batch
-    sqrt_lr, linear_lr = learning_rate * math.sqrt(ratio), learning_rate * ratio
-    return sqrt_lr, (
-        f"effective batch changes from {old_batch} to {new_batch} samples per optimizer step "
-        f"(×{ratio:g}): scale the learning rate from {learning_rate:.3g} to {sqrt_lr:.3g} "
-        f"(square-root rule, AdamW; the linear rule gives {linear_lr:.3g}) and watch the "
-        "loss curve, or fix effective_batch in the space to keep it"
-    )
-
-
 @dataclass(frozen=True)
 class Candidate:
     """A completed trial as the decision sees it: its projected hours and $ at the price asked,
@@ -441,31 +421,6 @@ def _meets(c: Candidate, constraints: Constraints) -> bool:
         return False
     floor = constraints.min_memory_headroom
     return floor is None or (c.headroom is not None and c.headroom >= floor)
-
-
-def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
-    """A warning for each knob that changes more than speed and differs from the baseline.
-
-    A knob the winner leaves inactive (padding_free once packing is on) is not warned of: it
-    does nothing there, and the knob that switched it off has its own warning.
-
-    >>> knob_caveats({"optim": "adamw_torch"}, {"optim": "adafactor"})[0][:52]
-    'optim is adafactor, not the baseline’s adamw_torch: '
-    """
-    from sweeper.knobs import KNOB, normalize
-
-    before, after = normalize(baseline), normalize(winner)
-    return [
-        f"{name} is {after[name]}, "
-        + (
-            "not set in the baseline"
-            if before.get(name) is None
-            else f"not the baseline’s {before[name]}"
-        )
-        + f": {knob.caveat}"
-        for name, knob in KNOB.items()
-        if knob.caveat and after.get(name) is not None and before.get(name) != after.get(name)
-    ]
 
 
 def _describe(config: dict[str, Any]) -> str:
@@ -553,16 +508,10 @@ def decide(
     winner, ties, tie_note = _pick(eligible, baseline)
     t = winner.trial
     config = dict(t.config)
-    effective_batch = _effective_batch(config)
+    effective_batch = caveats.effective_batch(config)
     warnings: list[str] = []
-    if t.contended:
-        reasons = sorted({s.get("contention") or "" for s in t.remeasures or []} - {""})
-        warnings.append(
-            "every measurement of this config was taken while the machine was shared"
-            + (f" ({'; '.join(reasons)})" if reasons else "")
-            + ": its numbers may be low; measure again on a quiet machine"
-        )
-    warnings += _drift_warnings(candidates)
+    warnings += caveats.contention(t)
+    warnings += caveats.drift_warnings(c.trial for c in candidates)
     if winner.truncated is not None:
         share = winner.truncated[1]
         warnings.append(
@@ -570,24 +519,24 @@ def decide(
             f"{'some' if math.isnan(share) else f'{share:.1%} of the'} tokens of this dataset "
             "(allowed by request): it is cheaper partly because it trains on less text"
         )
-    mismatch = _device_mismatch(facts.hardware_name, t.device_name)
+    mismatch = caveats.device_mismatch(facts.hardware_name, t.device_name)
     if mismatch:
         warnings.append(mismatch)
 
     baseline_batch = suggested_lr = None
     if baseline is not None:
-        baseline_batch = _effective_batch(baseline.trial.config)
+        baseline_batch = caveats.effective_batch(baseline.trial.config)
         if (
             baseline_batch is not None
             and effective_batch is not None
             and baseline_batch != effective_batch
             and facts.learning_rate is not None
         ):
-            suggested_lr, advice = learning_rate_advice(
+            suggested_lr, advice = caveats.learning_rate_advice(
                 facts.learning_rate, baseline_batch, effective_batch
             )
             warnings.append(advice)
-        warnings += knob_caveats(baseline.trial.config, config)
+        warnings += caveats.knob_caveats(baseline.trial.config, config)
     saved = None if baseline is None else baseline.cost - winner.cost
     sweep_hours = facts.sweep_seconds / 3600 if facts.sweep_seconds > 0 else None
     sweep_cost = None if sweep_hours is None else sweep_hours * price
@@ -691,52 +640,12 @@ def _gb(n: int | None) -> str:
     return "?" if n is None else f"{n / 1e9:.2f} GB"
 
 
-def _drift_warnings(candidates: list[Candidate]) -> list[str]:
-    """A warning for each config whose drift re-measures moved beyond the noise."""
-    groups = {
-        c.trial.number: [Sample.from_json(s) for s in c.trial.remeasures]
-        for c in candidates
-        if c.trial.remeasures
-    }
-    noise = machine_noise(groups.values())
-    found = []
-    for number, samples in groups.items():
-        moved = drift(samples, noise)
-        if moved is not None:
-            found.append(moved.describe(number))
-    return found
-
-
-def _effective_batch(config: dict[str, Any]) -> int | None:
-    """Samples per optimizer step over every device: batch × accumulation × devices."""
-    batch, accumulation = (
-        config.get("per_device_batch_size"),
-        config.get("gradient_accumulation_steps"),
-    )
-    if isinstance(batch, int) and isinstance(accumulation, int):
-        return batch * accumulation * device_count(config)
-    return None
-
-
 def _cut(facts: StudyFacts, config: dict[str, Any]) -> tuple[float, float] | None:
     """(samples, tokens) shares ``config`` cuts off the dataset, or None if unknown."""
     if config.get("packing") and not packing_cuts(facts, config):
         return 0.0, 0.0  # packed blocks continue a long sample instead of cutting it
     seq = config.get("max_seq_length")
     return None if not isinstance(seq, int) else truncation(facts.dataset_stats, seq)
-
-
-def _device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
-    """A warning when the study is priced as one accelerator but was measured on another."""
-    if not device_name:
-        return None
-    priced, measured = peak_flops(hardware_name), peak_flops(device_name)
-    if priced is not None and (measured is None or measured.name != priced.name):
-        return (
-            f"priced as {hardware_name} but measured on {device_name}: the hours are that "
-            f"machine's, not a {priced.name}'s"
-        )
-    return None
 
 
 def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | None:
@@ -760,18 +669,6 @@ def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | Non
     return min(matches, key=lambda c: c.trial.number) if matches else None
 
 
-def _ran_warnings(measured: Mapping[str, Any]) -> list[str]:
-    """What the winning trial's own record says against it: packed rows that attended across
-    their samples (whatever the baseline packed)."""
-    if measured.get("cross_sample_attention"):
-        return [
-            "its packed rows attended across sample boundaries (measured: a mask of ones, no "
-            "per-sample position ids): each sample sees the end of the one before it. "
-            "padding_free (or TRL's bfd packing) with a kernel that separates samples avoids it"
-        ]
-    return []
-
-
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
@@ -784,7 +681,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             "loss_labels": measured.get("loss_labels"),
             "reply_markers": measured.get("reply_markers"),
             # read off the trial that ran (sweeper.measurement.Measurement)
-            "warnings": (*recommendation.warnings, *_ran_warnings(measured)),
+            "warnings": (*recommendation.warnings, *caveats.ran_warnings(measured)),
         }
     )
     if not isinstance(n_params, int):

@@ -7,9 +7,10 @@ import re
 
 import pytest
 
+from sweeper.caveats import knob_caveats
 from sweeper.cost import money
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
-from sweeper.recommend import Constraints, best, knob_caveats
+from sweeper.recommend import Constraints, best
 from sweeper.space import parse_space
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config

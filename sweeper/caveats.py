@@ -1,0 +1,124 @@
+"""What a recommendation warns of, besides what it cuts off the data (``sweeper.recommend``).
+
+Each function returns sentences for ``Recommendation.warnings``: the winner measured only on a
+shared machine, configs whose re-measures drifted beyond the noise, a study priced as one
+accelerator but measured on another, what the winning trial's own record says against it, and
+what differs from the baseline beyond speed: the effective batch (with the learning rate scaled
+to it) and each knob with a caveat (``sweeper.knobs``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sweeper.cost import device_count
+from sweeper.hardware import peak_flops
+from sweeper.noise import Sample, drift, machine_noise
+from sweeper.store import TrialMetrics
+
+
+def contention(trial: TrialMetrics) -> list[str]:
+    """A warning when every measurement of ``trial`` was taken on a shared machine."""
+    if not trial.contended:
+        return []
+    reasons = sorted({s.get("contention") or "" for s in trial.remeasures or []} - {""})
+    return [
+        "every measurement of this config was taken while the machine was shared"
+        + (f" ({'; '.join(reasons)})" if reasons else "")
+        + ": its numbers may be low; measure again on a quiet machine"
+    ]
+
+
+def drift_warnings(trials: Iterable[TrialMetrics]) -> list[str]:
+    """A warning for each config whose drift re-measures moved beyond the noise."""
+    groups = {t.number: [Sample.from_json(s) for s in t.remeasures] for t in trials if t.remeasures}
+    noise = machine_noise(groups.values())
+    found = []
+    for number, samples in groups.items():
+        moved = drift(samples, noise)
+        if moved is not None:
+            found.append(moved.describe(number))
+    return found
+
+
+def device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
+    """A warning when the study is priced as one accelerator but was measured on another."""
+    if not device_name:
+        return None
+    priced, measured = peak_flops(hardware_name), peak_flops(device_name)
+    if priced is not None and (measured is None or measured.name != priced.name):
+        return (
+            f"priced as {hardware_name} but measured on {device_name}: the hours are that "
+            f"machine's, not a {priced.name}'s"
+        )
+    return None
+
+
+def ran_warnings(measured: Mapping[str, Any]) -> list[str]:
+    """What the winning trial's own record says against it: packed rows that attended across
+    their samples (whatever the baseline packed)."""
+    if measured.get("cross_sample_attention"):
+        return [
+            "its packed rows attended across sample boundaries (measured: a mask of ones, no "
+            "per-sample position ids): each sample sees the end of the one before it. "
+            "padding_free (or TRL's bfd packing) with a kernel that separates samples avoids it"
+        ]
+    return []
+
+
+def effective_batch(config: dict[str, Any]) -> int | None:
+    """Samples per optimizer step over every device: batch × accumulation × devices."""
+    batch, accumulation = (
+        config.get("per_device_batch_size"),
+        config.get("gradient_accumulation_steps"),
+    )
+    if isinstance(batch, int) and isinstance(accumulation, int):
+        return batch * accumulation * device_count(config)
+    return None
+
+
+def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -> tuple[float, str]:
+    """The learning rate for ``new_batch`` and a sentence saying why.
+
+    AdamW's rule of thumb is square-root scaling (Malladi et al., 2022); SGD's is linear
+    (Goyal et al., 2017). Either way it is a starting point to check on the loss curve.
+
+    >>> lr, _ = learning_rate_advice(1e-4, 16, 8)
+    >>> round(lr, 8)
+    7.071e-05
+    """
+    ratio = new_batch / old_batch
+    sqrt_lr, linear_lr = learning_rate * math.sqrt(ratio), learning_rate * ratio
+    return sqrt_lr, (
+        f"effective batch changes from {old_batch} to {new_batch} samples per optimizer step "
+        f"(×{ratio:g}): scale the learning rate from {learning_rate:.3g} to {sqrt_lr:.3g} "
+        f"(square-root rule, AdamW; the linear rule gives {linear_lr:.3g}) and watch the "
+        "loss curve, or fix effective_batch in the space to keep it"
+    )
+
+
+def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
+    """A warning for each knob that changes more than speed and differs from the baseline.
+
+    A knob the winner leaves inactive (padding_free once packing is on) is not warned of: it
+    does nothing there, and the knob that switched it off has its own warning.
+
+    >>> knob_caveats({"optim": "adamw_torch"}, {"optim": "adafactor"})[0][:52]
+    'optim is adafactor, not the baseline’s adamw_torch: '
+    """
+    from sweeper.knobs import KNOB, normalize
+
+    before, after = normalize(baseline), normalize(winner)
+    return [
+        f"{name} is {after[name]}, "
+        + (
+            "not set in the baseline"
+            if before.get(name) is None
+            else f"not the baseline’s {before[name]}"
+        )
+        + f": {knob.caveat}"
+        for name, knob in KNOB.items()
+        if knob.caveat and after.get(name) is not None and before.get(name) != after.get(name)
+    ]
