@@ -9,7 +9,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_fiel
 
 from sweeper.catalog import Catalog as GpuCatalog
 from sweeper.measurement import COLUMN_METRICS
-from sweeper.recommend import Recommendation, padding_share
+from sweeper.recommend import padding_share
+from sweeper.recommendation import Recommendation
 from sweeper.space import TrialConfig
 from sweeper.studyfile import RealTokenMfu
 

@@ -22,7 +22,8 @@ from typing import Any
 from sweeper.errors import SweeperError
 from sweeper.knobs import describe
 from sweeper.measurement import parse_measurement
-from sweeper.recommend import Recommendation, best
+from sweeper.recommend import best
+from sweeper.recommendation import Recommendation
 from sweeper.space import TrialConfig, parse_space
 from sweeper.store import Store
 from sweeper.studyfile import (

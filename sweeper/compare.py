@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from sweeper.catalog import load_catalog
 from sweeper.errors import NoResultError, NothingMeetsError, SpaceError
 from sweeper.offers import MeasuredStudy, OfferTable, offer_table
-from sweeper.recommend import Candidate, Constraints, Recommendation, StudyFacts, decide
+from sweeper.recommend import Candidate, Constraints, StudyFacts, decide
+from sweeper.recommendation import Recommendation
 from sweeper.store import Store, StudyRow, TrialMetrics
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from sweeper.compare import Comparison
     from sweeper.doctor import DoctorReport
     from sweeper.offers import OfferTable
-    from sweeper.recommend import Recommendation
+    from sweeper.recommendation import Recommendation
     from sweeper.space import TrialConfig
     from sweeper.store import TrialRow
     from sweeper.sweep.run import SweepReport

@@ -16,7 +16,7 @@ import yaml
 from sweeper import knobs
 from sweeper.errors import ConflictError, SpaceError
 from sweeper.job import CHATML
-from sweeper.recommend import Recommendation
+from sweeper.recommendation import Recommendation
 from sweeper.space import Space, parse_space
 from sweeper.trial import accelerate_line
 

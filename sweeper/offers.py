@@ -34,7 +34,8 @@ from sweeper import predict
 from sweeper.catalog import SHIPPED, Catalog, Gpu, parse_offer
 from sweeper.cost import device_count
 from sweeper.knobs import normalize
-from sweeper.recommend import Candidate, Constraints, Recommendation
+from sweeper.recommend import Candidate, Constraints
+from sweeper.recommendation import Recommendation
 from sweeper.scaling import Scaling, scaling_of
 
 RUNNERS_UP = 5  # configs scaled per GPU type: the recommended one and the next cheapest

@@ -16,6 +16,8 @@
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
    with what the sweep itself cost (payback in runs); ``sweeper.caveats`` words its warnings.
 
+The answer is a ``sweeper.recommendation.Recommendation``.
+
 ``sweeper.compare`` does the same across studies of the same workload on different hardware.
 """
 
@@ -25,154 +27,17 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from sweeper import caveats
-from sweeper.cost import device_count, money, one_off_text, run_cost
+from sweeper.cost import device_count, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.noise import overlaps
-from sweeper.scaling import Scaling, scaling_of
+from sweeper.recommendation import Recommendation, cost_text
+from sweeper.scaling import scaling_of
 from sweeper.store import Store, StudyRow, TrialMetrics
-
-
-class Recommendation(BaseModel):
-    """The cheapest eligible trial of a study; also the REST API's response schema."""
-
-    model_config = ConfigDict(frozen=True)
-
-    study: str
-    hardware_name: str
-    usd_per_hour: float  # one device's: a run on N devices costs hours × N × this
-    trial_number: int
-    config: dict[str, Any]
-    it_per_s: float | None
-    samples_per_s: float
-    tokens_per_s: float | None
-    hours_per_run: float | None
-    cost_per_run_usd: float
-    peak_memory_bytes: int | None
-    completed_trials: int
-    # train hours, one-time seconds (and where they come from: Measurement.one_off_sources)
-    projection: dict[str, Any] | None = None
-    measured_on: str | None = None
-    truncated_samples_share: float | None = None
-    truncated_tokens_share: float | None = None
-    coverage_length: int | None = None  # tokens a max_seq_length needs to not truncate
-    padding_share: float | None = None  # of the tokens computed, the share that is padding
-    memory_headroom: float | None = None  # 1 - peak ÷ device memory
-    effective_batch: int | None = None
-    warnings: tuple[str, ...] = ()
-    excluded: tuple[str, ...] = ()  # cheaper configs left out, and why
-    baseline_trial_number: int | None = None
-    baseline_hours_per_run: float | None = None
-    baseline_cost_per_run_usd: float | None = None
-    baseline_effective_batch: int | None = None
-    speedup_vs_baseline: float | None = None  # baseline hours ÷ recommended hours
-    usd_saved_per_run: float | None = None
-    learning_rate: float | None = None  # the space's (the baseline's) learning rate
-    suggested_learning_rate: float | None = None  # scaled to the new effective batch
-    sweep_hours: float | None = None  # device-hours the sweep itself used (N GPUs: N×)
-    sweep_cost_usd: float | None = None
-    payback_runs: int | None = None  # runs of the job until the sweep has paid for itself
-    constraints: str = "no constraint"
-    headline: Literal["samples", "tokens"] = "samples"  # the throughput to lead with
-    baseline_samples_per_s: float | None = None
-    baseline_tokens_per_s: float | None = None
-    n_params: int | None = None  # the model's parameters (4-bit weights unpacked)
-    trainable_params: int | None = None  # what trains: fewer than n_params with an adapter
-    cost_ci95_rel: float | None = None  # half-width of the $/run's 95% interval, relative
-    measurements: int = 1  # of the winning config, pooled (sweeper.noise)
-    ties: tuple[int, ...] = ()  # other trials whose $/run intervals overlap the winner's
-    tie_note: str | None = None  # why the winner was picked among them
-    contended: bool = False  # every measurement of the winner was on a shared machine
-    # what the winning trial's loss was taken on ("all" tokens or the assistant's "replies"),
-    # and whether the chat template marks the replies ({% generation %}), which TRL's
-    # assistant_only_loss needs (None: not recorded, or no chat records)
-    loss_labels: str | None = None
-    reply_markers: bool | None = None
-    devices: int = 1  # the winner's (its $/run rents this many devices)
-    # each multi-device trial against the same config on one device (``sweeper.scaling``)
-    scaling: tuple[Scaling, ...] = ()
-
-    @property
-    def winner_scaling(self) -> Scaling | None:
-        """The winner's scaling row, when it runs on several devices."""
-        return next((s for s in self.scaling if s.trial_number == self.trial_number), None)
-
-    @property
-    def one_off_text(self) -> str:
-        """Where the winner's checkpoint and compile figures come from (``cost.one_off_text``)."""
-        return one_off_text(self.projection)
-
-    @property
-    def keeps_baseline(self) -> bool:
-        """The answer is the user's own config: nothing measured beats it beyond the noise."""
-        return self.baseline_trial_number == self.trial_number
-
-    KEEP_BASELINE: ClassVar[str] = "no config measured so far beats it beyond the noise: keep it"
-
-    def interval_text(self) -> str:
-        """'$12.50 ±2.1%/run (3 measurements)': the $/run with its 95% interval."""
-        return cost_text(self.cost_per_run_usd, self.cost_ci95_rel, self.measurements)
-
-    def throughput_text(self) -> str:
-        """'12,193 tokens/s (1.7 samples/s)' or '17.1 samples/s (12,193 tokens/s)': the
-        headline first."""
-        return _throughput_text(self.headline, self.samples_per_s, self.tokens_per_s)
-
-    def baseline_throughput_text(self) -> str | None:
-        """The baseline's headline throughput and the recommended one: 'tokens/s 22,089 →
-        40,310', or None without a baseline."""
-        if self.baseline_samples_per_s is None:
-            return None
-        if self.headline == "tokens" and self.tokens_per_s and self.baseline_tokens_per_s:
-            return f"{self.baseline_tokens_per_s:,.0f} → {self.tokens_per_s:,.0f} tokens/s"
-        return f"{self.baseline_samples_per_s:,.1f} → {self.samples_per_s:,.1f} samples/s"
-
-    def trainable_text(self) -> str | None:
-        """'trains 1.6M of 3.82B parameters (0.04%)' when fewer than all of them train."""
-        if self.n_params is None or self.trainable_params is None:
-            return None
-        if self.trainable_params >= self.n_params:
-            return f"trains all {_count(self.n_params)} parameters"
-        share = self.trainable_params / self.n_params
-        return (
-            f"trains {_count(self.trainable_params)} of {_count(self.n_params)} parameters "
-            f"({share:.2%})"
-        )
-
-
-def cost_text(cost: float, ci95_rel: float | None, measurements: int = 1) -> str:
-    """A $/run with its 95% interval, as the CLI and the dashboard show it.
-
-    >>> cost_text(12.5, 0.021, 3), cost_text(12.5, None)
-    ('$12.50 ±2.1%/run (3 measurements)', '$12.50/run')
-    """
-    interval = f" ±{ci95_rel:.1%}" if ci95_rel else ""
-    many = f" ({measurements} measurements)" if measurements > 1 else ""
-    return f"{money(cost)}{interval}/run{many}"
-
-
-def _count(n: int) -> str:
-    """A parameter count in three figures.
-
-    >>> _count(3_821_079_552), _count(1_572_864), _count(950)
-    ('3.82B', '1.57M', '950')
-    """
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g}{unit}"
-    return str(n)
-
-
-def _throughput_text(headline: str, samples_per_s: float, tokens_per_s: float | None) -> str:
-    samples = f"{samples_per_s:,.1f} samples/s"
-    if tokens_per_s is None:
-        return samples
-    tokens = f"{tokens_per_s:,.0f} tokens/s"
-    return f"{tokens} ({samples})" if headline == "tokens" else f"{samples} ({tokens})"
 
 
 @dataclass(frozen=True, kw_only=True)

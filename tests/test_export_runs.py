@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from sweeper.export import render
-from sweeper.recommend import Recommendation, best
+from sweeper.recommend import best
+from sweeper.recommendation import Recommendation
 from sweeper.space import parse_space
 from sweeper.store import Store
 from sweeper.trial.corpus import CHATML

@@ -15,7 +15,7 @@ from sweeper.errors import SpaceError
 from sweeper.export import loop_lines, render, sft_kwargs, trainer_kwargs
 from sweeper.knobs import KNOBS, TrialConfig
 from sweeper.preflight import PreflightReport
-from sweeper.recommend import Recommendation
+from sweeper.recommendation import Recommendation
 from sweeper.seqlen import AUTO
 from sweeper.space import Baseline, parse_space, suggest
 from sweeper.space_search import SEARCH_DEFAULTS, SearchSpace

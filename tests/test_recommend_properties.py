@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sweeper.errors import NoResultError
-from sweeper.recommend import Constraints, Recommendation, StudyFacts, choose
+from sweeper.recommend import Constraints, StudyFacts, choose
+from sweeper.recommendation import Recommendation
 from sweeper.store import TrialRow
 
 # token lengths 10..400 (percentiles), so max_seq_length 128 truncates and 512 covers

@@ -273,7 +273,7 @@ def test_the_exports_carry_the_launch_and_the_sharding() -> None:
     from transformers import TrainingArguments
 
     from sweeper.export import render, trainer_kwargs
-    from sweeper.recommend import Recommendation
+    from sweeper.recommendation import Recommendation
     from tests.helpers import TINY_SPACE
 
     space_yaml = TINY_SPACE.read_text()
