@@ -6,7 +6,7 @@ The trial ran its N ranks as ``torchrun --standalone --nproc-per-node N`` does
 accelerate's words: ``distributed_type`` MULTI_GPU (DDP), FSDP with ``fsdp_version: 2`` and
 full sharding of each decoder layer (what the loop's ``fully_shard`` and the Trainer's
 ``fsdp="full_shard"`` do), or DEEPSPEED with the ZeRO stage of the DeepSpeed config the
-Trainer ran (``knobs.deepspeed_config``, which the exported TrainingArguments carry whole).
+Trainer ran (``knob_values.deepspeed_config``, which the exported TrainingArguments carry whole).
 ``sweeper export --format accelerate`` writes it; tests/test_launch_export.py parses it
 with accelerate's own ``load_config_from_file``.
 """
@@ -18,11 +18,12 @@ from typing import Any
 
 import yaml
 
-from sweeper import knobs
+from sweeper import knob_values, knobs
 from sweeper.cost import device_count
 
 ACCELERATE_FILE = "accelerate.yaml"
-_MIXED = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
+# fp8: torchao float8 training, as the trial ran it (accelerate's AO backend; accelerate_line)
+_MIXED = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}
 
 
 def launch_command(config: Mapping[str, Any], script: str = "train.py") -> str:
@@ -78,6 +79,8 @@ def accelerate_config(
         "downcast_bf16": "no",
         "debug": False,
     }
+    if document["mixed_precision"] == "fp8":
+        document["fp8_config"] = {"backend": "AO"}  # as `accelerate config` writes torchao's
     if strategy == "fsdp2":
         fsdp: dict[str, Any] = {
             "fsdp_version": 2,
@@ -98,9 +101,9 @@ def accelerate_config(
 
 def _deepspeed_section(config: Mapping[str, Any], stage: int) -> dict[str, Any]:
     """accelerate's DeepSpeed keys for the DeepSpeed config the trial's TrainingArguments
-    carried (``knobs.deepspeed_config``): its stage, the accumulation its "auto" took from
+    carried (``knob_values.deepspeed_config``): its stage, the accumulation its "auto" took from
     the config, no offload, and ZeRO-3's 16-bit save where that config gathers one."""
-    zero = knobs.deepspeed_config(stage)["zero_optimization"]
+    zero = knob_values.deepspeed_config(stage)["zero_optimization"]
     return {
         "zero_stage": zero["stage"],
         "gradient_accumulation_steps": config.get("gradient_accumulation_steps") or 1,

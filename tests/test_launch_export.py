@@ -63,12 +63,21 @@ def test_ddp_config_is_multi_gpu_and_the_command_is_torchrun(tmp_path: Path) -> 
     assert _launched(tmp_path, one)[0].distributed_type == DistributedType.NO
 
 
+def test_an_fp8_winner_is_accelerates_fp8_with_torchaos_backend(tmp_path: Path) -> None:
+    """sweeper's fp8 is torchao's float8 training: the file says so as accelerate reads it
+    (it wrote mixed_precision: no for an fp8 winner before, a bf16-less fp32 run)."""
+    config = tiny_config(devices=2, data_parallel="ddp", precision="fp8").model_dump()
+    loaded, args = _launched(tmp_path, config)
+    assert loaded.mixed_precision == "fp8" and loaded.fp8_config == {"backend": "AO"}
+    assert args.mixed_precision == "fp8" and str(args.fp8_backend).lower() == "ao"
+
+
 @pytest.mark.parametrize("strategy", ["zero2", "zero3"])
 def test_zero_exports_carry_the_deepspeed_config_the_trainer_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
     """The trainer export's TrainingArguments carry the DeepSpeed config as a dict (the one
-    the trial's Trainer ran, knobs.deepspeed_config, its "auto" filled from the knobs); the
+    the trial's Trainer ran, knob_values.deepspeed_config, its "auto" filled from the knobs); the
     accelerate file's DEEPSPEED section gives accelerate's own DeepSpeed plugin, built from
     the environment its launcher gives the ranks, the same stage and accumulation."""
     pytest.importorskip("deepspeed")
@@ -76,12 +85,12 @@ def test_zero_exports_carry_the_deepspeed_config_the_trainer_ran(
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
     from transformers import TrainingArguments
 
-    from sweeper import knobs
+    from sweeper import knob_values, knobs
 
     stage = int(strategy[-1])
     config = tiny_config(devices=2, data_parallel=strategy, gradient_accumulation_steps=4)
     arguments = knobs.trainer_arguments(config.model_dump())
-    assert arguments["deepspeed"] == knobs.deepspeed_config(stage)
+    assert arguments["deepspeed"] == knob_values.deepspeed_config(stage)
     # transformers 5.23 renamed gradient_checkpointing (the engines pass the new name too)
     arguments["activation_checkpointing"] = arguments.pop("gradient_checkpointing")
     args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, **arguments)
