@@ -13,7 +13,8 @@ missing), its effect in the engines (``sweeper/trial/engines``) and its read-bac
 (``readback.READERS``: how each engine reads the value that really ran; a trial of an engine
 without one fails, and a test checks every knob × engine pair). What a value needs beyond
 keyword arguments in an export (a collator, a model conversion, a patch in the loop) is its
-``code``, by place, which every export reads. The ``trainer`` and ``sft``
+``code``, by place, which every export reads (the value types, and what a value becomes
+beyond a keyword, are in ``sweeper.knob_values``). The ``trainer`` and ``sft``
 keywords say every value, defaults included: SFTConfig's defaults are not TrainingArguments'
 (it turns gradient checkpointing on), so nothing is left to them.
 
@@ -29,24 +30,29 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
-CompileMode = Literal[
-    "none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"
-]
-AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
-# fp8: the Linear layers' matmuls in float8 (torchao's float8 training, dynamic tensorwise
-# scaling), everything else under bf16 autocast
-Precision = Literal["fp32", "bf16", "fp16", "fp8"]
-Optimizer = Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "adafactor"]
-Quantization = Literal["none", "4bit", "8bit"]
-PackingStrategy = Literal["wrapped", "bfd", "bfd_split"]
-# how N devices share the training: DDP (every rank holds the whole model), FSDP2 (parameters,
-# gradients and optimizer state sharded: torch.distributed.fsdp.fully_shard), DeepSpeed ZeRO
-# stages 2 and 3 (through accelerate)
-DataParallel = Literal["ddp", "fsdp2", "zero2", "zero3"]
+from sweeper.knob_values import (
+    AttnImplementation,
+    CompileMode,
+    DataParallel,
+    Optimizer,
+    PackingStrategy,
+    PositiveInt,
+    Precision,
+    Quantization,
+    SeqLength,
+    WorkerCount,
+    WorkerStart,
+    compile_args,
+    data_parallel_args,
+    liger_code,
+    padding_free_code,
+    precision_args,
+    precision_code,
+)
 
 # What a machine may lack; preflight learns each from a probe child (``capabilities``).
 Capability = Literal["cuda", "bitsandbytes", "deepspeed", "liger", "fp8", "cuda_graphs"]
@@ -59,11 +65,6 @@ CAPABILITY_NEEDS = {
     "cuda_graphs": "needs CUDA graphs, so a CUDA device (elsewhere the mode compiles as "
     "'default' does: there is nothing of its own to measure)",
 }
-
-PositiveInt = Annotated[int, Field(gt=0)]
-WorkerCount = Annotated[int, Field(ge=0)]
-SeqLength = Annotated[int, Field(ge=8)]
-WorkerStart = Literal["fork", "spawn", "forkserver"]
 
 FREE = "free"  # a knob's ``memory``: its value does not change the device's peak memory
 
@@ -95,46 +96,6 @@ ZERO_ENGINES = ("trainer", "sft")
 
 def _several_devices(config: Mapping[str, Any]) -> bool:
     return (config.get("devices") or 1) > 1
-
-
-def deepspeed_config(stage: int) -> dict[str, Any]:
-    """The DeepSpeed config a ZeRO stage runs with, as ``TrainingArguments(deepspeed=...)``
-    takes it: "auto" where the Trainer fills the value from its own arguments (batch sizes
-    and accumulation from the batch knobs, bf16/fp16 from ``precision``, clipping, bucket
-    sizes and ZeRO-3's persistence threshold from the model's hidden size). No optimizer or
-    scheduler section: the Trainer's own (``optim``) goes to DeepSpeed as a client optimizer.
-
-    >>> deepspeed_config(3)["zero_optimization"]["stage"], deepspeed_config(2)["bf16"]
-    (3, {'enabled': 'auto'})
-    """
-    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "reduce_bucket_size": "auto"}
-    if stage == 3:
-        zero |= {
-            "stage3_prefetch_bucket_size": "auto",
-            "stage3_param_persistence_threshold": "auto",
-            "stage3_gather_16bit_weights_on_model_save": True,
-        }
-    else:
-        zero |= {"allgather_partitions": True, "contiguous_gradients": True}
-    return {
-        "zero_optimization": zero,
-        "bf16": {"enabled": "auto"},
-        "fp16": {"enabled": "auto"},
-        "train_micro_batch_size_per_gpu": "auto",
-        "train_batch_size": "auto",
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-    }
-
-
-def _data_parallel_args(value: str) -> dict[str, Any]:
-    """TrainingArguments' sharding fields (DDP is what Trainer runs under torchrun without
-    them; ZeRO: the DeepSpeed config as a dict, which accelerate's DeepSpeed plugin runs)."""
-    if value == "fsdp2":
-        return {"fsdp": "full_shard", "fsdp_config": {"fsdp_version": 2}}
-    if value in ("zero2", "zero3"):
-        return {"deepspeed": deepspeed_config(int(value[-1]))}
-    return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,70 +150,6 @@ class Knob:
         if self.value_type is bool:
             return (False, True)
         return None
-
-
-def _precision_args(value: str) -> dict[str, Any]:
-    # fp8: what is not a converted Linear runs under bf16 autocast, as torchao's recipes do
-    return {"bf16": value in ("bf16", "fp8"), "fp16": value == "fp16"}
-
-
-def _precision_code(value: str) -> Mapping[str, tuple[str, ...]]:
-    if value != "fp8":
-        return {}
-    return {
-        "model": (
-            "# fp8: torchao's float8 training; Linear layers whose dimensions are not multiples",
-            "# of 16 (and the LM head) stay bf16. Check it converted: count Float8Linear modules",
-            "from torchao.float8 import Float8Linear, convert_to_float8_training",
-            "",
-            "convert_to_float8_training(model, module_filter_fn=lambda module, name: name != "
-            "'lm_head' and module.in_features % 16 == 0 and module.out_features % 16 == 0)",
-            "assert any(isinstance(m, Float8Linear) for m in model.modules()), 'fp8 fell back'",
-        )
-    }
-
-
-def _padding_free_code(value: bool) -> Mapping[str, tuple[str, ...]]:
-    if not value:
-        return {}
-    flatten = (
-        "# padding-free: each batch's samples concatenated in one row, position ids restarting",
-        "# per sample, no attention mask: the attention kernel separates the samples (flash",
-        "# attention; sdpa/eager/flex through transformers' packed-sequence mask). Keep",
-        "# use_cache=False: a cache turns the packed-sequence detection off",
-        "from transformers import DataCollatorWithFlattening",
-    )
-    return {
-        "trainer": (*flatten, "# Trainer(..., data_collator=DataCollatorWithFlattening())"),
-        "sft": (
-            "# padding_free: TRL does not cut samples without packing (max_length=None): give it",
-            "# samples already cut at max_seq_length (input_ids), as the trials did",
-        ),
-        # the DataLoader's collate_fn, and what the export says above it
-        "collate_fn": ("DataCollatorWithFlattening()",),
-        "loader": (
-            *flatten,
-            "# dataset: samples as {'input_ids': ids} (and 'labels'), cut at max_seq_length",
-        ),
-    }
-
-
-def _liger_code(value: bool) -> Mapping[str, tuple[str, ...]]:
-    if not value:
-        return {}
-    return {
-        "loop": (
-            "    from liger_kernel.transformers import _apply_liger_kernel_to_instance",
-            "",
-            "    _apply_liger_kernel_to_instance(model=model)  # what use_liger_kernel=True does",
-        )
-    }
-
-
-def _compile_args(value: str) -> dict[str, Any]:
-    if value == "none":
-        return {"torch_compile": False}
-    return {"torch_compile": True, "torch_compile_mode": value}
 
 
 KNOBS: tuple[Knob, ...] = (
@@ -402,7 +299,7 @@ KNOBS: tuple[Knob, ...] = (
         # after max_seq_length: TRL refuses max_length without packing when padding-free
         sft=lambda v: {"padding_free": True, "max_length": None} if v else {},  # as Liger's
         memory=lambda v: 0 if v else 1,  # no pad tokens' activations
-        code=_padding_free_code,
+        code=padding_free_code,
     ),
     Knob(
         name="precision",
@@ -420,9 +317,9 @@ KNOBS: tuple[Knob, ...] = (
         "pays a cast per matmul, which small matrices (~1B models) do not earn back: torchao "
         "measures 0.8x there; the trial fails as a mismatch when nothing was converted)",
         # said when False too: SFTConfig turns bf16 on by default (TrainingArguments does not)
-        trainer=_precision_args,
+        trainer=precision_args,
         memory=lambda v: 1 if v == "fp32" else 0,  # fp32 activations weigh twice as much
-        code=_precision_code,
+        code=precision_code,
     ),
     Knob(
         name="tf32",
@@ -448,7 +345,7 @@ KNOBS: tuple[Knob, ...] = (
         caveat="compiled graphs are specialised to input shapes: padded batches of varying "
         "width recompile, and reduce-overhead records a CUDA graph per shape (its static "
         "memory pool included), which can eat the whole gain in real training",
-        trainer=_compile_args,
+        trainer=compile_args,
     ),
     Knob(
         name="attn_implementation",
@@ -487,7 +384,7 @@ KNOBS: tuple[Knob, ...] = (
         # (knobs: flags) need not know the flag until it searches it
         trainer=lambda v: {"use_liger_kernel": True} if v else {},
         memory=lambda v: 0 if v else 1,  # the fused loss never materialises the logits
-        code=_liger_code,
+        code=liger_code,
     ),
     Knob(
         name="optim",
@@ -546,7 +443,7 @@ KNOBS: tuple[Knob, ...] = (
         needs={"zero2": "deepspeed", "zero3": "deepspeed"},
         fallback="ddp",
         short=lambda v: v,
-        trainer=_data_parallel_args,
+        trainer=data_parallel_args,
         memory=lambda v: {"ddp": 2, "zero2": 1, "fsdp2": 0, "zero3": 0}[v],
     ),
 )
