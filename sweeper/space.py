@@ -1,8 +1,9 @@
 """Space files: YAML → a validated, frozen ``Space`` → Optuna distributions.
 
 A space file's sections have their own modules: ``workload:`` in ``sweeper.job``, ``search:`` in
-``sweeper.space_search``; this one holds the file as a whole (hardware, the known configs, the
-checks across sections) and reads it. This is the only module that calls ``trial.suggest_*``.
+``sweeper.space_search``, ``trial:`` in ``sweeper.space_trial``; this one holds the file as a
+whole (hardware, the known configs, the checks across sections) and reads it. This is the only
+module that calls ``trial.suggest_*``.
 Every error names the file, the YAML line, the field and the value, e.g.::
 
     spaces/x.yaml:14: search.per_device_batch_size: List should have at least 1 item after
@@ -44,6 +45,7 @@ from sweeper.knobs import (
     WorkerStart,
 )
 from sweeper.space_search import SearchSpace
+from sweeper.space_trial import TrialSettings
 from sweeper.spacekeys import misplaced_key
 
 if TYPE_CHECKING:
@@ -75,70 +77,6 @@ class Hardware(_Frozen):
         default_factory=list,
         description="offers `best --across-hardware` shows beside the catalog's GPUs, as "
         "catalog keys with a count: ['2x h100-sxm', '4x a100-40gb']",
-    )
-
-
-class WarmupSettings(_Frozen):
-    """Burn-in: run until step time is steady, i.e. the median of the last ``window`` steps is
-    within ``tolerance`` of the median of the ``window`` before; bounded by steps and seconds."""
-
-    min_steps: int = Field(default=2, ge=1)
-    max_steps: int = Field(default=40, ge=1)
-    max_seconds: float = Field(default=600, gt=0, description="compile can take minutes")
-    window: int = Field(default=3, ge=2)
-    tolerance: float = Field(default=0.05, gt=0, lt=1)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> WarmupSettings:
-        if self.min_steps > self.max_steps:
-            raise ValueError("min_steps must not exceed max_steps")
-        return self
-
-
-class MeasureSettings(_Frozen):
-    """The timed window: stop once the 95% interval of throughput is within ±target_ci,
-    or at max_steps / max_seconds (then the achieved interval is reported as is)."""
-
-    min_steps: int = Field(default=5, ge=2)
-    max_steps: int = Field(default=500, ge=2)
-    min_seconds: float = Field(
-        default=5, ge=0, description="time at least this long, even if the interval is met"
-    )
-    warmup_multiple: float = Field(
-        default=4.0,
-        ge=0,
-        description="time at least this many times as many steps as the burn-in took, so "
-        "burn-in stays a small share of a trial (4 → at most 20% of its steps)",
-    )
-    max_seconds: float = Field(default=60, gt=0)
-    target_ci: float = Field(default=0.02, gt=0, lt=1)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> MeasureSettings:
-        if self.min_steps > self.max_steps:
-            raise ValueError("min_steps must not exceed max_steps")
-        if self.min_seconds > self.max_seconds:
-            raise ValueError("min_seconds must not exceed max_seconds")
-        return self
-
-
-class TrialSettings(_Frozen):
-    """How each trial warms up and how long it measures."""
-
-    warmup: WarmupSettings = WarmupSettings()
-    measure: MeasureSettings = MeasureSettings()
-    timeout_s: float = Field(default=900, gt=0, description="the child is killed after this")
-    collective_timeout_s: float = Field(
-        default=300, gt=0, description="several devices: a collective waiting this long fails"
-    )
-    preflight: bool = Field(
-        default=True, description="probe attention, compile modes and precision before trials"
-    )
-    slow_precision_factor: float = Field(
-        default=3.0,
-        gt=1,
-        description="preflight refuses a precision this many times slower "
-        "than fp32 (bf16 autocast on CPUs without AMX is ~10x slower)",
     )
 
 

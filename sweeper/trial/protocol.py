@@ -13,9 +13,9 @@ from sweeper.space import (
     Precision,
     Space,
     TrialConfig,
-    TrialSettings,
     Workload,
 )
+from sweeper.space_trial import TrialSettings
 
 # how the prepared dataset is stored: datasets' loader names, and save_to_disk's directory
 DatasetFormat = Literal["json", "parquet", "csv", "text", "disk"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sweeper.noise import t95
-from sweeper.space import MeasureSettings, WarmupSettings
+from sweeper.space_trial import MeasureSettings, WarmupSettings
 
 
 def ci95_rel(step_times: list[float]) -> float:

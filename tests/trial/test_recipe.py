@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from sweeper.space import MeasureSettings, WarmupSettings
+from sweeper.space_trial import MeasureSettings, WarmupSettings
 from sweeper.trial.recipe import HostTimer, Recorder, merge
 
 
