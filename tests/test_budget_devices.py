@@ -12,7 +12,8 @@ import optuna
 import pytest
 
 from sweeper.preflight import PreflightReport
-from sweeper.space import Budget, TrialConfig, parse_space
+from sweeper.space import TrialConfig, parse_space
+from sweeper.space_budget import Budget
 from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver
 from sweeper.sweep.outcome import Outcome

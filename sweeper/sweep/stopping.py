@@ -9,7 +9,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from sweeper.space import Budget, Space
+from sweeper.space import Space
+from sweeper.space_budget import Budget
 from sweeper.sweep.outcome import Outcome
 
 if TYPE_CHECKING:
