@@ -45,9 +45,9 @@ from sweeper.knobs import (
     WorkerStart,
 )
 from sweeper.space_budget import Budget
+from sweeper.space_errors import problem_lines
 from sweeper.space_search import SearchSpace
 from sweeper.space_trial import TrialSettings
-from sweeper.spacekeys import misplaced_key
 
 if TYPE_CHECKING:
     import optuna
@@ -288,18 +288,6 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
 # ---------------------------------------------------------------- loading with line numbers
 
 
-def _named_loc(message: str) -> tuple[Any, ...]:
-    """Where a message of a whole-space check points: ``baseline: per_device_batch_size = 3
-    ...`` -> ("baseline", "per_device_batch_size"); ``also_try[1]: ...`` -> ("also_try", 1)."""
-    found = re.match(r"(baseline|also_try\[(\d+)\]): (?:(\w+) = )?", message)
-    if found is None:
-        return ()
-    where: tuple[Any, ...] = (
-        ("baseline",) if found.group(2) is None else ("also_try", int(found.group(2)))
-    )
-    return where + ((found.group(3),) if found.group(3) else ())
-
-
 def parse_space(text: str, source: str = "<space>") -> Space:
     """Validate a space from YAML text; raise SpaceError naming ``source:line: field``."""
     data, lines = yamllines.load(text, source, SpaceError)
@@ -308,28 +296,7 @@ def parse_space(text: str, source: str = "<space>") -> Space:
     try:
         return Space.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
-            if not loc:  # a check of the whole space that names where it looked
-                loc = _named_loc(err["msg"].removeprefix("Value error, "))
-            field = yamllines.dotted(loc)
-            if err["type"] == "extra_forbidden":
-                message = (
-                    misplaced_key(Space, loc) or "unknown key; remove it or check its spelling"
-                )
-            elif err["type"] == "missing":
-                message = "required key is missing"
-            elif err["type"] == "value_error":
-                message = err["msg"].removeprefix("Value error, ")
-                if err["loc"] == () and loc:  # the field now says where: once is enough
-                    message = re.sub(r"^(baseline|also_try\[\d+\]): ", "", message)
-                if loc and not isinstance(err.get("input"), dict | list):
-                    message += f" (got {err.get('input')!r})"
-            else:
-                message = f"{err['msg']} (got {err.get('input')!r})"
-            problems.append(f"{source}:{yamllines.line_for(loc, lines)}: {field}: {message}")
-        raise SpaceError("\n".join(problems)) from None
+        raise SpaceError("\n".join(problem_lines(e, Space, source, lines))) from None
 
 
 def stored_space(text: str, study: str, source: str) -> Space:

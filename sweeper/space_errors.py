@@ -1,0 +1,56 @@
+"""A space file's validation errors as ``file:line: field: problem`` lines.
+
+pydantic names a field by its path in the model; this finds the YAML line that wrote it
+(``sweeper.yamllines``), says where an unknown key that is a real key one level off belongs
+(``sweeper.spacekeys``), and points a check of the whole space that names what it looked at
+(``baseline: ...``, ``also_try[1]: ...``) at that entry's line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from sweeper import yamllines
+from sweeper.spacekeys import misplaced_key
+
+
+def _named_loc(message: str) -> tuple[Any, ...]:
+    """Where a message of a whole-space check points: ``baseline: per_device_batch_size = 3
+    ...`` -> ("baseline", "per_device_batch_size"); ``also_try[1]: ...`` -> ("also_try", 1)."""
+    found = re.match(r"(baseline|also_try\[(\d+)\]): (?:(\w+) = )?", message)
+    if found is None:
+        return ()
+    where: tuple[Any, ...] = (
+        ("baseline",) if found.group(2) is None else ("also_try", int(found.group(2)))
+    )
+    return where + ((found.group(3),) if found.group(3) else ())
+
+
+def problem_lines(
+    error: ValidationError, model: type[BaseModel], source: str, lines: yamllines.Lines
+) -> list[str]:
+    """Each of ``error``'s problems as ``source:line: field: problem`` (``model``: the space's
+    class, whose tree says where a misplaced key belongs)."""
+    problems = []
+    for err in error.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+        if not loc:  # a check of the whole space that names where it looked
+            loc = _named_loc(err["msg"].removeprefix("Value error, "))
+        field = yamllines.dotted(loc)
+        if err["type"] == "extra_forbidden":
+            message = misplaced_key(model, loc) or "unknown key; remove it or check its spelling"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        elif err["type"] == "value_error":
+            message = err["msg"].removeprefix("Value error, ")
+            if err["loc"] == () and loc:  # the field now says where: once is enough
+                message = re.sub(r"^(baseline|also_try\[\d+\]): ", "", message)
+            if loc and not isinstance(err.get("input"), dict | list):
+                message += f" (got {err.get('input')!r})"
+        else:
+            message = f"{err['msg']} (got {err.get('input')!r})"
+        problems.append(f"{source}:{yamllines.line_for(loc, lines)}: {field}: {message}")
+    return problems
