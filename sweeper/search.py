@@ -270,8 +270,12 @@ class ImprovementGridSampler(_CandidateSampler):
     cost_weight = 0.0
     cost_window = 0.9
     cost_after = 1
-    cost_against = "incumbent"  # or "cheapest": seconds beyond the cheapest candidate's count
-    cost_cooling = 0  # >0: cost_weight falls linearly to 0 over this many measured trials
+    # "cheapest": seconds beyond the cheapest candidate's count (the strict tie breaker,
+    # weight 10, window 0.95: 22 / 20.5 against 16 / 15.5 trials on held-out, 30 seeds);
+    # cost_cooling > 0: the weight falls to 0 over that many measured trials (CArBO; weight
+    # 1, window 0.5: 17.5 against 13 on noisy samples/s, 40 seeds; bench/RESULTS.md Run 10)
+    cost_against = "incumbent"
+    cost_cooling = 0
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power

@@ -19,7 +19,13 @@ start-up took 202 s, an ordinary trial about a minute).
 The weighing is off by default (``ImprovementGridSampler.cost_weight`` 0): it still lost
 trials on the noisy replay table (15 against 13 to 5% on samples/s, 1.15x the seconds, 40
 paired seeds), whose best configs also need max-autotune; it saves seconds only where it
-saves trials.
+saves trials. Two other forms (``cost_against`` "cheapest", ``cost_cooling``) lost too
+(bench/RESULTS.md Run 10, paired seeds): the strict tie breaker (weight 10, window 0.95,
+seconds beyond the cheapest candidate's) took 22 / 20.5 against 16 / 15.5 trials on
+held-out (30 seeds, 1.43-1.59x the seconds) and 12 / 19.5 against 10.5 / 16.5 on noisy
+(100), though it saved 7-18% of the seconds on qlora-24gb and oom-wall; CArBO's cooling
+(weight 1 to 0 over 10 measured trials, window 0.5) took 17.5 against 13 on noisy's
+samples/s (40).
 """
 
 from __future__ import annotations
