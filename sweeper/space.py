@@ -184,6 +184,30 @@ class Space(_Frozen):
             search[name] = [value]
         return {**data, "search": search}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _command_knobs(cls, data: Any) -> Any:
+        """A script's knob the space does not list runs at the value the user's command gives
+        it, not at sweeper's default (``sweeper.script_defaults``)."""
+        if not isinstance(data, dict):
+            return data
+        workload, search = data.get("workload"), data.get("search", {})
+        if not isinstance(workload, dict) or not isinstance(search, dict):
+            return data
+        script = workload.get("script")
+        if workload.get("engine") != "script" or not isinstance(script, dict):
+            return data
+        command, form = script.get("command"), script.get("knobs", "flags")
+        if not isinstance(command, list) or not all(isinstance(w, str) for w in command):
+            return data  # the field's own validation says what is wrong
+        from sweeper import script_defaults
+
+        given = script_defaults.said(command, str(form))
+        if isinstance(search.get("effective_batch"), dict):
+            given.pop("gradient_accumulation_steps", None)  # derived from the batch there
+        taken = {name: [value] for name, (value, _) in given.items() if name not in search}
+        return {**data, "search": {**search, **taken}} if taken else data
+
     @model_validator(mode="after")
     def _worker_start_needs_the_loop(self) -> Space:
         # a script's own DataLoader takes it from sweeper.trial_config() (a Trainer script's

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sweeper import seqlen
+from sweeper import script_defaults, seqlen
 from sweeper.errors import PrepareError
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
@@ -47,6 +47,11 @@ def resolve_lengths(
     said = seqlen.describe(space, resolved)
     if said is not None and observer is not None:
         observer.note(said)
+    script = space.workload.script
+    if script is not None and observer is not None:
+        from_command = script_defaults.describe(script.command, script.knobs, resolved.search)
+        if from_command is not None:
+            observer.note(from_command)
     return resolved
 
 

@@ -1,0 +1,186 @@
+"""The knob values a user's own command already says: what a script trial runs for a knob the
+space does not list.
+
+A script trial is worth what it shares with the user's run, and the command is the run's. A
+knob left out of ``search:`` would otherwise take sweeper's default, which the trial then says
+in the command's own form after the user's words (``--bf16 False`` after their ``--bf16
+True``; on an accelerate line, ``--mixed_precision no`` in place of their ``bf16``): every
+trial would measure a run the user does not do. So for each knob the space does not list, the
+value the command gives it is its one value (the space's ``_command_knobs``), and the sweep
+says so (``describe``):
+
+- flags in HfArgumentParser's form (``--per_device_train_batch_size 8``,
+  ``--per_device_train_batch_size=8``, a bare ``--bf16``), read as each knob writes them
+  (``Knob.trainer``, ``Knob.sft``), whatever ``knobs:`` says (the command's own flags reach
+  the program either way): the value whose flags the command gives, none contradicted; where
+  two values write the same flags (bf16 and fp8 both say ``--bf16 True``), the first the knob
+  lists;
+- an accelerate launch line's ``--mixed_precision`` and ``--dynamo_backend``/``--dynamo_mode``,
+  or its ``--config_file``'s ``mixed_precision`` and ``dynamo_config``.
+
+Read from the words alone, without the program's parser: a flag spelled otherwise, or a value
+the script sets in its code, is not seen (list the knob in ``search:`` to be sure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from sweeper import knobs
+from sweeper.trial import accelerate_line
+
+# knobs that are the trial's layout, not the program's settings (devices, data parallelism:
+# the device pool and the launch say them) or that no flag writes
+_NOT_FROM_FLAGS = ("devices", "data_parallel")
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def flags_of(words: Sequence[str]) -> dict[str, str]:
+    """``--name value``, ``--name=value`` and a bare ``--name`` (``"true"``) pairs, by name.
+
+    >>> flags_of(["python", "train.py", "--bf16", "--lr=1e-4", "--per_device_train_batch_size",
+    ...           "8", "--tf32", "False"])
+    {'bf16': 'true', 'lr': '1e-4', 'per_device_train_batch_size': '8', 'tf32': 'False'}
+    """
+    said: dict[str, str] = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if not word.startswith("--") or word == "--":
+            continue
+        name, eq, value = word[2:].partition("=")
+        if not eq:
+            following = words[index] if index < len(words) else None
+            if following is None or following.startswith("--"):
+                value = "true"  # HfArgumentParser: a bool field's flag alone is True
+            else:
+                value, index = following, index + 1
+        said[name] = value
+    return said
+
+
+def _same(given: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return given.lower() in (_TRUE if value else _FALSE)
+    return given == str(value)
+
+
+def _from_flags(knob: knobs.Knob, flags: Mapping[str, str]) -> Any:
+    def written(value: Any) -> dict[str, Any]:
+        try:
+            return {**knob.trainer(value), **knob.sft(value)}
+        except (TypeError, ValueError, KeyError):
+            return {}
+
+    choices = knob.choices()
+    if choices is None:  # an open type (an int): the one flag it writes, read as its type
+        keys = list(written(1))
+        if len(keys) != 1 or keys[0] not in flags:
+            return None
+        try:
+            return TypeAdapter(knob.value_type).validate_python(int(flags[keys[0]]))
+        except (ValueError, ValidationError):
+            return None
+    best, best_count = None, 0
+    for value in choices:
+        given = {key: v for key, v in written(value).items() if key in flags}
+        if any(isinstance(v, dict) for v in given.values()):
+            continue
+        agrees = given and all(_same(flags[key], v) for key, v in given.items())
+        if agrees and len(given) > best_count:  # ties: the first listed (bf16 before fp8)
+            best, best_count = value, len(given)
+    return best
+
+
+def _launch_options(command: Sequence[str]) -> dict[str, str]:
+    """An accelerate line's own options, its config file's beneath them."""
+    words = list(command)
+    spans, program = accelerate_line._spans(words)
+    said: dict[str, str] = {}
+    config_file = spans.get("config_file")
+    if config_file is not None:
+        start, end = config_file
+        path = words[start].partition("=")[2] if end == start + 1 else words[start + 1]
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError, UnicodeDecodeError):
+            loaded = None  # the trial reads it with accelerate's parser, and says what is wrong
+        if isinstance(loaded, dict):
+            if loaded.get("mixed_precision") is not None:
+                said["mixed_precision"] = str(loaded["mixed_precision"])
+            dynamo = loaded.get("dynamo_config")
+            if isinstance(dynamo, dict):
+                for key in ("dynamo_backend", "dynamo_mode"):
+                    if dynamo.get(key) is not None:
+                        said[key] = str(dynamo[key])
+    return said | flags_of(words[2:program])
+
+
+def _from_launch(options: Mapping[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    mixed = {v: k for k, v in accelerate_line._MIXED.items() if k != "fp8"}
+    if options.get("mixed_precision", "").lower() in mixed:
+        found["precision"] = mixed[options["mixed_precision"].lower()]
+    backend = options.get("dynamo_backend")
+    if backend is not None:
+        if backend.lower() == "no":
+            found["compile_mode"] = "none"
+        elif backend.lower() == "inductor":
+            mode = options.get("dynamo_mode", "default").lower()
+            if mode in _DYNAMO_MODES:
+                found["compile_mode"] = mode
+    return found
+
+
+def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
+    """Each knob the command gives a value, with the words that say it.
+
+    >>> said(["accelerate", "launch", "--mixed_precision", "bf16", "train.py",
+    ...       "--per_device_train_batch_size", "8", "--gradient_checkpointing"], "flags")
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'per_device_batch_size': (8, '--per_device_train_batch_size 8'),
+     'gradient_checkpointing': (True, '--gradient_checkpointing true'),
+     'precision': ('bf16', 'accelerate --mixed_precision bf16')}
+    """
+    found: dict[str, tuple[Any, str]] = {}
+    words = list(command)
+    launch: dict[str, Any] = {}
+    if accelerate_line.is_line(words):
+        options = _launch_options(words)
+        launch = _from_launch(options)
+        words = words[accelerate_line._spans(words)[1] :]
+    flags = flags_of(words)
+    for knob in knobs.KNOBS:
+        if knob.name in _NOT_FROM_FLAGS or knob.name in launch:
+            continue
+        value = _from_flags(knob, flags)
+        if value is None:
+            continue
+        keys = [k for k in {**knob.trainer(value), **knob.sft(value)} if k in flags]
+        found[knob.name] = (value, " ".join(f"--{k} {flags[k]}" for k in keys))
+    for name, value in launch.items():
+        option = "mixed_precision" if name == "precision" else "dynamo_backend"
+        found[name] = (value, f"accelerate --{option} {_launch_options(command)[option]}")
+    return found
+
+
+def describe(command: Sequence[str], form: str, search: Any) -> str | None:
+    """The sweep's note on the knobs that run at the command's values (None: none do)."""
+    taken = [
+        f"{name} {value} ({words})"
+        for name, (value, words) in said(command, form).items()
+        if list(search.values(name)) == [value]
+    ]
+    if not taken:
+        return None
+    return (
+        "from your command (knobs search: does not vary run at your run's values; list one "
+        "there to search it): " + ", ".join(taken)
+    )

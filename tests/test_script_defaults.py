@@ -1,0 +1,112 @@
+"""A script's knobs the space does not list run at the values the user's command gives them
+(``sweeper.script_defaults``), not at sweeper's defaults, which the trial would otherwise
+append after the user's own words."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sweeper import knobs, script_defaults
+from sweeper.space import Baseline, Space, parse_space
+from sweeper.sweep.observer import SweepObserver
+from sweeper.sweep.prepare import resolve_lengths
+
+
+def _space(command: list[str], search: str = "", form: str = "flags") -> Space:
+    return parse_space(
+        "study: mine\n"
+        "hardware: {name: CPU, usd_per_hour: 0.10, device: cpu}\n"
+        "workload:\n"
+        "  model: {id: my-job/model}\n"
+        "  dataset: {path: my-job/chats.jsonl, messages_field: messages}\n"
+        "  engine: script\n"
+        "  samples: 1000\n"
+        "  epochs: 1\n"
+        f"  script: {{command: {json.dumps(command)}, knobs: {form}}}\n"
+        + f"search:\n  max_seq_length: [256]\n{search}"
+    )
+
+
+def test_the_commands_flags_are_the_values_of_the_knobs_the_space_does_not_list() -> None:
+    space = _space(
+        ["python", "train.py", "--bf16", "True", "--per_device_train_batch_size=8",
+         "--gradient_checkpointing", "--optim", "adamw_torch_fused", "--torch_compile", "True",
+         "--dataloader_pin_memory", "false", "--learning_rate", "2e-5"],
+        search="  per_device_batch_size: [2, 4]\n",
+    )  # fmt: skip
+    search = space.search
+    assert search.values("per_device_batch_size") == [2, 4]  # listed: searched, not taken
+    assert search.values("precision") == ["bf16"]  # not fp8, which writes the same flags
+    assert search.values("gradient_checkpointing") == [True]  # a bare bool flag is True
+    assert search.values("optim") == ["adamw_torch_fused"]
+    assert search.values("compile_mode") == ["default"]  # torch_compile without a mode
+    assert search.values("pin_memory") == [False]
+    # what the command does not say keeps sweeper's default
+    assert search.values("tf32") == [knobs.KNOB["tf32"].default]
+    # so the trial's appended flags say what the user's run says
+    config = Baseline(
+        per_device_batch_size=2, gradient_accumulation_steps=1, num_workers=0, max_seq_length=256
+    ).as_config(search)
+    flags = knobs.command_flags(config.model_dump(), "flags")
+    assert flags[flags.index("--bf16") + 1] == "True"
+    assert flags[flags.index("--optim") + 1] == "adamw_torch_fused"
+
+
+def test_an_accelerate_lines_precision_and_compile_from_its_options_or_config_file(
+    tmp_path: Path,
+) -> None:
+    line = [
+        "accelerate", "launch", "--mixed_precision", "bf16", "--dynamo_backend", "inductor",
+        "--dynamo_mode", "max-autotune", "train.py", "--per_device_train_batch_size", "4",
+    ]  # fmt: skip
+    search = _space(line).search
+    assert search.values("precision") == ["bf16"]
+    assert search.values("compile_mode") == ["max-autotune"]
+    assert search.values("per_device_batch_size") == [4]  # the program's flags, after the line
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("mixed_precision: fp16\ndynamo_config: {dynamo_backend: 'NO'}\n")
+    from_file = _space(["accelerate", "launch", "--config_file", str(config), "train.py"])
+    assert from_file.search.values("precision") == ["fp16"]
+    assert from_file.search.values("compile_mode") == ["none"]
+    # the line's own option wins over its file, as accelerate reads them
+    both = ["accelerate", "launch", f"--config_file={config}", "--mixed_precision=no", "t.py"]
+    assert _space(both).search.values("precision") == ["fp32"]
+    # a file that is not there is the trial's to report (accelerate's own parser says it)
+    missing = ["accelerate", "launch", "--config_file", str(tmp_path / "no.yaml"), "t.py"]
+    assert _space(missing).search.values("precision") == [knobs.KNOB["precision"].default]
+
+
+@pytest.mark.parametrize(
+    ("words", "why"),
+    [
+        (["--per_device_train_batch_size", "eight"], "not an int"),
+        (["--per_device_train_batch_size", "0"], "outside the knob's type"),
+        (["--bf16", "True", "--fp16", "True"], "contradicts every precision"),
+        (["--optim", "sgd"], "not a value the knob has"),
+        (["--per_device_batch_size", "8"], "not the TrainingArguments name"),
+    ],
+)
+def test_words_that_say_no_value_of_a_knob_are_left_to_its_default(
+    words: list[str], why: str
+) -> None:
+    given = script_defaults.said(["python", "train.py", *words], "flags")
+    assert set(given) & {"per_device_batch_size", "precision", "optim"} == set(), why
+    _space(["python", "train.py", *words])  # still a valid space
+
+
+def test_the_sweep_says_which_knobs_run_at_the_commands_values() -> None:
+    notes: list[str] = []
+
+    class Notes(SweepObserver):
+        def note(self, message: str) -> None:
+            notes.append(message)
+
+    space = _space(["python", "train.py", "--bf16", "--per_device_train_batch_size", "8"])
+    resolve_lengths(space, None, Notes())
+    said = [n for n in notes if n.startswith("from your command")]
+    assert len(said) == 1, notes
+    assert "precision bf16 (--bf16 true)" in said[0]
+    assert "per_device_batch_size 8 (--per_device_train_batch_size 8)" in said[0]
