@@ -499,8 +499,10 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         except ValueError as e:
             raise ConflictError(f"trial #{rec.trial_number} of study {rec.study!r}: {e}") from e
         launched = accelerate_line.OWNED
-    words = [*command, *flags]
     passed = {flag.removeprefix("--") for flag in flags[::2]}
+    # the winner's flags replace the user's own of the same name (in a trial they came after
+    # them, and the last one won): one --optim, not the user's and then the winner's
+    words = [*_without(command, passed), *flags]
     # what the flags do not carry, the script read from trial_config(): the knobs the space
     # lists, and any other away from its default (a lever the space never searched, such as
     # liger_kernel: False, is not the script's business)
@@ -531,6 +533,27 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         )
         lines += [f"#   {name}: {value}" for name, value in rest.items()]
     return "\n".join(lines) + "\n" + shlex.join(words) + "\n"
+
+
+def _without(command: list[str], names: set[str]) -> list[str]:
+    """``command`` less its ``--name value``, ``--name=value`` and bare ``--name`` words for
+    each of ``names``.
+
+    >>> _without(["python", "t.py", "--optim", "sgd", "--bf16", "--lr", "1", "--tf32=True"],
+    ...          {"optim", "bf16", "tf32"})
+    ['python', 't.py', '--lr', '1']
+    """
+    kept: list[str] = []
+    index = 0
+    while index < len(command):
+        word = command[index]
+        index += 1
+        name, eq, _ = word.removeprefix("--").partition("=")
+        if not word.startswith("--") or name not in names:
+            kept.append(word)
+        elif not eq and index < len(command) and not command[index].startswith("--"):
+            index += 1  # its value
+    return kept
 
 
 class _Raw(str):

@@ -181,6 +181,8 @@ def describe(command: Sequence[str], form: str, search: Any) -> str | None:
     if not taken:
         return None
     return (
-        "from your command (knobs search: does not vary run at your run's values; list one "
-        "there to search it): " + ", ".join(taken)
+        "from your command: "
+        + ", ".join(taken)
+        + " (search: does not list them, so every trial runs your run's values; list one "
+        "there to search it)"
     )
