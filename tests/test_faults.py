@@ -229,11 +229,13 @@ def test_a_database_that_stops_answering_mid_sweep_is_waited_out_not_hung_on(
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 4 MB tmpfs to put a SQLite study on (mounting needs root: skipped without)."""
+    """A real 16 MB tmpfs to put a SQLite study on (mounting needs root: skipped without).
+    Not smaller: SQLite's WAL grows to ~4 MB (1,000 pages) between checkpoints, and on a
+    4 MB disk it filled the disk itself under load, before the test did (CI at 4993329)."""
     disk = tmp_path / "small-disk"
     disk.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     if mounted.returncode != 0:
