@@ -15,8 +15,11 @@ says so (``describe``):
   the program either way): the value whose flags the command gives, none contradicted; where
   two values write the same flags (bf16 and fp8 both say ``--bf16 True``), the first the knob
   lists;
-- an accelerate launch line's ``--mixed_precision`` and ``--dynamo_backend``/``--dynamo_mode``,
-  or its ``--config_file``'s ``mixed_precision`` and ``dynamo_config``.
+- an accelerate launch line's ``--mixed_precision``, ``--dynamo_backend``/``--dynamo_mode`` and
+  ``--multi_gpu``/``--use_fsdp --fsdp_version 2``, or its ``--config_file``'s
+  ``mixed_precision``, ``dynamo_config`` and ``distributed_type`` (MULTI_GPU, FSDP with
+  ``fsdp_config.fsdp_version``); FSDP1 is no value of the data_parallel knob, so it is left to
+  the knob's default.
 
 Read from the words alone, without the program's parser: a flag spelled otherwise, or a value
 the script sets in its code, is not seen (list the knob in ``search:`` to be sure).
@@ -39,6 +42,8 @@ from sweeper.trial import accelerate_line
 _NOT_FROM_FLAGS = ("devices", "data_parallel")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
+# the launch option that says each launch-owned knob (in the sweep's note)
+_OPTION = {"precision": "mixed_precision", "compile_mode": "dynamo_backend"}
 
 
 def flags_of(words: Sequence[str]) -> dict[str, str]:
@@ -115,6 +120,12 @@ def _launch_options(command: Sequence[str]) -> dict[str, str]:
         if isinstance(loaded, dict):
             if loaded.get("mixed_precision") is not None:
                 said["mixed_precision"] = str(loaded["mixed_precision"])
+            fsdp = loaded.get("fsdp_config")
+            if loaded.get("distributed_type") == "FSDP" and isinstance(fsdp, dict):
+                said["use_fsdp"] = "true"
+                said["fsdp_version"] = str(fsdp.get("fsdp_version", 1))
+            elif loaded.get("distributed_type") == "MULTI_GPU":
+                said["multi_gpu"] = "true"
             dynamo = loaded.get("dynamo_config")
             if isinstance(dynamo, dict):
                 for key in ("dynamo_backend", "dynamo_mode"):
@@ -128,6 +139,11 @@ def _from_launch(options: Mapping[str, str]) -> dict[str, Any]:
     mixed = {v: k for k, v in accelerate_line._MIXED.items() if k != "fp8"}
     if options.get("mixed_precision", "").lower() in mixed:
         found["precision"] = mixed[options["mixed_precision"].lower()]
+    if options.get("use_fsdp", "").lower() in _TRUE:
+        if options.get("fsdp_version") == "2":  # FSDP1 is no value of the knob: left to it
+            found["data_parallel"] = "fsdp2"
+    elif options.get("multi_gpu", "").lower() in _TRUE:
+        found["data_parallel"] = "ddp"
     backend = options.get("dynamo_backend")
     if backend is not None:
         if backend.lower() == "no":
@@ -152,6 +168,7 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
     found: dict[str, tuple[Any, str]] = {}
     words = list(command)
     launch: dict[str, Any] = {}
+    options: dict[str, str] = {}
     if accelerate_line.is_line(words):
         options = _launch_options(words)
         launch = _from_launch(options)
@@ -166,8 +183,8 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
         keys = [k for k in {**knob.trainer(value), **knob.sft(value)} if k in flags]
         found[knob.name] = (value, " ".join(f"--{k} {flags[k]}" for k in keys))
     for name, value in launch.items():
-        option = "mixed_precision" if name == "precision" else "dynamo_backend"
-        found[name] = (value, f"accelerate --{option} {_launch_options(command)[option]}")
+        option = _OPTION.get(name) or ("use_fsdp" if value == "fsdp2" else "multi_gpu")
+        found[name] = (value, f"accelerate --{option} {options[option]}")
     return found
 
 

@@ -74,6 +74,14 @@ def test_an_accelerate_lines_precision_and_compile_from_its_options_or_config_fi
     # the line's own option wins over its file, as accelerate reads them
     both = ["accelerate", "launch", f"--config_file={config}", "--mixed_precision=no", "t.py"]
     assert _space(both).search.values("precision") == ["fp32"]
+    # the data-parallel strategy: FSDP2 from the line or its file; FSDP1 is no knob value
+    fsdp = ["accelerate", "launch", "--use_fsdp", "--fsdp_version", "2", "t.py"]
+    assert _space(fsdp).search.values("data_parallel") == ["fsdp2"]
+    config.write_text("distributed_type: FSDP\nfsdp_config: {fsdp_version: 2}\n")
+    fsdp_file = _space(["accelerate", "launch", "--config_file", str(config), "t.py"])
+    assert fsdp_file.search.values("data_parallel") == ["fsdp2"]
+    fsdp1 = ["accelerate", "launch", "--use_fsdp", "t.py"]
+    assert _space(fsdp1).search.values("data_parallel") == [knobs.KNOB["data_parallel"].default]
     # a file that is not there is the trial's to report (accelerate's own parser says it)
     missing = ["accelerate", "launch", "--config_file", str(tmp_path / "no.yaml"), "t.py"]
     assert _space(missing).search.values("precision") == [knobs.KNOB["precision"].default]
