@@ -507,12 +507,14 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
     # lists, and any other away from its default (a lever the space never searched, such as
     # liger_kernel: False, is not the script's business)
     assert space is not None
+    from sweeper.trial.script import carried  # what the flags and the launch carry, as a trial
+
+    given = carried(config, script)
     rest = {
         knob.name: value
         for knob in knobs.KNOBS
         if (value := config.get(knob.name)) is not None
-        and knob.name not in launched
-        and not {*knob.trainer(value), *knob.sft(value)} & passed
+        and knob.name not in given
         and (value != knob.default or knob.name in space.search.model_fields_set)
     }
     lines = [
