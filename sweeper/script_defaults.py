@@ -16,10 +16,11 @@ says so (``describe``):
   two values write the same flags (bf16 and fp8 both say ``--bf16 True``), the first the knob
   lists;
 - an accelerate launch line's ``--mixed_precision``, ``--dynamo_backend``/``--dynamo_mode`` and
-  ``--multi_gpu``/``--use_fsdp --fsdp_version 2``, or its ``--config_file``'s
-  ``mixed_precision``, ``dynamo_config`` and ``distributed_type`` (MULTI_GPU, FSDP with
-  ``fsdp_config.fsdp_version``); FSDP1 is no value of the data_parallel knob, so it is left to
-  the knob's default.
+  ``--multi_gpu``/``--use_fsdp --fsdp_version 2``, or its config file's ``mixed_precision``,
+  ``dynamo_config`` and ``distributed_type`` (MULTI_GPU, FSDP with
+  ``fsdp_config.fsdp_version``): the file its ``--config_file`` names, else the default file
+  ``accelerate config`` writes (``default_config_file``), as ``accelerate launch`` reads them;
+  FSDP1 is no value of the data_parallel knob, so it is left to the knob's default.
 
 Read from the words alone, without the program's parser: a flag spelled otherwise, or a value
 the script sets in its code, is not seen (list the knob in ``search:`` to be sure).
@@ -27,6 +28,7 @@ the script sets in its code, is not seen (list the knob in ``search:`` to be sur
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,15 +106,40 @@ def _from_flags(knob: knobs.Knob, flags: Mapping[str, str]) -> Any:
     return best
 
 
-def _launch_options(command: Sequence[str]) -> dict[str, str]:
-    """An accelerate line's own options, its config file's beneath them."""
+def default_config_file(environ: Mapping[str, str] | None = None) -> Path:
+    """The file ``accelerate launch`` reads when its line names none: the one ``accelerate
+    config`` writes (accelerate's ``config_args.default_config_file``: ``$HF_HOME``, else
+    ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``, then
+    ``accelerate/default_config.yaml``). The trial's program runs with the sweep's environment,
+    so its accelerate reads this same file.
+
+    >>> str(default_config_file({"HF_HOME": "/data/hf"}))
+    '/data/hf/accelerate/default_config.yaml'
+    """
+    env = os.environ if environ is None else environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
+
+
+def _launch_options(
+    command: Sequence[str], environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """An accelerate line's own options, its config file's beneath them (the file the line
+    names, or accelerate's default file where it names none and is not ``--cpu``, as
+    ``accelerate launch`` reads them), and the file each option that is the file's came from."""
     words = list(command)
     spans, program = accelerate_line._spans(words)
     said: dict[str, str] = {}
+    line = flags_of(words[2:program])
     config_file = spans.get("config_file")
+    path: str | None = None
     if config_file is not None:
         start, end = config_file
         path = words[start].partition("=")[2] if end == start + 1 else words[start + 1]
+    elif line.get("cpu", "false").lower() not in _TRUE:
+        default = default_config_file(environ)
+        path = str(default) if default.is_file() else None
+    if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError, UnicodeDecodeError):
@@ -131,7 +158,7 @@ def _launch_options(command: Sequence[str]) -> dict[str, str]:
                 for key in ("dynamo_backend", "dynamo_mode"):
                     if dynamo.get(key) is not None:
                         said[key] = str(dynamo[key])
-    return said | flags_of(words[2:program])
+    return said | line, {key: str(path) for key in said if key not in line}
 
 
 def _from_launch(options: Mapping[str, str]) -> dict[str, Any]:
@@ -169,8 +196,9 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
     words = list(command)
     launch: dict[str, Any] = {}
     options: dict[str, str] = {}
+    files: dict[str, str] = {}
     if accelerate_line.is_line(words):
-        options = _launch_options(words)
+        options, files = _launch_options(words)
         launch = _from_launch(options)
         words = words[accelerate_line._spans(words)[1] :]
     flags = flags_of(words)
@@ -184,7 +212,15 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
         found[knob.name] = (value, " ".join(f"--{k} {flags[k]}" for k in keys))
     for name, value in launch.items():
         option = _OPTION.get(name) or ("use_fsdp" if value == "fsdp2" else "multi_gpu")
-        found[name] = (value, f"accelerate --{option} {options[option]}")
+        if option in files:  # the config file's, not the line's: said in the file's words
+            shown = {
+                "use_fsdp": "distributed_type FSDP, fsdp_version 2",
+                "multi_gpu": "distributed_type MULTI_GPU",
+                "dynamo_backend": f"dynamo_backend {options[option]}",
+            }.get(option, f"{option} {options[option]}")
+            found[name] = (value, f"{shown} in accelerate's config file {files[option]}")
+        else:
+            found[name] = (value, f"accelerate --{option} {options[option]}")
     return found
 
 

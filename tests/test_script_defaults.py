@@ -5,6 +5,9 @@ append after the user's own words."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,63 @@ def test_the_sweep_says_which_knobs_run_at_the_commands_values() -> None:
     assert len(said) == 1, notes
     assert "precision bf16 (--bf16 true)" in said[0]
     assert "per_device_batch_size 8 (--per_device_train_batch_size 8)" in said[0]
+
+
+def test_an_accelerate_line_without_a_config_file_reads_accelerates_default_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `accelerate config` wrote bf16 + FSDP2 to the default file; the user's line names no file.
+    # The trial's accelerate reads that file, so the knobs the space leaves out must too: at
+    # sweeper's defaults the trial would set --mixed_precision no on the line, over the file.
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    default = script_defaults.default_config_file()
+    assert default == tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    line = ["accelerate", "launch", "train.py", "--per_device_train_batch_size", "4"]
+    assert _space(line).search.values("precision") == [knobs.KNOB["precision"].default]
+    default.parent.mkdir(parents=True)
+    default.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nmixed_precision: bf16\n"
+        "fsdp_config: {fsdp_version: 2}\nnum_processes: 2\n"
+    )
+    search = _space(line).search
+    assert search.values("precision") == ["bf16"]
+    assert search.values("data_parallel") == ["fsdp2"]
+    given = script_defaults.said(line, "flags")
+    assert given["precision"] == (
+        "bf16",
+        f"mixed_precision bf16 in accelerate's config file {default}",
+    )
+    assert given["data_parallel"][1].startswith("distributed_type FSDP, fsdp_version 2 in ")
+    # the line's own option still wins over the file
+    fp16 = ["accelerate", "launch", "--mixed_precision", "fp16", "train.py"]
+    assert script_defaults.said(fp16, "flags")["precision"] == (
+        "fp16",
+        "accelerate --mixed_precision fp16",
+    )
+    # --cpu: accelerate does not read the default file, nor does sweeper
+    cpu = ["accelerate", "launch", "--cpu", "train.py"]
+    assert _space(cpu).search.values("precision") == [knobs.KNOB["precision"].default]
+    # a line naming its own file reads that one, not the default
+    own = tmp_path / "own.yaml"
+    own.write_text("mixed_precision: 'no'\n")
+    named = ["accelerate", "launch", "--config_file", str(own), "train.py"]
+    assert _space(named).search.values("precision") == ["fp32"]
+    # without HF_HOME: $XDG_CACHE_HOME/huggingface, as accelerate has it
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert script_defaults.default_config_file() == (
+        tmp_path / "xdg" / "huggingface" / "accelerate" / "default_config.yaml"
+    )
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("env", [{"HF_HOME": "/data/hf"}, {"XDG_CACHE_HOME": "/data/xdg"}, {}])
+def test_the_default_file_is_the_one_accelerate_itself_reads(env: dict[str, str]) -> None:
+    # accelerate computes its path at import: ask a fresh interpreter with the environment
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "XDG_CACHE_HOME")}
+    code = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"
+    theirs = subprocess.run(
+        [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+        check=True,
+    ).stdout.strip()  # fmt: skip
+    assert str(script_defaults.default_config_file({**base, **env})) == theirs
