@@ -32,6 +32,20 @@ busy for).
 
 writes a study's measured trials as such a table.
 
+**Budget mode** (``--budget-s S[,S...]``): each seed runs until its measurement-seconds are
+spent, on a simulated clock that the table's trial times move (the loop's deadline is S);
+a trial that would pass the budget is cut at it and its seconds are wasted (the real loop's
+timeout is the time left). Each seed runs twice, with the budget-aware pick (a config whose
+trial cannot finish in the time left is not proposed, and the sweep stops when none can:
+``SearchLoop.fit_to_budget``) and without it (the rule before: a trial starts if the time
+left holds the longest so far), and the bench prints per sampler and budget: the regret at
+the budget (1 - best found / best; mean, and seeds within 5%), seeds better / worse with the
+aware pick, seconds wasted on cut trials, trials measured.
+
+    .venv/bin/python bench/search_replay.py --space bench/replay/qlora-24gb.yaml \
+        --table bench/replay/qlora-24gb.jsonl --budget-s 2700,5400,10800 --seeds 30 \
+        --samplers bayes,random --metrics samples_per_s --jobs 1
+
 A long run can be split: ``--save FILE`` appends every replay (one JSON line each, with the
 table's name, sampler, metric and seed) as it ends; ``--load FILE`` (repeatable) adds a
 file's replays of the same table to the summary, so samplers run by separate processes are
@@ -149,11 +163,30 @@ def eligible_best(table: dict[TrialConfig, Row], metric: str) -> float:
     )
 
 
+class ReplayClock:
+    """The budget mode's clock: a trial's seconds (the table's) pass when it runs."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 class LookupExecutor:
-    """The replay's trial executor: a table lookup (with the row's noise, if any)."""
+    """The replay's trial executor: a table lookup (with the row's noise, if any). With a
+    ``clock`` (budget mode), a trial moves it by its seconds, and one longer than the time
+    left (``left_s``, the loop's timeout) is cut there: its seconds are wasted, its outcome
+    ``interrupted`` (as the real executor records a trial the budget ended)."""
 
     def __init__(
-        self, table: dict[TrialConfig, Row], metric: str, price: float, units: float, seed: int
+        self,
+        table: dict[TrialConfig, Row],
+        metric: str,
+        price: float,
+        units: float,
+        seed: int,
+        clock: ReplayClock | None = None,
     ) -> None:
         self.table, self.metric, self.price, self.units = table, metric, price, units
         self.rng = np.random.default_rng(seed)
@@ -162,6 +195,23 @@ class LookupExecutor:
         self.measured_at: list[int] = []  # per distinct config: measurements when it ran
         self.seconds = 0.0  # of every lookup, by the table's trial times
         self.seconds_at: list[float] = []  # per distinct config: seconds when it had run
+        self.clock = clock
+        self.cut = 0  # trials and re-measures the budget cut
+        self.wasted_s = 0.0  # their seconds
+        self.finished = 0  # trials that ran to their end (measured, or failed by the config)
+        self.cut_runs: set[int] = set()  # which of ``run`` the budget cut (index)
+
+    def _spend(self, seconds: float, left_s: float | None) -> bool:
+        """Spend a trial's ``seconds``; whether the budget cut it (at ``left_s``)."""
+        cut = self.clock is not None and left_s is not None and seconds > left_s
+        if cut:
+            seconds = max(0.0, left_s or 0.0)
+            self.cut += 1
+            self.wasted_s += seconds
+        self.seconds += seconds
+        if self.clock is not None:
+            self.clock.now_s += seconds
+        return cut
 
     def stop_requested(self) -> bool:
         return False
@@ -180,7 +230,11 @@ class LookupExecutor:
         seconds = row.trial_s if row is not None else trial_seconds(config, "error")
         if row is not None and row.first_trial_s and len(self.run) == 1:
             seconds = row.first_trial_s  # the sweep's first start-up is cold
-        self.seconds += seconds
+        if self._spend(seconds, left_s):
+            self.seconds_at.append(self.seconds)
+            self.cut_runs.add(len(self.run) - 1)
+            return Outcome(number=trial.number, failure_kind="interrupted")
+        self.finished += 1
         self.seconds_at.append(self.seconds)
         trial.set_user_attr(SECONDS_ATTR, seconds)  # the lookup itself takes no time
         if row is None:
@@ -204,9 +258,11 @@ class LookupExecutor:
     ) -> Sample | None:
         self.measurements += 1
         row = self.table.get(config)
-        if row is not None:
-            self.seconds += row.trial_s  # a measurement again is a trial again
-        return None if row is None else self._sample(row, kind)
+        if row is None:
+            return None
+        if self._spend(row.trial_s, left_s):  # a measurement again is a trial again
+            return None
+        return self._sample(row, kind)
 
     def record_estimates(
         self, estimates: Mapping[int, tuple[Estimate, Sequence[Sample] | None]]
@@ -297,6 +353,60 @@ def replay(
     )
 
 
+@dataclass
+class BudgetReplay:
+    """One search on a table until its measurement-seconds are spent: the true value of each
+    distinct config it ran (None: failed, or cut by the budget), the trials that ran to their
+    end, those the budget cut and their seconds, the seconds spent, and why it stopped."""
+
+    values: list[float | None]
+    finished: int
+    cut: int
+    wasted_s: float
+    spent_s: float
+    stop_reason: str
+
+
+def replay_budget(
+    space: Space,
+    table: dict[TrialConfig, Row],
+    sampler: str,
+    metric: str,
+    seed: int,
+    budget_s: float,
+    fit: bool,
+) -> BudgetReplay:
+    """``replay`` until ``budget_s`` measurement-seconds are spent, with the budget-aware pick
+    (``fit``) or the rule before it."""
+    space = space.model_copy(
+        update={"search": space.search.model_copy(update={"sampler": sampler})}
+    )
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler())
+    enqueue_known(study, space)
+    clock = ReplayClock()
+    executor = LookupExecutor(
+        table, metric, space.hardware.usd_per_hour, space.workload.samples, seed, clock
+    )
+    truncating = {c for c, r in table.items() if r.truncates}
+    loop = SearchLoop(
+        space, study, executor, PreflightReport(), SilentObserver(), seed=seed,
+        eligible=(lambda c: c not in truncating) if truncating else None,
+        now=clock, fit_to_budget=fit,
+    )  # fmt: skip
+    while loop.run(1, deadline=budget_s)["run"]:
+        pass
+    values = [
+        None
+        if c not in table or table[c].status != "ok" or i in executor.cut_runs
+        else table[c].value(metric)
+        for i, c in enumerate(executor.run)
+    ]
+    return BudgetReplay(
+        values, executor.finished, executor.cut, executor.wasted_s, executor.seconds,
+        loop.stop_reason,
+    )  # fmt: skip
+
+
 def _job(
     args: tuple[str, str, str, str, int, dict[str, Any]],
 ) -> tuple[str, str, int, Replay]:
@@ -306,6 +416,98 @@ def _job(
     space = load_space(Path(space_path))
     table = read_table(Path(table_path), space)
     return sampler, metric, seed, replay(space, table, sampler, metric, seed)
+
+
+BudgetKey = tuple[str, str, float, bool]  # sampler, metric, budget seconds, budget-aware pick
+
+
+def _budget_job(
+    args: tuple[str, str, str, str, int, float, bool],
+) -> tuple[BudgetKey, int, BudgetReplay]:
+    space_path, table_path, sampler, metric, seed, budget_s, fit = args
+    space = load_space(Path(space_path))
+    table = read_table(Path(table_path), space)
+    replayed = replay_budget(space, table, sampler, metric, seed, budget_s, fit)
+    return (sampler, metric, budget_s, fit), seed, replayed
+
+
+def save_budget_replay(path: Path, table: str, key: BudgetKey, seed: int, r: BudgetReplay) -> None:
+    """Appends one budget replay to ``path`` as a JSON line."""
+    sampler, metric, budget_s, fit = key
+    record = {
+        "table": table, "sampler": sampler, "metric": metric, "seed": seed,
+        "budget_s": budget_s, "fit": fit,
+    } | vars(r)  # fmt: skip
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_budget_replays(
+    paths: Sequence[Path], table: str
+) -> dict[BudgetKey, dict[int, BudgetReplay]]:
+    """The budget replays of ``table`` saved in ``paths`` (other lines are left out)."""
+    out: dict[BudgetKey, dict[int, BudgetReplay]] = {}
+    for path in paths:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                if record["table"] != table or "budget_s" not in record:
+                    continue
+                replayed = BudgetReplay(**{k: record[k] for k in BudgetReplay.__dataclass_fields__})
+                key = (
+                    record["sampler"], record["metric"], float(record["budget_s"]),
+                    bool(record["fit"]),
+                )  # fmt: skip
+            except (ValueError, KeyError, TypeError) as e:
+                sys.exit(f"{path}:{number}: not a saved budget replay ({e}); write it with --save")
+            out.setdefault(key, {})[int(record["seed"])] = replayed
+    return out
+
+
+def summarize_budget(
+    results: dict[BudgetKey, dict[int, BudgetReplay]],
+    table: dict[TrialConfig, Row],
+    table_name: str,
+) -> str:
+    """One row per metric, budget and sampler: the budget-aware pick against the rule before
+    it, on the same seeds."""
+    rng = np.random.default_rng(0)
+    lines = [
+        "| table | metric | budget s | sampler | seeds | regret at the budget, mean: aware / "
+        "before | paired diff (aware - before), mean [95% CI] | seeds within 5%: aware / before "
+        "| seeds better / worse | wasted s on cut trials, mean: aware / before | seeds with a cut "
+        "trial: aware / before | trials run to their end, median: aware / before |",
+        "|---|---|---:|---|---:|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(m, b, s) for s, m, b, _ in results}, key=lambda k: (k[0], k[1], k[2]))
+    for metric, budget_s, sampler in keys:
+        aware, before = (
+            results.get((sampler, metric, budget_s, True), {}),
+            results.get((sampler, metric, budget_s, False), {}),
+        )
+        seeds = sorted(set(aware) & set(before))
+        if not seeds:
+            continue
+        best = eligible_best(table, metric)
+        ra = [regret_after(aware[s].values, best, len(aware[s].values)) for s in seeds]
+        rb = [regret_after(before[s].values, best, len(before[s].values)) for s in seeds]
+        diff = bootstrap([a - b for a, b in zip(ra, rb, strict=True)], np.mean, rng)
+        better = sum(a < b for a, b in zip(ra, rb, strict=True))
+        worse = sum(a > b for a, b in zip(ra, rb, strict=True))
+        within = [sum(r <= 0.05 for r in rs) for rs in (ra, rb)]
+        wasted = [statistics.mean(x[s].wasted_s for s in seeds) for x in (aware, before)]
+        cut = [sum(x[s].cut > 0 for s in seeds) for x in (aware, before)]
+        finished = [statistics.median(x[s].finished for s in seeds) for x in (aware, before)]
+        lines.append(
+            f"| {table_name} | {metric} | {budget_s:,.0f} | {sampler} | {len(seeds)} | "
+            f"{statistics.mean(ra):.1%} / {statistics.mean(rb):.1%} | {diff[0]:+.1%} "
+            f"[{diff[1]:+.1%}, {diff[2]:+.1%}] | {within[0]} / {within[1]} | {better} / {worse} "
+            f"| {wasted[0]:,.0f} / {wasted[1]:,.0f} | {cut[0]} / {cut[1]} | "
+            f"{_fmt(finished[0])} / {_fmt(finished[1])} |"
+        )
+    return "\n".join(lines)
 
 
 def save_replay(path: Path, table: str, sampler: str, metric: str, seed: int, r: Replay) -> None:
@@ -327,6 +529,8 @@ def load_replays(paths: Sequence[Path], table: str) -> dict[tuple[str, str], dic
                 record = json.loads(line)
                 if record["table"] != table:
                     continue
+                if "budget_s" in record:
+                    continue  # a budget replay (load_budget_replays)
                 replayed = Replay(**{k: record[k] for k in Replay.__dataclass_fields__})
                 key, seed = (record["sampler"], record["metric"]), int(record["seed"])
             except (ValueError, KeyError, TypeError) as e:
@@ -548,6 +752,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="bayes: the cost weight falls linearly to 0 over this many measured trials "
         "(ImprovementGridSampler.cost_cooling; 0: no cooling)",
     )  # fmt: skip
+    parser.add_argument(
+        "--budget-s",
+        help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
+        "spent, with the budget-aware pick and without it (see the module's docstring)",
+    )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=multiprocessing.cpu_count())
     parser.add_argument("--save", type=Path, help="append each replay to this JSONL file")
     parser.add_argument(
@@ -573,6 +782,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if unknown:
         sys.exit(f"unknown sampler {', '.join(unknown)}; use {', '.join(SAMPLERS)}")
     metrics = [m for m in args.metrics.split(",") if m]
+    if args.budget_s is not None:
+        _main_budget(args, table, samplers, metrics)
+        return
     grid = list(space.search.grid())
     missing = sum(1 for c in grid if c not in table)
     overrides = {
@@ -610,6 +822,43 @@ def main(argv: Sequence[str] | None = None) -> None:
         + "".join(f", {name} {value}" for name, value in overrides.items() if name != "cost_weight")
     )
     print(summarize(results, table, samplers, len(grid)))
+
+
+def _main_budget(
+    args: argparse.Namespace,
+    table: dict[TrialConfig, Row],
+    samplers: Sequence[str],
+    metrics: Sequence[str],
+) -> None:
+    try:
+        budgets = [float(b) for b in args.budget_s.split(",") if b.strip()]
+    except ValueError:
+        sys.exit(f"--budget-s {args.budget_s!r}: give seconds, comma-separated (e.g. 1800,3600)")
+    if not budgets or any(b <= 0 for b in budgets):
+        sys.exit(f"--budget-s {args.budget_s!r}: give one or more positive numbers of seconds")
+    missing_files = [str(p) for p in args.load if not p.is_file()]
+    if missing_files:
+        sys.exit(f"--load: no such file {', '.join(missing_files)}")
+    jobs = [
+        (str(args.space), str(args.table), sampler, metric, seed, budget, fit)
+        for budget in budgets
+        for sampler in samplers
+        for metric in metrics
+        for seed in range(args.seed_from, args.seed_from + args.seeds)
+        for fit in (True, False)
+    ]
+    started = time.perf_counter()
+    results = load_budget_replays(args.load, args.table.name)
+    with multiprocessing.get_context("fork").Pool(max(1, args.jobs)) as pool:
+        for key, seed, replayed in pool.imap_unordered(_budget_job, jobs, chunksize=2):
+            results.setdefault(key, {})[seed] = replayed
+            if args.save:
+                save_budget_replay(args.save, args.table.name, key, seed, replayed)
+    print(
+        f"### {args.table.name}, budget mode: {args.seeds} seeds run here, "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    print(summarize_budget(results, table, args.table.name))
 
 
 if __name__ == "__main__":

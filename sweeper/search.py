@@ -58,6 +58,22 @@ CONTENDED_ATTR = "contended"  # user attr: every measurement was taken on a shar
 WORKER_ATTR = "worker"  # user attr: the id of the study's worker that asked for the trial
 
 
+def trials_took(trials: Iterable[FrozenTrial], default_mode: Any) -> list[tuple[Any, float]]:
+    """(compile mode, seconds) of each trial that ran to its end (measured, or failed by the
+    config's own doing), in trial order: what a trial of each mode is expected to take
+    (``sweeper.search_cost``). A trial whose config has no ``compile_mode`` parameter (the
+    space lists one mode) is ``default_mode``'s. A re-told repeat did not run; a failed trial
+    (a budget cut it, a bug) is not told to samplers, and says nothing of its config's time."""
+    took = []
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.state != TrialState.COMPLETE or REPEAT_ATTR in t.user_attrs:
+            continue
+        seconds = search_cost.trial_seconds(t)
+        if seconds is not None:
+            took.append((t.params.get("compile_mode", default_mode), seconds))
+    return took
+
+
 def infeasible(trial: FrozenTrial) -> bool:
     """Whether the trial was told as a config that cannot run here."""
     return any(v > 0 for v in trial.constraints.values())
@@ -245,7 +261,10 @@ class ImprovementGridSampler(_CandidateSampler):
 
     After an out-of-memory failure and before anything was measured, the pick is drawn from
     the lightest quarter of the configs (most of a space may run out of memory). The expected
-    seconds of each trial are learned per compile mode; ``cost_weight`` can make a trial
+    seconds of each trial are learned per compile mode; ``fits`` (set by the sweep loop before
+    each ask, near the end of a time budget) leaves out the configs whose trial would not
+    finish in the time left, so the pick is the best config that can finish
+    (``sweeper.search_cost.fit_seconds``); ``cost_weight`` can make a trial
     dearer than the best measured config's count against its chance among near-ties
     (``sweeper.search_cost``; off by default: bench/RESULTS.md, Run 9).
 
@@ -316,6 +335,10 @@ class ImprovementGridSampler(_CandidateSampler):
              for c in self.candidates]
         )[1]  # fmt: skip
 
+    # which configs (by their Optuna parameters) can finish in the sweep's time left; None:
+    # all can (no time budget, or plenty left). Set by the sweep loop before each ask
+    fits: Callable[[Mapping[str, Any]], bool] | None = None
+
     def revise(self, params: Mapping[str, Any], cost: float) -> None:
         """A config told as contended was measured calm later: its $/run joins the model."""
         self._revised[_key(params)] = cost
@@ -343,6 +366,8 @@ class ImprovementGridSampler(_CandidateSampler):
         for failures, soft in ((oom, not memory), (failed, True)):
             if failures:
                 free = self._unlike(free, failures, rows, log_runs if soft else None)
+        if self.fits is not None:  # the best config that can finish, by the same scores
+            free = [i for i in free if self.fits(self.candidates[i])] or free
         if not rows:  # nothing measured yet
             return self._light_first(free) if oom else int(self.rng.choice(free))
         log_p = self._log_p_improves(np.array(rows), np.array(values), free)

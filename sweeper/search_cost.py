@@ -76,6 +76,29 @@ def expected_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) ->
     return np.array([known.get(m, ordinary + compile_s(m)) for m in modes])
 
 
+def fit_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) -> np.ndarray:
+    """The seconds a trial of each of ``modes`` (compile modes) must have left to finish, from
+    ``took`` (compile mode, seconds) of the trials run, in the order they ran: the longest
+    trial of its mode; for a mode not run yet, the longest of the others less their modes'
+    compile, plus its own (``COMPILE_S``). The longest, not the mean: a config that runs
+    takes longer than one of its mode that fails at its first step (out of memory: 10-55%
+    shorter on the replay tables), and a trial the budget cuts is all seconds lost. The
+    sweep's first trial is left out while others have run: it reads the weights and the data
+    cold (a QLoRA's first start-up took 202 s more).
+
+    >>> fit_seconds(["none", "max-autotune"], [("none", 449.0), ("none", 247.0), ("none", 207.0)])
+    array([247., 592.])
+    """
+    if not took:
+        return np.array([ORDINARY_TRIAL_S + compile_s(m) for m in modes])
+    warm = list(took[1:]) or list(took)
+    longest: dict[Any, float] = {}
+    for mode, seconds in warm:
+        longest[mode] = max(longest.get(mode, 0.0), seconds)
+    ordinary = max(max(s - compile_s(m) for m, s in warm), 1.0)
+    return np.array([longest.get(m, ordinary + compile_s(m)) for m in modes])
+
+
 def counted_log_seconds(
     modes: Sequence[Any],
     took: Sequence[tuple[Any, float]],

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import optuna
 
-from sweeper import knobs
+from sweeper import knobs, search_cost
 from sweeper.noise import Sample
 from sweeper.preflight import PreflightReport
-from sweeper.search import CONTENDED_ATTR, REPEAT_ATTR, WORKER_ATTR, make_sampler, runnable_params
+from sweeper.search import (
+    CONTENDED_ATTR,
+    REPEAT_ATTR,
+    WORKER_ATTR,
+    ImprovementGridSampler,
+    make_sampler,
+    runnable_params,
+    trials_took,
+)
 from sweeper.space import Space, TrialConfig, optuna_params, suggest
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import TrialExecutor
@@ -19,8 +28,10 @@ from sweeper.sweep.outcome import Outcome, tell, worst_cost
 from sweeper.sweep.remeasure import Remeasure
 from sweeper.sweep.rules import (
     AlreadyMeasured,
+    DoesNotFit,
     FailedPreflight,
     Ineligible,
+    NoTime,
     OomDominated,
     OutsideSpace,
     PredictedOom,
@@ -50,6 +61,12 @@ class SearchLoop:
     (``sweeper.sweep.remeasure``, ``sweeper.sweep.stopping``). ``eligible`` says which configs
     the recommendation may pick (it leaves out configs that truncate the data): only those are
     re-measured at the end.
+
+    Near the end of a time budget, a config whose trial would not finish in the time left is
+    not proposed (``bayes``) or not run (the other samplers), and the sweep stops when no
+    config left can finish (``_fit_to_time``). ``fit_to_budget`` False keeps the rule before
+    it (a trial starts if the time left holds the longest trial so far), for the replay
+    bench's comparison; ``now``: the clock of the deadlines (the bench's is simulated).
     """
 
     def __init__(
@@ -65,6 +82,8 @@ class SearchLoop:
         seed: int | None = None,
         eligible: Callable[[TrialConfig], bool] | None = None,
         worker_id: str | None = None,
+        now: Callable[[], float] = time.monotonic,
+        fit_to_budget: bool = True,
     ) -> None:
         self.space, self.study, self.executor = space, study, executor
         self.worker_id = worker_id  # written on each trial asked: a reaper knows whose it was
@@ -92,7 +111,16 @@ class SearchLoop:
             AlreadyMeasured(self.results),
             OomDominated(self.results),
         ]
-        self.time = TimeBudget()
+        self.fit_to_budget = fit_to_budget
+        self.does_not_fit = DoesNotFit()
+        self.rules.append(self.does_not_fit)  # last: a repeat or a predicted OOM costs nothing
+        modes = {c.compile_mode for c in self.runnable}
+        # a knob the space lists once is no Optuna parameter: the value every config has
+        self._one_mode = next(iter(modes)) if len(modes) == 1 else "none"
+        devices = {c.devices for c in self.runnable}
+        self._one_devices = next(iter(devices)) if len(devices) == 1 else 1
+        self._mode_devices = {(c.compile_mode, c.devices) for c in self.runnable}
+        self.time = TimeBudget(now=now)
         self._plan: Callable[[], str | None] | None = None
         self.remeasure = Remeasure(
             space, preflight, executor, observer, self.results, self.time,
@@ -125,7 +153,7 @@ class SearchLoop:
         live run shares its planned trials), asked before each proposal."""
         counts = {
             "run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0,
-            "ruled_out": 0,
+            "ruled_out": 0, "too_long": 0,
         }  # fmt: skip
         skipped_in_a_row = 0
         self.time.deadline, self.time.device_deadline = deadline, device_deadline
@@ -139,6 +167,18 @@ class SearchLoop:
                 break
             trial, config = self._propose()
             skip = first_skip(self.rules, config)
+            if isinstance(skip, NoTime):
+                trial.set_user_attr("skipped", skip.reason)
+                self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                counts["too_long"] += 1
+                skipped_in_a_row += 1
+                if skipped_in_a_row >= _MAX_SKIPS_IN_A_ROW:
+                    self._stop(
+                        f"the sampler proposed {skipped_in_a_row} configs in a row whose trials "
+                        f"would not finish in the {left_s or 0:.0f} s the time budget has left"
+                    )
+                    break
+                continue
             if isinstance(skip, PredictedOom):
                 self._predicted_oom(trial, config, skip.heavier_than)
                 counts["predicted"] += 1
@@ -179,10 +219,78 @@ class SearchLoop:
             return "stop requested (REST); the sweep ends here"
         if self._runnable <= self.results.keys():
             return f"all {len(self._runnable)} runnable configs of the space are measured"
-        spent = self.time.why_spent(left_s)
+        if self.fit_to_budget and (left_s is None or left_s > 0):
+            spent = self._fit_to_time(left_s)
+        else:  # (without fitting: the time left must hold the longest trial so far)
+            spent = self.time.why_spent(left_s)
         if spent is not None:
             return spent
         return None if self._plan is None else self._plan()
+
+    def _fit_to_time(self, left_s: float | None) -> str | None:
+        """Near the end of the time budget, leave out the configs whose trial would not finish
+        in the time left (the longest trial of its compile mode so far, the sweep's cold first
+        trial aside: ``search_cost.fit_seconds``; a trial on N devices has the device time
+        left ÷ N): ``bayes`` picks the best config that can finish, the other samplers'
+        proposals that cannot are not run. Why to stop: no config left can finish. Nothing
+        is left out before a trial has run, or while every config fits (the picks are then
+        exactly those without a budget)."""
+        self.does_not_fit.expected = None
+        sampler = self.study.sampler
+        if isinstance(sampler, ImprovementGridSampler):
+            sampler.fits = None
+        if left_s is None:
+            return None
+        trials = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        took = trials_took(trials, self._one_mode)
+        if not took:
+            return None
+        modes = sorted({m for m, _ in self._mode_devices}, key=repr)
+        needs = dict(zip(modes, search_cost.fit_seconds(modes, took).tolist(), strict=True))
+        lefts: dict[object, float] = {}
+
+        def need_left(mode: object, devices: object) -> tuple[float, float]:
+            if mode not in needs:  # (a known config's mode that the grid does not list)
+                needs[mode] = float(search_cost.fit_seconds([mode], took)[0])
+            if devices not in lefts:
+                count = devices if isinstance(devices, int) else 1
+                lefts[devices] = self.time.left_s(count) or 0.0
+            return needs[mode], lefts[devices]
+
+        def expected(config: TrialConfig) -> tuple[float, float]:
+            return need_left(config.compile_mode, config.devices)
+
+        def fits_params(params: Mapping[str, Any]) -> bool:
+            need, has = need_left(
+                params.get("compile_mode", self._one_mode),
+                params.get("devices", self._one_devices),
+            )
+            return need <= has
+
+        if all(n <= h for n, h in (need_left(m, d) for m, d in self._mode_devices)):
+            return None  # plenty left: every config can finish
+        left = [c for c in self.runnable if c not in self.results]
+        if not any(n <= s for n, s in map(expected, left)):
+            cheapest = min(left, key=lambda c: expected(c)[0])
+            need, has = expected(cheapest)
+            expectation = (
+                f"the cheapest expected takes ~{need:.0f} s (compile mode "
+                f"{cheapest.compile_mode}, from the longest trials so far)"
+            )
+            device_left = self.time.device_left_s()
+            if device_left is not None and device_left / cheapest.devices <= has:
+                # the device-time limit binds: its own words name it (the study's, a worker's)
+                spent = self.time.why_spent(left_s)
+                if spent is not None:
+                    return f"{spent}; no config left can finish: {expectation}"
+            return (
+                "the sweep's time budget is spent: no config left whose trial fits in the "
+                f"{has:.0f} s left; {expectation}"
+            )
+        self.does_not_fit.expected = expected
+        if isinstance(sampler, ImprovementGridSampler):
+            sampler.fits = fits_params
+        return None
 
     def _propose(self) -> tuple[optuna.Trial, TrialConfig]:
         """Ask; the config to run for the proposal (a known config's knob that cannot run here
@@ -232,11 +340,11 @@ class SearchLoop:
         clock: SweepClock | None,
     ) -> bool:
         """Run the trial and tell it; whether the sweep stops after it."""
-        started = time.monotonic()
+        started = self.time.now()
         # N devices spend device time N times as fast: the timeout is capped accordingly
         left_s = self.time.left_s(config.devices) if left_s is not None else None
         outcome = self.executor.execute(trial, config, left_s)
-        self.time.took(time.monotonic() - started, config.devices)
+        self.time.took(self.time.now() - started, config.devices)
         self.results[config] = outcome
         calm = False
         if outcome.sample is not None:

@@ -38,7 +38,15 @@ class PredictedOom:
     heavier_than: int  # the trial that ran out of memory
 
 
-Skip = RuledOut | Repeat | PredictedOom
+@dataclass(frozen=True)
+class NoTime:
+    """The config's trial would not finish in the sweep's time left: not run, and not held
+    against the config (told to Optuna as a failed trial, which samplers do not learn from)."""
+
+    reason: str
+
+
+Skip = RuledOut | Repeat | PredictedOom | NoTime
 
 
 class SkipRule(Protocol):
@@ -114,6 +122,30 @@ class OomDominated:
     def check(self, config: TrialConfig) -> Skip | None:
         oom = oom_dominated(config.model_dump(), oom_configs(self.results))
         return None if oom is None else PredictedOom(oom)
+
+
+class DoesNotFit:
+    """Near the end of a time budget, a config whose trial is expected to take longer than
+    the time left (``sweeper.search_cost.fit_seconds``: its compile mode's longest trial so
+    far) would be cut by the budget: seconds paid, nothing measured. ``bayes`` does not
+    propose one (``ImprovementGridSampler.fits``); this rule stops the other samplers'
+    proposals. ``expected`` is set by the loop before each ask: the seconds a config needs
+    and the seconds it has (None: every config fits)."""
+
+    def __init__(self) -> None:
+        self.expected: Callable[[TrialConfig], tuple[float, float]] | None = None
+
+    def check(self, config: TrialConfig) -> Skip | None:
+        if self.expected is None:
+            return None
+        needs, left = self.expected(config)
+        if needs <= left:
+            return None
+        return NoTime(
+            f"not run: its trial is expected to take ~{needs:.0f} s (compile mode "
+            f"{config.compile_mode}, from the longest trials so far) and the sweep's time "
+            f"budget has {left:.0f} s left: the budget would cut it"
+        )
 
 
 def oom_configs(results: Mapping[TrialConfig, Outcome]) -> list[tuple[int, dict[str, Any]]]:

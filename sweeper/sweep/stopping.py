@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from sweeper.space import Space
@@ -55,7 +55,9 @@ class TimeBudget:
         deadline: float | None = None,
         device_deadline: float | None = None,
         shared: StudyShare | None = None,
+        now: Callable[[], float] = time.monotonic,
     ):
+        self.now = now  # the clock of the deadlines (the replay bench's is simulated)
         self.deadline = deadline
         self.device_deadline = device_deadline
         self.shared = shared
@@ -66,7 +68,7 @@ class TimeBudget:
 
     def left_s(self, devices: int = 1) -> float | None:
         """Wall seconds a trial on ``devices`` may still run (None: no limit)."""
-        now = time.monotonic()
+        now = self.now()
         device_left = self.device_left_s()
         left = [
             None if self.deadline is None else self.deadline - now,
@@ -80,7 +82,7 @@ class TimeBudget:
         limit): with ``shared``, its share of what the study's workers have left."""
         if self.shared is not None:
             return self.shared.left_s()[1]
-        return None if self.device_deadline is None else self.device_deadline - time.monotonic()
+        return None if self.device_deadline is None else self.device_deadline - self.now()
 
     def took(self, seconds: float, devices: int = 1) -> None:
         self.trial_seconds.append(seconds)

@@ -1,0 +1,210 @@
+"""The end of a time budget (issue 33 item 4: "an expensive one runs when it can still pay
+off"): a config whose trial would not finish in the time left is not proposed (``bayes``) or
+not run (the other samplers), and the sweep stops, saying why, when no config left can finish.
+Without a budget, or with plenty left, the picks are those of the search without the rule.
+
+The trials are a table on a simulated clock (what is under test is what the loop proposes,
+runs and stops on), on a real in-memory Optuna study.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweeper import search_cost
+from sweeper.preflight import PreflightReport
+from sweeper.search import ImprovementGridSampler
+from sweeper.search_cost import SECONDS_ATTR
+from sweeper.space import Space, TrialConfig, parse_space
+from sweeper.sweep.loop import SearchLoop
+from sweeper.sweep.observer import SilentObserver
+from sweeper.sweep.outcome import Outcome
+from tests.helpers import tiny_space_without_baseline
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import search_replay  # noqa: E402
+
+SEARCH = """search:
+  sampler: {sampler}
+  per_device_batch_size: [1, 2, 4, 8]
+  max_seq_length: [256]
+  gradient_checkpointing: [false, true]
+  compile_mode: [none, max-autotune]
+  num_workers: [0, 2]
+"""
+# a trial: a minute; max-autotune compiles for 345 s more (issue 33, an H100)
+TRIAL_S = {"none": 60.0, "max-autotune": 405.0}
+
+
+def _space(sampler: str) -> Space:
+    text = tiny_space_without_baseline()
+    head, rest = text.split("search:\n", 1)
+    return parse_space(head + SEARCH.format(sampler=sampler) + rest[rest.index("trial:") :])
+
+
+def _cost(c: TrialConfig) -> float:
+    """$/run: bigger batches are cheaper, max-autotune three times cheaper again."""
+    return 100.0 / c.per_device_batch_size / (3.0 if c.compile_mode == "max-autotune" else 1.0)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class _ClockedTable:
+    """The trial executor: a lookup whose trials move the clock by their seconds; a trial
+    longer than the time left is cut there (as the real executor's timeout does)."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+        self.ran: list[TrialConfig] = []
+        self.cut: list[TrialConfig] = []
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def record_predicted(self, trial: optuna.Trial, config: TrialConfig, message: str) -> None:
+        pass
+
+    def claim(self, number: int, config: TrialConfig) -> int | None:
+        return None
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        self.ran.append(config)
+        seconds = TRIAL_S[config.compile_mode]
+        if left_s is not None and seconds > left_s:
+            self.clock.now_s += left_s
+            self.cut.append(config)
+            return Outcome(number=trial.number, failure_kind="interrupted")
+        self.clock.now_s += seconds
+        trial.set_user_attr(SECONDS_ATTR, seconds)
+        return Outcome(number=trial.number, cost=_cost(config))
+
+
+def _loop(sampler: str, seed: int = 0) -> tuple[SearchLoop, _ClockedTable, _Clock]:
+    clock = _Clock()
+    table = _ClockedTable(clock)
+    study = optuna.create_study(direction="minimize")
+    loop = SearchLoop(
+        _space(sampler), study, table, PreflightReport(), SilentObserver(), seed=seed, now=clock
+    )
+    return loop, table, clock
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def _until_both_modes_measured(loop: SearchLoop, table: _ClockedTable) -> None:
+    """Three trials, enqueued: small and big batches without compiling, then max-autotune."""
+    for batch, mode in ((1, "none"), (8, "none"), (8, "max-autotune")):
+        loop.study.enqueue_trial(
+            {"per_device_batch_size": batch, "compile_mode": mode, "num_workers": 0,
+             "gradient_checkpointing": False}
+        )  # fmt: skip
+    assert loop.run(3)["run"] == 3
+    assert {c.compile_mode for c in table.ran} == set(TRIAL_S)
+
+
+def test_fit_seconds_is_the_longest_of_each_mode_the_cold_first_trial_aside() -> None:
+    took = [("none", 250.0), ("none", 60.0), ("none", 40.0), ("max-autotune", 405.0)]
+    assert search_cost.fit_seconds(["none", "max-autotune"], took).tolist() == [60.0, 405.0]
+    # a mode not run yet: the others' longest less their compile, plus its own
+    assert search_cost.fit_seconds(["default"], took[:3]).tolist() == [60.0 + 60.0]
+    assert search_cost.fit_seconds(["none"], [("none", 250.0)]).tolist() == [250.0]
+
+
+def test_bayes_picks_the_best_config_that_can_finish_and_runs_it() -> None:
+    """With 200 s left, the pick without the rule is a max-autotune config (3x cheaper per
+    run, 405 s a trial): it would be cut, seconds paid for nothing. The loop's pick is the
+    best config whose trial fits, which runs to its end; nothing is proposed and declined."""
+    loop, table, clock = _loop("bayes")
+    twin, twin_table, _ = _loop("bayes")
+    _until_both_modes_measured(loop, table)
+    _until_both_modes_measured(twin, twin_table)
+    assert table.ran == twin_table.ran  # the same seed, the same picks
+    assert twin.run(1)["run"] == 1
+    assert twin_table.ran[-1].compile_mode == "max-autotune"  # the pick without the rule
+    counts = loop.run(1, deadline=clock() + 200)
+    assert counts == counts | {"run": 1, "too_long": 0}
+    assert table.ran[-1].compile_mode == "none" and table.cut == []
+    assert isinstance(loop.study.sampler, ImprovementGridSampler)
+    assert loop.study.sampler.fits is not None  # the sampler was told what can finish
+    measured = [c for c in table.ran[:-1] if c.compile_mode == "none"]
+    assert all(_cost(table.ran[-1]) <= _cost(c) for c in measured)  # a good one, not any
+
+
+def test_the_sweep_stops_saying_why_when_no_config_can_finish() -> None:
+    loop, table, clock = _loop("bayes")
+    _until_both_modes_measured(loop, table)
+    ran = len(table.ran)
+    counts = loop.run(5, deadline=clock() + 50)
+    assert counts["run"] == 0 and len(table.ran) == ran and table.cut == []
+    assert loop.stop_reason.startswith("the sweep's time budget is spent"), loop.stop_reason
+    assert "no config left whose trial fits in the 50 s left" in loop.stop_reason
+    assert "the cheapest expected takes ~60 s (compile mode none" in loop.stop_reason
+
+
+def test_random_search_does_not_run_a_proposal_that_cannot_finish() -> None:
+    """Random search proposes without knowing the time: a proposal that cannot finish is
+    told as not run (a failed trial, which samplers do not learn from), and the loop asks
+    again; it runs the ones that fit until none can."""
+    loop, table, clock = _loop("random", seed=3)
+    _until_both_modes_measured(loop, table)
+    ran = len(table.ran)
+    counts = loop.run(20, deadline=clock() + 200)
+    assert table.cut == []
+    assert [c.compile_mode for c in table.ran[ran:]] == ["none"] * 3  # 3 x 60 s of the 200
+    assert counts["run"] == 3 and counts["too_long"] >= 1
+    declined = [t for t in loop.study.trials if "budget would cut it" in str(t.user_attrs)]
+    assert len(declined) == counts["too_long"]
+    assert all(t.state == optuna.trial.TrialState.FAIL for t in declined)
+    assert all(t.params["compile_mode"] == "max-autotune" for t in declined)
+    assert "no config left whose trial fits in the 20 s left" in loop.stop_reason
+
+
+@pytest.mark.parametrize("sampler", ["bayes", "random"])
+def test_without_a_budget_or_with_plenty_left_the_picks_are_unchanged(sampler: str) -> None:
+    """The same seed with no deadline, a deadline far off, and the rule before this one
+    (``fit_to_budget`` False): the same configs in the same order."""
+    runs = []
+    for deadline, fit in ((None, True), (10**9, True), (10**9, False)):
+        clock = _Clock()
+        table = _ClockedTable(clock)
+        loop = SearchLoop(
+            _space(sampler), optuna.create_study(direction="minimize"), table,
+            PreflightReport(), SilentObserver(), seed=5, now=clock, fit_to_budget=fit,
+        )  # fmt: skip
+        loop.run(12, deadline=deadline)
+        runs.append(table.ran)
+    assert len(runs[0]) == 12 and runs[0] == runs[1] == runs[2]
+
+
+def test_the_replay_bench_cuts_a_trial_at_its_budget() -> None:
+    """bench/search_replay.py's budget mode: a trial longer than the time left is cut there
+    and its seconds are wasted; each seed spends at most its budget."""
+    space = search_replay.load_space(BENCH / "replay" / "held-out.yaml")
+    table = search_replay.read_table(BENCH / "replay" / "held-out.jsonl", space)
+    clock = search_replay.ReplayClock()
+    executor = search_replay.LookupExecutor(table, "samples_per_s", 1.0, 1000.0, 0, clock)
+    study = optuna.create_study()
+    config = next(c for c, r in table.items() if r.status == "ok" and r.trial_s > 100)
+    outcome = executor.execute(study.ask(), config, left_s=100.0)
+    assert outcome.failure_kind == "interrupted"
+    assert (executor.cut, executor.wasted_s, clock()) == (1, 100.0, 100.0)
+    for fit in (True, False):
+        replayed = search_replay.replay_budget(
+            space, table, "bayes", "samples_per_s", 0, budget_s=900.0, fit=fit
+        )
+        assert 0 < replayed.spent_s <= 900.0 and replayed.finished >= 3
+        assert "time budget is spent" in replayed.stop_reason
