@@ -6,6 +6,16 @@ start-up took 202 s, an ordinary trial about a minute).
   difference between two configs' trials, so a config's trial is expected to take what earlier
   trials of its compile mode took; a mode not run yet, what the others took less their
   compile, plus its own (``COMPILE_S``).
+- **What a trial needs to finish** (``fit_seconds``): the longest trial of its compile mode
+  so far, the sweep's cold first trial aside (a mode whose trials all failed early: at least
+  the others' longest less their compile, plus its own). Near the end of a time budget the
+  sweep loop leaves out the configs whose trial would not finish in the time left
+  (``bayes`` picks the best config that can; the other samplers' proposals that cannot are
+  not run), and stops, saying so, when no config left can finish
+  (``sweeper.sweep.loop.SearchLoop._fit_to_time``; bench/RESULTS.md Search Run 11).
+  Before, a trial started when the time left held the longest trial so far, whatever its
+  compile mode: after a long trial (a max-autotune compile, a cold first start-up) the
+  sweep stopped with ordinary trials' time left.
 - **A mode never measured is not put off** (``counted_log_seconds``): its first trial tells
   the model its effect on every config, information its time buys.
 - **Only the seconds beyond the incumbent's count** (``pick``): a config whose trial is
@@ -31,7 +41,7 @@ samples/s (40).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,18 +86,26 @@ def expected_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) ->
     return np.array([known.get(m, ordinary + compile_s(m)) for m in modes])
 
 
-def fit_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) -> np.ndarray:
+def fit_seconds(
+    modes: Sequence[Any],
+    took: Sequence[tuple[Any, float]],
+    ran_modes: Collection[Any] | None = None,
+) -> np.ndarray:
     """The seconds a trial of each of ``modes`` (compile modes) must have left to finish, from
     ``took`` (compile mode, seconds) of the trials run, in the order they ran: the longest
     trial of its mode; for a mode not run yet, the longest of the others less their modes'
     compile, plus its own (``COMPILE_S``). The longest, not the mean: a config that runs
     takes longer than one of its mode that fails at its first step (out of memory: 10-55%
-    shorter on the replay tables), and a trial the budget cuts is all seconds lost. The
-    sweep's first trial is left out while others have run: it reads the weights and the data
-    cold (a QLoRA's first start-up took 202 s more).
+    shorter on the replay tables), and a trial the budget cuts is all seconds lost. For the
+    same reason a mode whose trials all failed (not in ``ran_modes``, the modes of the trials
+    that were measured; None: every mode's were) needs at least what a mode not run yet
+    would. The sweep's first trial is left out while others have run: it reads the weights
+    and the data cold (a QLoRA's first start-up took 202 s more).
 
     >>> fit_seconds(["none", "max-autotune"], [("none", 449.0), ("none", 247.0), ("none", 207.0)])
     array([247., 592.])
+    >>> fit_seconds(["default"], [("none", 105.0), ("none", 75.0), ("default", 95.0)], {"none"})
+    array([135.])
     """
     if not took:
         return np.array([ORDINARY_TRIAL_S + compile_s(m) for m in modes])
@@ -96,7 +114,16 @@ def fit_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) -> np.n
     for mode, seconds in warm:
         longest[mode] = max(longest.get(mode, 0.0), seconds)
     ordinary = max(max(s - compile_s(m) for m, s in warm), 1.0)
-    return np.array([longest.get(m, ordinary + compile_s(m)) for m in modes])
+    out = []
+    for mode in modes:
+        unseen = ordinary + compile_s(mode)
+        if mode not in longest:
+            out.append(unseen)
+        elif ran_modes is not None and mode not in ran_modes:
+            out.append(max(longest[mode], unseen))
+        else:
+            out.append(longest[mode])
+    return np.array(out)
 
 
 def counted_log_seconds(

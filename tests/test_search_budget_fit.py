@@ -122,6 +122,11 @@ def test_fit_seconds_is_the_longest_of_each_mode_the_cold_first_trial_aside() ->
     # a mode not run yet: the others' longest less their compile, plus its own
     assert search_cost.fit_seconds(["default"], took[:3]).tolist() == [60.0 + 60.0]
     assert search_cost.fit_seconds(["none"], [("none", 250.0)]).tolist() == [250.0]
+    # a mode whose trials all failed early (out of memory at the first step, 95 s) needs at
+    # least what a mode not run yet would: a config of it that runs takes longer
+    oom = [("none", 105.0), ("none", 75.0), ("default", 95.0)]
+    assert search_cost.fit_seconds(["default"], oom, {"none"}).tolist() == [75.0 + 60.0]
+    assert search_cost.fit_seconds(["default"], oom, {"none", "default"}).tolist() == [95.0]
 
 
 def test_bayes_picks_the_best_config_that_can_finish_and_runs_it() -> None:

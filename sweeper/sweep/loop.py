@@ -144,12 +144,13 @@ class SearchLoop:
         shared: StudyShare | None = None,
         plan: Callable[[], str | None] | None = None,
     ) -> dict[str, int]:
-        """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``), start none
-        with less time left than the longest trial so far took, and cap each one's timeout
-        at the time left; with a ``device_deadline`` (``TimeBudget``), the same in device
-        time, a trial on N devices spending N; with ``shared`` instead, the study's device
-        time, all its workers' together (``sweeper.sweep.share``). ``settle`` then measures
-        the best configs again. ``plan``: why the study's plan is done (a worker that joined a
+        """Run up to ``n_trials`` trials; with a ``deadline`` (``time.monotonic()``, or the
+        loop's ``now``), start none that is not expected to finish in the time left
+        (``_fit_to_time``), and cap each one's timeout at the time left; with a
+        ``device_deadline`` (``TimeBudget``), the same in device time, a trial on N devices
+        spending N; with ``shared`` instead, the study's device time, all its workers'
+        together (``sweeper.sweep.share``). ``settle`` then measures the best configs again.
+        ``plan``: why the study's plan is done (a worker that joined a
         live run shares its planned trials), asked before each proposal."""
         counts = {
             "run": 0, "complete": 0, "failed": 0, "predicted": 0, "repeats": 0, "claimed": 0,
@@ -242,16 +243,16 @@ class SearchLoop:
         if left_s is None:
             return None
         trials = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        took = trials_took(trials, self._one_mode)
+        took, ran = trials_took(trials, self._one_mode)
         if not took:
             return None
         modes = sorted({m for m, _ in self._mode_devices}, key=repr)
-        needs = dict(zip(modes, search_cost.fit_seconds(modes, took).tolist(), strict=True))
+        needs = dict(zip(modes, search_cost.fit_seconds(modes, took, ran).tolist(), strict=True))
         lefts: dict[object, float] = {}
 
         def need_left(mode: object, devices: object) -> tuple[float, float]:
             if mode not in needs:  # (a known config's mode that the grid does not list)
-                needs[mode] = float(search_cost.fit_seconds([mode], took)[0])
+                needs[mode] = float(search_cost.fit_seconds([mode], took, ran)[0])
             if devices not in lefts:
                 count = devices if isinstance(devices, int) else 1
                 lefts[devices] = self.time.left_s(count) or 0.0
