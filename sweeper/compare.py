@@ -9,6 +9,7 @@ Asked with ``offers=True``, it also prices the job on every GPU of the catalog
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,7 @@ def compare(
         allow_truncation=constraints.allow_truncation,
     )
     anchor = store.get_study(study)
-    rows = [anchor]
-    if anchor.workload_hash:
-        rows = store.studies_of_workload(anchor.workload_hash)
+    rows = same_workload(store, anchor)
     recommendations: list[Recommendation] = []
     unavailable: dict[str, str] = {}
     points: list[ParetoPoint] = []
@@ -169,6 +168,38 @@ def compare(
         constraints=per_study_constraints.describe(),
         offers=table,
     )
+
+
+@functools.lru_cache(maxsize=512)
+def _space_hash(space_yaml: str) -> str | None:
+    """The workload hash this version computes from a study's space (None: it does not parse
+    here, e.g. written by a version with keys this one lacks)."""
+    from sweeper.space import parse_space
+
+    try:
+        return parse_space(space_yaml).workload_hash()
+    except SpaceError:
+        return None
+
+
+def same_workload(store: Store, anchor: StudyRow) -> list[StudyRow]:
+    """The studies pricing ``anchor``'s job (``anchor`` among them), oldest first.
+
+    Two studies price the same job when their workload hashes are equal, as stored or as this
+    version computes them from their spaces: the hash covers every field of ``workload:``, so
+    a field added since a study was recorded changes the stored hash of every study recorded
+    after it (the shipped H100 study, recorded 2026-11-25, stores 4a7b2dbbd3e385e6; the same
+    space read now hashes 34464af9cf94f4da). Without the second reading an H200 measured
+    today would not meet the H100 study it was predicted from."""
+    hashes = {anchor.workload_hash, _space_hash(anchor.space_yaml)} - {None}
+    if not hashes:
+        return [anchor]
+    rows = [
+        row
+        for row in store.study_rows()
+        if row.workload_hash in hashes or _space_hash(row.space_yaml) in hashes
+    ]
+    return rows or [anchor]
 
 
 def _measured(

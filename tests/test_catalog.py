@@ -16,12 +16,13 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from sweeper.catalog import SHIPPED, load_catalog, parse_catalog
-from sweeper.compare import compare
+from sweeper.compare import compare, same_workload
 from sweeper.errors import CatalogError
 from sweeper.hardware import peak_flops
 from sweeper.offers import MeasuredStudy, offer_table
 from sweeper.predict import Observed, predict
 from sweeper.recommend import Constraints, StudyFacts, decide
+from sweeper.space import parse_space
 from sweeper.store import Store
 from sweeper.studyfile import import_study, read_study_file
 from tests.helpers import REPO
@@ -365,3 +366,39 @@ def test_a_measured_second_gpu_type_becomes_a_calibration_record(sqlite_url: str
 def _trial_parts(number: int) -> tuple[dict, dict, dict]:
     (trial,) = [t for t in _h100()["trials"] if t["number"] == number]
     return trial["measurement"], trial["config"], trial["projection"]
+
+
+def test_a_gpu_measured_today_meets_the_study_it_was_predicted_from(sqlite_url: str) -> None:
+    """The shipped H100 study stores the workload hash the code of its day computed; the
+    workload section has gained fields since, so a study of the same space recorded now
+    stores another. ``spaces/h200-llama-1b.yaml`` is that space on an H200: its study, as a
+    recording today would store it (the H100 trials relabelled as measured on an H200 at 1.1x,
+    a CONSTRUCTED stand-in: no H200 was measured), must still meet the H100 study, so that
+    `best --across-hardware` shows the prediction against the measurement."""
+    space_yaml = (REPO / "spaces" / "h200-llama-1b.yaml").read_text()
+    h200 = _h100()
+    assert h200["study"]["workload_hash"] != parse_space(space_yaml).workload_hash()
+    h200["study"].update(
+        name="h200-llama-1b",
+        hardware_name="H200 SXM 141GB",
+        usd_per_hour=3.5,
+        space_yaml=space_yaml,
+        workload_hash=parse_space(space_yaml).workload_hash(),
+    )
+    for trial in h200["trials"]:
+        if trial["state"] == "complete":
+            trial["device_name"] = trial["measurement"]["env"]["device_name"] = "NVIDIA H200"
+            for key in ("samples_per_s", "tokens_per_s", "it_per_s", "padded_tokens_per_s"):
+                trial[key] = trial["measurement"][key] = trial["measurement"][key] * 1.1
+    store = _store_with(sqlite_url, (_h100(), "h100"), (h200, "h200"))
+    try:
+        result = compare(store, "h200", offers=True, gpus=["h100-sxm", "h200-sxm"])
+        assert [r.name for r in same_workload(store, store.get_study("h100"))] == ["h100", "h200"]
+    finally:
+        store.dispose()
+    assert {r.study for r in result.per_study} == {"h100", "h200"}
+    assert result.offers is not None
+    rows = {row.gpu: row for row in result.offers.rows}
+    assert rows["h200-sxm"].basis == "measured" and rows["h100-sxm"].basis == "measured"
+    assert rows["h200-sxm"].prediction_error is not None
+    assert any(r.target_gpu == "h200-sxm" for r in result.offers.calibration)

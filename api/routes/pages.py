@@ -331,7 +331,7 @@ def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str
     """Each study of this workload (its hardware at its price) and the front across them;
     ``trials`` are study ``name``'s own."""
     anchor = store.get_study(name)
-    studies = store.studies_of_workload(anchor.workload_hash) if anchor.workload_hash else [anchor]
+    studies = compare.same_workload(store, anchor)
     loaded = {
         row.name: trials if row.name == name else store.trial_metrics(row.name, states=["complete"])
         for row in studies

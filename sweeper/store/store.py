@@ -262,14 +262,10 @@ class Store:
         with self.session() as s:
             _charge(s, worker_id, device_seconds)
 
-    def studies_of_workload(self, workload_hash: str) -> list[StudyRow]:
-        """Studies pricing the same job, e.g. on other hardware, oldest first."""
+    def study_rows(self) -> list[StudyRow]:
+        """Every study, oldest first."""
         with self.session() as s:
-            query = (
-                select(StudyRow)
-                .where(StudyRow.workload_hash == workload_hash)
-                .order_by(StudyRow.created_at, StudyRow.id)
-            )
+            query = select(StudyRow).order_by(StudyRow.created_at, StudyRow.id)
             return list(s.scalars(query).all())
 
     def version(self, name: str) -> tuple[Any, ...]:
