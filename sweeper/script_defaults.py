@@ -22,6 +22,13 @@ says so (``describe``):
   ``accelerate config`` writes (``default_config_file``), as ``accelerate launch`` reads them;
   FSDP1 is no value of the data_parallel knob, so it is left to the knob's default.
 
+A script whose arguments are TRL's SFTConfig (``knobs: sft_flags``) runs SFTConfig's own
+defaults where its command is silent, not TrainingArguments': ``gradient_checkpointing=True``
+and ``bf16=True`` unless ``--fp16`` says otherwise (``SFT_DEFAULTS``). The precision that runs
+is TrainingArguments' reading of them: ``--bf16``/``--fp16`` True (SFTConfig's default bf16
+included) beat the launcher's ``ACCELERATE_MIXED_PRECISION``, which counts only where both are
+False, so an accelerate config's ``mixed_precision: 'no'`` under an SFTConfig script trains bf16.
+
 Read from the words alone, without the program's parser: a flag spelled otherwise, or a value
 the script sets in its code, is not seen (list the knob in ``search:`` to be sure).
 """
@@ -46,6 +53,13 @@ _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
 # the launch option that says each launch-owned knob (in the sweep's note)
 _OPTION = {"precision": "mixed_precision", "compile_mode": "dynamo_backend"}
+# TRL's SFTConfig's defaults that differ from TrainingArguments' for a knob (its docstring's
+# note, TRL >= 1.0): what a script parsing SFTConfig runs where its command says nothing
+SFT_DEFAULTS: dict[str, tuple[Any, str]] = {
+    "gradient_checkpointing": (True, "SFTConfig's default gradient_checkpointing=True"),
+    "precision": ("bf16", "SFTConfig's default bf16=True"),
+}
+_SFT_FIELD = {"gradient_checkpointing": "gradient_checkpointing", "precision": "bf16"}
 
 
 def flags_of(words: Sequence[str]) -> dict[str, str]:
@@ -203,11 +217,18 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
         words = words[accelerate_line._spans(words)[1] :]
     flags = flags_of(words)
     for knob in knobs.KNOBS:
-        if knob.name in _NOT_FROM_FLAGS or knob.name in launch:
+        if knob.name in _NOT_FROM_FLAGS:
+            continue
+        if form == "sft_flags" and knob.name in SFT_DEFAULTS and _SFT_FIELD[knob.name] not in flags:
+            value, why = _sft_default(knob.name, flags)
+            found[knob.name] = (value, why)
             continue
         value = _from_flags(knob, flags)
-        if value is None:
+        # the launch's precision counts only where the arguments' bf16 and fp16 are False
+        # (TrainingArguments reads ACCELERATE_MIXED_PRECISION, then either flag over it)
+        if value is None or (knob.name in launch and not _overrides_launch(knob.name, value)):
             continue
+        launch.pop(knob.name, None)
         keys = [k for k in {**knob.trainer(value), **knob.sft(value)} if k in flags]
         found[knob.name] = (value, " ".join(f"--{k} {flags[k]}" for k in keys))
     for name, value in launch.items():
@@ -218,10 +239,30 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
                 "multi_gpu": "distributed_type MULTI_GPU",
                 "dynamo_backend": f"dynamo_backend {options[option]}",
             }.get(option, f"{option} {options[option]}")
-            found[name] = (value, f"{shown} in accelerate's config file {files[option]}")
+            shown = f"{shown} in accelerate's config file {files[option]}"
         else:
-            found[name] = (value, f"accelerate --{option} {options[option]}")
+            shown = f"accelerate --{option} {options[option]}"
+        if name in found:  # SFTConfig's default precision runs over the launch's
+            if found[name][0] != value:
+                found[name] = (found[name][0], f"{found[name][1]}, over {shown}")
+            continue
+        found[name] = (value, shown)
     return found
+
+
+def _overrides_launch(name: str, value: Any) -> bool:
+    """Whether a flag-given ``value`` of knob ``name`` runs over an accelerate line's option:
+    only a precision whose bf16 or fp16 flag is True does (TrainingArguments' mixed precision)."""
+    return name == "precision" and value != "fp32"
+
+
+def _sft_default(name: str, flags: Mapping[str, str]) -> tuple[Any, str]:
+    """SFTConfig's own value of knob ``name``, whose field (``_SFT_FIELD``) the command's
+    flags do not give: its default, but for precision, fp16 where ``--fp16`` is True
+    (SFTConfig's bf16 is ``not fp16``)."""
+    if name == "precision" and flags.get("fp16", "false").lower() in _TRUE:
+        return "fp16", f"--fp16 {flags['fp16']}"
+    return SFT_DEFAULTS[name]
 
 
 def describe(command: Sequence[str], form: str, search: Any) -> str | None:

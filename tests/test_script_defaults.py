@@ -181,3 +181,42 @@ def test_the_default_file_is_the_one_accelerate_itself_reads(env: dict[str, str]
         check=True,
     ).stdout.strip()  # fmt: skip
     assert str(script_defaults.default_config_file({**base, **env})) == theirs
+
+
+def test_an_sftconfig_script_runs_sftconfigs_own_defaults_where_its_command_is_silent(
+    tmp_path: Path,
+) -> None:
+    # TRL's SFTConfig defaults gradient_checkpointing=True and bf16=not fp16, and
+    # TrainingArguments lets a True bf16/fp16 beat the launcher's ACCELERATE_MIXED_PRECISION
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("mixed_precision: 'no'\n")
+    line = ["accelerate", "launch", "--config_file", str(config), "train.py"]
+    search = _space(line, form="sft_flags").search
+    assert search.values("precision") == ["bf16"]
+    assert search.values("gradient_checkpointing") == [True]
+    given = script_defaults.said(line, "sft_flags")
+    assert given["precision"][1] == (
+        f"SFTConfig's default bf16=True, over mixed_precision no in accelerate's config file "
+        f"{config}"
+    )
+    # what the command says still wins; --fp16 True makes SFTConfig's bf16 False
+    said = _space([*line, "--gradient_checkpointing", "False", "--fp16", "True"], form="sft_flags")
+    assert said.search.values("gradient_checkpointing") == [False]
+    assert said.search.values("precision") == ["fp16"]
+    # --bf16 False: the launcher's mixed precision decides, as TrainingArguments reads it
+    assert _space([*line, "--bf16", "False"], form="sft_flags").search.values("precision") == [
+        "fp32"
+    ]
+    # TrainingArguments' own defaults (knobs: flags) are sweeper's: nothing taken from TRL
+    plain = _space(["python", "train.py"]).search
+    assert plain.values("gradient_checkpointing") == [knobs.KNOB["gradient_checkpointing"].default]
+    assert plain.values("precision") == [knobs.KNOB["precision"].default]
+    # a listed knob is searched, whatever the defaults
+    listed = _space(line, "  precision: [fp32, bf16]\n", form="sft_flags").search
+    assert listed.values("precision") == ["fp32", "bf16"]
+
+
+def test_a_true_bf16_flag_runs_over_the_launchers_mixed_precision() -> None:
+    line = ["accelerate", "launch", "--mixed_precision", "no", "train.py", "--bf16", "True"]
+    assert _space(line).search.values("precision") == ["bf16"]
+    assert script_defaults.said(line, "flags")["precision"] == ("bf16", "--bf16 True")

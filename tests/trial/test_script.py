@@ -273,3 +273,127 @@ def test_a_knob_that_never_reached_the_script_is_recorded_as_its_own_or_fails_if
     assert searched.result.failure_kind == "mismatch", searched.result
     message = searched.result.failure_message or ""
     assert "searches max_seq_length" in message and "never called it" in message, message
+
+
+_TRL_SCRIPT = '''
+"""A user's TRL SFT + LoRA script: SFTConfig from the command, its defaults where it is silent."""
+from dataclasses import dataclass
+
+from datasets import load_dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+from trl import SFTConfig, SFTTrainer
+
+import sweeper
+
+
+@dataclass
+class Job:
+    model: str
+    data: str
+
+
+job, config = HfArgumentParser((Job, SFTConfig)).parse_args_into_dataclasses()
+chats = load_dataset("json", data_files=job.data, split="train").select(range(48))
+SFTTrainer(
+    model=AutoModelForCausalLM.from_pretrained(job.model),
+    args=config,
+    train_dataset=chats.map(lambda r: {"messages": r["messages"]}),
+    processing_class=AutoTokenizer.from_pretrained(job.model),
+    peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"),
+    callbacks=[sweeper.callback()],
+).train()
+'''
+
+
+def test_an_sftconfig_scripts_own_defaults_are_what_its_trials_run_and_record(
+    job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    """A TRL script launched as `accelerate launch train.py ...` with `accelerate config
+    default`'s file (mixed_precision 'no'), its command silent on precision and checkpointing:
+    the user's run trains bf16 with gradient checkpointing (SFTConfig's defaults; bf16=True
+    beats the launcher's 'no'). A space that does not list those knobs measures that run, and
+    the study records it. Before, the trials appended --bf16 False --gradient_checkpointing
+    False and recorded fp32 without checkpointing: a run the user's command never does."""
+    script = tmp_path / "train.py"
+    script.write_text(_TRL_SCRIPT)
+    hf_home = tmp_path / "hf"
+    (hf_home / "accelerate").mkdir(parents=True)
+    (hf_home / "accelerate" / "default_config.yaml").write_text(
+        json.dumps(
+            {
+                "distributed_type": "NO",
+                "mixed_precision": "no",
+                "num_processes": 1,
+                "use_cpu": True,
+                "compute_environment": "LOCAL_MACHINE",
+            }
+        )  # fmt: skip
+    )
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    space = {
+        "study": "trl-defaults",
+        "hardware": {"name": "CPU", "usd_per_hour": 0.10, "device": "cpu"},
+        "workload": {
+            "model": {"id": str(job / "model")},
+            "adapter": {"kind": "lora", "r": 4, "alpha": 8, "target_modules": "all-linear"},
+            "dataset": {"path": str(job / "chats.jsonl"), "messages_field": "messages"},
+            "engine": "script",
+            "script": {
+                "command": [
+                    accelerate,
+                    "launch",
+                    str(script),
+                    "--model",
+                    str(job / "model"),
+                    "--data",
+                    str(job / "chats.jsonl"),
+                    "--output_dir",
+                    str(tmp_path / "out"),
+                    "--report_to",
+                    "none",
+                    "--use_cpu",
+                    "True",
+                    "--save_strategy",
+                    "no",
+                ],  # fmt: skip
+                "knobs": "sft_flags",
+            },
+            "samples": 48,
+            "epochs": 1,
+        },
+        "search": {"per_device_batch_size": [2], "max_seq_length": [256]},
+        "trial": {
+            "warmup": {"min_steps": 1, "max_steps": 3, "window": 2},
+            "measure": {"min_steps": 2, "max_steps": 3, "min_seconds": 0, "max_seconds": 10},
+            "timeout_s": 300,
+            "preflight": False,
+        },
+        "budget": {
+            "n_trials": 1,
+            "remeasure": {"rounds": 0, "contended_reruns": 0, "contended_later": 0},
+        },  # fmt: skip
+    }
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    env.update(
+        HF_HOME=str(hf_home), SWEEPER_CACHE_DIR=str(cache_dir), COLUMNS="200",
+        PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])]),
+    )  # fmt: skip
+    launch = run_sweeper("launch", "--space", str(path), "--storage", sqlite_url, env=env)
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    assert "precision bf16 (SFTConfig's default bf16=True, over mixed_precision no in " in (
+        launch.stdout
+    ), launch.stdout
+    assert "gradient_checkpointing True (SFTConfig's default" in launch.stdout
+    store = Store(sqlite_url)
+    try:
+        (trial,) = store.list_trials("trl-defaults", include_measurement=True)
+    finally:
+        store.dispose()
+    assert trial.state == "complete", trial.failure_message
+    assert trial.config["precision"] == "bf16" and trial.config["gradient_checkpointing"]
+    assert trial.measurement is not None
+    effective = parse_measurement(trial.measurement).effective  # read back from what ran
+    assert effective["precision"] == "bf16" and effective["gradient_checkpointing"] is True
