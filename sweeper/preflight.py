@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -627,6 +628,47 @@ def script_python(script: Any) -> str | None:
     return interpreter if Path(interpreter).name.startswith("python") else None
 
 
+# an import of sweeper, and a call of its hook (sweeper.callback(), sweeper.step(...), or the
+# names imported from it): a file with both has the line, wherever it is in the file
+_IMPORTS_SWEEPER = re.compile(r"^\s*(import\s+sweeper\b|from\s+sweeper\s+import\b)", re.M)
+_CALLS_THE_HOOK = re.compile(r"\b(callback|step)\s*\(")
+
+
+def _names_the_hook(program: Path, limit: int = 50) -> bool:
+    """Whether ``program``, or a module of its own that it imports (a .py file or package
+    under its folder, followed up to ``limit`` files), imports sweeper and calls its hook.
+    Read as text: a file that only says so in a comment passes, as does one Python cannot
+    parse, which errs on the side of running the trial (a timeout in it then says the line
+    was never reached)."""
+    import ast
+
+    root, queue, seen = program.parent, [program], set[Path]()
+    while queue and len(seen) < limit:
+        path = queue.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")[: 1 << 20]
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError):
+            return True
+        if _IMPORTS_SWEEPER.search(text) and _CALLS_THE_HOOK.search(text):
+            return True
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for name in names:
+                base = root.joinpath(*name.split("."))
+                for found in (base.with_suffix(".py"), base / "__init__.py"):
+                    if found.is_file():
+                        queue.append(found)
+    return False
+
+
 def script_problems(script: Any) -> list[str]:
     """What stops ``workload.script.command`` before any trial: a program that is not there,
     a Python file that is not where the command runs, a Python that cannot import sweeper
@@ -647,6 +689,15 @@ def script_problems(script: Any) -> list[str]:
         "workload.script.cwd, or give the path from there)"
         for word in script.command[1:]
         if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
+    ]
+    from sweeper.trial.script import THE_LINE
+
+    problems += [
+        f"workload.script.command: {word} never calls sweeper's recorder (neither it nor a .py "
+        f"file beside it imports sweeper and calls callback() or step()), so every trial would "
+        f"train it to its end unmeasured and fail at trial.timeout_s: {THE_LINE}"
+        for word in script.command[1:]
+        if word.endswith(".py") and (cwd / word).is_file() and not _names_the_hook(cwd / word)
     ]
     python = script_python(script)
     if python is not None:

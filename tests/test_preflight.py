@@ -237,14 +237,31 @@ def test_only_stable_results_are_kept_and_only_for_this_software(
     assert other.get(request) is None
 
 
+_HOOKED = "import sweeper\n\n\ndef main(trainer):\n    trainer.add_callback(sweeper.callback())\n"
+
+
 def test_a_script_that_cannot_start_is_said_before_any_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """engine: script: the program, the Python file and sweeper's importability in the
     script's python are checked by preflight (and so by doctor), each named with its fix."""
-    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "train.py").write_text(_HOOKED)
     fine = ScriptSpec(command=[sys.executable, "train.py", "--x", "1"], cwd=str(tmp_path))
     assert script_problems(fine) == []
+    # a script without sweeper's line would train to its end unmeasured in every trial
+    (tmp_path / "plain.py").write_text("from transformers import Trainer\nTrainer().train()\n")
+    (unhooked,) = script_problems(ScriptSpec(command=["accelerate", "launch", "plain.py"],
+                                             cwd=str(tmp_path)))  # fmt: skip
+    assert "plain.py never calls sweeper's recorder" in unhooked, unhooked
+    assert "callbacks=[sweeper.callback()]" in unhooked and "sweeper.step(" in unhooked
+    # the line in a module of its own that it imports (its package) counts; a hooked file
+    # beside it that it does not import does not (train.py above)
+    (tmp_path / "mylib").mkdir()
+    (tmp_path / "mylib" / "__init__.py").write_text("")
+    (tmp_path / "mylib" / "loop.py").write_text(_HOOKED)
+    (tmp_path / "run.py").write_text("from mylib import loop\nloop.main(None)\n")
+    assert script_problems(ScriptSpec(command=["accelerate", "launch", "run.py"],
+                                      cwd=str(tmp_path))) == []  # fmt: skip
     (missing,) = script_problems(ScriptSpec(command=["no-such-python-here", "train.py"]))
     assert "'no-such-python-here' is not a program here" in missing and sys.executable in missing
     (elsewhere,) = script_problems(ScriptSpec(command=[sys.executable, "trian.py"],
@@ -280,7 +297,7 @@ def test_a_scripts_own_python_runs_the_probes(
     launcher = tmp_path / "bin" / "mytorchrun"  # a console script of that environment
     launcher.write_text(f"#!{python}\nimport sys\n")
     launcher.chmod(0o755)
-    (tmp_path / "train.py").write_text("print('training')\n")
+    (tmp_path / "train.py").write_text(_HOOKED)
     script = ScriptSpec(command=[str(python), "train.py"], cwd=str(tmp_path))
     assert script_python(script) == str(python)
     assert script_python(script.model_copy(update={"command": [str(launcher), "train.py"]})) == (

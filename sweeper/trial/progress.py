@@ -29,6 +29,13 @@ _PHASE_WORDS = {
     "model": "start-up (model built; next build step under way)",
     "optimizer": "start-up (optimizer built; the first step under way)",
     "trainer_setup": "start-up (trainer set up; the first step under way)",
+    "script": (
+        "your command, which never reached sweeper's line (no Trainer with "
+        "callbacks=[sweeper.callback()] began training, no sweeper.step ran: without the line "
+        "a script trains to its end unmeasured; add it, or if it is there, the script's own "
+        "start-up is this slow)"
+    ),
+    "script_hook": "your command's start-up (sweeper's line reached; its first step under way)",
     "burn_in": "burn-in",
     "window": "the timed window",
     "finishing": "the end of the timed window (the engine winding down)",

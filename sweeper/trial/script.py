@@ -45,7 +45,7 @@ from typing import Any
 
 from sweeper import knobs
 from sweeper.errors import TrialError
-from sweeper.trial import accelerate_line
+from sweeper.trial import accelerate_line, progress
 from sweeper.trial.failures import classify_output
 from sweeper.trial.lifeline import die_with_parent
 from sweeper.trial.protocol import ChildRequest, ChildResult
@@ -376,6 +376,8 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
     if NOTE_ENV in env:  # said by each rank, beside what it runs
         print(env.pop(NOTE_ENV), file=sys.stderr, flush=True)
     print(f"sweeper: running {' '.join(command)}{where}", file=sys.stderr, flush=True)
+    # a timeout before the hook marks its own phase says the program never reached the line
+    progress.mark("script")
     parent = os.getpid()
     try:
         process = subprocess.Popen(

@@ -184,6 +184,19 @@ def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
         timeout_s=15,
     )
     assert kind == "timeout" and "15 s" in message
+    # it never reached sweeper's line: the message says so, and what to add (a script that
+    # forgot it trains to its end unmeasured, so its trials end here)
+    assert "your command, which never reached sweeper's line" in message, message
+    assert "callbacks=[sweeper.callback()]" in message
+    # one that reached it and then hung is told apart
+    kind, message = _run_script(
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        [sys.executable, "-c", "import sweeper, time; sweeper.callback(); time.sleep(600)"],
+        timeout_s=30,
+    )
+    assert kind == "timeout" and "sweeper's line reached" in message, message
 
 
 def test_a_script_that_ignores_a_knob_fails_naming_it(
