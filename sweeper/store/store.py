@@ -573,8 +573,13 @@ class Store:
                 if samples is None:
                     continue
                 row.remeasures = json_safe([sample.to_json() for sample in samples])
+                # padded tokens keep the config's padding ratio (a measurement records none:
+                # it is the batches', not the machine's), so the padding share stays true
+                tokens = finite_or_none(estimate.tokens_per_s)
+                if row.padded_tokens_per_s and row.tokens_per_s and tokens is not None:
+                    row.padded_tokens_per_s *= tokens / row.tokens_per_s
                 row.samples_per_s = finite_or_none(estimate.samples_per_s)
-                row.tokens_per_s = finite_or_none(estimate.tokens_per_s)
+                row.tokens_per_s = tokens
                 row.it_per_s = finite_or_none(estimate.it_per_s)
                 row.hours_per_run = finite_or_none(estimate.hours_per_run)
                 row.cost_per_run_usd = finite_or_none(estimate.cost_per_run_usd)
