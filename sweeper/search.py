@@ -60,23 +60,21 @@ WORKER_ATTR = "worker"  # user attr: the id of the study's worker that asked for
 
 def trials_took(
     trials: Iterable[FrozenTrial], default_mode: Any
-) -> tuple[list[tuple[Any, float]], set[Any]]:
+) -> tuple[list[tuple[Any, float]], list[bool]]:
     """(compile mode, seconds) of each trial that ran to its end (measured, or failed by the
     config's own doing), in trial order: what a trial of each mode is expected to take
-    (``sweeper.search_cost``); and the modes of those that were measured (not failed). A
+    (``sweeper.search_cost``); and beside each, whether it was measured (not failed). A
     trial whose config has no ``compile_mode`` parameter (the space lists one mode) is
     ``default_mode``'s. A re-told repeat did not run; a failed trial (a budget cut it, a
     bug) is not told to samplers, and says nothing of its config's time."""
-    took, ran = [], set()
+    took, ran = [], []
     for t in sorted(trials, key=lambda t: t.number):
         if t.state != TrialState.COMPLETE or REPEAT_ATTR in t.user_attrs:
             continue
         seconds = search_cost.trial_seconds(t)
         if seconds is not None:
-            mode = t.params.get("compile_mode", default_mode)
-            took.append((mode, seconds))
-            if not infeasible(t):
-                ran.add(mode)
+            took.append((t.params.get("compile_mode", default_mode), seconds))
+            ran.append(not infeasible(t))
     return took, ran
 
 

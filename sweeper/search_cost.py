@@ -41,7 +41,7 @@ samples/s (40).
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -89,7 +89,7 @@ def expected_seconds(modes: Sequence[Any], took: Sequence[tuple[Any, float]]) ->
 def fit_seconds(
     modes: Sequence[Any],
     took: Sequence[tuple[Any, float]],
-    ran_modes: Collection[Any] | None = None,
+    ran: Sequence[bool] | None = None,
 ) -> np.ndarray:
     """The seconds a trial of each of ``modes`` (compile modes) must have left to finish, from
     ``took`` (compile mode, seconds) of the trials run, in the order they ran: the longest
@@ -97,19 +97,23 @@ def fit_seconds(
     compile, plus its own (``COMPILE_S``). The longest, not the mean: a config that runs
     takes longer than one of its mode that fails at its first step (out of memory: 10-55%
     shorter on the replay tables), and a trial the budget cuts is all seconds lost. For the
-    same reason a mode whose trials all failed (not in ``ran_modes``, the modes of the trials
-    that were measured; None: every mode's were) needs at least what a mode not run yet
-    would. The sweep's first trial is left out while others have run: it reads the weights
-    and the data cold (a QLoRA's first start-up took 202 s more).
+    same reason a mode whose trials all failed (``ran``, beside ``took``: whether each trial
+    was measured; None: all were) needs at least what a mode not run yet would. The sweep's
+    first trial is left out while others have run: it reads the weights and the data cold
+    (a QLoRA's first start-up took 202 s more).
 
     >>> fit_seconds(["none", "max-autotune"], [("none", 449.0), ("none", 247.0), ("none", 207.0)])
     array([247., 592.])
-    >>> fit_seconds(["default"], [("none", 105.0), ("none", 75.0), ("default", 95.0)], {"none"})
+    >>> fit_seconds(["default"], [("none", 105.0), ("none", 75.0), ("default", 95.0)],
+    ...             [True, True, False])
     array([135.])
     """
     if not took:
         return np.array([ORDINARY_TRIAL_S + compile_s(m) for m in modes])
-    warm = list(took[1:]) or list(took)
+    first = 1 if len(took) > 1 else 0
+    warm = list(took[first:])
+    measured = [True] * len(took) if ran is None else list(ran)
+    ran_modes = {m for (m, _), r in zip(warm, measured[first:], strict=True) if r}
     longest: dict[Any, float] = {}
     for mode, seconds in warm:
         longest[mode] = max(longest.get(mode, 0.0), seconds)
@@ -119,7 +123,7 @@ def fit_seconds(
         unseen = ordinary + compile_s(mode)
         if mode not in longest:
             out.append(unseen)
-        elif ran_modes is not None and mode not in ran_modes:
+        elif mode not in ran_modes:
             out.append(max(longest[mode], unseen))
         else:
             out.append(longest[mode])
