@@ -693,9 +693,9 @@ def script_problems(script: Any) -> list[str]:
     from sweeper.trial.script import THE_LINE
 
     problems += [
-        f"workload.script.command: {word} never calls sweeper's recorder (neither it nor a .py "
-        f"file beside it imports sweeper and calls callback() or step()), so every trial would "
-        f"train it to its end unmeasured and fail at trial.timeout_s: {THE_LINE}"
+        f"workload.script.command: {word} never calls sweeper's recorder (no import of sweeper "
+        f"and call of callback() or step() in it, or in a module of its own that it imports), "
+        f"so every trial would train it to its end unmeasured until trial.timeout_s: {THE_LINE}"
         for word in script.command[1:]
         if word.endswith(".py") and (cwd / word).is_file() and not _names_the_hook(cwd / word)
     ]
