@@ -134,6 +134,11 @@ def test_fit_seconds_is_the_longest_of_each_mode_the_cold_first_trial_aside() ->
     cold = [("max-autotune", 794.0), ("max-autotune", 552.0), ("none", 247.0)]
     needs = search_cost.fit_seconds(["max-autotune"], cold, [True, False, True])
     assert needs.tolist() == [247.0 + 345.0]
+    # the only trial of its mode, the cold first is the measure of it (held-out-lora at
+    # 2,600 s: max-autotune failed to compile in 637.5 s; the prior would say 135 + 345)
+    lora = [("max-autotune", 637.5), ("none", 105.0), ("default", 195.0)]
+    needs = search_cost.fit_seconds(["max-autotune"], lora, [False, True, True])
+    assert needs.tolist() == [637.5]
 
 
 def test_bayes_picks_the_best_config_that_can_finish_and_runs_it() -> None:
