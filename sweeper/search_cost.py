@@ -101,7 +101,9 @@ def fit_seconds(
     was measured; None: all were) needs at least what a mode not run yet would. The sweep's
     first trial is left out while others of its mode have run: it reads the weights and the
     data cold (a QLoRA's first start-up took 202 s more); the only trial of its mode, it is
-    the measure of it (held-out-lora's max-autotune compiles 1.5x the prior's 345 s).
+    the measure of it (held-out-lora's max-autotune compiles 1.5x the prior's 345 s). What a
+    mode not run yet adds to its compile is read from the measured trials (a failure ends
+    early); with none measured, at least ``ORDINARY_TRIAL_S``.
 
     >>> fit_seconds(["none", "max-autotune"], [("none", 449.0), ("none", 247.0), ("none", 207.0)])
     array([247., 592.])
@@ -118,7 +120,12 @@ def fit_seconds(
     longest: dict[Any, float] = {}
     for mode, seconds in warm:
         longest[mode] = max(longest.get(mode, 0.0), seconds)
-    ordinary = max(max(s - compile_s(m) for m, s in warm), 1.0)
+    # a trial without its compile: from the measured ones (a failure ends early: a compile
+    # error where its compile ends, before the burn-in and the timed window); with none
+    # measured, at least an ordinary trial's prior
+    measured_warm = [t for t, r in zip(warm, measured[first:], strict=True) if r]
+    ordinary = max(s - compile_s(m) for m, s in measured_warm or warm)
+    ordinary = max(ordinary, 1.0 if measured_warm else ORDINARY_TRIAL_S)
     cold_mode, cold_s = took[0]
     if cold_mode not in longest:  # the only trial of its mode: cold, but what is known of it
         longest[cold_mode] = cold_s

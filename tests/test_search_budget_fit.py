@@ -139,6 +139,12 @@ def test_fit_seconds_is_the_longest_of_each_mode_the_cold_first_trial_aside() ->
     lora = [("max-autotune", 637.5), ("none", 105.0), ("default", 195.0)]
     needs = search_cost.fit_seconds(["max-autotune"], lora, [False, True, True])
     assert needs.tolist() == [637.5]
+    # nothing measured yet, only compile errors (375 s: 30 past the prior's compile): a mode
+    # not run needs at least an ordinary trial's prior, not 30 s (noisy at 1,200 s, seed 28:
+    # a none trial of 75 s started with 45 s left)
+    errors = [("max-autotune", 405.0), ("max-autotune", 375.0), ("max-autotune", 375.0)]
+    needs = search_cost.fit_seconds(["none"], errors, [False] * 3)
+    assert needs.tolist() == [search_cost.ORDINARY_TRIAL_S]
 
 
 def test_bayes_picks_the_best_config_that_can_finish_and_runs_it() -> None:
