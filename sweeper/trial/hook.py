@@ -362,8 +362,9 @@ class _Session:
             self._abort(exc)
 
     def _read_back(self) -> None:
+        from sweeper.errors import TrialError
         from sweeper.trial.engines.readback import Running, check
-        from sweeper.trial.script import unreached
+        from sweeper.trial.script import form_hint, unreached
 
         self.first_step_read = True
         if self.computed is not None:
@@ -377,22 +378,25 @@ class _Session:
                 from sweeper.trial.rank import ExposedCommunication
 
                 self.communication = ExposedCommunication(ddp)
-        self.effective = check(
-            "script",
-            Running(
-                device=self.ctx.device,
-                model=_unwrap(self.model),
-                runnables=[self.model, getattr(self.model, "module", None), *self.wrappers],
-                optimizer=self.optimizer,
-                loader=self.loader,
-                args=self.args,
-                micro_batches=self.micro_batches,
-                widest_row=self.widest_row,
-                compute_dtype=None if self.computed is None else self.computed.dtype,
-                first_rows=self.first_rows,
-            ),
-            config.model_dump(),
+        running = Running(
+            device=self.ctx.device,
+            model=_unwrap(self.model),
+            runnables=[self.model, getattr(self.model, "module", None), *self.wrappers],
+            optimizer=self.optimizer,
+            loader=self.loader,
+            args=self.args,
+            micro_batches=self.micro_batches,
+            widest_row=self.widest_row,
+            compute_dtype=None if self.computed is None else self.computed.dtype,
+            first_rows=self.first_rows,
         )
+        try:
+            self.effective = check("script", running, config.model_dump())
+        except TrialError as e:
+            hint = form_hint(self.request, self.args) if e.kind == "mismatch" else ""
+            if not hint:
+                raise
+            raise TrialError(e.kind, f"{e.message}{hint}") from e
         self.effective = unreached(self.request, self.effective, _config_read)
 
     # -- your loop ---------------------------------------------------------------------------

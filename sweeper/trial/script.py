@@ -321,6 +321,21 @@ def unreached(
     }
 
 
+def form_hint(request: ChildRequest, args: Any) -> str:
+    """What to add to a mismatch when the script's arguments are TRL's SFTConfig but the space
+    passes its knobs as TrainingArguments flags (``knobs: flags``): SFTConfig's own defaults
+    (bf16, gradient checkpointing, max_length 1024) then run where the flags say nothing, and
+    max_seq_length never reaches it. Empty otherwise."""
+    script = request.workload.script
+    if script is None or script.knobs != "flags" or type(args).__name__ != "SFTConfig":
+        return ""
+    return (
+        "; your script's arguments are TRL's SFTConfig, not TrainingArguments: set "
+        "workload.script.knobs: sft_flags, so each trial gives it --max_length and --packing "
+        "and the knobs your command leaves out run at SFTConfig's defaults, as your run has them"
+    )
+
+
 def launch_for_ranks(request: ChildRequest, port: int) -> dict[str, str]:
     """What the group's leader adds to each rank's environment: the launch line read once
     (its program and its launcher's environment), rather than by each rank (reading a torchrun

@@ -410,3 +410,22 @@ def test_an_sftconfig_scripts_own_defaults_are_what_its_trials_run_and_record(
     assert trial.measurement is not None
     effective = parse_measurement(trial.measurement).effective  # read back from what ran
     assert effective["precision"] == "bf16" and effective["gradient_checkpointing"] is True
+
+
+def test_an_sftconfig_script_given_trainingarguments_flags_is_told_to_use_sft_flags(
+    job: Path, tmp_path: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """knobs: flags on a script that parses SFTConfig: --max_length never reaches it and its
+    bf16 default runs. The mismatch says which form its arguments need."""
+    script = tmp_path / "train.py"
+    script.write_text(_TRL_SCRIPT)
+    command = [
+        sys.executable, str(script), "--model", str(job / "model"), "--data",
+        str(job / "chats.jsonl"), "--output_dir", str(tmp_path / "out"), "--report_to", "none",
+        "--use_cpu", "True", "--save_strategy", "no",
+    ]  # fmt: skip
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, command, knobs="flags")
+    assert kind == "mismatch", message
+    assert "max_seq_length: asked 64, a batch was" in message, message
+    assert "your script's arguments are TRL's SFTConfig" in message
+    assert "set workload.script.knobs: sft_flags" in message
