@@ -126,6 +126,10 @@ def page(browser: Browser, page_watch: PageWatch, request: pytest.FixtureRequest
     """A fresh context and page per test, offline but for 127.0.0.1, watched for errors."""
     context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(15_000)
+    # a page's first load (a fresh server computing the study's tables, the browser parsing
+    # plotly.js) took over 15 s once at load average 9-10 on 2 cores (CI, 2026-11-26: the
+    # offers form's goto): navigation waits longer; what a test asserts keeps the 15 s
+    context.set_default_navigation_timeout(60_000)
 
     def only_local(route: Route) -> None:
         url = route.request.url
