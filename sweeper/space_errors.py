@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from sweeper import yamllines
-from sweeper.spacekeys import misplaced_key
+from sweeper.spacekeys import misplaced_key, spelled_like
 
 
 def _named_loc(message: str) -> tuple[Any, ...]:
@@ -41,7 +41,11 @@ def problem_lines(
             loc = _named_loc(err["msg"].removeprefix("Value error, "))
         field = yamllines.dotted(loc)
         if err["type"] == "extra_forbidden":
-            message = misplaced_key(model, loc) or "unknown key; remove it or check its spelling"
+            message = (
+                misplaced_key(model, loc)
+                or spelled_like(model, loc)
+                or "unknown key; remove it or check its spelling"
+            )
         elif err["type"] == "missing":
             message = "required key is missing"
         elif err["type"] == "value_error":

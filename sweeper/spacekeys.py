@@ -59,3 +59,21 @@ def misplaced_key(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
         f"not a key of {'.'.join(here) or 'the top level'}: {key!r} belongs under {where}; "
         "move it there"
     )
+
+
+def spelled_like(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The message for an unknown key at ``loc`` that looks like a key of its section (a
+    typo), naming that key; None when none is close.
+
+    >>> from sweeper.space import Space
+    >>> spelled_like(Space, ("search", "per_device_batch_sise"))
+    "unknown key; did you mean 'per_device_batch_size'? (or remove it)"
+    """
+    import difflib
+
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    here = tuple(p for p in loc[:-1] if isinstance(p, str))
+    keys = [name for name, sections in key_places(model).items() if here in sections]
+    close = difflib.get_close_matches(loc[-1], keys, n=1, cutoff=0.75)
+    return f"unknown key; did you mean {close[0]!r}? (or remove it)" if close else None
