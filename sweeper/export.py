@@ -574,7 +574,17 @@ def render(rec: Recommendation, fmt: ExportFormat, space_yaml: str) -> str:
         from sweeper.launch_export import accelerate_config_yaml
 
         header = _header(rec).removeprefix("# ")
-        return accelerate_config_yaml(rec.config, device=_device(space_yaml), header=header)
+        space = _space(space_yaml)
+        # a script's trials ran the user's own line: `export --format command` gives it
+        launched = (
+            None
+            if space is None or space.workload.script is None
+            else f"your command with the winner's options: sweeper export --study {rec.study} "
+            "--format command"
+        )
+        return accelerate_config_yaml(
+            rec.config, device=_device(space_yaml), header=header, launched=launched
+        )
     missing = [k.name for k in knobs.KNOBS if k.required and k.name not in rec.config]
     if missing:
         raise ConflictError(

@@ -130,12 +130,14 @@ def accelerate_config_yaml(
     device: str = "cuda",
     layer_class: str | None = None,
     header: str = "",
+    launched: str | None = None,
 ) -> str:
-    """The file's text, with a comment saying what it is and how to launch with it."""
+    """The file's text, with a comment saying what it is and how to launch with it
+    (``launched``: how the trial was launched, where not ``launch_command``'s; a script's)."""
     lines = [
         f"# {header}" if header else "# sweeper's recommended config",
         f"# save as {ACCELERATE_FILE}, then: {accelerate_launch_command()}",
-        f"# (or, as the trial was launched: {launch_command(config)})",
+        f"# (or, as the trial was launched: {launched or launch_command(config)})",
     ]
     body = yaml.safe_dump(
         accelerate_config(config, device=device, layer_class=layer_class), sort_keys=False

@@ -254,6 +254,12 @@ def test_the_command_export_of_an_accelerate_line_says_the_winner_in_its_options
     assert flags["--per_device_train_batch_size"] == "8"
     assert not {"--bf16", "--fp16", "--torch_compile", "--torch_compile_mode"} & set(flags)
     assert "precision:" not in text and "compile_mode:" not in text  # not trial_config()'s
+    # the accelerate file's note points at that line, not at a `python train.py` it never ran
+    accelerate = render(rec, "accelerate", stored_yaml)
+    assert "# (or, as the trial was launched: your command with the winner's options: sweeper " in (
+        accelerate
+    )
+    assert "python train.py" not in accelerate
 
 
 def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:
