@@ -90,6 +90,14 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
             kwargs["save_steps"] = space.workload.checkpoint.save_steps  # what $/run counted
         if space.workload.engine != "loop":
             kwargs["logging_steps"] = space.workload.logging_steps
+        if space.workload.engine == "script":
+            # a script's trials ran its own learning rate and logging (sweeper passes neither):
+            # the space's defaults would be a value nothing ran; what the space says stays
+            said = space.workload.model_fields_set
+            if "learning_rate" not in said and rec.suggested_learning_rate is None:
+                kwargs.pop("learning_rate")
+            if "logging_steps" not in said:
+                kwargs.pop("logging_steps", None)
     return kwargs
 
 

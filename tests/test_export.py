@@ -325,3 +325,26 @@ def test_the_learning_rate_is_the_spaces_rounded_to_three_digits(url: str) -> No
     own["workload"]["learning_rate"] = 3e-5
     unscaled = rec.model_copy(update={"learning_rate": None, "suggested_learning_rate": None})
     assert trainer_kwargs(unscaled, yaml.safe_dump(own))["learning_rate"] == 3e-5
+
+
+def test_a_script_studys_snippets_leave_out_a_learning_rate_its_trials_never_ran(
+    url: str,
+) -> None:
+    """A script's trials run its own learning rate and logging (sweeper passes neither): the
+    TrainingArguments/SFTConfig snippets say the space's only where the space says one."""
+    script = "  engine: script\n  script: {command: [python, train.py], knobs: sft_flags}\n"
+    store = Store(url)
+    for name, extra in (("own", ""), ("said", "  learning_rate: 3.0e-4\n  logging_steps: 5\n")):
+        space_yaml = CPU_SPACE.replace("  samples: 10000\n", f"  samples: 10000\n{script}{extra}")
+        store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+        store.start_trial(name, 0, CONFIG)
+        store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                           hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
+    store.dispose()
+    rec, stored_yaml = _recommendation(url, "own")
+    own = _call_kwargs(render(rec, "sft", stored_yaml), "SFTConfig")
+    assert "learning_rate" not in own and "logging_steps" not in own, own
+    assert own["per_device_train_batch_size"] == 8  # the measured knobs are all there
+    rec, stored_yaml = _recommendation(url, "said")
+    said = _call_kwargs(render(rec, "trainer", stored_yaml), "TrainingArguments")
+    assert said["learning_rate"] == 3e-4 and said["logging_steps"] == 5
