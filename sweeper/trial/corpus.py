@@ -298,6 +298,14 @@ def open_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     the EOS token (as Trainer's examples do)."""
     from transformers import AutoTokenizer
 
+    local = path.startswith(("/", "./", "../", "~"))
+    if local and not Path(path).expanduser().is_dir():
+        # a path, not a hub id: say so rather than the hub's "Repo id must be in the form"
+        raise TrialError(
+            "error",
+            f"workload.model.id (or tokenizer.id): {path} is not a directory on this machine; "
+            "give the directory save_pretrained wrote (check the path's spelling), or a hub id",
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:
