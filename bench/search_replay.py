@@ -478,8 +478,9 @@ def summarize_budget(
         "| table | metric | budget s | sampler | seeds | regret at the budget, mean: aware / "
         "before | paired diff (aware - before), mean [95% CI] | seeds within 5%: aware / before "
         "| seeds better / worse | wasted s on cut trials, mean: aware / before | seeds with a cut "
-        "trial: aware / before | trials run to their end, median: aware / before |",
-        "|---|---|---:|---|---:|---|---|---|---|---|---|---|",
+        "trial: aware / before | trials run to their end, median: aware / before | seconds left "
+        "unspent at the stop, mean: aware / before |",
+        "|---|---|---:|---|---:|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(m, b, s) for s, m, b, _ in results}, key=lambda k: (k[0], k[1], k[2]))
     for metric, budget_s, sampler in keys:
@@ -500,12 +501,13 @@ def summarize_budget(
         wasted = [statistics.mean(x[s].wasted_s for s in seeds) for x in (aware, before)]
         cut = [sum(x[s].cut > 0 for s in seeds) for x in (aware, before)]
         finished = [statistics.median(x[s].finished for s in seeds) for x in (aware, before)]
+        unspent = [statistics.mean(budget_s - x[s].spent_s for s in seeds) for x in (aware, before)]
         lines.append(
             f"| {table_name} | {metric} | {budget_s:,.0f} | {sampler} | {len(seeds)} | "
             f"{statistics.mean(ra):.1%} / {statistics.mean(rb):.1%} | {diff[0]:+.1%} "
             f"[{diff[1]:+.1%}, {diff[2]:+.1%}] | {within[0]} / {within[1]} | {better} / {worse} "
             f"| {wasted[0]:,.0f} / {wasted[1]:,.0f} | {cut[0]} / {cut[1]} | "
-            f"{_fmt(finished[0])} / {_fmt(finished[1])} |"
+            f"{_fmt(finished[0])} / {_fmt(finished[1])} | {unspent[0]:,.0f} / {unspent[1]:,.0f} |"
         )
     return "\n".join(lines)
 
