@@ -178,6 +178,35 @@ def test_the_sweep_stops_saying_why_when_no_config_can_finish() -> None:
     assert "the cheapest expected takes ~60 s (compile mode none" in loop.stop_reason
 
 
+def test_a_device_time_limit_that_ends_the_sweep_is_named_as_one() -> None:
+    """Only a device-time limit (budget.max_device_hours): when no config can finish in what
+    it leaves, the stop names that limit, also where what is left still holds the costliest
+    trial the loop timed but not what a trial of the cheapest mode needs (its recorded
+    seconds: CI at f4782ae, a shared budget: "the sweep's time budget is spent", which
+    test_budget_shared's workers must not say)."""
+    loop, table, clock = _loop("bayes")
+    execute = table.execute
+
+    def reports_more(trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        outcome = execute(trial, config, left_s)
+        trial.set_user_attr(SECONDS_ATTR, trial.user_attrs[SECONDS_ATTR] + 5.0)  # start-up
+        return outcome
+
+    table.execute = reports_more  # type: ignore[method-assign]
+    for batch in (1, 8):
+        loop.study.enqueue_trial(
+            {"per_device_batch_size": batch, "compile_mode": "none", "num_workers": 0,
+             "gradient_checkpointing": False}
+        )  # fmt: skip
+    assert loop.run(2)["run"] == 2
+    counts = loop.run(5, device_deadline=clock() + 62)  # the loop timed 60 s, a trial needs 65
+    assert counts["run"] == 0 and table.cut == []
+    assert loop.stop_reason.startswith("the sweep's device-time budget is spent (62 "), (
+        loop.stop_reason
+    )
+    assert "no config left can finish: the cheapest expected takes ~65 s" in loop.stop_reason
+
+
 def test_random_search_does_not_run_a_proposal_that_cannot_finish() -> None:
     """Random search proposes without knowing the time: a proposal that cannot finish is
     told as not run (a failed trial, which samplers do not learn from), and the loop asks

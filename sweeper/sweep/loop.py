@@ -280,10 +280,9 @@ class SearchLoop:
             )
             device_left = self.time.device_left_s()
             if device_left is not None and device_left / cheapest.devices <= has:
-                # the device-time limit binds: its own words name it (the study's, a worker's)
-                spent = self.time.why_spent(left_s)
-                if spent is not None:
-                    return f"{spent}; no config left can finish: {expectation}"
+                # the device-time limit binds: its own words name it (the study's, a worker's),
+                # even where its left still holds the costliest trial so far (why_spent's test)
+                return f"{self.time.device_time_spent()}; no config left can finish: {expectation}"
             return (
                 "the sweep's time budget is spent: no config left whose trial fits in the "
                 f"{has:.0f} s left; {expectation}"

@@ -99,26 +99,32 @@ class TimeBudget:
         or the device time left cannot pay for another as costly as the costliest."""
         return self.why_spent(left_s) is not None
 
+    def device_time_spent(self) -> str:
+        """Why the device-time limit ends the sweep, in words (the study's, shared by its
+        workers, or this sweep's)."""
+        device_left = self.device_left_s() or 0.0
+        if self.shared is not None:
+            left, share, live = self.shared.left_s()
+            limit = self.shared.limit_s
+            return (
+                f"the study's device-time budget is spent: its workers used "
+                f"{limit - left:.0f} of {limit:.0f} device-seconds, this one "
+                f"{self.shared.clock.device_s():.0f}; {max(0.0, share):.0f} left to this "
+                f"worker ({live} live worker(s) share {max(0.0, left):.0f}), the costliest "
+                f"trial took {self.longest_device_s:.0f} (budget.max_usd / "
+                "max_device_hours, each device priced)"
+            )
+        return (
+            f"the sweep's device-time budget is spent ({max(0.0, device_left):.0f} "
+            f"device-seconds left, the costliest trial took {self.longest_device_s:.0f}: "
+            "budget.max_usd / max_device_hours, each device priced)"
+        )
+
     def why_spent(self, left_s: float | None) -> str | None:
         """Why no trial may start now (``spent``), in words; None: one may."""
         device_left = self.device_left_s()
         if device_left is not None and (device_left <= 0 or device_left < self.longest_device_s):
-            if self.shared is not None:
-                left, share, live = self.shared.left_s()
-                limit = self.shared.limit_s
-                return (
-                    f"the study's device-time budget is spent: its workers used "
-                    f"{limit - left:.0f} of {limit:.0f} device-seconds, this one "
-                    f"{self.shared.clock.device_s():.0f}; {max(0.0, share):.0f} left to this "
-                    f"worker ({live} live worker(s) share {max(0.0, left):.0f}), the costliest "
-                    f"trial took {self.longest_device_s:.0f} (budget.max_usd / "
-                    "max_device_hours, each device priced)"
-                )
-            return (
-                f"the sweep's device-time budget is spent ({max(0.0, device_left):.0f} "
-                f"device-seconds left, the costliest trial took {self.longest_device_s:.0f}: "
-                "budget.max_usd / max_device_hours, each device priced)"
-            )
+            return self.device_time_spent()
         if left_s is not None and (left_s <= 0 or left_s < self.longest_s):
             return (
                 f"the sweep's time budget is spent ({max(0.0, left_s):.0f} s left, the "
