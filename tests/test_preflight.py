@@ -248,7 +248,14 @@ def test_a_script_that_cannot_start_is_said_before_any_trial(
     (tmp_path / "train.py").write_text(_HOOKED)
     fine = ScriptSpec(command=[sys.executable, "train.py", "--x", "1"], cwd=str(tmp_path))
     assert script_problems(fine) == []
-    # a script without sweeper's line would train to its end unmeasured in every trial
+    # a script without sweeper's line would train to its end unmeasured in every trial. The
+    # line is read, never run: an `accelerate` on PATH is all it needs (the controller's
+    # environment, where this runs in CI, has no accelerate; CI at f4782ae)
+    launcher = tmp_path / "bin" / "accelerate"
+    launcher.parent.mkdir()
+    launcher.write_text("#!/bin/sh\nexit 1\n")
+    launcher.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{launcher.parent}{os.pathsep}{os.environ.get('PATH', '')}")
     (tmp_path / "plain.py").write_text("from transformers import Trainer\nTrainer().train()\n")
     (unhooked,) = script_problems(ScriptSpec(command=["accelerate", "launch", "plain.py"],
                                              cwd=str(tmp_path)))  # fmt: skip
