@@ -61,7 +61,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -447,23 +447,37 @@ def load_budget_replays(
 ) -> dict[BudgetKey, dict[int, BudgetReplay]]:
     """The budget replays of ``table`` saved in ``paths`` (other lines are left out)."""
     out: dict[BudgetKey, dict[int, BudgetReplay]] = {}
+    for where, record in _saved(paths, table, budget=True):
+        try:
+            replayed = BudgetReplay(**{k: record[k] for k in BudgetReplay.__dataclass_fields__})
+            key = (
+                record["sampler"], record["metric"], float(record["budget_s"]),
+                bool(record["fit"]),
+            )  # fmt: skip
+            seed = int(record["seed"])
+        except (ValueError, KeyError, TypeError) as e:
+            sys.exit(f"{where}: not a saved budget replay ({e}); write it with --save")
+        out.setdefault(key, {})[seed] = replayed
+    return out
+
+
+def _saved(
+    paths: Sequence[Path], table: str, *, budget: bool
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(path:line, record)`` of each line saved in ``paths`` for ``table``: the budget
+    replays (``budget``) or the others."""
+    kind = "saved budget replay" if budget else "saved replay"
     for path in paths:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                if record["table"] != table or "budget_s" not in record:
+                if record["table"] != table or ("budget_s" in record) != budget:
                     continue
-                replayed = BudgetReplay(**{k: record[k] for k in BudgetReplay.__dataclass_fields__})
-                key = (
-                    record["sampler"], record["metric"], float(record["budget_s"]),
-                    bool(record["fit"]),
-                )  # fmt: skip
             except (ValueError, KeyError, TypeError) as e:
-                sys.exit(f"{path}:{number}: not a saved budget replay ({e}); write it with --save")
-            out.setdefault(key, {})[int(record["seed"])] = replayed
-    return out
+                sys.exit(f"{path}:{number}: not a {kind} ({e}); write it with --save")
+            yield f"{path}:{number}", record
 
 
 def summarize_budget(
@@ -523,21 +537,13 @@ def load_replays(paths: Sequence[Path], table: str) -> dict[tuple[str, str], dic
     """The replays of ``table`` saved in ``paths``, by (sampler, metric) and seed (a seed saved
     twice: the last one)."""
     out: dict[tuple[str, str], dict[int, Replay]] = {}
-    for path in paths:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                if record["table"] != table:
-                    continue
-                if "budget_s" in record:
-                    continue  # a budget replay (load_budget_replays)
-                replayed = Replay(**{k: record[k] for k in Replay.__dataclass_fields__})
-                key, seed = (record["sampler"], record["metric"]), int(record["seed"])
-            except (ValueError, KeyError, TypeError) as e:
-                sys.exit(f"{path}:{number}: not a saved replay ({e}); write it with --save")
-            out.setdefault(key, {})[seed] = replayed
+    for where, record in _saved(paths, table, budget=False):  # budget ones: load_budget_replays
+        try:
+            replayed = Replay(**{k: record[k] for k in Replay.__dataclass_fields__})
+            key, seed = (record["sampler"], record["metric"]), int(record["seed"])
+        except (ValueError, KeyError, TypeError) as e:
+            sys.exit(f"{where}: not a saved replay ({e}); write it with --save")
+        out.setdefault(key, {})[seed] = replayed
     return out
 
 
