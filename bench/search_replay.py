@@ -761,6 +761,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(ImprovementGridSampler.cost_cooling; 0: no cooling)",
     )  # fmt: skip
     parser.add_argument(
+        "--cost-acquisition", choices=("pi", "ei"),
+        help="bayes: weigh time against the probability of improving (pi) or the expected "
+        "improvement (ei: EI per second; use --cost-window 0) "
+        "(ImprovementGridSampler.cost_acquisition)",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-s",
         help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
         "spent, with the budget-aware pick and without it (see the module's docstring)",
@@ -797,7 +803,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     missing = sum(1 for c in grid if c not in table)
     overrides = {
         name: value
-        for name in ("cost_weight", "cost_window", "cost_after", "cost_against", "cost_cooling")
+        for name in (
+            "cost_weight",
+            "cost_window",
+            "cost_after",
+            "cost_against",
+            "cost_cooling",
+            "cost_acquisition",
+        )
         if (value := getattr(args, name)) is not None
     }
     jobs = [

@@ -299,6 +299,10 @@ class ImprovementGridSampler(_CandidateSampler):
     # 1, window 0.5: 17.5 against 13 on noisy samples/s, 40 seeds; bench/RESULTS.md Run 10)
     cost_against = "incumbent"
     cost_cooling = 0
+    # "ei": the score weighed is the expected improvement of log $/run below the best less
+    # ``improvement`` (not its probability), so time is weighed as expected improvement per
+    # second (EIpu; with cost_cooling, CArBO's); a window of 0 weighs it among all configs
+    cost_acquisition = "pi"
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -376,6 +380,7 @@ class ImprovementGridSampler(_CandidateSampler):
             return self._light_first(free) if oom else int(self.rng.choice(free))
         log_p = self._log_p_improves(np.array(rows), np.array(values), free)
         log_p += self.feasibility_weight * log_runs[free]  # P(it runs and improves)
+        # (or with "ei": its expected improvement, weighed by P(it runs) the same way)
         mode = lambda i: self.candidates[i].get("compile_mode", "none")  # noqa: E731
         took = [(mode(i), s) for i, s in seen.took]
         log_seconds = search_cost.counted_log_seconds(
@@ -427,15 +432,25 @@ class ImprovementGridSampler(_CandidateSampler):
 
     def _log_p_improves(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
         """log P(a free config beats the best measured log $/run by more than
-        ``improvement``), under the posterior of the cost model."""
+        ``improvement``), under the posterior of the cost model; with ``cost_acquisition``
+        "ei", log of the expected improvement below that target instead."""
+        if self.cost_acquisition not in ("pi", "ei"):
+            raise ValueError(
+                f"cost_acquisition must be 'pi' or 'ei', not {self.cost_acquisition!r}"
+            )
         posterior = _Posterior(self.design.matrix(rows), y, self.prior_var, self.noise_sd)
         target = float(y.min()) - self.improvement - float(y.mean())
         log_pi = np.empty(len(free))
         for start in range(0, len(free), self.chunk):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
             mean, variance = posterior.mean(features), posterior.variance(features)
-            z = (target - mean) / np.sqrt(np.maximum(variance, 1e-12))
-            log_pi[start : start + self.chunk] = scipy.special.log_ndtr(z)
+            sd = np.sqrt(np.maximum(variance, 1e-12))
+            z = (target - mean) / sd
+            if self.cost_acquisition == "ei":  # sd (z Φ(z) + φ(z))
+                score = np.log(sd) + search_cost.log_expected_improvement(z)
+            else:
+                score = scipy.special.log_ndtr(z)
+            log_pi[start : start + self.chunk] = score
         return log_pi
 
     def _light_first(self, free: list[int]) -> int:

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import scipy.special
 from optuna.trial import FrozenTrial
 
 # user attr: the seconds the trial took, start-up and compile included (without it, the time
@@ -169,6 +170,35 @@ def cooled_weight(weight: float, measured: int, cooling: int) -> float:
     return weight * max(0.0, 1.0 - measured / cooling)
 
 
+def log_expected_improvement(z: np.ndarray) -> np.ndarray:
+    """log of z Φ(z) + φ(z): the expected improvement below a target of a Gaussian value, in
+    units of its sd (z = (target − mean) / sd; EI = sd (z Φ(z) + φ(z))). Finite far into
+    the tail, where the sum itself underflows:
+    φ(z) (1 + z Φ(z)/φ(z)) with the Mills ratio from ``erfcx``, and its asymptote
+    −z²/2 − log √(2π) − 2 log |z| beyond z = −1e4.
+
+    >>> [round(float(v), 4) for v in np.exp(log_expected_improvement(np.array([0.0, 1.0])))]
+    [0.3989, 1.0833]
+    """
+    z = np.asarray(z, dtype=float)
+    out = np.empty_like(z)
+    high = z > -1.0
+    # z Φ(z) + φ(z) directly where it does not cancel
+    zh = z[high]
+    out[high] = np.log(zh * scipy.special.ndtr(zh) + np.exp(-0.5 * zh**2) / _SQRT_2PI)
+    low = ~high
+    zl = np.maximum(z[low], -1e4)
+    mills = math.sqrt(math.pi / 2) * scipy.special.erfcx(-zl / math.sqrt(2))  # Φ(z)/φ(z)
+    tail = np.log(np.maximum(1 + zl * mills, 1e-300))
+    far = z[low] < -1e4  # 1 + z Φ/φ ~ 1/z², where float cancellation would lose it
+    tail = np.where(far, -2 * np.log(-z[low]), tail)
+    out[low] = -0.5 * z[low] ** 2 - math.log(_SQRT_2PI) + tail
+    return out
+
+
+_SQRT_2PI = math.sqrt(2 * math.pi)
+
+
 def pick(
     log_p: np.ndarray,
     log_seconds: np.ndarray,
@@ -181,12 +211,13 @@ def pick(
     and improving (``log_p``) is at least log ``window`` below the highest, the one with the
     most of it per second of trial beyond ``incumbent_log_s`` (the best measured config's
     expected log seconds; ``against`` "cheapest": beyond the cheapest candidate's), to the
-    power ``weight`` (0: the likeliest, time ignored)."""
+    power ``weight`` (0: the likeliest, time ignored). ``window`` 0: among all the configs
+    (expected improvement per second, ``ImprovementGridSampler.cost_acquisition`` "ei")."""
     if weight == 0:
         return int(np.argmax(log_p))
     if against not in ("incumbent", "cheapest"):
         raise ValueError(f"against must be 'incumbent' or 'cheapest', not {against!r}")
-    promising = log_p >= log_p.max() + math.log(window)
+    promising = log_p >= log_p.max() + math.log(window) if window > 0 else np.ones_like(log_p, bool)
     base = incumbent_log_s if against == "incumbent" else float(log_seconds.min())
     extra = np.maximum(log_seconds - base, 0.0)  # a cheaper trial is not a gain
     return int(np.argmax(np.where(promising, log_p - weight * extra, -np.inf)))

@@ -280,3 +280,86 @@ def test_cost_cooling_lets_time_count_only_over_the_first_measured_trials() -> N
     assert search_cost.cooled_weight(1.0, 10, 10) == 0.0
     assert search_cost.cooled_weight(1.0, 25, 10) == 0.0
     assert search_cost.cooled_weight(2.0, 25, 0) == 2.0
+
+
+def test_the_expected_improvement_is_the_integral_it_stands_for() -> None:
+    """``log_expected_improvement(z)`` is log E[max(z - X, 0)] for a standard normal X, read
+    against the integral itself (scipy's quad) where it is representable, against its tail
+    series φ(z)/z² (1 - 3/z² + 15/z⁴) far below the target, where z Φ(z) + φ(z) underflows,
+    and rising with z throughout."""
+    from scipy import integrate, stats
+
+    for z in (-30.0, -8.0, -1.5, -1.0, -0.3, 0.0, 0.7, 4.0):
+        integral, _ = integrate.quad(
+            lambda x, z=z: (z - x) * stats.norm.pdf(x), -np.inf, z, epsabs=0, epsrel=1e-11
+        )
+        ei = float(np.exp(search_cost.log_expected_improvement(np.array([z]))[0]))
+        assert ei == pytest.approx(integral, rel=1e-7), (z, ei, integral)
+    for z in (-40.0, -200.0, -5e3, -5e4):
+        series = -0.5 * z**2 - 0.5 * np.log(2 * np.pi) - 2 * np.log(-z)
+        series += np.log1p(-3 / z**2 + 15 / z**4)
+        got = float(search_cost.log_expected_improvement(np.array([z]))[0])
+        assert got == pytest.approx(series, abs=1e-6), (z, got, series)
+    z = np.concatenate([-np.logspace(6, -3, 300), np.linspace(0, 30, 50)])
+    assert np.all(np.diff(search_cost.log_expected_improvement(z)) > 0)
+
+
+def _near_tie_study() -> tuple[list[dict[str, object]], list[optuna.trial.FrozenTrial]]:
+    """The table of ``test_bayes_can_weigh_a_trials_time_among_near_ties``: three measured
+    configs, one of them max-autotune (405 s against a minute)."""
+    candidates = [
+        {"per_device_batch_size": b, "num_workers": w, "compile_mode": m}
+        for b in (1, 2, 4, 8)
+        for w in (0, 2)
+        for m in ("none", "max-autotune")
+    ]
+    study = optuna.create_study(direction="minimize")
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
+        for name in candidates[0]
+    }
+    for index, value, seconds in ((0, 10.0, 60.0), (3, 9.6, 405.0), (4, 8.0, 60.0)):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=candidates[index], distributions=distributions, value=value,
+                user_attrs={SECONDS_ATTR: seconds},
+            )
+        )  # fmt: skip
+    return candidates, study.get_trials(deepcopy=False)
+
+
+def test_bayes_expected_improvement_per_second_is_the_posteriors_own() -> None:
+    """With ``cost_acquisition`` "ei" the score of a free config is its posterior's expected
+    improvement below the best measured log $/run less ``improvement``: sd (z Φ(z) + φ(z)),
+    read here against scipy's normal from the same posterior; per second of trial beyond the
+    incumbent's (weight 1, window 0) the pick leaves max-autotune for a minute's trial; and
+    the default is unchanged ("pi")."""
+    from scipy import stats
+
+    from sweeper.search import _Posterior
+
+    assert ImprovementGridSampler.cost_acquisition == "pi"
+    candidates, trials = _near_tie_study()
+    measured = [0, 3, 4]
+    free = [i for i in range(len(candidates)) if i not in measured]
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    sampler.cost_acquisition = "ei"
+    y = np.log([10.0, 9.6, 8.0])
+    rows = np.array(measured)
+    posterior = _Posterior(sampler.design.matrix(rows), y, sampler.prior_var, sampler.noise_sd)
+    features = sampler.design.matrix(np.array(free))
+    mean, sd = posterior.mean(features) + y.mean(), np.sqrt(posterior.variance(features))
+    target = y.min() - sampler.improvement
+    z = (target - mean) / sd
+    expected = sd * (z * stats.norm.cdf(z) + stats.norm.pdf(z))
+    got = np.exp(sampler._log_p_improves(rows, y, free))
+    assert got == pytest.approx(expected, rel=1e-9)
+    picks = {}
+    for weight in (0.0, 1.0):
+        sampler.cost_weight, sampler.cost_window = weight, 0.0
+        picks[weight] = candidates[sampler.pick(free, trials)]
+    assert picks[0.0]["compile_mode"] == "max-autotune", picks  # the most expected, time aside
+    assert picks[1.0]["compile_mode"] == "none", picks
+    sampler.cost_acquisition = "eipu"
+    with pytest.raises(ValueError, match="cost_acquisition"):
+        sampler.pick(free, trials)
