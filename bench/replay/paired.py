@@ -1,12 +1,14 @@
 """Paired comparison of saved bayes replays (bench/RESULTS.md, Search Run 10): the unweighted
 search against each form of the time weighing, seed by seed.
 
-    .venv/bin/python bench/replay/paired.py DIR TABLE SPACE
+    .venv/bin/python bench/replay/paired.py DIR TABLE SPACE [FORMS]
 
 reads DIR/TABLE.unweighted.jsonl and DIR/TABLE.<form>.jsonl (``search_replay.py --save``) for
-each form in tiebreak, cooling, and prints one row per form and metric: medians of trials and
-measurement-seconds to 5% with bootstrap 95% intervals, seeds worse / better, the median paired
-difference, the sum ratio of seconds, and the pre-set rule (the form's median at most 1 above).
+each form in tiebreak, cooling (or FORMS, comma-separated), and prints one row per form and
+metric: medians of trials and measurement-seconds to 5% with bootstrap 95% intervals, seeds
+worse / better, the median paired difference, the sum ratio of seconds, and the pre-set rule
+(Run 10's: the form's median at most 1 above; with FORMS, Run 12's per row: that, and the sum
+ratio at most 1.05).
 """
 
 from __future__ import annotations
@@ -47,14 +49,14 @@ def _to_5(
     return trials, seconds
 
 
-def main(directory: Path, table: str, space: str) -> None:
+def main(directory: Path, table: str, space: str, forms: tuple[str, ...] = FORMS) -> None:
     rows = sr.read_table(HERE / f"{table}.jsonl", load_space(HERE / f"{space}.yaml"))
     name = f"{table}.jsonl"
     base = sr.load_replays([directory / f"{table}.unweighted.jsonl"], name)
     for metric in ("samples_per_s", "tokens_per_s"):
         best = sr.eligible_best(rows, metric)
         unweighted = base.get(("bayes", metric), {})
-        for form in FORMS:
+        for form in forms:
             path = directory / f"{table}.{form}.jsonl"
             if not path.exists():
                 continue
@@ -71,7 +73,8 @@ def main(directory: Path, table: str, space: str) -> None:
             diff = _boot([w - u for w, u in zip(tw, tu, strict=True)], rng)
             finite = all(map(math.isfinite, su + sw))
             total = sum(sw) / sum(su) if finite else float("nan")
-            rule = "passes" if mw[0] <= mu[0] + 1 else "**fails**"
+            passes = mw[0] <= mu[0] + 1 and (forms == FORMS or total <= 1.05)
+            rule = "passes" if passes else "**fails**"
             print(
                 f"| {table} ({len(seeds)}) | {metric} | {mu[0]:g} [{mu[1]:g}, {mu[2]:g}] / "
                 f"{smu[0]:,.0f} [{smu[1]:,.0f}, {smu[2]:,.0f}] | {form}: {mw[0]:g} [{mw[1]:g}, "
@@ -82,6 +85,7 @@ def main(directory: Path, table: str, space: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        sys.exit("usage: paired.py DIR TABLE SPACE (e.g. run10 noisy interactions)")
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    if len(sys.argv) not in (4, 5):
+        sys.exit("usage: paired.py DIR TABLE SPACE [FORMS] (e.g. run10 noisy interactions)")
+    forms = tuple(sys.argv[4].split(",")) if len(sys.argv) == 5 else FORMS
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], forms)
