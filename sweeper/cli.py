@@ -147,7 +147,7 @@ def launch(
 
     if space is not None:
         try:
-            parsed = load_space(space)
+            parsed = load_space(space, runs_here=True)
         except SpaceError as e:
             raise fail(f"invalid space file\n{e}", code=2) from None
         try:
@@ -536,7 +536,7 @@ def doctor(
     parsed = None
     if space is not None:
         try:
-            parsed = load_space(space)
+            parsed = load_space(space, runs_here=True)
         except SpaceError as e:
             raise fail(f"invalid space file\n{e}", code=2) from None
     quiet = as_json or not sys.stderr.isatty()

@@ -314,11 +314,15 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSpace) -> TrialConfig:
 
 def parse_space(text: str, source: str = "<space>") -> Space:
     """Validate a space from YAML text; raise SpaceError naming ``source:line: field``."""
+    return _parse(text, source)[0]
+
+
+def _parse(text: str, source: str) -> tuple[Space, yamllines.Lines]:
     data, lines = yamllines.load(text, source, SpaceError)
     if not isinstance(data, dict):
         raise SpaceError(f"{source}:1: a space file is a mapping of keys (study, hardware, ...)")
     try:
-        return Space.model_validate(data)
+        return Space.model_validate(data), lines
     except ValidationError as e:
         raise SpaceError("\n".join(problem_lines(e, Space, source, lines))) from None
 
@@ -346,8 +350,9 @@ def as_study(space: Space, study: str) -> Space:
 MAX_SPACE_BYTES = 1 << 20
 
 
-def load_space(path: str | Path) -> Space:
-    """Read and validate a space file."""
+def load_space(path: str | Path, *, runs_here: bool = False) -> Space:
+    """Read and validate a space file. ``runs_here``: the file is swept (or examined) on this
+    machine, so a script space's program must be here too (``sweeper.space_script``)."""
     path = Path(path)
     try:
         with path.open("rb") as file:
@@ -368,4 +373,14 @@ def load_space(path: str | Path) -> Space:
             f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the "
             f"file as UTF-8, e.g. iconv -f latin1 -t utf-8 {path} > fixed.yaml"
         ) from None
-    return parse_space(text, source=str(path))
+    space, lines = _parse(text, source=str(path))
+    # its script, said before any preparation (a file written for other machines, as the
+    # cluster recipes' spaces, is read without it; preflight checks it where it runs)
+    script = space.workload.script
+    if runs_here and space.workload.engine == "script" and script is not None:
+        from sweeper.space_script import program_problem
+
+        problem = program_problem(script.command, script.cwd, str(path), lines)
+        if problem is not None:
+            raise SpaceError(problem)
+    return space
