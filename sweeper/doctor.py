@@ -34,6 +34,7 @@ from sweeper.hardware import peak_flops
 from sweeper.launcher import run_child
 from sweeper.preflight import PreflightReport, ProbeCache, run_preflight
 from sweeper.space import Space, parse_space
+from sweeper.sweep.observer import SilentObserver
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
 # Without a space, doctor probes every attention implementation and the default compile mode
@@ -144,7 +145,10 @@ def diagnose(
         prepared = prepare_workload(subject, cache_dir)
     except PrepareError as e:
         raise DoctorError(str(e)) from e
-    subject = resolve_lengths(subject, prepared.stats)  # max_seq_length: auto, as a sweep
+    # max_seq_length: auto, as a sweep; and what it says of the space as it reads it (the
+    # lengths it chose, the knobs a script's command gives), as launch says it
+    notes = _Notes()
+    subject = resolve_lengths(subject, prepared.stats, notes)
     phases["prepare"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -176,9 +180,21 @@ def diagnose(
         space=space_path, facts=facts, preflight=preflight, disk=disk, phases_s=phases
     )
     report.findings = findings(space, facts, preflight, disk)
+    if space is not None:
+        report.findings += [Finding(level="ok", topic="space", text=said) for said in notes.said]
     if space is not None:  # the space as the sweep will search it (auto: the data's lengths)
         report.findings.append(_duration_finding(subject, facts, disk, phases))
     return report
+
+
+class _Notes(SilentObserver):
+    """What a sweep's preparation says of the space (``resolve_lengths``' notes), kept."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def note(self, message: str) -> None:
+        self.said.append(message)
 
 
 def _duration_finding(

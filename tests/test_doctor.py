@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,29 @@ def test_doctor_on_a_gpu(cache_dir: Path) -> None:
     probed = {(p["knob"], p["value"]): p for p in report["preflight"]["probes"]}
     assert probed[("attn_implementation", "sdpa")]["ok"]
     assert report["preflight"]["precision_factor"] is not None  # bf16 timed against fp32
+
+
+def test_a_script_space_says_which_knobs_run_at_the_commands_values(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A knob the space does not list runs at the value the script's command gives it: launch
+    says so before its trials, and doctor, reading the same space, says it too."""
+    (tmp_path / "train.py").write_text("import sweeper\n\nsweeper.callback()\n")
+    space = yaml.safe_load(TINY_SPACE.read_text())
+    space["workload"]["engine"] = "script"
+    space["workload"]["script"] = {
+        "command": [sys.executable, "train.py", "--gradient_checkpointing", "True"],
+        "cwd": str(tmp_path),
+    }
+    space["search"]["attn_implementation"] = ["sdpa"]  # one probe: the note is the point
+    del space["baseline"]
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    result = _doctor("--space", str(path), "--json", "--write-mb", "8", cache_dir=cache_dir)
+    assert result.returncode in (0, 1), result.stderr
+    said = [f["text"] for f in json.loads(result.stdout)["findings"] if f["topic"] == "space"]
+    assert any(
+        text.startswith("from your command: ")
+        and "gradient_checkpointing True (--gradient_checkpointing True)" in text
+        for text in said
+    ), said
