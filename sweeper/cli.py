@@ -81,7 +81,9 @@ def _main(
     """Find the cheapest way to run a training job: timed trials, priced per run."""
 
 
-@app.command()
+@app.command(
+    short_help="Run a sweep: each trial trains the workload with one config in a child process."
+)
 def launch(
     space: Annotated[
         Path | None, typer.Option("--space", help="a space file, e.g. spaces/h100.yaml")
@@ -140,7 +142,11 @@ def launch(
         ),
     ] = False,
 ) -> None:
-    """Run a sweep: each trial trains the workload with one config in a child process."""
+    """Run a sweep: each trial trains the workload with one config in a child process. Exit
+    status: 0 when the study has a completed trial; 2 for a bad space file (or data), before
+    anything is written; 3 when the sweep ended and the study holds no completed trial (each
+    failed or was skipped; not when stopped on request, nor while other workers of the study
+    still run); 1 for other errors (a lost database); 130/143 on Ctrl-C/SIGTERM."""
     from sweeper.joining import same_place_worker
     from sweeper.settings import resolve_storage
     from sweeper.space import as_study, load_space

@@ -40,7 +40,25 @@ def launch_workers(
             say=lambda line: console.print(line, highlight=False), sizes=sizes,
         )  # fmt: skip
     except FleetError as e:
-        raise fail(str(e), e.code) from None
+        code = e.code
+        if code == 1 and _ran_without_completing(url, name):  # the workers' own exit 3
+            code = NO_TRIAL_COMPLETED
+        raise fail(str(e), code) from None
+
+
+def _ran_without_completing(url: str, study: str) -> bool:
+    """Whether ``study`` has finished trials and none of them completed."""
+    from sweeper.store import Store
+
+    try:
+        store = Store(url)
+        try:
+            states = [t.state for t in store.list_trials(study)]
+        finally:
+            store.dispose()
+    except SweeperError:
+        return False
+    return bool(states) and "complete" not in states
 
 
 def missing_trials(url: str, study: str, planned: int) -> int:
@@ -127,6 +145,86 @@ def sweep_and_report(
     print_leaderboard(url, parsed.study)
     print_sweep_summary(report)
     print_best(url, parsed.study)
+    said, code = outcome(url, report, space_path, settings.worker_grace_s)
+    if code:
+        raise fail(said, code)
+    if said:
+        console.print(f"[yellow]{escape(said)}[/]", highlight=False)
+
+
+# ``launch``/``worker``'s exit status when the study ends this run without a completed trial
+# (each failed, or none could run): ``sweeper launch && sweeper best`` stops at the launch
+NO_TRIAL_COMPLETED = 3
+
+
+def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tuple[str, int]:
+    """What the sweep's last line says, and the exit status: ``NO_TRIAL_COMPLETED`` when the
+    study holds no completed trial once this worker is done, unless the user stopped it (a
+    stop request: asked for, not a failure) or other workers of the study are still running
+    (theirs may complete: a cluster's workers end one by one, and a failed exit restarts
+    one). A worker whose own trials all failed while the study has completed ones (other
+    workers', earlier launches') exits 0 and says so. ("", 0): nothing to say."""
+    import socket
+    from collections import Counter
+
+    from sweeper.joining import process_alive
+    from sweeper.store import Store
+
+    host = socket.gethostname()  # a worker of this host counts only while its process exists
+
+    try:
+        store = Store(url)
+        try:
+            trials = store.list_trials(report.study)
+            others = [
+                w
+                for w in store.live_workers(report.study, grace_s)
+                if w.id != report.worker_id and (w.host != host or process_alive(w.pid))
+            ]
+        finally:
+            store.dispose()
+    except SweeperError:
+        return "", 0  # the database went away at the end: the lines above said what was run
+    complete = sum(t.state == "complete" for t in trials)
+    mine = [t for t in trials if t.worker_id == report.worker_id]
+    kinds = Counter(t.failure_kind or "error" for t in mine if t.state in ("failed", "pruned"))
+    failed = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
+    ran = (
+        f"this sweep ran {report.trials_run} trial{'' if report.trials_run == 1 else 's'}"
+        + (f", {sum(kinds.values())} failed ({failed})" if kinds else "")
+        + (
+            f", skipped {report.predicted_oom} as heavy as one that ran out of memory"
+            if report.predicted_oom
+            else ""
+        )  # fmt: skip
+    )
+    if complete:
+        if report.trials_run and report.completed == 0:
+            return (
+                f"{ran}: none of them completed; the study's {complete} completed trial"
+                f"{'' if complete == 1 else 's'} (other workers', earlier launches') make the "
+                "recommendation above",
+                0,
+            )
+        return "", 0
+    if report.stopped:
+        return f"stopped on request before any trial completed: {ran}", 0
+    if others:
+        return (
+            f"no trial of study {report.study} has completed yet ({ran}); {len(others)} other "
+            f"worker{'' if len(others) == 1 else 's'} of it still running: `sweeper best "
+            f"--study {report.study}` once they end",
+            0,
+        )
+    why = f" ({report.stop_reason})" if report.stop_reason and not report.trials_run else ""
+    check = f"`sweeper doctor --space {space_path}`" if space_path else "`sweeper doctor`"
+    return (
+        f"no trial completed, so there is nothing to recommend: {ran}{why}. Each failure is "
+        "named above with its message (and in the dashboard, `sweeper serve`); fix what they "
+        f"say, or check the space against this machine with {check}, then launch again (the "
+        f"study resumes) (exit {NO_TRIAL_COMPLETED})",
+        NO_TRIAL_COMPLETED,
+    )
 
 
 def print_best(url: str, study: str) -> None:

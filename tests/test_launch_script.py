@@ -8,13 +8,17 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from sweeper import yamllines
+from sweeper.cli_sweep import NO_TRIAL_COMPLETED, outcome
 from sweeper.space_script import program_problem
-from tests.helpers import TINY_SPACE, run_sweeper
+from sweeper.store import Store
+from sweeper.sweep.run import SweepReport
+from tests.helpers import STUDY_FIELDS, TINY_SPACE, run_sweeper
 
 
 def _script_space(tmp_path: Path, command: list[str], cwd: str | None = None) -> Path:
@@ -105,3 +109,87 @@ def test_each_launch_form_names_its_program(
     absent = _problem(tmp_path, [str(tmp_path / "venv" / "bin" / "python"), "src/train.py"])
     assert absent is not None and "workload.script.command[0]: " in absent
     assert "venv/bin/python does not exist" in absent
+
+
+_FAILS = """import sweeper  # sweeper's line would be below, but the script fails before it
+
+raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+"""
+
+
+@pytest.mark.torch  # its trials run (the script's child side)
+def test_a_launch_whose_trials_all_fail_exits_3_with_what_to_do(tmp_path: Path) -> None:
+    """`sweeper launch && sweeper best` stops at the launch when no trial completed; its last
+    line says how many ran, failed by kind, and what to do."""
+    (tmp_path / "train.py").write_text(_FAILS)
+    path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
+    space = yaml.safe_load(path.read_text())
+    space["budget"]["n_trials"] = 2
+    del space["baseline"]
+    path.write_text(yaml.safe_dump(space))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    launch = run_sweeper("launch", "--space", str(path), "--storage", url,
+                         cache_dir=tmp_path / "cache")  # fmt: skip
+    assert launch.returncode == NO_TRIAL_COMPLETED == 3, launch.stdout + launch.stderr
+    last = " ".join(launch.stderr.split())  # one message, wrapped to the terminal
+    assert last.startswith("error: no trial completed, so there is nothing to recommend: "), last
+    assert "this sweep ran 2 trials, 2 failed (error 2)" in last, last
+    assert f"`sweeper doctor --space {path}`" in last and "(exit 3)" in last
+    assert "Traceback" not in launch.stderr
+    best = run_sweeper("best", "--study", "tiny", "--storage", url)
+    assert best.returncode != 0
+
+
+def _store(tmp_path: Path) -> Store:
+    store = Store(f"sqlite:///{tmp_path / 'o.db'}")
+    store.migrate()
+    store.upsert_study("s", **STUDY_FIELDS)
+    return store
+
+
+def _report(**fields: Any) -> SweepReport:
+    base: dict[str, Any] = dict(
+        study="s", storage_url="", trials_run=2, completed=0, failed=2, wall_s=1.0,
+        worker_id="me",
+    )  # fmt: skip
+    return SweepReport(**(base | fields))
+
+
+def _trials(store: Store, *rows: tuple[str, str, str | None]) -> None:
+    for number, (worker, state, kind) in enumerate(rows):
+        store.start_trial("s", number, {"per_device_batch_size": 2}, worker)
+        store.finish_trial("s", number, state, failure_kind=kind)
+
+
+def test_the_exit_status_counts_the_studys_trials_not_only_this_workers(
+    tmp_path: Path,
+) -> None:
+    """3 only when the study holds no completed trial once this worker ends: not when the
+    user stopped it, not while other workers of the study still run (theirs may complete; a
+    cluster restarts a worker that exits non-zero), and not when other workers or earlier
+    launches completed trials (0, saying this worker's own all failed). Real SQLite."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    store = _store(tmp_path)
+    _trials(store, ("me", "failed", "oom"), ("me", "failed", "mismatch"), ("me", "failed", "oom"))
+    report = _report(trials_run=3, failed=3)
+    said, code = outcome(url, report, "space.yaml", 60.0)
+    assert code == 3
+    assert "this sweep ran 3 trials, 3 failed (oom 2, mismatch 1)" in said, said
+    assert "`sweeper doctor --space space.yaml`" in said
+    said, code = outcome(url, _report(trials_run=3, stopped=True), None, 60.0)
+    assert code == 0 and said.startswith("stopped on request before any trial completed"), said
+    # a worker elsewhere, beating: its trials may still complete
+    store.register_worker("s", "other", "another-host", 1)
+    said, code = outcome(url, report, None, 60.0)
+    assert code == 0 and "1 other worker of it still running" in said, said
+    store.end_worker("other")
+    said, code = outcome(url, report, None, 0.0)  # and once it is done, 3 again
+    assert code == 3, said
+    # another worker's trial completed: the study has a recommendation
+    store.start_trial("s", 3, {"per_device_batch_size": 4}, "other")
+    store.finish_trial("s", 3, "complete")
+    said, code = outcome(url, report, None, 60.0)
+    assert code == 0
+    assert "none of them completed; the study's 1 completed trial" in said, said
+    assert outcome(url, _report(trials_run=1, completed=1, failed=0), None, 60.0) == ("", 0)
+    store.dispose()

@@ -105,6 +105,8 @@ class SweepReport:
     device_limit_s: float | None = None
     study_device_s: float | None = None
     workers: int = 1  # workers of the run that shared the budget
+    worker_id: str = ""  # this worker's (its trials' worker_id): the exit status counts them
+    stopped: bool = False  # a stop was requested (REST): the user ended it, not the trials
 
 
 def study_fields(
@@ -307,4 +309,6 @@ def run_sweep(
         device_limit_s=device_limit_s,
         study_device_s=None if use is None else use.used_s,
         workers=1 if use is None else len(use.workers),
+        worker_id=member.id,
+        stopped=loop.stopped,
     )
