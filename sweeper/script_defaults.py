@@ -29,6 +29,11 @@ is TrainingArguments' reading of them: ``--bf16``/``--fp16`` True (SFTConfig's d
 included) beat the launcher's ``ACCELERATE_MIXED_PRECISION``, which counts only where both are
 False, so an accelerate config's ``mixed_precision: 'no'`` under an SFTConfig script trains bf16.
 
+Under ``knobs: env`` the command gives no knob, so a knob ``search:`` leaves out runs at the
+script's own value unless it takes it from ``sweeper.trial_config()``; which value that is, the
+words cannot tell (an SFTConfig built in the script, its own defaults): the trial reads it back
+from what ran and records it (``sweeper.trial.script.owned``), and the sweep says so.
+
 Read from the words alone, without the program's parser: a flag spelled otherwise, or a value
 the script sets in its code, is not seen (list the knob in ``search:`` to be sure).
 """
@@ -265,18 +270,29 @@ def _sft_default(name: str, flags: Mapping[str, str]) -> tuple[Any, str]:
     return SFT_DEFAULTS[name]
 
 
+# knobs: env gives the program no flag: what search: leaves out is the program's own
+_ENV_NOTE = (
+    "knobs: env: a knob search: does not list runs at your script's own value (its "
+    "TrainingArguments' or SFTConfig's default, say) unless the script takes it from "
+    "sweeper.trial_config(); each trial reads back what ran and records that"
+)
+
+
 def describe(command: Sequence[str], form: str, search: Any) -> str | None:
-    """The sweep's note on the knobs that run at the command's values (None: none do)."""
+    """The sweep's note on the knobs that run at the command's values, and under ``knobs:
+    env`` on those that run at the script's own (None: nothing to say)."""
     taken = [
         f"{name} {value} ({words})"
         for name, (value, words) in said(command, form).items()
         if list(search.values(name)) == [value]
     ]
-    if not taken:
-        return None
-    return (
-        "from your command: "
-        + ", ".join(taken)
-        + " (search: does not list them, so every trial runs your run's values; list one "
-        "there to search it)"
-    )
+    notes = [_ENV_NOTE] if form == "env" else []
+    if taken:
+        notes.insert(
+            0,
+            "from your command: "
+            + ", ".join(taken)
+            + " (search: does not list them, so every trial runs your run's values; list one "
+            "there to search it)",
+        )
+    return "\n".join(notes) or None

@@ -1,7 +1,8 @@
 """``sweeper launch`` and ``doctor`` on a script space whose program is not there: said when
 the file is read (its path, the directory it resolved against, the YAML line, the fix), exit 2,
-before any preparation and with nothing written. A launch whose trials all fail exits 3
-(``tests/trial/test_script.py`` runs one)."""
+before any preparation and with nothing written. A launch whose study ends without a completed
+trial exits 3 (a real script whose trials all fail), and when it does not (a real SQLite
+store's trials, workers and stop)."""
 
 from __future__ import annotations
 

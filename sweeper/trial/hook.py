@@ -364,7 +364,7 @@ class _Session:
     def _read_back(self) -> None:
         from sweeper.errors import TrialError
         from sweeper.trial.engines.readback import Running, check
-        from sweeper.trial.script import form_hint, unreached
+        from sweeper.trial.script import form_hint, owned, ran_config, unreached
 
         self.first_step_read = True
         if self.computed is not None:
@@ -390,14 +390,20 @@ class _Session:
             compute_dtype=None if self.computed is None else self.computed.dtype,
             first_rows=self.first_rows,
         )
+        # the knobs the program runs at its own values are read back and recorded, not
+        # compared with sweeper's defaults (None: recorded, not compared)
+        own = owned(self.request)
+        asked = {k: None if k in own else v for k, v in config.model_dump().items()}
         try:
-            self.effective = check("script", running, config.model_dump())
+            self.effective = check("script", running, asked)
         except TrialError as e:
             hint = form_hint(self.request, self.args) if e.kind == "mismatch" else ""
             if not hint:
                 raise
             raise TrialError(e.kind, f"{e.message}{hint}") from e
         self.effective = unreached(self.request, self.effective, _config_read)
+        # what the measurement derives from the config, it derives from what ran
+        self.ctx.request = ran_config(self.request, self.effective)
 
     # -- your loop ---------------------------------------------------------------------------
 

@@ -82,6 +82,12 @@ class ChildRequest(BaseModel):
     # reads one of them (not a flag, no sweeper.trial_config()) would record configs that differ
     # in a value nothing ran (sweeper.trial.script.unreached)
     varied: tuple[str, ...] = ()
+    # engine: script: the knobs the space's search lists (the user's, or the command's own
+    # values: sweeper.script_defaults). One it does not list and the program is not given (no
+    # flag, no launch option) runs at the program's own value, which the trial reads back and
+    # records instead of comparing it with sweeper's default (sweeper.trial.script.owned).
+    # None: not known, every knob is compared
+    listed: tuple[str, ...] | None = None
     spawned_at: float = 0.0  # time.time() in the parent just before the spawn
 
     @classmethod
@@ -94,6 +100,9 @@ class ChildRequest(BaseModel):
     ) -> ChildRequest:
         """A request for ``space``'s workload on its device; ``fields`` add to it (``prepared``,
         ``config``, ``probe``, ...) or override it (``device``)."""
+        listed = None
+        if kind == "trial" and space.workload.engine == "script":
+            listed = tuple(sorted(space.search.model_fields_set & set(TrialConfig.model_fields)))
         return cls(
             kind=kind,
             **{
@@ -101,6 +110,7 @@ class ChildRequest(BaseModel):
                 "device": space.hardware.device,
                 "cache_dir": str(cache_dir),
                 "study": space.study,
+                "listed": listed,
                 **fields,
             },
         )

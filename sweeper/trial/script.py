@@ -283,6 +283,52 @@ def carried(config: dict[str, Any], script: Any) -> set[str]:
     )
 
 
+# the trial's layout, which sweeper itself gives the program (its ranks, its launch): never
+# the program's own
+_LAYOUT = ("devices", "data_parallel")
+
+
+def owned(request: ChildRequest) -> set[str]:
+    """The knobs the program runs at its own values: those the space does not list
+    (``request.listed``; their config value is sweeper's default, not an ask) and the trial
+    does not give it as a flag or a launch option. Under ``knobs: env`` nothing is given so: a
+    TRL script's SFTConfig runs its bf16 and gradient checkpointing wherever it does not take
+    them from ``sweeper.trial_config()``. Their values are read back from what ran and
+    recorded as such, not compared with the config's (empty: ``listed`` not known)."""
+    script, config = request.workload.script, request.config
+    if script is None or config is None or request.listed is None:
+        return set()
+    given = carried(config.model_dump(), script)
+    return {
+        knob.name
+        for knob in knobs.KNOBS
+        if knob.name not in request.listed and knob.name not in given and knob.name not in _LAYOUT
+    }
+
+
+def ran_config(request: ChildRequest, effective: Mapping[str, Any]) -> ChildRequest:
+    """``request`` with the config the program ran: its own values of the knobs it owns
+    (``owned``) where they were read back as a config can hold them, so what the measurement
+    derives from the config (MFU's peak for the precision and TF32, the effective batch)
+    is derived from what ran."""
+    from pydantic import ValidationError
+
+    from sweeper.knobs import TrialConfig
+    from sweeper.trial.engines.readback import Unobserved
+
+    assert request.config is not None
+    config = request.config
+    for name in owned(request):
+        value = effective.get(name)
+        if value is None or isinstance(value, Unobserved):
+            continue
+        try:
+            config = TrialConfig.model_validate(config.model_dump() | {name: value})
+        except ValidationError:
+            continue  # a value no config holds (a script's own optimizer class)
+    return request.model_copy(update={"config": config})
+
+
 def unreached(
     request: ChildRequest, effective: dict[str, Any], config_read: bool
 ) -> dict[str, Any]:

@@ -412,6 +412,99 @@ def test_an_sftconfig_scripts_own_defaults_are_what_its_trials_run_and_record(
     assert effective["precision"] == "bf16" and effective["gradient_checkpointing"] is True
 
 
+_TRL_ENV_SCRIPT = '''
+"""A user's TRL SFT script that takes its knobs from sweeper.trial_config() (knobs: env)."""
+from dataclasses import dataclass
+
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser
+from trl import SFTConfig, SFTTrainer
+
+import sweeper
+
+
+@dataclass
+class Job:
+    model: str
+    data: str
+
+
+job, config = HfArgumentParser((Job, SFTConfig)).parse_args_into_dataclasses()
+trial = sweeper.trial_config()
+if trial is not None:  # the knobs it takes; precision and checkpointing stay SFTConfig's
+    config.per_device_train_batch_size = trial["per_device_batch_size"]
+    config.gradient_accumulation_steps = trial["gradient_accumulation_steps"]
+    config.max_length = trial["max_seq_length"]
+SFTTrainer(
+    model=AutoModelForCausalLM.from_pretrained(job.model),
+    args=config,
+    train_dataset=load_dataset("json", data_files=job.data, split="train").select(range(48)),
+    processing_class=AutoTokenizer.from_pretrained(job.model),
+    callbacks=[sweeper.callback()],
+).train()
+'''
+
+
+def test_an_env_scripts_own_sftconfig_values_are_read_back_and_recorded(
+    job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    """knobs: env, a TRL script silent on precision and checkpointing: SFTConfig's bf16 and
+    gradient checkpointing run. The space does not list them, so the trial records what its
+    Trainer ran (read back after SFTConfig's defaults), and derives the measurement from it.
+    Before, the trial compared them with sweeper's own defaults (fp32, no checkpointing,
+    adamw_torch) and failed every trial as a mismatch."""
+    script = tmp_path / "train.py"
+    script.write_text(_TRL_ENV_SCRIPT)
+    command = [
+        sys.executable, str(script), "--model", str(job / "model"), "--data",
+        str(job / "chats.jsonl"), "--output_dir", str(tmp_path / "out"), "--report_to", "none",
+        "--use_cpu", "True", "--save_strategy", "no",
+    ]  # fmt: skip
+    space = {
+        "study": "trl-env",
+        "hardware": {"name": "CPU", "usd_per_hour": 0.10, "device": "cpu"},
+        "workload": {
+            "model": {"id": str(job / "model")},
+            "dataset": {"path": str(job / "chats.jsonl"), "messages_field": "messages"},
+            "engine": "script",
+            "script": {"command": command, "knobs": "env"},
+            "samples": 48,
+            "epochs": 1,
+        },
+        "search": {"per_device_batch_size": [2], "max_seq_length": [256]},
+        "trial": {
+            "warmup": {"min_steps": 1, "max_steps": 2, "window": 2},
+            "measure": {"min_steps": 2, "max_steps": 3, "min_seconds": 0, "max_seconds": 10},
+            "timeout_s": 300,
+            "preflight": False,
+        },
+        "budget": {
+            "n_trials": 1,
+            "remeasure": {"rounds": 0, "contended_reruns": 0, "contended_later": 0},
+        },  # fmt: skip
+    }
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    launch = run_sweeper("launch", "--space", str(path), "--storage", sqlite_url,
+                         cache_dir=cache_dir)  # fmt: skip
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    assert "knobs: env: a knob search: does not list runs at your script's own value" in (
+        " ".join(launch.stdout.split())
+    ), launch.stdout
+    store = Store(sqlite_url)
+    try:
+        (trial,) = store.list_trials("trl-env", include_measurement=True)
+    finally:
+        store.dispose()
+    assert trial.state == "complete", trial.failure_message
+    assert trial.measurement is not None
+    measured = parse_measurement(trial.measurement)
+    effective = measured.effective or {}
+    assert effective["precision"] == "bf16" and effective["gradient_checkpointing"] is True
+    assert effective["per_device_batch_size"] == 2  # the knob it took from trial_config()
+    assert measured.effective_batch == 2
+
+
 def test_an_sftconfig_script_given_trainingarguments_flags_is_told_to_use_sft_flags(
     job: Path, tmp_path: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
