@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -86,7 +87,6 @@ def _module_here(module: str, cwd: Path, python: str | None) -> bool:
     """Whether ``module`` is a file or package under ``cwd``, or importable by ``python`` (the
     command's interpreter, when it is this one: another environment is not looked into)."""
     import importlib.util
-    import sys
 
     parts = module.split(".")
     base = cwd.joinpath(*parts)
@@ -119,12 +119,18 @@ def program_problem(
             "the directory your command runs in"
         )
     interpreter = command[0]
+    first = yamllines.line_for(("workload", "script", "command", 0), lines)
     if "/" in interpreter and not (here / Path(interpreter).expanduser()).is_file():
-        line = yamllines.line_for(("workload", "script", "command", 0), lines)
         return (
-            f"{source}:{line}: workload.script.command[0]: {interpreter} does not exist "
+            f"{source}:{first}: workload.script.command[0]: {interpreter} does not exist "
             f"(resolved against {here.resolve()}, {where}); give the path of your python "
             "or launcher, or its name on PATH (python, accelerate, torchrun)"
+        )
+    if "/" not in interpreter and shutil.which(interpreter, path=os.environ.get("PATH")) is None:
+        return (
+            f"{source}:{first}: workload.script.command[0]: {interpreter} is not a program on "
+            f"PATH; give your python's path (this one is {sys.executable}) or install the "
+            "launcher in the environment sweeper runs in"
         )
     program = script_of(command)
     if program is None:

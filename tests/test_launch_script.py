@@ -6,6 +6,7 @@ store's trials, workers and stop)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,13 @@ def test_each_launch_form_names_its_program(
     """python, accelerate launch, torchrun and python -m lines, relative to the directory
     sweeper runs in when the space sets no cwd."""
     monkeypatch.chdir(tmp_path)
+    # the launchers' names on PATH (read, never run: the controller's environment has none)
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name in ("python", "accelerate", "torchrun"):
+        (shims / name).write_text("#!/bin/sh\nexit 1\n")
+        (shims / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ.get('PATH', '')}")
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "train.py").write_text("")
     (tmp_path / "pkg").mkdir()
@@ -107,6 +115,8 @@ def test_each_launch_form_names_its_program(
     module = _problem(tmp_path, [sys.executable, "-m", "pkg_that_is_not.train"])
     assert module is not None and "module pkg_that_is_not.train is neither under" in module
     assert f"nor importable by {sys.executable}" in module
+    unknown = _problem(tmp_path, ["no-such-python-here", "src/train.py"])
+    assert unknown is not None and "no-such-python-here is not a program on PATH" in unknown
     absent = _problem(tmp_path, [str(tmp_path / "venv" / "bin" / "python"), "src/train.py"])
     assert absent is not None and "workload.script.command[0]: " in absent
     assert "venv/bin/python does not exist" in absent
