@@ -17,7 +17,13 @@ import typer
 from rich.markup import escape
 
 from sweeper.cli_common import StorageOption, fail, reading_store, with_storage
-from sweeper.cli_sweep import launch_workers, missing_trials, sweep_and_report
+from sweeper.cli_sweep import (
+    NO_TRIAL_COMPLETED,
+    launch_workers,
+    missing_trials,
+    ran_without_completing,
+    sweep_and_report,
+)
 from sweeper.cluster import cluster_app
 from sweeper.console import (
     console,
@@ -174,6 +180,14 @@ def launch(
         n_trials = missing_trials(url, parsed.study, n_trials or parsed.budget.n_trials)
         if n_trials == 0:
             print_leaderboard(url, parsed.study)
+            if ran_without_completing(url, parsed.study):  # its plan is spent on failures
+                raise fail(
+                    f"study {parsed.study} has run its trials and none completed, so there is "
+                    "nothing to recommend; each failure is named above: fix what they say, "
+                    "then launch again without --fill (or with a larger --n-trials) "
+                    f"(exit {NO_TRIAL_COMPLETED})",
+                    NO_TRIAL_COMPLETED,
+                )
             return
     if workers > 1:
         from sweeper.sweep.fleet import visible_gpus

@@ -41,12 +41,12 @@ def launch_workers(
         )  # fmt: skip
     except FleetError as e:
         code = e.code
-        if code == 1 and _ran_without_completing(url, name):  # the workers' own exit 3
+        if code == 1 and ran_without_completing(url, name):  # the workers' own exit 3
             code = NO_TRIAL_COMPLETED
         raise fail(str(e), code) from None
 
 
-def _ran_without_completing(url: str, study: str) -> bool:
+def ran_without_completing(url: str, study: str) -> bool:
     """Whether ``study`` has finished trials and none of them completed."""
     from sweeper.store import Store
 

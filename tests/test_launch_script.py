@@ -149,6 +149,11 @@ def test_a_launch_whose_trials_all_fail_exits_3_with_what_to_do(tmp_path: Path) 
     assert "Traceback" not in launch.stderr
     best = run_sweeper("best", "--study", "tiny", "--storage", url)
     assert best.returncode != 0
+    # --fill has nothing left to run: the study's plan is spent, on failures
+    fill = run_sweeper("launch", "--space", str(path), "--storage", url, "--fill",
+                       cache_dir=tmp_path / "cache")  # fmt: skip
+    assert fill.returncode == 3, fill.stdout + fill.stderr
+    assert "has run its trials and none completed" in " ".join(fill.stderr.split())
 
 
 def _store(tmp_path: Path) -> Store:
