@@ -26,16 +26,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sweeper import duration
 from sweeper.errors import SweeperError
 from sweeper.hardware import peak_flops
 from sweeper.launcher import run_child
 from sweeper.preflight import PreflightReport, ProbeCache, run_preflight
-from sweeper.space import Space, parse_space
-from sweeper.sweep.observer import SilentObserver
+from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
+
+if TYPE_CHECKING:
+    from sweeper.store import TrialRow
 
 # Without a space, doctor probes every attention implementation and the default compile mode
 # on a two-layer Llama; the precision is the device's best (bf16 on a CPU is timed, not assumed).
@@ -187,14 +189,27 @@ def diagnose(
     return report
 
 
-class _Notes(SilentObserver):
-    """What a sweep's preparation says of the space (``resolve_lengths``' notes), kept."""
+class _Notes:
+    """What a sweep's preparation says of the space (``resolve_lengths``' notes), kept; a
+    ``SweepObserver`` that hears nothing else (doctor runs no trial)."""
 
     def __init__(self) -> None:
         self.said: list[str] = []
 
     def note(self, message: str) -> None:
         self.said.append(message)
+
+    def prepare_started(self) -> None:
+        pass
+
+    def prepare_done(self, prepared: PreparedData, wall_s: float) -> None:
+        pass
+
+    def trial_started(self, number: int, config: TrialConfig) -> None:
+        pass
+
+    def trial_done(self, row: TrialRow) -> None:
+        pass
 
 
 def _duration_finding(
