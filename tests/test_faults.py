@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import optuna
 import psutil
@@ -34,6 +33,7 @@ from tests.helpers import (
     tiny_space_without_baseline,
 )
 from tests.proxy import FaultProxy
+from tests.spawned import start_worker
 from tests.test_cli import (  # noqa: F401 (env is a fixture)
     _launch,
     _slow_space,
@@ -337,22 +337,6 @@ def test_a_full_disk_under_sqlite_is_said_at_once_and_the_trials_record_is_kept(
     assert tally.complete >= (2 if ending == "measured" else 1), tally
 
 
-def _start_worker(url: str, barrier: Any, results: Any) -> None:
-    """What a worker does first on a database: our tables, then Optuna's."""
-    from sweeper.store import Store
-    from sweeper.store.optuna import optuna_storage
-
-    barrier.wait()
-    try:
-        store = Store(url)
-        store.migrate()
-        optuna_storage(url).engine.dispose()
-        store.dispose()
-        results.put("ok")
-    except Exception as e:  # reported to the test, which shows it
-        results.put(f"{type(e).__name__}: {e}")
-
-
 @pytest.mark.parametrize("attempt", [1, 2])
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_workers_starting_together_on_an_empty_database_do_not_race(
@@ -364,7 +348,7 @@ def test_workers_starting_together_on_an_empty_database_do_not_race(
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(6), context.Queue()
     workers = [
-        context.Process(target=_start_worker, args=(postgres_url, barrier, results))
+        context.Process(target=start_worker, args=(postgres_url, barrier, results))
         for _ in range(6)
     ]
     for worker in workers:
