@@ -624,14 +624,16 @@ def test_help_reads_as_a_newcomer_needs_it(env: dict[str, str]) -> None:
         version = _sweeper(flag, env=env)
         assert version.returncode == 0 and version.stdout.strip() == f"sweeper {__version__}"
     wide = {**env, "COLUMNS": "200"}
+    helps: dict[str, str] = {}  # each command's -h, read below (not run a second time)
     for command in (["best"], ["export"], ["launch"], ["worker"], ["doctor"], ["study", "export"]):
         short, long = _sweeper(*command, "-h", env=wide), _sweeper(*command, "--help", env=wide)
         assert short.returncode == long.returncode == 0, short.stderr
         assert short.stdout == long.stdout and "<bool>" not in short.stdout, short.stdout
-    best_help = " ".join(_sweeper("best", "-h", env=wide).stdout.split())
+        helps[" ".join(command)] = short.stdout
+    best_help = " ".join(helps["best"].split())
     assert "the run must finish within this many hours" in best_help
     assert "<float range>" in best_help  # options that take a value keep their label
-    launch_help = " ".join(_sweeper("launch", "-h", env=wide).stdout.split())
+    launch_help = " ".join(helps["launch"].split())
     assert "launching a study again resumes it and adds this many more" in launch_help
 
 
