@@ -10,7 +10,8 @@
 #   3. the tests that reach transformers' API (the engines, what each knob reads back, TRL's
 #      packing, chat templates) with transformers at its floor (5.17.0, as CUDA images ship it);
 #   4. mypy.
-# Steps 3 and 4 run in the background beside step 2 (their output follows step 2's).
+# Steps 3 and 4 run in the background beside the Postgres outage test and step 2 (their output
+# follows step 2's).
 # Extra arguments go to pytest and run step 1 only (for working on one test).
 # Every step runs even when an earlier one fails; the failures are listed at the end, and the
 # exit status is 1 if any step failed.
@@ -69,7 +70,7 @@ joined() {
   for i in "${!beside_pids[@]}"; do
     local status=0
     wait "${beside_pids[$i]}" || status=$?
-    echo "test: ---- ${beside_names[$i]} (ran beside step 2) ----"
+    echo "test: ---- ${beside_names[$i]} (ran beside the outage test and step 2) ----"
     cat "${beside_logs[$i]}"; rm -f "${beside_logs[$i]}"
     if [ "$status" -ne 0 ]; then
       failed+=("${beside_names[$i]}"); echo "test: FAILED: ${beside_names[$i]}" >&2
@@ -87,6 +88,32 @@ echo "test: 1/4 the tests that run torch, Python $(.venv/bin/python -c 'import p
 # the slowest tests are listed at the end: the suite must stay well under 30 minutes on 2 cores
 step "1/4 the tests that run torch" .venv/bin/python -m pytest -n "$processes" --dist worksteal \
   -m "torch and not exclusive" --durations=25 --durations-min=10
+# 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
+# first, and trial children inherit it). 5.17 needs a huggingface_hub below 2. Steps 3 and 4
+# start before the Postgres outage test (neither reaches Postgres: the trial tests sweep on
+# SQLite), whose 12 s outage and the sweep's retries leave the cores mostly idle, and go on
+# beside step 2
+floor=.floor/transformers-5.17.0
+if [ ! -f "$floor/.installed" ]; then
+  rm -rf "$floor"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$floor" transformers==5.17.0 huggingface_hub==1.33.0
+  touch "$floor/.installed"
+fi
+echo "test: 3/4 the transformers-facing trial tests with transformers 5.17.0," \
+  "beside the Postgres outage test and step 2"
+beside "3/4 the transformers-facing trial tests with transformers 5.17.0" \
+  env PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
+  -p no:cacheprovider -q -n "$processes" --dist worksteal tests/trial/test_engines.py \
+  tests/trial/test_readback.py tests/trial/test_packing.py \
+  "tests/trial/test_user_data.py::test_chat_records_train_replies_only_with_every_engine" \
+  "tests/trial/test_user_data.py::test_users_model_directory_sweeps_with_its_own_tokenizer" \
+  "tests/test_doctor.py::test_tiny_space_runs_here"
+
+# 4. Types (issue 30). mypy reads pyproject's [tool.mypy]: sweeper, api and dashboards, 0 errors.
+echo "test: 4/4 mypy, beside the Postgres outage test and step 2"
+beside "4/4 types (mypy)" .venv/bin/mypy
+
 echo "test: 1/4 the test that STOPS this machine's Postgres for 12 s (tests/test_faults.py), alone"
 step "1/4 the Postgres outage test" .venv/bin/python -m pytest -p no:cacheprovider -m exclusive
 
@@ -125,27 +152,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     --no-build-isolation -e . >/dev/null
   echo "$want" > "$stamp"
 fi
-# 3. transformers at the floor of its range, over the pinned environment (PYTHONPATH comes
-# first, and trial children inherit it). 5.17 needs a huggingface_hub below 2.
-floor=.floor/transformers-5.17.0
-if [ ! -f "$floor/.installed" ]; then
-  rm -rf "$floor"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
-    --target "$floor" transformers==5.17.0 huggingface_hub==1.33.0
-  touch "$floor/.installed"
-fi
-echo "test: 3/4 the transformers-facing trial tests with transformers 5.17.0, beside step 2"
-beside "3/4 the transformers-facing trial tests with transformers 5.17.0" \
-  env PYTHONPATH="$PWD/$floor" SWEEPER_EXPECT_TRANSFORMERS=5.17.0 .venv/bin/python -m pytest \
-  -p no:cacheprovider -q -n "$processes" --dist worksteal tests/trial/test_engines.py \
-  tests/trial/test_readback.py tests/trial/test_packing.py \
-  "tests/trial/test_user_data.py::test_chat_records_train_replies_only_with_every_engine" \
-  "tests/trial/test_user_data.py::test_users_model_directory_sweeps_with_its_own_tokenizer" \
-  "tests/test_doctor.py::test_tiny_space_runs_here"
-
-# 4. Types (issue 30). mypy reads pyproject's [tool.mypy]: sweeper, api and dashboards, 0 errors.
-echo "test: 4/4 mypy, beside step 2"
-beside "4/4 types (mypy)" .venv/bin/mypy
 
 echo "test: 2/4 the controller without torch, $("$venv/bin/python" --version)"
 # coverage is collected here (the controller's tests, the API and the browser's included; trial
