@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_field, create_model
 
 from sweeper.catalog import Catalog as GpuCatalog
+from sweeper.knob_values import as_ran
 from sweeper.measurement import COLUMN_METRICS
 from sweeper.recommend import padding_share
 from sweeper.recommendation import Recommendation
@@ -63,10 +64,27 @@ class StudyDetail(StudySummary):
 class _Trial(_Response):
     number: int
     state: TrialState
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(
+        description="the config the trial was asked to run, the study's key of it (what "
+        "?config= filters on); where a script ran a knob at its own value, see own_values "
+        "and ran_config"
+    )
+    own_values: dict[str, Any] | None = Field(
+        default=None,
+        description="engine: script: the knobs the script ran at its own values (not searched, "
+        "not given to it) where they differ from config, which holds sweeper's defaults for "
+        "them; null for every other trial",
+    )
     started_at: UtcDatetime
     finished_at: UtcDatetime | None
     wall_s: float | None = Field(description="s from the child's start to its result")
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="the config as it ran: config with own_values in place"
+    )
+    @property
+    def ran_config(self) -> dict[str, Any]:
+        return as_ran(self.config, self.own_values)
 
     @computed_field(description="share of the computed tokens that is padding")  # type: ignore[prop-decorator]
     @property

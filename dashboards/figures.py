@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import plotly.graph_objects as go
 
+from sweeper.knob_values import as_ran
+
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies.
 PALETTE = (
     "#0072B2",
@@ -96,6 +98,12 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+def _ran(trial: TrialLike) -> dict[str, Any]:
+    """The trial's config as it ran: a script's own values in place (``as_ran``); a row
+    without ``own_values`` (TrialLike does not require it) is its config."""
+    return as_ran(trial.config, getattr(trial, "own_values", None))
+
+
 def _by_number(trials: Iterable[TrialLike]) -> list[TrialLike]:
     return sorted(trials, key=lambda trial: trial.number)
 
@@ -126,7 +134,7 @@ def history_rows(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
                 "hours_per_run": trial.hours_per_run,
                 "best_so_far_usd": best_so_far,
                 "is_new_best": is_new_best,
-                "config": dict(trial.config),
+                "config": _ran(trial),
             }
         )
     return rows
@@ -191,11 +199,11 @@ def throughput_rows(
             {
                 "number": trial.number,
                 "state": trial.state,
-                "group": str(trial.config.get(color_by, NO_VALUE)),
+                "group": str(_ran(trial).get(color_by, NO_VALUE)),
                 "samples_per_s": trial.samples_per_s if completed else None,
                 "tokens_per_s": trial.tokens_per_s if completed else None,
                 "failure_kind": trial.failure_kind,
-                "config": dict(trial.config),
+                "config": _ran(trial),
             }
         )
     return rows
@@ -329,7 +337,7 @@ def _varying_knobs(rows: list[dict[str, Any]]) -> list[str]:
 
 def _priced(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
     return [
-        {"number": t.number, "config": dict(t.config), "cost_per_run_usd": t.cost_per_run_usd}
+        {"number": t.number, "config": _ran(t), "cost_per_run_usd": t.cost_per_run_usd}
         for t in _by_number(trials)
         if t.state == "complete" and _finite(t.cost_per_run_usd)
     ]

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sweeper.cost import hours_figure, money, one_off_text
+from sweeper.knob_values import OWN_LABEL
 
 if TYPE_CHECKING:
     from sweeper.compare import Comparison
@@ -235,7 +236,8 @@ def print_recommendation(rec: Recommendation) -> None:
         shown = (
             "null" if value is None else str(value).lower() if isinstance(value, bool) else value
         )
-        console.print(f"  {key}: {escape(str(shown))}", highlight=False)
+        own = f"  # {OWN_LABEL}" if key in rec.own_values else ""
+        console.print(f"  {key}: {escape(str(shown))}{own}", highlight=False)
     console.print(
         f"  → {rec.throughput_text()}, "
         f"{num(rec.it_per_s, '.2f')} it/s; {hours_cell(rec.hours_per_run)} h/run, "

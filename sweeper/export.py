@@ -498,7 +498,11 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
             "script), so there is no command to export; use trainer, sft or dataloader"
         )
     config = full_config(rec, space_yaml)
-    flags = knobs.command_flags(accelerate_line.flag_config(script, config), script.knobs)
+    # the knobs your script ran at its own values were given to it by no flag in the trials:
+    # none here either (a flag would override what it sets itself, and what ran)
+    own = rec.own_values
+    flagged = {name: value for name, value in config.items() if name not in own}
+    flags = knobs.command_flags(accelerate_line.flag_config(script, flagged), script.knobs)
     command = list(script.command)
     launched: tuple[str, ...] = ()
     if accelerate_line.is_line(command):  # the launch says devices, precision, compile, DP
@@ -517,12 +521,13 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
     assert space is not None
     from sweeper.trial.script import carried  # what the flags and the launch carry, as a trial
 
-    given = carried(config, script)
+    given = carried(flagged, script)
     rest = {
         knob.name: value
         for knob in knobs.KNOBS
         if (value := config.get(knob.name)) is not None
         and knob.name not in given
+        and knob.name not in own
         and (value != knob.default or knob.name in space.search.model_fields_set)
     }
     lines = [
@@ -542,6 +547,12 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
             "as such); set them the way it does outside one:"
         )
         lines += [f"#   {name}: {value}" for name, value in rest.items()]
+    if own:
+        lines.append(
+            "# your script's own values (no flag and no sweeper.trial_config() set them; the "
+            "trials ran them and were measured with them), unchanged:"
+        )
+        lines += [f"#   {name}: {value}" for name, value in own.items()]
     return "\n".join(lines) + "\n" + shlex.join(words) + "\n"
 
 

@@ -35,6 +35,24 @@ SeqLength = Annotated[int, Field(ge=8)]
 WorkerStart = Literal["fork", "spawn", "forkserver"]
 
 
+# what the dashboard and the printed recommendation add to a knob a script ran at its own value
+OWN_LABEL = "your script's own"
+
+
+def as_ran(config: Mapping[str, Any], own_values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A trial's config as it ran: the config it was asked (``TrialRow.config``, the study's
+    key of it) with the values a script ran of the knobs it owns (``TrialRow.own_values``:
+    not searched, not given to it) in their place. Every trial the recommendation, the
+    exports, the REST API and the dashboard show as what ran goes through here.
+
+    >>> as_ran({"precision": "fp32", "per_device_batch_size": 8}, {"precision": "bf16"})
+    {'precision': 'bf16', 'per_device_batch_size': 8}
+    >>> as_ran({"precision": "fp32"}, None)
+    {'precision': 'fp32'}
+    """
+    return dict(config) | dict(own_values or {})
+
+
 def deepspeed_config(stage: int) -> dict[str, Any]:
     """The DeepSpeed config a ZeRO stage runs with, as ``TrainingArguments(deepspeed=...)``
     takes it: "auto" where the Trainer fills the value from its own arguments (batch sizes

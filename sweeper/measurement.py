@@ -416,6 +416,15 @@ class Measurement(_Strict):
         "object, the model, the arguments after their defaults); a trial whose value differs "
         "from its config's fails as a mismatch (None: stored before read-back existed)",
     )
+    own_values: dict[str, Any] | None = Field(
+        default=None,
+        description="engine: script: the knobs the program ran at its own values (not in the "
+        "space's search, not given to it as a flag or launch option) where they differ from "
+        "the trial's config, which holds sweeper's defaults for them and stays as asked (the "
+        "study's key of the config): e.g. a TRL script's SFTConfig running precision bf16 "
+        "while the config says fp32. The config as it ran is the config overlaid with these "
+        "(sweeper.knob_values.as_ran); None: none differ, or not recorded",
+    )
     loss_labels: Literal["all", "replies"] | None = Field(
         default=None,
         description="the tokens the loss was taken on: every token, or the assistant's "

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 from sweeper import caveats
 from sweeper.cost import device_count, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
+from sweeper.knob_values import as_ran
 from sweeper.noise import overlaps
 from sweeper.recommendation import Recommendation, cost_text
 from sweeper.scaling import scaling_of
@@ -263,18 +264,19 @@ def _candidates(facts: StudyFacts, trials: Iterable[TrialMetrics], price: float)
         assert hours is not None and t.samples_per_s is not None
         if hours <= 0 or t.samples_per_s <= 0:
             continue
-        seq = t.config.get("max_seq_length")
-        key = (seq, t.config.get("packing"), t.config.get("packing_strategy"))
+        config = _ran(t)
+        seq = config.get("max_seq_length")
+        key = (seq, config.get("packing"), config.get("packing_strategy"))
         if key not in cuts:
             cuts[key] = None
-            if truncates(facts, t.config) and isinstance(seq, int):
+            if truncates(facts, config) and isinstance(seq, int):
                 cuts[key] = truncation(facts.dataset_stats, seq) or (math.nan, math.nan)
         truncated = cuts[key]
         headroom = None
         if t.peak_memory_bytes is not None and t.device_memory_bytes:
             headroom = 1 - t.peak_memory_bytes / t.device_memory_bytes
         spread = t.cost_ci95_rel if _finite(t.cost_ci95_rel) else 0.0
-        cost = run_cost(hours, price, device_count(t.config))
+        cost = run_cost(hours, price, device_count(config))
         out.append(Candidate(t, hours, cost, truncated, headroom, spread or 0.0))
     return out
 
@@ -286,6 +288,12 @@ def _meets(c: Candidate, constraints: Constraints) -> bool:
         return False
     floor = constraints.min_memory_headroom
     return floor is None or (c.headroom is not None and c.headroom >= floor)
+
+
+def _ran(t: TrialMetrics) -> dict[str, Any]:
+    """The trial's config as it ran (a script's own values in place: ``as_ran``); its
+    ``config`` is the one asked, the study's key of it."""
+    return as_ran(t.config, t.own_values)
 
 
 def _describe(config: dict[str, Any]) -> str:
@@ -329,7 +337,7 @@ def _eligible(
             continue
         share = c.truncated[1]
         notes.append(
-            f"trial #{c.trial.number} ({_describe(c.trial.config)}) costs ${c.cost:,.2f} but "
+            f"trial #{c.trial.number} ({_describe(_ran(c.trial))}) costs ${c.cost:,.2f} but "
             f"truncates {'some' if math.isnan(share) else f'{share:.1%} of the'} tokens (it "
             f"needs {cover} tokens for {facts.coverage_percentile:g}% of samples); allow "
             "truncation to consider it"
@@ -372,7 +380,7 @@ def decide(
     baseline = _baseline(facts, candidates)
     winner, ties, tie_note = _pick(eligible, baseline)
     t = winner.trial
-    config = dict(t.config)
+    config = _ran(t)
     effective_batch = caveats.effective_batch(config)
     warnings: list[str] = []
     warnings += caveats.contention(t)
@@ -390,7 +398,7 @@ def decide(
 
     baseline_batch = suggested_lr = None
     if baseline is not None:
-        baseline_batch = caveats.effective_batch(baseline.trial.config)
+        baseline_batch = caveats.effective_batch(_ran(baseline.trial))
         if (
             baseline_batch is not None
             and effective_batch is not None
@@ -401,7 +409,7 @@ def decide(
                 facts.learning_rate, baseline_batch, effective_batch
             )
             warnings.append(advice)
-        warnings += caveats.knob_caveats(baseline.trial.config, config)
+        warnings += caveats.knob_caveats(_ran(baseline.trial), config)
     saved = None if baseline is None else baseline.cost - winner.cost
     sweep_hours = facts.sweep_seconds / 3600 if facts.sweep_seconds > 0 else None
     sweep_cost = None if sweep_hours is None else sweep_hours * price
@@ -417,6 +425,7 @@ def decide(
         usd_per_hour=price,
         trial_number=t.number,
         config=config,
+        own_values=dict(t.own_values or {}),
         it_per_s=t.it_per_s,
         samples_per_s=t.samples_per_s,
         tokens_per_s=t.tokens_per_s,

@@ -24,7 +24,10 @@ class Recommendation(BaseModel):
     hardware_name: str
     usd_per_hour: float  # one device's: a run on N devices costs hours × N × this
     trial_number: int
+    # the winner's config as it ran (``knob_values.as_ran``): a script's own values in place
     config: dict[str, Any]
+    # of those, the knobs the script ran at its own values (not searched, not given to it)
+    own_values: dict[str, Any] = {}
     it_per_s: float | None
     samples_per_s: float
     tokens_per_s: float | None

@@ -115,8 +115,18 @@ def _load_text(kind: Any, value: Any, where: str) -> str:
     return value
 
 
+# Columns a file carries only where they hold a value (absent reads as null): a script's own
+# knob values exist for engine: script trials only, so every other study's file stays as an
+# older sweeper wrote it, and reads there
+_ONLY_SET = {"own_values"}
+
+
 def _dump_row(table: Any, values: dict[str, Any]) -> dict[str, Any]:
-    return {c.name: _dump_value(c, values[c.name]) for c in _columns(table)}
+    return {
+        c.name: _dump_value(c, values[c.name])
+        for c in _columns(table)
+        if not (c.name in _ONLY_SET and values[c.name] is None)
+    }
 
 
 def _load_row(table: Any, data: Any, where: str) -> dict[str, Any]:
@@ -335,6 +345,7 @@ def _check_states_and_configs(
     every page of the storage)."""
     from pydantic import ValidationError as ConfigError
 
+    from sweeper.knob_values import as_ran
     from sweeper.knobs import TrialConfig
 
     if study.get("state") not in STUDY_STATES:
@@ -352,14 +363,25 @@ def _check_states_and_configs(
         config = trial.get("config")
         if not isinstance(config, dict):
             raise StudyFileError(f"{where}.config: expected an object of knob values")
-        try:
-            TrialConfig.model_validate(config)
-        except ConfigError as e:
-            first = e.errors()[0]
-            knob = ".".join(str(p) for p in first["loc"])
+        own = trial.get("own_values")
+        if own is not None and not isinstance(own, dict):
+            raise StudyFileError(f"{where}.own_values: expected an object of knob values or null")
+        unknown = sorted(set(own or {}) - set(TrialConfig.model_fields))
+        if unknown:
             raise StudyFileError(
-                f"{where}.config.{knob}: {first['msg']} (got {first.get('input')!r})"
-            ) from None
+                f"{where}.own_values: {', '.join(unknown)} is not a knob; expected knobs of "
+                "the config (the values a script ran of its own)"
+            )
+        # the config asked, then as it ran (a script's own values in place)
+        for field, values in (("config", config), ("own_values", as_ran(config, own))):
+            try:
+                TrialConfig.model_validate(values)
+            except ConfigError as e:
+                first = e.errors()[0]
+                knob = ".".join(str(p) for p in first["loc"])
+                raise StudyFileError(
+                    f"{where}.{field}.{knob}: {first['msg']} (got {first.get('input')!r})"
+                ) from None
 
 
 def _with_interval(trial: dict[str, Any]) -> dict[str, Any]:

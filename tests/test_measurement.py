@@ -47,6 +47,7 @@ NOT_METRICS = {
     "number",
     "state",
     "config",
+    "own_values",  # what a script ran of its own, beside the config (not a measured figure)
     "started_at",
     "finished_at",
     "wall_s",

@@ -23,6 +23,7 @@ from dashboards import offers as offer_view
 from sweeper import compare, importance, recommend, verdict
 from sweeper.errors import ConflictError, NoResultError, NothingMeetsError, SweeperError
 from sweeper.export import render
+from sweeper.knob_values import OWN_LABEL, as_ran
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
 from sweeper.offers import OfferTable
@@ -170,6 +171,7 @@ def study_page(
         "config_keys": _config_keys(trials),
         "knob_labels": {knob.name: knob.label for knob in KNOBS},
         "config_text": describe,
+        "own_label": OWN_LABEL,
         "color_by": COLOR_BY,
         "slice_points": figures.SLICE_POINTS_PER_VALUE,
         "table": {
@@ -345,7 +347,7 @@ def _pareto(store: Store, name: str, trials: Sequence[TrialMetrics]) -> dict[str
             {
                 "hardware_name": row.hardware_name,
                 "trial_number": t.number,
-                "config": dict(t.config),
+                "config": as_ran(t.config, t.own_values),
                 "hours_per_run": t.hours_per_run,
                 "cost_per_run_usd": t.cost_per_run_usd,
             }
@@ -364,7 +366,7 @@ def _config_keys(trials: list[TrialSummary]) -> list[str]:
     trial sets alike says nothing in a table); then unknown keys of older configs."""
     values: dict[str, set[str]] = {}
     for trial in trials:
-        for key, value in trial.config.items():
+        for key, value in trial.ran_config.items():
             values.setdefault(key, set()).add(repr(value))
     varying = [k for k, seen in values.items() if len(seen) > 1 or len(trials) == 1]
     known = [knob.name for knob in KNOBS if knob.name in varying]

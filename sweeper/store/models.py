@@ -90,7 +90,15 @@ class TrialRow(Base):
     study_id: Mapped[int] = mapped_column(ForeignKey("sweeper_studies.id", ondelete="CASCADE"))
     number: Mapped[int] = mapped_column(doc="Optuna's trial number in the study")
     state: Mapped[str] = mapped_column(String(16))
+    # the config the trial was asked to run: the study's key of it (dedup, claims, Optuna's
+    # params). engine: script: a knob the program ran at its own value holds sweeper's default
+    # here, and what ran in ``own_values`` (the config as it ran: knob_values.as_ran)
     config: Mapped[dict[str, Any]] = mapped_column(ConfigJson)
+    own_values: Mapped[dict[str, Any] | None] = mapped_column(
+        JsonType,
+        doc="the knobs a script ran at its own values where they differ from config "
+        "(Measurement.own_values); none for every other trial",
+    )
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     wall_s: Mapped[float | None] = mapped_column(Float, doc="child start to result, seconds")
@@ -166,6 +174,7 @@ class TrialMetrics(Protocol):
     number: int
     state: str
     config: dict[str, Any]
+    own_values: dict[str, Any] | None
     it_per_s: float | None
     samples_per_s: float | None
     tokens_per_s: float | None

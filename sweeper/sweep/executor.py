@@ -260,6 +260,8 @@ class ChildExecutor:
                 "cost_per_run_usd": projection.cost_per_run_usd,
                 "projection": projection.breakdown() | measurement.one_off_sources(),
                 "measurement": measurement.model_dump(),
+                # a script's own values of knobs it owns, beside the config asked (the key)
+                "own_values": measurement.own_values,
                 "cost_ci95_rel": None if sample is None else sample.ci95_rel,
                 "contended": measurement.contended,
                 **measurement.columns(),

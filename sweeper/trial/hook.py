@@ -144,6 +144,9 @@ class _Session:
         # whole step (Trainer passes num_items_in_batch) or over its own micro-batch only
         self.step_losses: list[tuple[Any, bool]] = []
         self.effective: dict[str, Any] = {}
+        # the knobs the program ran at its own values, where they differ from the config's
+        # (sweeper.trial.script.own_values)
+        self.own_values: dict[str, Any] = {}
         # this process's rank of a multi-device trial (None on one device)
         self.ranks = Ranks.from_env()
         self.wrappers: list[Any] = []  # what wraps the model (DDP), found at the read-back
@@ -215,6 +218,7 @@ class _Session:
             effective=self.effective,
             notes={
                 "first_batch": self.first_batch,
+                "own_values": self.own_values,
                 "communication_s": None
                 if self.communication is None
                 else self.communication.per_step_s(),
@@ -364,7 +368,7 @@ class _Session:
     def _read_back(self) -> None:
         from sweeper.errors import TrialError
         from sweeper.trial.engines.readback import Running, check
-        from sweeper.trial.script import form_hint, owned, ran_config, unreached
+        from sweeper.trial.script import form_hint, own_values, owned, ran_config, unreached
 
         self.first_step_read = True
         if self.computed is not None:
@@ -402,8 +406,10 @@ class _Session:
                 raise
             raise TrialError(e.kind, f"{e.message}{hint}") from e
         self.effective = unreached(self.request, self.effective, _config_read)
-        # what the measurement derives from the config, it derives from what ran
+        # what the measurement derives from the config, it derives from what ran; the
+        # program's own values are recorded beside the config asked (the study's key of it)
         self.ctx.request = ran_config(self.request, self.effective)
+        self.own_values = own_values(self.request, self.effective)
 
     # -- your loop ---------------------------------------------------------------------------
 

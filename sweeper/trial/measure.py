@@ -245,6 +245,7 @@ def finish(
             "cross_sample_attention": run.notes.get("cross_sample_attention"),
             "float8_share": _float8_share(model) if config.precision == "fp8" else None,
             "effective": run.effective,
+            "own_values": run.notes.get("own_values") or None,
             "loss_labels": ctx.loss_labels,
             "reply_markers": None
             if request.prepared.chat_template is None

@@ -311,22 +311,36 @@ def ran_config(request: ChildRequest, effective: Mapping[str, Any]) -> ChildRequ
     (``owned``) where they were read back as a config can hold them, so what the measurement
     derives from the config (MFU's peak for the precision and TF32, the effective batch)
     is derived from what ran."""
+    return request.model_copy(update={"config": _ran(request, effective)})
+
+
+def own_values(request: ChildRequest, effective: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs the program ran at its own values (``owned``) where those differ from the
+    config's (sweeper's defaults, never an ask), as a config holds them: what the trial
+    records beside the config it was asked (``Measurement.own_values``), which stays the
+    study's key of the config. A TRL script under ``knobs: env`` gives e.g. ``{"precision":
+    "bf16", "gradient_checkpointing": True, "optim": "adamw_torch_fused"}``."""
+    assert request.config is not None
+    asked, ran = request.config.model_dump(), _ran(request, effective).model_dump()
+    return {name: ran[name] for name in sorted(owned(request)) if ran[name] != asked.get(name)}
+
+
+def _ran(request: ChildRequest, effective: Mapping[str, Any]) -> knobs.TrialConfig:
     from pydantic import ValidationError
 
-    from sweeper.knobs import TrialConfig
     from sweeper.trial.engines.readback import Unobserved
 
     assert request.config is not None
     config = request.config
-    for name in owned(request):
+    for name in sorted(owned(request)):
         value = effective.get(name)
         if value is None or isinstance(value, Unobserved):
             continue
         try:
-            config = TrialConfig.model_validate(config.model_dump() | {name: value})
+            config = knobs.TrialConfig.model_validate(config.model_dump() | {name: value})
         except ValidationError:
             continue  # a value no config holds (a script's own optimizer class)
-    return request.model_copy(update={"config": config})
+    return config
 
 
 def unreached(

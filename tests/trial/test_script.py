@@ -503,6 +503,24 @@ def test_an_env_scripts_own_sftconfig_values_are_read_back_and_recorded(
     assert effective["precision"] == "bf16" and effective["gradient_checkpointing"] is True
     assert effective["per_device_batch_size"] == 2  # the knob it took from trial_config()
     assert measured.effective_batch == 2
+    # the row keeps the config asked (the study's key of it: a resumed sweep must not run it
+    # again) and records the script's own values beside it, which is what the answer shows
+    assert trial.config["precision"] == "fp32" and trial.config["gradient_checkpointing"] is False
+    own = trial.own_values or {}
+    assert own["precision"] == "bf16" and own["gradient_checkpointing"] is True, own
+    assert measured.own_values == own
+    assert "per_device_batch_size" not in own  # taken from trial_config(): asked, not its own
+    shown = run_sweeper("best", "--study", "trl-env", "--storage", sqlite_url, "--json",
+                        cache_dir=cache_dir)  # fmt: skip
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    answer = json.loads(shown.stdout)
+    assert answer["config"]["precision"] == "bf16", answer["config"]
+    assert answer["config"]["gradient_checkpointing"] is True
+    assert answer["own_values"] == own
+    printed = run_sweeper("best", "--study", "trl-env", "--storage", sqlite_url,
+                          cache_dir=cache_dir)  # fmt: skip
+    assert printed.returncode == 0, printed.stdout + printed.stderr
+    assert "precision: bf16  # your script's own" in printed.stdout, printed.stdout
 
 
 def test_an_sftconfig_script_given_trainingarguments_flags_is_told_to_use_sft_flags(
