@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sweeper.cost import hours_figure, money, one_off_text
-from sweeper.knob_values import OWN_LABEL
+from sweeper.knob_values import OWN_LABEL, as_ran
 
 if TYPE_CHECKING:
     from sweeper.compare import Comparison
@@ -114,7 +114,7 @@ class RichObserver:
 
     def trial_done(self, row: TrialRow) -> None:
         self.done += 1
-        config = describe_dict(row.config)
+        config = describe_dict(as_ran(row.config, row.own_values))  # a script's own as ran
         if row.state == "complete":
             line = (
                 f"[green]✓[/] #{row.number} {config} → {num(row.samples_per_s, ',.1f')} "
@@ -182,7 +182,7 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
         padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
         table.add_row(
             str(t.number),
-            describe_dict(t.config),
+            describe_dict(as_ran(t.config, t.own_values)),
             num(t.samples_per_s, ",.1f"),
             num(t.tokens_per_s, ",.0f"),
             num(t.it_per_s, ".2f"),

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 
 from api.app import create_app
+from sweeper.console import console, print_leaderboard
 from sweeper.export import render, trainer_kwargs
 from sweeper.knob_values import as_ran
 from sweeper.recommend import best
@@ -122,6 +123,12 @@ def test_the_answer_exports_api_and_page_show_what_the_script_ran(store: Store) 
     assert "precision" not in text.split("# your script's own values", 1)[0]
     assert shlex.split(text.strip().splitlines()[-1]) == [
         "python", "train.py", "--output_dir", "out"]  # fmt: skip
+
+    # the CLI's leaderboard (`sweeper trials`) says them among the config's
+    with console.capture() as captured:
+        print_leaderboard(store.url, "env")
+    shown = captured.get()  # the config column folds on a narrow console: word by word
+    assert "bf16" in shown and "ckpt" in shown, shown
 
     with TestClient(create_app(store.url)) as client:
         (trial,) = client.get("/api/studies/env/trials").json()
