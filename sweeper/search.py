@@ -301,7 +301,11 @@ class ImprovementGridSampler(_CandidateSampler):
     cost_cooling = 0
     # "ei": the score weighed is the expected improvement of log $/run below the best less
     # ``improvement`` (not its probability), so time is weighed as expected improvement per
-    # second (EIpu; with cost_cooling, CArBO's); a window of 0 weighs it among all configs
+    # second (EIpu; with cost_cooling, CArBO's); a window of 0 weighs it among all configs.
+    # "pi" by default: EIpu (weight 1, window 0) took more trials to 5% on every table with
+    # compile modes (noisy 16 / 24 against 10.5 / 16.5, 100 paired seeds; held-out 18 / 19.5
+    # against 16 / 15.5, 30), and EI alone took more than PI on interactions (11.5 / 21
+    # against 9.5 / 14, 100; bench/RESULTS.md Run 12)
     cost_acquisition = "pi"
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut

@@ -36,6 +36,21 @@ held-out (30 seeds, 1.43-1.59x the seconds) and 12 / 19.5 against 10.5 / 16.5 on
 (100), though it saved 7-18% of the seconds on qlora-24gb and oom-wall; CArBO's cooling
 (weight 1 to 0 over 10 measured trials, window 0.5) took 17.5 against 13 on noisy's
 samples/s (40).
+
+Expected improvement per second (``cost_acquisition`` "ei": the expected improvement of log
+$/run below the best less ``improvement``, times P(runs)^0.5, ÷ the seconds beyond the
+incumbent's, among all configs: ``log_expected_improvement``) lost too (bench/RESULTS.md
+Run 12, paired seeds): at weight 1 it took more trials to 5% on every table with compile
+modes and both metrics (samples/s / tokens/s): 16 / 24 against 10.5 / 16.5 on noisy and
+15 / 20.5 against 9.5 / 14 on interactions (100 seeds), 18 / 19.5 against 16 / 15.5 on
+held-out, 14.5 / 17.5 against 10.5 / 12 on oom-wall, 21 / 21 against 15 / 15 on
+held-out-lora, 20.5 / 20.5 against 18.5 / 17.5 on qlora-24gb (30), with 0.55-1.22x the
+summed seconds. Cooled (CArBO: weight 1 to 0 over 10 measured trials) it lost on 11 of the
+12 rows, and at weight 0.5 on held-out's tokens/s (19 against 15.5). The expected
+improvement alone, time ignored (weight 0), took more trials than the probability of
+improvement on interactions (11.5 / 21 against 9.5 / 14), noisy's tokens/s (24 against
+16.5) and oom-wall's samples/s (14 against 10.5): on these tables the acquisition itself
+costs trials, before the seconds are weighed.
 """
 
 from __future__ import annotations
