@@ -322,7 +322,12 @@ def own_values(request: ChildRequest, effective: Mapping[str, Any]) -> dict[str,
     "bf16", "gradient_checkpointing": True, "optim": "adamw_torch_fused"}``."""
     assert request.config is not None
     asked, ran = request.config.model_dump(), _ran(request, effective).model_dump()
-    return {name: ran[name] for name in sorted(owned(request)) if ran[name] != asked.get(name)}
+    own = owned(request)
+    return {
+        knob.name: ran[knob.name]  # in the knobs' order, as a config lists them
+        for knob in knobs.KNOBS
+        if knob.name in own and ran[knob.name] != asked.get(knob.name)
+    }
 
 
 def _ran(request: ChildRequest, effective: Mapping[str, Any]) -> knobs.TrialConfig:
