@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sweeper.catalog import load_catalog
 from sweeper.errors import NoResultError, NothingMeetsError, SpaceError
+from sweeper.knob_values import as_ran
 from sweeper.offers import MeasuredStudy, OfferTable, offer_table
 from sweeper.recommend import Candidate, Constraints, StudyFacts, decide
 from sweeper.recommendation import Recommendation
@@ -126,7 +127,7 @@ def compare(
                 hardware_name=row.hardware_name,
                 usd_per_hour=row.usd_per_hour,
                 trial_number=c.trial.number,
-                config=dict(c.trial.config),
+                config=as_ran(c.trial.config, c.trial.own_values),
                 hours_per_run=c.hours,
                 cost_per_run_usd=c.cost,
             )

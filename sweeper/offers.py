@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from sweeper import predict
 from sweeper.catalog import SHIPPED, Catalog, Gpu, parse_offer
 from sweeper.cost import device_count
+from sweeper.knob_values import as_ran
 from sweeper.knobs import normalize
 from sweeper.recommend import Candidate, Constraints
 from sweeper.recommendation import Recommendation
@@ -221,7 +222,9 @@ def _observed(
     measurement = measurement_of(study.name, candidate.trial.number)
     if not measurement:
         raise predict.Unpredictable(f"trial #{candidate.trial.number} has no measurement stored")
-    return predict.Observed.of(measurement, candidate.trial.config, candidate.trial.projection)
+    # the precision it ran (a script's own bf16, not the asked fp32) sets the peak it scales by
+    ran = as_ran(candidate.trial.config, candidate.trial.own_values)
+    return predict.Observed.of(measurement, ran, candidate.trial.projection)
 
 
 def _calibration(
@@ -331,7 +334,7 @@ def _measured_row(
             device = chosen.trial.device_name
             figures = {
                 "trial_number": chosen.trial.number,
-                "config": dict(chosen.trial.config),
+                "config": as_ran(chosen.trial.config, chosen.trial.own_values),
                 "samples_per_s": chosen.trial.samples_per_s,
                 "hours_per_run": chosen.hours,
                 "cost_per_run_usd": chosen.cost,
@@ -478,7 +481,7 @@ def _estimate_row(
         basis="estimate",
         study=source.name,
         trial_number=candidate.trial.number,
-        config=dict(candidate.trial.config),
+        config=as_ran(candidate.trial.config, candidate.trial.own_values),
         samples_per_s=guess.samples_per_s,
         hours_per_run=guess.hours_per_run,
         cost_per_run_usd=cost,

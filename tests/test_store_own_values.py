@@ -179,3 +179,14 @@ def test_a_study_file_keeps_the_scripts_own_values(store: Store) -> None:
     with pytest.raises(StudyFileError, match=r"trials\[0\]\.own_values: bf16 is not a knob"):
         import_study(store, unknown, name="bad")
     assert not store.has_study("bad")
+
+
+def test_the_across_hardware_comparison_shows_what_the_script_ran(store: Store) -> None:
+    """``best --across-hardware``'s Pareto points (and its offers, which scale a trial by the
+    peak of the precision it ran) take the config as it ran, not the asked fp32."""
+    from sweeper.compare import compare
+
+    _record(store, "env", _space("env"), OWN)
+    result = compare(store, "env")
+    (point,) = result.pareto
+    assert point.config == as_ran(ASKED, OWN) and point.config["precision"] == "bf16"

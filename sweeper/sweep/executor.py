@@ -250,7 +250,7 @@ class ChildExecutor:
             attrs: dict[str, Any] = {
                 **measurement.optuna_attrs(),
                 "hours_per_run": projection.hours_per_run,
-                "effective_batch": config.effective_batch,
+                "effective_batch": measurement.effective_batch,  # as it ran (a script's own)
             }
             if measurement.contended:
                 attrs["contention"] = measurement.contention
