@@ -767,6 +767,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(ImprovementGridSampler.cost_acquisition)",
     )  # fmt: skip
     parser.add_argument(
+        "--incumbent", choices=("measured", "posterior"),
+        help="bayes: the best a pick must beat: the lowest measured log $/run, or the lowest "
+        "posterior mean over the measured configs (ImprovementGridSampler.incumbent)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--interaction-prior-fit", type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="bayes: comma-separated sds; at each pick the interaction prior's sd is the one "
+        "of these with the highest marginal likelihood (ImprovementGridSampler."
+        "interaction_prior_fit)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--explore-below", type=float,
+        help="bayes: when no config is this likely to improve, pick the one the model knows "
+        "least (ImprovementGridSampler.explore_below; 0: never)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--explore-by", choices=("spread", "random"),
+        help="bayes: with --explore-below, the config the model knows least, or one at random "
+        "(ImprovementGridSampler.explore_by)",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-s",
         help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
         "spent, with the budget-aware pick and without it (see the module's docstring)",
@@ -810,6 +831,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             "cost_against",
             "cost_cooling",
             "cost_acquisition",
+            "incumbent",
+            "interaction_prior_fit",
+            "explore_below",
+            "explore_by",
         )
         if (value := getattr(args, name)) is not None
     }

@@ -307,6 +307,20 @@ class ImprovementGridSampler(_CandidateSampler):
     # against 16 / 15.5, 30), and EI alone took more than PI on interactions (11.5 / 21
     # against 9.5 / 14, 100; bench/RESULTS.md Run 12)
     cost_acquisition = "pi"
+    # what a pick must beat: "measured", the lowest measured log $/run; "posterior", the
+    # lowest posterior mean over the measured configs (the plug-in of noisy BO, so that a
+    # noise-lucky measurement does not set the bar; bench/RESULTS.md, Run 13)
+    incumbent = "measured"
+    # empirical Bayes: the interaction prior's sd is, at each pick, the one of these that
+    # makes the measured log $/run likeliest (the regression's marginal likelihood); empty:
+    # interaction_prior_sd always (bench/RESULTS.md, Run 13)
+    interaction_prior_fit: tuple[float, ...] = ()
+    # when no free config is at least this likely to improve (the model is sure nothing
+    # is left, and its ranking rests on tails where it is least right), the pick is the
+    # config the model knows least (the largest posterior spread), weighed by P(it runs)
+    # the same way; 0: never (bench/RESULTS.md, Run 13)
+    explore_below = 0.0
+    explore_by = "spread"  # or "random": a config at random, weighed by P(it runs)
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -383,6 +397,11 @@ class ImprovementGridSampler(_CandidateSampler):
         if not rows:  # nothing measured yet
             return self._light_first(free) if oom else int(self.rng.choice(free))
         log_p = self._log_p_improves(np.array(rows), np.array(values), free)
+        if self.explore_below > 0 and float(log_p.max()) < math.log(self.explore_below):
+            if self.explore_by == "random":
+                log_p = self.rng.uniform(-1, 0, size=len(free))  # any config that may run
+            else:
+                log_p = self._log_spread(np.array(rows), np.array(values), free)
         log_p += self.feasibility_weight * log_runs[free]  # P(it runs and improves)
         # (or with "ei": its expected improvement, weighed by P(it runs) the same way)
         mode = lambda i: self.candidates[i].get("compile_mode", "none")  # noqa: E731
@@ -437,13 +456,28 @@ class ImprovementGridSampler(_CandidateSampler):
     def _log_p_improves(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
         """log P(a free config beats the best measured log $/run by more than
         ``improvement``), under the posterior of the cost model; with ``cost_acquisition``
-        "ei", log of the expected improvement below that target instead."""
+        "ei", log of the expected improvement below that target instead. With ``incumbent``
+        "posterior", the best is the lowest posterior mean over the measured configs."""
         if self.cost_acquisition not in ("pi", "ei"):
             raise ValueError(
                 f"cost_acquisition must be 'pi' or 'ei', not {self.cost_acquisition!r}"
             )
-        posterior = _Posterior(self.design.matrix(rows), y, self.prior_var, self.noise_sd)
-        target = float(y.min()) - self.improvement - float(y.mean())
+        if self.incumbent not in ("measured", "posterior"):
+            raise ValueError(f"incumbent must be 'measured' or 'posterior', not {self.incumbent!r}")
+        measured = self.design.matrix(rows)
+        posterior = _Posterior(measured, y, self.prior_var, self.noise_sd)
+        if self.interaction_prior_fit:
+            pair = np.array([k == "pair" for k in self.design.kinds])
+            fits = [
+                _Posterior(measured, y, np.where(pair, sd**2, self.prior_var), self.noise_sd)
+                for sd in self.interaction_prior_fit
+            ]
+            posterior = max(fits, key=lambda p: p.log_evidence)
+        if self.incumbent == "posterior":  # (the posterior's mean is of y less its mean)
+            best = float(posterior.mean(measured).min())
+        else:
+            best = float(y.min()) - float(y.mean())
+        target = best - self.improvement
         log_pi = np.empty(len(free))
         for start in range(0, len(free), self.chunk):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
@@ -456,6 +490,15 @@ class ImprovementGridSampler(_CandidateSampler):
                 score = scipy.special.log_ndtr(z)
             log_pi[start : start + self.chunk] = score
         return log_pi
+
+    def _log_spread(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
+        """log of the posterior sd of each free config's log $/run: what a pick learns."""
+        posterior = _Posterior(self.design.matrix(rows), y, self.prior_var, self.noise_sd)
+        spread = np.empty(len(free))
+        for start in range(0, len(free), self.chunk):
+            features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
+            spread[start : start + self.chunk] = posterior.variance(features)
+        return 0.5 * np.log(np.maximum(spread, 1e-12))
 
     def _light_first(self, free: list[int]) -> int:
         """After a config ran out of memory and before any has been measured: a random one
@@ -584,12 +627,23 @@ class _Posterior:
             self.factor = scipy.linalg.cholesky(gram, lower=True)
             alpha = scipy.linalg.cho_solve((self.factor, True), centered)
             self.weights = self.prior_x.T @ alpha
+            fit = float(centered @ alpha)
+            log_det = 2 * float(np.sum(np.log(np.diag(self.factor))))
         else:
             precision = x.T @ x / noise_sd**2 + np.diag(1 / prior_var)
             self.factor = scipy.linalg.cholesky(precision, lower=True)
             self.weights = scipy.linalg.cho_solve((self.factor, True), x.T @ centered) / (
                 noise_sd**2
             )
+            # the same by the matrix determinant and Woodbury identities
+            fit = float(centered @ centered - centered @ x @ self.weights) / noise_sd**2
+            log_det = (
+                n * math.log(noise_sd**2)
+                + float(np.sum(np.log(prior_var)))
+                + 2 * float(np.sum(np.log(np.diag(self.factor))))
+            )
+        # log p(y - mean(y)) under the prior and the noise: the marginal likelihood
+        self.log_evidence = -0.5 * (fit + log_det + n * math.log(2 * math.pi))
 
     def mean(self, features: np.ndarray) -> np.ndarray:
         return features @ self.weights

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
+from scipy import stats
 
 from sweeper.errors import SpaceError
 from sweeper.preflight import PreflightReport
@@ -270,6 +271,11 @@ def test_the_posterior_is_exact_in_both_of_its_forms(n: int) -> None:
     np.testing.assert_allclose(
         posterior.variance(new), np.einsum("if,fg,ig->i", new, covariance, new), rtol=1e-6
     )
+    # the marginal likelihood (ImprovementGridSampler.interaction_prior_fit): y - mean(y) is
+    # normal with covariance X P X' + s^2 I
+    marginal = x @ np.diag(prior_var) @ x.T + 0.01 * np.eye(n)
+    expected = stats.multivariate_normal(np.zeros(n), marginal).logpdf(y - y.mean())
+    assert posterior.log_evidence == pytest.approx(expected, rel=1e-9)
 
 
 def _whole(config: TrialConfig) -> bool:

@@ -363,3 +363,70 @@ def test_bayes_expected_improvement_per_second_is_the_posteriors_own() -> None:
     sampler.cost_acquisition = "eipu"
     with pytest.raises(ValueError, match="cost_acquisition"):
         sampler.pick(free, trials)
+
+
+def test_bayes_can_measure_improvement_from_the_posteriors_best_not_a_lucky_measurement() -> None:
+    """With ``incumbent`` "posterior" the bar a pick must beat is the lowest posterior mean
+    over the measured configs (noisy BO's plug-in), not the lowest measurement: a config
+    measured 20% cheaper than the configs that share its knobs (noise-lucky) sets a bar the
+    model itself does not believe. Read against scipy's normal from the same posterior; the
+    default is unchanged ("measured")."""
+    from scipy import stats
+
+    from sweeper.search import _Posterior
+
+    assert ImprovementGridSampler.incumbent == "measured"
+    candidates, _ = _near_tie_study()
+    measured = [0, 1, 2, 4, 6]  # batch 1 and 2; batch 2 with 0 workers (index 4) is lucky
+    free = [i for i in range(len(candidates)) if i not in measured]
+    y = np.log([10.0, 10.2, 10.1, 8.0, 9.9])
+    rows = np.array(measured)
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    posterior = _Posterior(sampler.design.matrix(rows), y, sampler.prior_var, sampler.noise_sd)
+    fitted = posterior.mean(sampler.design.matrix(rows)) + y.mean()
+    assert fitted.min() > y.min() + 0.02  # the model does not believe the lucky 8.0
+    features = sampler.design.matrix(np.array(free))
+    mean, sd = posterior.mean(features) + y.mean(), np.sqrt(posterior.variance(features))
+    by_measured = sampler._log_p_improves(rows, y, free)
+    sampler.incumbent = "posterior"
+    by_posterior = sampler._log_p_improves(rows, y, free)
+    expected = stats.norm.logcdf((fitted.min() - sampler.improvement - mean) / sd)
+    assert by_posterior == pytest.approx(expected, rel=1e-9)
+    assert np.all(by_posterior > by_measured)  # an easier bar than the lucky measurement's
+    sampler.incumbent = "lucky"
+    with pytest.raises(ValueError, match="incumbent"):
+        sampler._log_p_improves(rows, y, free)
+
+
+def test_when_no_config_is_likely_to_improve_bayes_can_pick_what_it_knows_least() -> None:
+    """With ``explore_below`` set, a pick where no free config is that likely to improve
+    (13 of 16 configs measured at about 10, one of them a lucky 6.0: P(improve) < 1% for
+    the 3 left) is the free config of the largest posterior spread instead of the likeliest
+    to improve; off by default."""
+    assert ImprovementGridSampler.explore_below == 0.0
+    candidates, _ = _near_tie_study()
+    study = optuna.create_study(direction="minimize")
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
+        for name in candidates[0]
+    }
+    free = [5, 11, 14]
+    measured = [i for i in range(len(candidates)) if i not in free]
+    values = [10.0 + 0.1 * (i % 3) for i in measured]
+    values[3] = 6.0
+    for index, value in zip(measured, values, strict=True):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=candidates[index], distributions=distributions, value=value,
+                user_attrs={SECONDS_ATTR: 60.0},
+            )
+        )  # fmt: skip
+    trials = study.get_trials(deepcopy=False)
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    rows, y = np.array(measured), np.log(values)
+    likeliest = sampler.pick(free, trials)
+    assert float(np.exp(sampler._log_p_improves(rows, y, free).max())) < 0.01
+    sampler.explore_below = 0.01
+    explored = sampler.pick(free, trials)
+    assert explored == free[int(np.argmax(sampler._log_spread(rows, y, free)))]
+    assert explored != likeliest, (candidates[explored], candidates[likeliest])
