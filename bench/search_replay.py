@@ -788,6 +788,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(ImprovementGridSampler.explore_by)",
     )  # fmt: skip
     parser.add_argument(
+        "--explore-first", type=int,
+        help="bayes: the first N measured picks cover what the model knows least under a "
+        "wide interaction prior (ImprovementGridSampler.explore_first)",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-s",
         help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
         "spent, with the budget-aware pick and without it (see the module's docstring)",
@@ -835,6 +840,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "interaction_prior_fit",
             "explore_below",
             "explore_by",
+            "explore_first",
         )
         if (value := getattr(args, name)) is not None
     }

@@ -311,7 +311,8 @@ class ImprovementGridSampler(_CandidateSampler):
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left
     # off: the tail comes from a model sure of an additive effect measured in one region
     # (unpacked is slow, learned at long sequences), not from a lucky incumbent
-    # (interactions has no noise); none lowered the share at 40+ (bench/RESULTS.md, Run 13).
+    # (interactions has no noise); none lowered the share at 40+ without costing the median
+    # (bench/RESULTS.md, Run 13).
     # What a pick must beat: "measured", the lowest measured log $/run; "posterior", the
     # lowest posterior mean over the measured configs (noisy BO's plug-in: 21 against 17
     # trials on noisy tokens/s, the tail unchanged)
@@ -328,6 +329,12 @@ class ImprovementGridSampler(_CandidateSampler):
     # into random search, up to 430 trials)
     explore_below = 0.0
     explore_by = "spread"
+    # while fewer than this many configs are measured, the pick (after the random first) is
+    # the config of largest posterior spread under a wide interaction prior (sd 0.5): pairs
+    # of values covered before the model is trusted; 0: none. (5: the tail's share on
+    # interactions samples/s 11 -> 6 of 40 seeds, but the medians on samples/s 2.5-3.5
+    # trials higher; 3 the same)
+    explore_first = 0
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -404,7 +411,9 @@ class ImprovementGridSampler(_CandidateSampler):
         if not rows:  # nothing measured yet
             return self._light_first(free) if oom else int(self.rng.choice(free))
         log_p = self._log_p_improves(np.array(rows), np.array(values), free)
-        if self.explore_below > 0 and float(log_p.max()) < math.log(self.explore_below):
+        if len(rows) < self.explore_first:  # a design first: what the model knows least
+            log_p = self._log_spread(np.array(rows), np.array(values), free, pair_sd=0.5)
+        elif self.explore_below > 0 and float(log_p.max()) < math.log(self.explore_below):
             if self.explore_by == "random":
                 log_p = self.rng.uniform(-1, 0, size=len(free))  # any config that may run
             else:
@@ -504,9 +513,17 @@ class ImprovementGridSampler(_CandidateSampler):
         ]
         return max(fits, key=lambda p: p.log_evidence)
 
-    def _log_spread(self, rows: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
-        """log of the posterior sd of each free config's log $/run: what a pick learns."""
-        posterior = self._cost_posterior(rows, y)
+    def _log_spread(
+        self, rows: np.ndarray, y: np.ndarray, free: list[int], pair_sd: float | None = None
+    ) -> np.ndarray:
+        """log of the posterior sd of each free config's log $/run: what a pick learns (with
+        ``pair_sd``, under that interaction prior: a design that covers pairs of values)."""
+        if pair_sd is None:
+            posterior = self._cost_posterior(rows, y)
+        else:
+            pair = np.array([k == "pair" for k in self.design.kinds])
+            prior_var = np.where(pair, pair_sd**2, self.prior_var)
+            posterior = _Posterior(self.design.matrix(rows), y, prior_var, self.noise_sd)
         spread = np.empty(len(free))
         for start in range(0, len(free), self.chunk):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))

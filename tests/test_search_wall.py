@@ -430,3 +430,23 @@ def test_when_no_config_is_likely_to_improve_bayes_can_pick_what_it_knows_least(
     explored = sampler.pick(free, trials)
     assert explored == free[int(np.argmax(sampler._log_spread(rows, y, free)))]
     assert explored != likeliest, (candidates[explored], candidates[likeliest])
+
+
+def test_bayes_can_spend_its_first_picks_on_what_it_knows_least() -> None:
+    """With ``explore_first`` N, a pick while fewer than N configs are measured is the free
+    config of the largest posterior spread under a wide interaction prior (a design that
+    covers pairs of knob values), not the likeliest to improve; off by default."""
+    assert ImprovementGridSampler.explore_first == 0
+    candidates, trials = _near_tie_study()  # three measured configs
+    measured = [0, 3, 4]
+    free = [i for i in range(len(candidates)) if i not in measured]
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    rows, y = np.array(measured), np.log([10.0, 9.6, 8.0])
+    likeliest = sampler.pick(free, trials)
+    sampler.explore_first = 4
+    spread = sampler._log_spread(rows, y, free, pair_sd=0.5)
+    designed = sampler.pick(free, trials)
+    assert designed == free[int(np.argmax(spread))]
+    assert designed != likeliest, (candidates[designed], candidates[likeliest])
+    sampler.explore_first = 3  # three measured: the design is over
+    assert sampler.pick(free, trials) == likeliest
