@@ -793,6 +793,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "wide interaction prior (ImprovementGridSampler.explore_first)",
     )  # fmt: skip
     parser.add_argument(
+        "--expected-pairs-sd", type=float,
+        help="bayes: the interaction prior's sd of the knob pairs expected to interact "
+        "(sweeper.search.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off)",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-s",
         help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
         "spent, with the budget-aware pick and without it (see the module's docstring)",
@@ -841,6 +846,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "explore_below",
             "explore_by",
             "explore_first",
+            "expected_pairs_sd",
         )
         if (value := getattr(args, name)) is not None
     }

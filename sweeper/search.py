@@ -52,6 +52,34 @@ INFEASIBLE_KINDS = frozenset(
     {"oom", "unsupported", "compile", "nonfinite", "dataloader", "mismatch"}
 )
 
+# Knob pairs whose effects on throughput are expected not to add up (in log $/run), from how
+# a training step works, not from the replay tables (bench/RESULTS.md, Search Run 14):
+# - padding: an unpacked row is padded to the longest row of its batch or to max_seq_length,
+#   so what packing (or padding-free batching) saves grows with the sequence length and with
+#   the batch; at a length near the data's own, unpacked costs nothing;
+# - the step's shape: tokens per step are batch x length, and a device's use saturates with
+#   them (small steps are launch- and memory-bound, large ones compute-bound);
+# - compilation: fusion and fewer kernel launches gain most on small steps, and max-autotune
+#   chooses its kernels per shape;
+# - attention: its cost grows with the square of the length, and the implementations differ
+#   most at long sequences.
+# Left out: the loader's knobs (they matter only when the loader is the bottleneck),
+# gradient accumulation, checkpointing, precision and the optimizer (each scales the step by
+# about one factor: additive in log $/run).
+EXPECTED_PAIRS = frozenset(
+    frozenset(pair)
+    for pair in (
+        ("packing", "max_seq_length"),
+        ("packing", "per_device_batch_size"),
+        ("padding_free", "max_seq_length"),
+        ("padding_free", "per_device_batch_size"),
+        ("per_device_batch_size", "max_seq_length"),
+        ("compile_mode", "per_device_batch_size"),
+        ("compile_mode", "max_seq_length"),
+        ("attn_implementation", "max_seq_length"),
+    )
+)
+
 CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasible, 0 feasible
 REPEAT_ATTR = "repeat_of"  # user attr: the trial number whose measurement this re-tells
 CONTENDED_ATTR = "contended"  # user attr: every measurement was taken on a shared machine
@@ -335,6 +363,10 @@ class ImprovementGridSampler(_CandidateSampler):
     # interactions samples/s 11 -> 6 of 40 seeds, but the medians on samples/s 2.5-3.5
     # trials higher; 3 the same)
     explore_first = 0
+    # the interaction prior's sd of the knob pairs in EXPECTED_PAIRS (those whose
+    # interaction in throughput is expected from how a step works: padding, the step's
+    # shape, compilation); the other pairs keep interaction_prior_sd; 0: every pair keeps it
+    expected_pairs_sd = 0.0
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -356,6 +388,9 @@ class ImprovementGridSampler(_CandidateSampler):
         sd = {"main": self.main_prior_sd, "numeric": self.numeric_prior_sd,
               "pair": self.interaction_prior_sd}  # fmt: skip
         self.prior_var = np.array([sd[k] for k in self.design.kinds]) ** 2
+        if self.expected_pairs_sd > 0:  # the pairs whose interaction physics expects
+            expected = np.array([k in EXPECTED_PAIRS for k in self.design.pair_knobs])
+            self.prior_var = np.where(expected, self.expected_pairs_sd**2, self.prior_var)
         # failed (1) or ran (0): a knob value, or a pair of values (max-autotune with
         # checkpointing), makes a config fail; numeric knobs by their size
         failure_sd = {"main": 0.2, "numeric": 3.0, "pair": self.failure_pair_prior_sd}
@@ -766,6 +801,7 @@ class _Design:
     def __init__(self, candidates: Sequence[Mapping[str, Any]]) -> None:
         names = sorted({name for c in candidates for name in c})
         self.codes: list[np.ndarray] = []  # per varying knob: each candidate's level
+        self.names: list[str] = []  # per varying knob: its name
         self.kinds: list[str] = []  # per feature: main, numeric or pair
         self.numeric: list[tuple[int, np.ndarray]] = []  # (column, scaled log2 values)
         self.offsets: list[int] = []
@@ -777,6 +813,7 @@ class _Design:
             if count < 2:
                 continue
             self.codes.append(codes)
+            self.names.append(name)
             self.offsets.append(len(self.kinds))
             sizes.append(count)
             self.kinds += ["main"] * count
@@ -785,13 +822,19 @@ class _Design:
                 self.numeric.append((len(self.kinds), (logs - logs.mean()) / np.ptp(logs)))
                 self.kinds.append("numeric")
         self.pairs: list[tuple[int, int, int, int]] = []  # (knob a, knob b, offset, size of b)
+        # per feature: the names of the two knobs of a pair feature; empty for the others
+        self.pair_knobs: list[frozenset[str]] = [frozenset()] * len(self.kinds)
         for a in range(len(self.codes)):
             for b in range(a + 1, len(self.codes)):
                 self.pairs.append((a, b, len(self.kinds), sizes[b]))
                 self.kinds += ["pair"] * (sizes[a] * sizes[b])
+                self.pair_knobs += [frozenset((self.names[a], self.names[b]))] * (
+                    sizes[a] * sizes[b]
+                )
         self.size = max(1, len(self.kinds))
         if not self.kinds:
             self.kinds = ["main"]
+            self.pair_knobs = [frozenset()]
         self._all: np.ndarray | None = None
         if len(candidates) * self.size <= self.CACHED:
             self._all = self._build(np.arange(len(candidates)))

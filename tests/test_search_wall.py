@@ -450,3 +450,63 @@ def test_bayes_can_spend_its_first_picks_on_what_it_knows_least() -> None:
     assert designed != likeliest, (candidates[designed], candidates[likeliest])
     sampler.explore_first = 3  # three measured: the design is over
     assert sampler.pick(free, trials) == likeliest
+
+
+def test_bayes_can_give_the_pairs_physics_expects_a_wider_interaction_prior(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``expected_pairs_sd`` the interaction features of the knob pairs in
+    ``EXPECTED_PAIRS`` (packing x max_seq_length...) get that prior sd, the other pairs keep
+    ``interaction_prior_sd``; off by default. The case of issue 33's tail: every packed config
+    but one measured, unpacked measured only at length 1,024 (twice as dear: padding). With
+    one tight prior for every pair the model is sure unpacked is dear at 256 too and picks the
+    last packed config; with the expected pairs wider, it tries unpacked at 256."""
+    from sweeper.search import EXPECTED_PAIRS
+
+    assert ImprovementGridSampler.expected_pairs_sd == 0.0
+    assert frozenset(("packing", "max_seq_length")) in EXPECTED_PAIRS
+    assert frozenset(("packing", "num_workers")) not in EXPECTED_PAIRS
+    candidates = [
+        {"packing": p, "max_seq_length": length, "per_device_batch_size": b, "num_workers": w}
+        for p in (False, True)
+        for length in (256, 1024)
+        for b in (4, 16)
+        for w in (0, 2)
+    ]
+    costs = {  # (packing, length, batch, workers): $/run
+        (True, 1024, 4, 0): 10.0, (True, 1024, 16, 0): 9.0, (True, 1024, 16, 2): 9.0,
+        (True, 256, 4, 0): 10.0, (True, 256, 4, 2): 10.0, (True, 256, 16, 0): 9.0,
+        (True, 256, 16, 2): 9.0, (False, 1024, 4, 0): 20.0, (False, 1024, 16, 2): 18.0,
+    }  # fmt: skip
+    key = ("packing", "max_seq_length", "per_device_batch_size", "num_workers")
+    study = optuna.create_study(direction="minimize")
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
+        for name in key
+    }
+    for config, cost in costs.items():
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=dict(zip(key, config, strict=True)), distributions=distributions,
+                value=cost, user_attrs={SECONDS_ATTR: 60.0},
+            )
+        )  # fmt: skip
+    trials = study.get_trials(deepcopy=False)
+    measured = {candidates.index(dict(zip(key, c, strict=True))) for c in costs}
+    free = [i for i in range(len(candidates)) if i not in measured]
+
+    default = ImprovementGridSampler(candidates, seed=0)
+    assert candidates[default.pick(free, trials)] == {
+        "packing": True, "max_seq_length": 1024, "per_device_batch_size": 4, "num_workers": 2,
+    }  # fmt: skip
+    monkeypatch.setattr(ImprovementGridSampler, "expected_pairs_sd", 0.4)
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    sd = dict(zip(sampler.design.pair_knobs, np.sqrt(sampler.prior_var), strict=True))
+    assert sd[frozenset(("packing", "max_seq_length"))] == pytest.approx(0.4)
+    assert sd[frozenset(("per_device_batch_size", "max_seq_length"))] == pytest.approx(0.4)
+    assert sd[frozenset(("packing", "num_workers"))] == pytest.approx(0.05)
+    kinds = np.array(sampler.design.kinds)
+    assert np.array_equal(sampler.prior_var[kinds != "pair"], default.prior_var[kinds != "pair"])
+    assert set(np.round(np.sqrt(default.prior_var[kinds == "pair"]), 6)) == {0.05}
+    picked = candidates[sampler.pick(free, trials)]
+    assert (picked["packing"], picked["max_seq_length"]) == (False, 256), picked
