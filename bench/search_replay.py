@@ -798,6 +798,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(sweeper.search.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off)",
     )  # fmt: skip
     parser.add_argument(
+        "--expected-pairs-fit", type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="bayes: comma-separated sds; at each pick the expected pairs' interaction prior "
+        "sd is the one of these with the highest marginal likelihood (ImprovementGridSampler."
+        "expected_pairs_fit)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--noise-fit", type=lambda v: tuple(float(x) for x in v.split(",")),
+        help="bayes: comma-separated noise sds, chosen at each pick by the marginal likelihood "
+        "jointly with the fitted priors (ImprovementGridSampler.noise_fit)",
+    )  # fmt: skip
+    parser.add_argument(
         "--budget-s",
         help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
         "spent, with the budget-aware pick and without it (see the module's docstring)",
@@ -847,6 +858,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "explore_by",
             "explore_first",
             "expected_pairs_sd",
+            "expected_pairs_fit",
+            "noise_fit",
         )
         if (value := getattr(args, name)) is not None
     }

@@ -370,6 +370,13 @@ class ImprovementGridSampler(_CandidateSampler):
     # interactions, interactions' medians unchanged; but noisy's medians 3-3.5 trials higher,
     # 16 / 20.5 against 13 / 17, and a new tail on its tokens/s; 0.2 the same; Run 14)
     expected_pairs_sd = 0.0
+    # empirical Bayes for the expected pairs only: at each pick their interaction prior's sd
+    # is the one of these that makes the measured log $/run likeliest (the other pairs keep
+    # interaction_prior_sd), so the data decide whether they support the expected
+    # interactions; with noise_fit the noise sd is chosen jointly among its values, so noise
+    # can be told from interactions; empty: off (expected_pairs_sd, noise_sd). Run 15
+    expected_pairs_fit: tuple[float, ...] = ()
+    noise_fit: tuple[float, ...] = ()
     memory_margin_sd = 0.3  # how sure the memory model must be to leave a config out
     wall_share = 0.5  # where between the heaviest run and the lightest out of memory to cut
     # each pick weighs its chance of improving by its chance of running, to this power
@@ -391,9 +398,10 @@ class ImprovementGridSampler(_CandidateSampler):
         sd = {"main": self.main_prior_sd, "numeric": self.numeric_prior_sd,
               "pair": self.interaction_prior_sd}  # fmt: skip
         self.prior_var = np.array([sd[k] for k in self.design.kinds]) ** 2
-        if self.expected_pairs_sd > 0:  # the pairs whose interaction physics expects
-            expected = np.array([k in EXPECTED_PAIRS for k in self.design.pair_knobs])
-            self.prior_var = np.where(expected, self.expected_pairs_sd**2, self.prior_var)
+        # the pair features of the knob pairs whose interaction physics expects
+        self._expected = np.array([k in EXPECTED_PAIRS for k in self.design.pair_knobs])
+        if self.expected_pairs_sd > 0:
+            self.prior_var = np.where(self._expected, self.expected_pairs_sd**2, self.prior_var)
         # failed (1) or ran (0): a knob value, or a pair of values (max-autotune with
         # checkpointing), makes a config fail; numeric knobs by their size
         failure_sd = {"main": 0.2, "numeric": 3.0, "pair": self.failure_pair_prior_sd}
@@ -540,14 +548,21 @@ class ImprovementGridSampler(_CandidateSampler):
 
     def _cost_posterior(self, rows: np.ndarray, y: np.ndarray) -> _Posterior:
         """The cost model given the measured configs' log $/run (with
-        ``interaction_prior_fit``, the likeliest of its interaction priors)."""
+        ``interaction_prior_fit``, ``expected_pairs_fit`` or ``noise_fit``, the likeliest of
+        their priors and noise sds: the highest marginal likelihood)."""
         measured = self.design.matrix(rows)
-        if not self.interaction_prior_fit:
-            return _Posterior(measured, y, self.prior_var, self.noise_sd)
-        pair = np.array([k == "pair" for k in self.design.kinds])
+        priors = [self.prior_var]
+        if self.interaction_prior_fit:
+            pair = np.array([k == "pair" for k in self.design.kinds])
+            priors = [np.where(pair, sd**2, self.prior_var) for sd in self.interaction_prior_fit]
+        elif self.expected_pairs_fit:
+            priors = [
+                np.where(self._expected, sd**2, self.prior_var) for sd in self.expected_pairs_fit
+            ]
         fits = [
-            _Posterior(measured, y, np.where(pair, sd**2, self.prior_var), self.noise_sd)
-            for sd in self.interaction_prior_fit
+            _Posterior(measured, y, prior_var, noise_sd)
+            for prior_var in priors
+            for noise_sd in self.noise_fit or (self.noise_sd,)
         ]
         return max(fits, key=lambda p: p.log_evidence)
 
@@ -687,7 +702,7 @@ class _Posterior:
     def __init__(self, x: np.ndarray, y: np.ndarray, prior_var: np.ndarray, noise_sd: float):
         n, size = x.shape
         centered = y - y.mean()
-        self.prior_var = prior_var
+        self.prior_var, self.noise_sd = prior_var, noise_sd
         self.by_observation = n <= size
         if self.by_observation:
             self.prior_x = x * prior_var  # n x F

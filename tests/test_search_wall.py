@@ -510,3 +510,61 @@ def test_bayes_can_give_the_pairs_physics_expects_a_wider_interaction_prior(
     assert set(np.round(np.sqrt(default.prior_var[kinds == "pair"]), 6)) == {0.05}
     picked = candidates[sampler.pick(free, trials)]
     assert (picked["packing"], picked["max_seq_length"]) == (False, 256), picked
+
+
+def test_bayes_can_choose_the_expected_pairs_prior_by_the_marginal_likelihood(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``expected_pairs_fit`` the expected pairs' interaction prior sd is, at each pick,
+    the likeliest of its values (the marginal likelihood); with ``noise_fit`` jointly with the
+    noise sd. On log $/run additive in the knobs plus 10% noise the evidence keeps the tight
+    0.05; where unpacked is dear at length 1,024 (padding) and cheap at 256 it picks a wider
+    sd (with or without ``noise_fit``), and data that are noise alone get a larger noise sd."""
+    assert ImprovementGridSampler.expected_pairs_fit == ()
+    assert ImprovementGridSampler.noise_fit == ()
+    candidates = [
+        {"packing": p, "max_seq_length": length, "per_device_batch_size": b, "num_workers": w}
+        for p in (False, True)
+        for length in (256, 1024)
+        for b in (4, 16)
+        for w in (0, 2)
+    ]
+
+    def log_cost(c: dict[str, object], reversal: bool) -> float:
+        unpacked = 0.0 if c["packing"] else 1.0
+        long = c["max_seq_length"] == 1024
+        padding = (0.7 if long else -0.3) if reversal else 0.3
+        return float(
+            -0.3 * np.log2(float(c["per_device_batch_size"]))  # type: ignore[arg-type]
+            + 0.1 * (c["num_workers"] == 0) + 0.2 * long + padding * unpacked
+        )  # fmt: skip
+
+    rows = np.arange(len(candidates))
+    noise = np.random.default_rng(0).normal(0, 0.1, len(candidates))
+    additive, reversed_ = (
+        np.array([log_cost(c, reversal) for c in candidates]) + noise for reversal in (False, True)
+    )
+
+    def chosen(sampler: ImprovementGridSampler, y: np.ndarray) -> tuple[float, float]:
+        posterior = sampler._cost_posterior(rows, y)
+        expected = np.sqrt(posterior.prior_var[sampler._expected])
+        assert len(set(np.round(expected, 6))) == 1
+        return float(expected[0]), posterior.noise_sd
+
+    default = ImprovementGridSampler(candidates, seed=0)
+    assert chosen(default, reversed_) == (pytest.approx(0.05), 0.1)
+    monkeypatch.setattr(ImprovementGridSampler, "expected_pairs_fit", (0.05, 0.1, 0.2, 0.4))
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    assert chosen(sampler, additive) == (pytest.approx(0.05), 0.1)
+    assert chosen(sampler, reversed_)[0] >= 0.2
+    kinds = np.array(sampler.design.kinds)
+    others = (kinds == "pair") & ~sampler._expected
+    posterior = sampler._cost_posterior(rows, reversed_)
+    assert np.allclose(posterior.prior_var[others], 0.05**2)
+    assert np.array_equal(posterior.prior_var[kinds != "pair"], default.prior_var[kinds != "pair"])
+    monkeypatch.setattr(ImprovementGridSampler, "noise_fit", (0.05, 0.1, 0.2))
+    sampler = ImprovementGridSampler(candidates, seed=0)
+    assert chosen(sampler, additive)[0] == pytest.approx(0.05)
+    assert chosen(sampler, reversed_)[0] >= 0.2
+    assert {chosen(sampler, y)[1] for y in (additive, reversed_)} <= {0.05, 0.1, 0.2}
+    assert chosen(sampler, 3 * noise)[1] == 0.2  # 30% noise alone: put down to the noise
