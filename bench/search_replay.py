@@ -795,13 +795,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--expected-pairs-sd", type=float,
         help="bayes: the interaction prior's sd of the knob pairs expected to interact "
-        "(sweeper.search.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off)",
+        "(sweeper.search.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off; "
+        "with --expected-pairs-fit '', the fit being the default)",
     )  # fmt: skip
     parser.add_argument(
-        "--expected-pairs-fit", type=lambda v: tuple(float(x) for x in v.split(",")),
+        "--expected-pairs-fit", type=lambda v: tuple(float(x) for x in v.split(",") if x),
         help="bayes: comma-separated sds; at each pick the expected pairs' interaction prior "
         "sd is the one of these with the highest marginal likelihood (ImprovementGridSampler."
-        "expected_pairs_fit)",
+        "expected_pairs_fit; the default 0.05,0.1,0.2,0.4; '': off, --expected-pairs-sd)",
     )  # fmt: skip
     parser.add_argument(
         "--noise-fit", type=lambda v: tuple(float(x) for x in v.split(",")),

@@ -464,6 +464,8 @@ def test_bayes_can_give_the_pairs_physics_expects_a_wider_interaction_prior(
     from sweeper.search import EXPECTED_PAIRS
 
     assert ImprovementGridSampler.expected_pairs_sd == 0.0
+    # (a fixed sd: the default chooses the expected pairs' sd by the evidence instead)
+    monkeypatch.setattr(ImprovementGridSampler, "expected_pairs_fit", ())
     assert frozenset(("packing", "max_seq_length")) in EXPECTED_PAIRS
     assert frozenset(("packing", "num_workers")) not in EXPECTED_PAIRS
     candidates = [
@@ -515,13 +517,15 @@ def test_bayes_can_give_the_pairs_physics_expects_a_wider_interaction_prior(
 def test_bayes_can_choose_the_expected_pairs_prior_by_the_marginal_likelihood(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With ``expected_pairs_fit`` the expected pairs' interaction prior sd is, at each pick,
-    the likeliest of its values (the marginal likelihood); with ``noise_fit`` jointly with the
-    noise sd. On log $/run additive in the knobs plus 10% noise the evidence keeps the tight
-    0.05; where unpacked is dear at length 1,024 (padding) and cheap at 256 it picks a wider
-    sd (with or without ``noise_fit``), and data that are noise alone get a larger noise sd."""
-    assert ImprovementGridSampler.expected_pairs_fit == ()
+    """With ``expected_pairs_fit`` (the default) the expected pairs' interaction prior sd is,
+    at each pick, the likeliest of its values (the marginal likelihood); with ``noise_fit``
+    jointly with the noise sd. On log $/run additive in the knobs plus 10% noise the evidence
+    keeps the tight 0.05; where unpacked is dear at length 1,024 (padding) and cheap at 256 it
+    picks a wider sd (with or without ``noise_fit``), and data that are noise alone get a
+    larger noise sd."""
+    assert ImprovementGridSampler.expected_pairs_fit == (0.05, 0.1, 0.2, 0.4)  # the default
     assert ImprovementGridSampler.noise_fit == ()
+    monkeypatch.setattr(ImprovementGridSampler, "expected_pairs_fit", ())
     candidates = [
         {"packing": p, "max_seq_length": length, "per_device_batch_size": b, "num_workers": w}
         for p in (False, True)
@@ -551,8 +555,8 @@ def test_bayes_can_choose_the_expected_pairs_prior_by_the_marginal_likelihood(
         assert len(set(np.round(expected, 6))) == 1
         return float(expected[0]), posterior.noise_sd
 
-    default = ImprovementGridSampler(candidates, seed=0)
-    assert chosen(default, reversed_) == (pytest.approx(0.05), 0.1)
+    tight = ImprovementGridSampler(candidates, seed=0)  # without the fit: 0.05 for every pair
+    assert chosen(tight, reversed_) == (pytest.approx(0.05), 0.1)
     monkeypatch.setattr(ImprovementGridSampler, "expected_pairs_fit", (0.05, 0.1, 0.2, 0.4))
     sampler = ImprovementGridSampler(candidates, seed=0)
     assert chosen(sampler, additive) == (pytest.approx(0.05), 0.1)
@@ -561,7 +565,7 @@ def test_bayes_can_choose_the_expected_pairs_prior_by_the_marginal_likelihood(
     others = (kinds == "pair") & ~sampler._expected
     posterior = sampler._cost_posterior(rows, reversed_)
     assert np.allclose(posterior.prior_var[others], 0.05**2)
-    assert np.array_equal(posterior.prior_var[kinds != "pair"], default.prior_var[kinds != "pair"])
+    assert np.array_equal(posterior.prior_var[kinds != "pair"], tight.prior_var[kinds != "pair"])
     monkeypatch.setattr(ImprovementGridSampler, "noise_fit", (0.05, 0.1, 0.2))
     sampler = ImprovementGridSampler(candidates, seed=0)
     assert chosen(sampler, additive)[0] == pytest.approx(0.05)
