@@ -1,4 +1,4 @@
-"""The tail of saved bayes replays, paired seed by seed (bench/RESULTS.md, Search Runs 13-14):
+"""The tail of saved bayes replays, paired seed by seed (bench/RESULTS.md, Search Runs 13-15):
 the default search against one form, per table and metric.
 
     .venv/bin/python bench/replay/tail.py DIR FORM TABLES [SEEDS]
@@ -7,7 +7,7 @@ reads DIR/TABLE.unweighted.jsonl (the default) and DIR/TABLE.<FORM>.jsonl
 (``search_replay.py --save``) for each of the comma-separated TABLES (files in bench/replay)
 and prints one Markdown row per metric: trials to 5% as median / 90th percentile (numpy's
 linear) / share of seeds at 40 or more (count, max), for both on their common seeds (the
-first SEEDS of them), the form's seeds worse / better, and the rule of Runs 13-14 (median at
+first SEEDS of them), the form's seeds worse / better, and the rule of Runs 13-15 (median at
 most 1 above the default's; the tail lower: both the share at 40+ and the 90th percentile).
 """
 
