@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from sweeper.cost import hours_figure, money, one_off_text
 from sweeper.knob_values import OWN_LABEL, as_ran
@@ -160,6 +161,11 @@ def describe_dict(config: dict[str, Any]) -> str:
     return knobs.describe(config)
 
 
+# the leaderboard's columns the config gives way to on a narrow terminal, the first first
+_YIELDS = ("it/s", "data wait", "padding", "±95%", "tokens/s")
+_CONFIG_MIN = 40  # the config column's least width: it folds, never goes
+
+
 def print_leaderboard(url: str, study: str, top: int = 10) -> None:
     from sweeper.recommend import padding_share
     from sweeper.store import Store
@@ -171,31 +177,58 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
         (t for t in trials if t.state == "complete" and t.cost_per_run_usd is not None),
         key=lambda t: (t.cost_per_run_usd, t.number),
     )
-    table = Table(title=f"{study}: cheapest per run", title_justify="left")
-    headers = ("#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run")
-    for header in (*headers, "$/run", "±95%"):
-        if header == "config":  # the config is the point of the table: it folds, never cut
-            table.add_column(header, justify="left", overflow="fold", min_width=40, ratio=1)
-        else:
-            table.add_column(header, justify="right", no_wrap=True)
+    rows = []
     for t in completed[:top]:
         padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
-        table.add_row(
-            str(t.number),
-            describe_dict(as_ran(t.config, t.own_values)),
-            num(t.samples_per_s, ",.1f"),
-            num(t.tokens_per_s, ",.0f"),
-            num(t.it_per_s, ".2f"),
-            num(None if t.data_wait_share is None else t.data_wait_share * 100, ".0f") + "%",
-            num(None if padding is None else padding * 100, ".0f") + "%",
-            hours_cell(t.hours_per_run),
-            dollars(t.cost_per_run_usd, sign=False),
-            num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
+        rows.append({
+            "#": str(t.number),
+            "config": describe_dict(as_ran(t.config, t.own_values)),
+            "samples/s": num(t.samples_per_s, ",.1f"),
+            "tokens/s": num(t.tokens_per_s, ",.0f"),
+            "it/s": num(t.it_per_s, ".2f"),
+            "data wait": num(
+                None if t.data_wait_share is None else t.data_wait_share * 100, ".0f"
+            ) + "%",
+            "padding": num(None if padding is None else padding * 100, ".0f") + "%",
+            "h/run": hours_cell(t.hours_per_run),
+            "$/run": dollars(t.cost_per_run_usd, sign=False),
+            "±95%": num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
             + "%"
             + (f" ×{len(t.remeasures)}" if t.remeasures else "")
             + (" [yellow]*[/]" if t.contended else ""),
-        )
+        })  # fmt: skip
+    headers = ["#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run",
+               "$/run", "±95%"]  # fmt: skip
+
+    def width(header: str) -> int:  # a no-wrap column's cells and its padding and border
+        cells = [Text.from_markup(r[header]).cell_len for r in rows]
+        return max([len(header), *cells]) + 3
+
+    # on a narrow terminal the figures that matter least give way, so that the config (the
+    # point of the table) keeps its least width: rich would squeeze it to nothing instead
+    left_out = []
+    for header in _YIELDS:
+        if sum(width(h) for h in headers if h != "config") + _CONFIG_MIN + 4 <= console.width:
+            break
+        headers.remove(header)
+        left_out.append(header)
+    table = Table(title=f"{study}: cheapest per run", title_justify="left")
+    for header in headers:
+        if header == "config":  # the config is the point of the table: it folds, never cut
+            table.add_column(header, justify="left", overflow="fold", min_width=_CONFIG_MIN,
+                             ratio=1)  # fmt: skip
+        else:
+            table.add_column(header, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[h] for h in headers))
     console.print(table)
+    if left_out:
+        console.print(
+            f"  left out at this terminal's width ({console.width} columns): "
+            f"{', '.join(left_out)}; a wider terminal shows them, as does the dashboard "
+            "(sweeper serve)",
+            highlight=False,
+        )
     if any(t.remeasures for t in completed[:top]):
         console.print("  ×N: measured N times, pooled (sweeper.noise)", highlight=False)
     contended = [f"#{t.number}" for t in completed[:top] if t.contended]

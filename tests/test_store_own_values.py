@@ -190,3 +190,29 @@ def test_the_across_hardware_comparison_shows_what_the_script_ran(store: Store) 
     result = compare(store, "env")
     (point,) = result.pareto
     assert point.config == as_ran(ASKED, OWN) and point.config["precision"] == "bf16"
+
+
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_leaderboard_keeps_the_config_on_a_narrow_terminal(store: Store, columns: int) -> None:
+    """At 80 columns rich squeezed the config column to nothing (its other columns do not
+    wrap): the table then said which trial was cheapest but not what it ran. The figures that
+    matter least give way instead, and the table says which."""
+    _record(store, "env", _space("env"), OWN)
+    width = console.width
+    console.width = columns
+    try:
+        with console.capture() as captured:
+            print_leaderboard(store.url, "env")
+    finally:
+        console.width = width
+    shown = captured.get()
+    table = [line for line in shown.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= columns, shown
+    words = shown.split()
+    assert "bs4×ga2" in words and "bf16" in words and "$/run" in words, shown
+    if columns == 80:
+        assert "it/s" not in words and "left out at this terminal's width (80 columns):" in (
+            " ".join(words)
+        ), shown
+    else:
+        assert "it/s" in words and "left out" not in shown, shown
