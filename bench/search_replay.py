@@ -795,7 +795,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--expected-pairs-sd", type=float,
         help="bayes: the interaction prior's sd of the knob pairs expected to interact "
-        "(sweeper.search.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off; "
+        "(sweeper.search_model.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off; "
         "with --expected-pairs-fit '', the fit being the default)",
     )  # fmt: skip
     parser.add_argument(

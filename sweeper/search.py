@@ -44,40 +44,21 @@ from optuna.trial import FrozenTrial, TrialState
 from sweeper import knobs, search_cost
 from sweeper.samplers import SAMPLERS
 from sweeper.search_cost import COMPILE_S, SECONDS_ATTR
+from sweeper.search_model import (
+    EXPECTED_PAIRS,
+    Design,
+    MemoryOrder,
+    Posterior,
+    levels,
+    log_p_fits,
+    log_tokens,
+)
 
 __all__ = ["COMPILE_S", "SECONDS_ATTR"]  # where the bench and the tests have found them
 
 # failures the config itself causes: told to the sampler as infeasible, not as failed
 INFEASIBLE_KINDS = frozenset(
     {"oom", "unsupported", "compile", "nonfinite", "dataloader", "mismatch"}
-)
-
-# Knob pairs whose effects on throughput are expected not to add up (in log $/run), from how
-# a training step works, not from the replay tables (bench/RESULTS.md, Search Run 14):
-# - padding: an unpacked row is padded to the longest row of its batch or to max_seq_length,
-#   so what packing (or padding-free batching) saves grows with the sequence length and with
-#   the batch; at a length near the data's own, unpacked costs nothing;
-# - the step's shape: tokens per step are batch x length, and a device's use saturates with
-#   them (small steps are launch- and memory-bound, large ones compute-bound);
-# - compilation: fusion and fewer kernel launches gain most on small steps, and max-autotune
-#   chooses its kernels per shape;
-# - attention: its cost grows with the square of the length, and the implementations differ
-#   most at long sequences.
-# Left out: the loader's knobs (they matter only when the loader is the bottleneck),
-# gradient accumulation, checkpointing, precision and the optimizer (each scales the step by
-# about one factor: additive in log $/run).
-EXPECTED_PAIRS = frozenset(
-    frozenset(pair)
-    for pair in (
-        ("packing", "max_seq_length"),
-        ("packing", "per_device_batch_size"),
-        ("padding_free", "max_seq_length"),
-        ("padding_free", "per_device_batch_size"),
-        ("per_device_batch_size", "max_seq_length"),
-        ("compile_mode", "per_device_batch_size"),
-        ("compile_mode", "max_seq_length"),
-        ("attn_implementation", "max_seq_length"),
-    )
 )
 
 CONSTRAINT = "runs_here"  # Optuna constraint (Trial.set_constraint): 1 infeasible, 0 feasible
@@ -277,7 +258,7 @@ class ImprovementGridSampler(_CandidateSampler):
     knob pairs expected to interact, ``EXPECTED_PAIRS``, its sd is chosen at each pick by the
     marginal likelihood, ``expected_pairs_fit``). The
     posterior's mean and spread of each free config are exact (a Gaussian prior on the weights;
-    ``_Posterior``). Measured trials enter the regression; trials slowed by a shared machine
+    ``Posterior``). Measured trials enter the regression; trials slowed by a shared machine
     (``CONTENDED_ATTR``) do not, until the sweep measures them calm (``revise``). Failures stay
     out of the cost regression: a config that a linear model of "failed" against "ran" (one for
     out-of-memory, one for the other failures) confidently puts at even odds or worse is not
@@ -403,7 +384,7 @@ class ImprovementGridSampler(_CandidateSampler):
 
     def __init__(self, candidates: Sequence[Mapping[str, Any]], *, seed: int | None) -> None:
         super().__init__(candidates, seed=seed)
-        self.design = _Design(self.candidates)
+        self.design = Design(self.candidates)
         sd = {"main": self.main_prior_sd, "numeric": self.numeric_prior_sd,
               "pair": self.interaction_prior_sd}  # fmt: skip
         self.prior_var = np.array([sd[k] for k in self.design.kinds]) ** 2
@@ -416,16 +397,16 @@ class ImprovementGridSampler(_CandidateSampler):
         failure_sd = {"main": 0.2, "numeric": 3.0, "pair": self.failure_pair_prior_sd}
         self.failure_prior_var = np.array([failure_sd[k] for k in self.design.kinds]) ** 2
         self._index = {_key(c): i for i, c in enumerate(self.candidates)}
-        self._memory = _MemoryOrder(self.candidates)
+        self._memory = MemoryOrder(self.candidates)
         # log tokens per step (batch x sequence length): what activations grow with
-        self._log_tokens = np.array([_log_tokens(c) for c in self.candidates])
+        self._log_tokens = np.array([log_tokens(c) for c in self.candidates])
         # log peak memory per token of a step, less its mean: how each knob value moves it
         # (checkpointing keeps about a third; the fixed weights make small steps dearer)
         residual_sd = {"main": 0.7, "numeric": 1.0, "pair": 0.1}
         self.per_token_prior_var = np.array([residual_sd[k] for k in self.design.kinds]) ** 2
         self._revised: dict[tuple[tuple[str, Any], ...], float] = {}
         # each candidate's model side (its knobs less the loader's), as one level
-        self._model_side = _levels(
+        self._model_side = levels(
             [tuple(sorted((n, v) for n, v in c.items() if n not in _LOADER_KNOBS))
              for c in self.candidates]
         )[1]  # fmt: skip
@@ -555,7 +536,7 @@ class ImprovementGridSampler(_CandidateSampler):
             log_pi[start : start + self.chunk] = score
         return log_pi
 
-    def _cost_posterior(self, rows: np.ndarray, y: np.ndarray) -> _Posterior:
+    def _cost_posterior(self, rows: np.ndarray, y: np.ndarray) -> Posterior:
         """The cost model given the measured configs' log $/run (with
         ``interaction_prior_fit``, ``expected_pairs_fit`` or ``noise_fit``, the likeliest of
         their priors and noise sds: the highest marginal likelihood)."""
@@ -569,7 +550,7 @@ class ImprovementGridSampler(_CandidateSampler):
                 np.where(self._expected, sd**2, self.prior_var) for sd in self.expected_pairs_fit
             ]
         fits = [
-            _Posterior(measured, y, prior_var, noise_sd)
+            Posterior(measured, y, prior_var, noise_sd)
             for prior_var in priors
             for noise_sd in self.noise_fit or (self.noise_sd,)
         ]
@@ -585,7 +566,7 @@ class ImprovementGridSampler(_CandidateSampler):
         else:
             pair = np.array([k == "pair" for k in self.design.kinds])
             prior_var = np.where(pair, pair_sd**2, self.prior_var)
-            posterior = _Posterior(self.design.matrix(rows), y, prior_var, self.noise_sd)
+            posterior = Posterior(self.design.matrix(rows), y, prior_var, self.noise_sd)
         spread = np.empty(len(free))
         for start in range(0, len(free), self.chunk):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
@@ -622,7 +603,7 @@ class ImprovementGridSampler(_CandidateSampler):
             return free
         rows = np.array([i for i, _ in memory])
         per_token = np.array([m for _, m in memory]) - self._log_tokens[rows]
-        posterior = _Posterior(self.design.matrix(rows), per_token, self.per_token_prior_var, 0.05)
+        posterior = Posterior(self.design.matrix(rows), per_token, self.per_token_prior_var, 0.05)
         offset = float(per_token.mean())
 
         def predicted(indexes: Sequence[int]) -> np.ndarray:
@@ -646,7 +627,7 @@ class ImprovementGridSampler(_CandidateSampler):
             # measured ones (checkpointing, eager attention), held-out's best among them
             # (25 trials to 5% against 15-16 on samples/s; bench/RESULTS.md, Run 7)
             spread = np.full(len(chunk), self.memory_measurement_sd)
-            fits = _log_p_fits(mean, spread, heaviest_ran, lightest_oom)
+            fits = log_p_fits(mean, spread, heaviest_ran, lightest_oom)
             log_runs[chunk] += self.fits_weight * fits
         return keep or free
 
@@ -667,7 +648,7 @@ class ImprovementGridSampler(_CandidateSampler):
             return free
         rows = np.array(failed + ran)
         label = np.array([1.0] * len(failed) + [0.0] * len(ran))
-        posterior = _Posterior(self.design.matrix(rows), label, self.failure_prior_var, 0.3)
+        posterior = Posterior(self.design.matrix(rows), label, self.failure_prior_var, 0.3)
         keep = []
         for start in range(0, len(free), self.chunk):
             chunk = free[start : start + self.chunk]
@@ -684,7 +665,7 @@ class ImprovementGridSampler(_CandidateSampler):
         self, rows: np.ndarray, y: np.ndarray, prior_var: np.ndarray, noise_sd: float
     ) -> np.ndarray:
         """The posterior mean of the weights of y ~ features[rows] (y centered)."""
-        return _Posterior(self.design.matrix(rows), y, prior_var, noise_sd).weights
+        return Posterior(self.design.matrix(rows), y, prior_var, noise_sd).weights
 
 
 @dataclass
@@ -700,83 +681,6 @@ class _History:
     took: list[tuple[int, float]] = field(default_factory=list)  # seconds per trial run
 
 
-class _Posterior:
-    """Bayesian linear regression y - mean(y) ~ x @ w, with w ~ N(0, diag(prior_var)) and
-    Gaussian noise: the posterior mean of the weights, and the mean and variance of any new
-    row's value. Exact either way, it takes the cheaper of two equal forms: over the n
-    observations (an n x n Cholesky factor) while there are fewer of them than the F
-    features, over the features (F x F) once there are more, so a long sweep's pick costs
-    O(F^3 + m F^2) for m free configs instead of O(n^3 + m n^2)."""
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, prior_var: np.ndarray, noise_sd: float):
-        n, size = x.shape
-        centered = y - y.mean()
-        self.prior_var, self.noise_sd = prior_var, noise_sd
-        self.by_observation = n <= size
-        if self.by_observation:
-            self.prior_x = x * prior_var  # n x F
-            gram = self.prior_x @ x.T + noise_sd**2 * np.eye(n)
-            self.factor = scipy.linalg.cholesky(gram, lower=True)
-            alpha = scipy.linalg.cho_solve((self.factor, True), centered)
-            self.weights = self.prior_x.T @ alpha
-            fit = float(centered @ alpha)
-            log_det = 2 * float(np.sum(np.log(np.diag(self.factor))))
-        else:
-            precision = x.T @ x / noise_sd**2 + np.diag(1 / prior_var)
-            self.factor = scipy.linalg.cholesky(precision, lower=True)
-            self.weights = scipy.linalg.cho_solve((self.factor, True), x.T @ centered) / (
-                noise_sd**2
-            )
-            # the same by the matrix determinant and Woodbury identities
-            fit = float(centered @ centered - centered @ x @ self.weights) / noise_sd**2
-            log_det = (
-                n * math.log(noise_sd**2)
-                + float(np.sum(np.log(prior_var)))
-                + 2 * float(np.sum(np.log(np.diag(self.factor))))
-            )
-        # log p(y - mean(y)) under the prior and the noise: the marginal likelihood
-        self.log_evidence = -0.5 * (fit + log_det + n * math.log(2 * math.pi))
-
-    def mean(self, features: np.ndarray) -> np.ndarray:
-        return features @ self.weights
-
-    def variance(self, features: np.ndarray) -> np.ndarray:
-        if self.by_observation:
-            prior = (features**2) @ self.prior_var
-            reduced = scipy.linalg.solve_triangular(
-                self.factor, self.prior_x @ features.T, lower=True
-            )
-            return prior - np.sum(reduced**2, axis=0)
-        reduced = scipy.linalg.solve_triangular(self.factor, features.T, lower=True)
-        return np.sum(reduced**2, axis=0)
-
-
-def _log_p_fits(mean: np.ndarray, sd: np.ndarray, low: float, high: float) -> np.ndarray:
-    """log P(peak < capacity) for a log peak ~ N(mean, sd^2) and a log capacity uniform
-    between ``low`` (the heaviest config that ran) and ``high`` (the lightest that did not)."""
-    if high <= low:
-        return scipy.special.log_ndtr((low - mean) / sd)
-
-    def integral(z: np.ndarray) -> np.ndarray:  # of Phi: z Phi(z) + phi(z)
-        return z * scipy.special.ndtr(z) + np.exp(-0.5 * z**2) / math.sqrt(2 * math.pi)
-
-    share = sd * (integral((high - mean) / sd) - integral((low - mean) / sd)) / (high - low)
-    return np.log(np.clip(share, 1e-12, 1.0))
-
-
-CHECKPOINTED_SHARE = 1 / 3  # of the activations kept with gradient checkpointing: the prior
-
-
-def _log_tokens(params: Mapping[str, Any]) -> float:
-    """log of the tokens of one step's activations: batch x sequence length, a third of it
-    with gradient checkpointing (a knob the space does not search is the same for every
-    config: it counts as 1)."""
-    batch, length = params.get("per_device_batch_size"), params.get("max_seq_length")
-    tokens = (batch if isinstance(batch, int) else 1) * (length if isinstance(length, int) else 1)
-    share = CHECKPOINTED_SHARE if params.get("gradient_checkpointing") is True else 1.0
-    return math.log(tokens * share)
-
-
 # knobs that change how batches reach the model, not what the model computes: a config that
 # failed to compile (or another failure of the model's own) fails the same with any of them
 _LOADER_KNOBS = frozenset(
@@ -784,111 +688,6 @@ _LOADER_KNOBS = frozenset(
      "pin_memory", "gradient_accumulation_steps"}
 )  # fmt: skip
 _MODEL_FAILURES = frozenset({"compile", "unsupported", "nonfinite"})
-
-
-def _levels(values: Sequence[Any]) -> tuple[int, np.ndarray]:
-    """How many distinct values there are, and each value's level (None is a level too)."""
-    levels = {r: i for i, r in enumerate(sorted(set(map(repr, values))))}
-    return len(levels), np.array([levels[repr(v)] for v in values])
-
-
-class _MemoryOrder:
-    """The candidates' memory-relevant knobs as arrays, for ``oom_dominated`` at grid scale."""
-
-    def __init__(self, candidates: Sequence[Mapping[str, Any]]) -> None:
-        ranked, exact = [], []
-        for name in sorted({n for c in candidates for n in c}):
-            memory = knobs.KNOB[name].memory if name in knobs.KNOB else None
-            values = [c.get(name) for c in candidates]
-            if memory == knobs.FREE:
-                continue
-            if callable(memory) and all(v is not None for v in values):
-                ranked.append([float(memory(v)) for v in values])
-            else:
-                exact.append(list(_levels(values)[1]))
-        n = len(candidates)
-        self.ranked = np.array(ranked, dtype=float).T if ranked else np.zeros((n, 0))
-        self.exact = np.array(exact, dtype=int).T if exact else np.zeros((n, 0), dtype=int)
-
-    def dominated(self, oom: Sequence[int]) -> np.ndarray:
-        """Which candidates weigh at least as much as one of the ``oom`` candidates."""
-        heavy = np.zeros(len(self.ranked), dtype=bool)
-        for j in oom:
-            heavy |= np.all(self.ranked >= self.ranked[j], axis=1) & np.all(
-                self.exact == self.exact[j], axis=1
-            )
-        return heavy
-
-
-class _Design:
-    """The features of the candidates, built on demand (a grid of 75,000 configs with ~500
-    features would not fit in memory as one matrix): a one-hot per (knob, value), log2 of each
-    numeric knob scaled to a range of 1, and a one-hot per pair of values of two knobs."""
-
-    def __init__(self, candidates: Sequence[Mapping[str, Any]]) -> None:
-        names = sorted({name for c in candidates for name in c})
-        self.codes: list[np.ndarray] = []  # per varying knob: each candidate's level
-        self.names: list[str] = []  # per varying knob: its name
-        self.kinds: list[str] = []  # per feature: main, numeric or pair
-        self.numeric: list[tuple[int, np.ndarray]] = []  # (column, scaled log2 values)
-        self.offsets: list[int] = []
-        sizes: list[int] = []
-        for name in names:
-            # a knob absent from a config (inactive) is its own level
-            values = [c.get(name) for c in candidates]
-            count, codes = _levels(values)
-            if count < 2:
-                continue
-            self.codes.append(codes)
-            self.names.append(name)
-            self.offsets.append(len(self.kinds))
-            sizes.append(count)
-            self.kinds += ["main"] * count
-            if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
-                logs = np.log2(np.array(values, dtype=float))
-                self.numeric.append((len(self.kinds), (logs - logs.mean()) / np.ptp(logs)))
-                self.kinds.append("numeric")
-        self.pairs: list[tuple[int, int, int, int]] = []  # (knob a, knob b, offset, size of b)
-        # per feature: the names of the two knobs of a pair feature; empty for the others
-        self.pair_knobs: list[frozenset[str]] = [frozenset()] * len(self.kinds)
-        for a in range(len(self.codes)):
-            for b in range(a + 1, len(self.codes)):
-                self.pairs.append((a, b, len(self.kinds), sizes[b]))
-                self.kinds += ["pair"] * (sizes[a] * sizes[b])
-                self.pair_knobs += [frozenset((self.names[a], self.names[b]))] * (
-                    sizes[a] * sizes[b]
-                )
-        self.size = max(1, len(self.kinds))
-        if not self.kinds:
-            self.kinds = ["main"]
-            self.pair_knobs = [frozenset()]
-        self._all: np.ndarray | None = None
-        if len(candidates) * self.size <= self.CACHED:
-            self._all = self._build(np.arange(len(candidates)))
-
-    CACHED = 4_000_000  # features held for the whole grid when they take at most 32 MB
-
-    def matrix(self, rows: np.ndarray) -> np.ndarray:
-        """The features of the candidates ``rows``."""
-        rows = np.asarray(rows, dtype=int)
-        return self._all[rows] if self._all is not None else self._build(rows)
-
-    def _build(self, rows: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(rows), self.size))
-        at = np.arange(len(rows))
-        for codes, offset in zip(self.codes, self.offsets, strict=True):
-            out[at, offset + codes[rows]] = 1.0
-        for column, values in self.numeric:
-            out[:, column] = values[rows]
-        for a, b, offset, size_b in self.pairs:
-            out[at, offset + self.codes[a][rows] * size_b + self.codes[b][rows]] = 1.0
-        return out
-
-    def predict(self, rows: Sequence[int], weights: np.ndarray, chunk: int = 8192) -> np.ndarray:
-        indexes = np.asarray(rows)
-        return np.concatenate(
-            [self.matrix(indexes[i : i + chunk]) @ weights for i in range(0, len(indexes), chunk)]
-        )
 
 
 def runnable_params(

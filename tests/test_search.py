@@ -21,11 +21,11 @@ from sweeper.samplers import DEFAULT_SAMPLER, SAMPLERS
 from sweeper.search import (
     CONSTRAINT,
     REPEAT_ATTR,
-    _Posterior,
     make_sampler,
     oom_dominated,
     worker_seed,
 )
+from sweeper.search_model import Posterior
 from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.store import Store
 from sweeper.sweep.executor import ChildExecutor
@@ -261,7 +261,7 @@ def test_the_posterior_is_exact_in_both_of_its_forms(n: int) -> None:
     y = rng.normal(size=n)
     prior_var = rng.uniform(0.01, 1.0, size=12)
     new = rng.integers(0, 2, size=(7, 12)).astype(float)
-    posterior = _Posterior(x, y, prior_var, noise_sd=0.1)
+    posterior = Posterior(x, y, prior_var, noise_sd=0.1)
     assert posterior.by_observation == (n <= 12)
     # the textbook form: covariance (P^-1 + X'X / s^2)^-1, mean covariance X'y / s^2
     covariance = np.linalg.inv(np.diag(1 / prior_var) + x.T @ x / 0.01)

@@ -211,17 +211,17 @@ def test_the_chance_that_a_config_fits_between_the_heaviest_run_and_the_lightest
     """P(peak < capacity) for a capacity anywhere between the heaviest config that ran and
     the lightest that ran out of memory (log scale): about 1 below the first, about 0 past
     the second, the share of the gap above the peak in between, and falling with the peak."""
-    from sweeper.search import _log_p_fits
+    from sweeper.search_model import log_p_fits
 
     low, high = np.log(40.0), np.log(80.0)
     peaks = np.log(np.array([20.0, 40.0, 50.0, 60.0, 70.0, 80.0, 160.0]))
-    p = np.exp(_log_p_fits(peaks, np.full(len(peaks), 0.01), low, high))
+    p = np.exp(log_p_fits(peaks, np.full(len(peaks), 0.01), low, high))
     assert p[0] > 0.999 and p[-1] < 1e-6, p
     middle = (high - np.log(60.0)) / (high - low)
     assert abs(p[3] - middle) < 0.01, (p[3], middle)
     assert np.all(np.diff(p) < 0), p
     # a wall known exactly (the two meet): a step, smoothed by the spread
-    step = np.exp(_log_p_fits(np.log(np.array([30.0, 50.0])), np.full(2, 0.05), low, low))
+    step = np.exp(log_p_fits(np.log(np.array([30.0, 50.0])), np.full(2, 0.05), low, low))
     assert step[0] > 0.99 and step[1] < 0.01, step
 
 
@@ -336,7 +336,7 @@ def test_bayes_expected_improvement_per_second_is_the_posteriors_own() -> None:
     the default is unchanged ("pi")."""
     from scipy import stats
 
-    from sweeper.search import _Posterior
+    from sweeper.search_model import Posterior
 
     assert ImprovementGridSampler.cost_acquisition == "pi"
     candidates, trials = _near_tie_study()
@@ -346,7 +346,7 @@ def test_bayes_expected_improvement_per_second_is_the_posteriors_own() -> None:
     sampler.cost_acquisition = "ei"
     y = np.log([10.0, 9.6, 8.0])
     rows = np.array(measured)
-    posterior = _Posterior(sampler.design.matrix(rows), y, sampler.prior_var, sampler.noise_sd)
+    posterior = Posterior(sampler.design.matrix(rows), y, sampler.prior_var, sampler.noise_sd)
     features = sampler.design.matrix(np.array(free))
     mean, sd = posterior.mean(features) + y.mean(), np.sqrt(posterior.variance(features))
     target = y.min() - sampler.improvement
@@ -373,7 +373,7 @@ def test_bayes_can_measure_improvement_from_the_posteriors_best_not_a_lucky_meas
     default is unchanged ("measured")."""
     from scipy import stats
 
-    from sweeper.search import _Posterior
+    from sweeper.search_model import Posterior
 
     assert ImprovementGridSampler.incumbent == "measured"
     candidates, _ = _near_tie_study()
@@ -382,7 +382,7 @@ def test_bayes_can_measure_improvement_from_the_posteriors_best_not_a_lucky_meas
     y = np.log([10.0, 10.2, 10.1, 8.0, 9.9])
     rows = np.array(measured)
     sampler = ImprovementGridSampler(candidates, seed=0)
-    posterior = _Posterior(sampler.design.matrix(rows), y, sampler.prior_var, sampler.noise_sd)
+    posterior = Posterior(sampler.design.matrix(rows), y, sampler.prior_var, sampler.noise_sd)
     fitted = posterior.mean(sampler.design.matrix(rows)) + y.mean()
     assert fitted.min() > y.min() + 0.02  # the model does not believe the lucky 8.0
     features = sampler.design.matrix(np.array(free))
@@ -461,7 +461,7 @@ def test_bayes_can_give_the_pairs_physics_expects_a_wider_interaction_prior(
     but one measured, unpacked measured only at length 1,024 (twice as dear: padding). With
     one tight prior for every pair the model is sure unpacked is dear at 256 too and picks the
     last packed config; with the expected pairs wider, it tries unpacked at 256."""
-    from sweeper.search import EXPECTED_PAIRS
+    from sweeper.search_model import EXPECTED_PAIRS
 
     assert ImprovementGridSampler.expected_pairs_sd == 0.0
     # (a fixed sd: the default chooses the expected pairs' sd by the evidence instead)
