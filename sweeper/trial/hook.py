@@ -409,7 +409,7 @@ class _Session:
         # what the measurement derives from the config, it derives from what ran; the
         # program's own values are recorded beside the config asked (the study's key of it)
         self.ctx.request = ran_config(self.request, self.effective)
-        self.own_values = own_values(self.request, self.effective)
+        self.own_values = own_values(self.request, self.ctx.request)
 
     # -- your loop ---------------------------------------------------------------------------
 

@@ -311,26 +311,6 @@ def ran_config(request: ChildRequest, effective: Mapping[str, Any]) -> ChildRequ
     (``owned``) where they were read back as a config can hold them, so what the measurement
     derives from the config (MFU's peak for the precision and TF32, the effective batch)
     is derived from what ran."""
-    return request.model_copy(update={"config": _ran(request, effective)})
-
-
-def own_values(request: ChildRequest, effective: Mapping[str, Any]) -> dict[str, Any]:
-    """The knobs the program ran at its own values (``owned``) where those differ from the
-    config's (sweeper's defaults, never an ask), as a config holds them: what the trial
-    records beside the config it was asked (``Measurement.own_values``), which stays the
-    study's key of the config. A TRL script under ``knobs: env`` gives e.g. ``{"precision":
-    "bf16", "gradient_checkpointing": True, "optim": "adamw_torch_fused"}``."""
-    assert request.config is not None
-    asked, ran = request.config.model_dump(), _ran(request, effective).model_dump()
-    own = owned(request)
-    return {
-        knob.name: ran[knob.name]  # in the knobs' order, as a config lists them
-        for knob in knobs.KNOBS
-        if knob.name in own and ran[knob.name] != asked.get(knob.name)
-    }
-
-
-def _ran(request: ChildRequest, effective: Mapping[str, Any]) -> knobs.TrialConfig:
     from pydantic import ValidationError
 
     from sweeper.trial.engines.readback import Unobserved
@@ -345,7 +325,24 @@ def _ran(request: ChildRequest, effective: Mapping[str, Any]) -> knobs.TrialConf
             config = knobs.TrialConfig.model_validate(config.model_dump() | {name: value})
         except ValidationError:
             continue  # a value no config holds (a script's own optimizer class)
-    return config
+    return request.model_copy(update={"config": config})
+
+
+def own_values(request: ChildRequest, ran: ChildRequest) -> dict[str, Any]:
+    """The knobs the program ran at its own values (``owned``; ``ran``: ``ran_config``'s
+    request) where those differ from the config's (sweeper's defaults, never an ask), as a
+    config holds them: what the trial records beside the config it was asked
+    (``Measurement.own_values``), which stays the study's key of the config. A TRL script
+    under ``knobs: env`` gives e.g. ``{"precision":
+    "bf16", "gradient_checkpointing": True, "optim": "adamw_torch_fused"}``."""
+    assert request.config is not None and ran.config is not None
+    asked, values = request.config.model_dump(), ran.config.model_dump()
+    own = owned(request)
+    return {
+        knob.name: values[knob.name]  # in the knobs' order, as a config lists them
+        for knob in knobs.KNOBS
+        if knob.name in own and values[knob.name] != asked.get(knob.name)
+    }
 
 
 def unreached(
