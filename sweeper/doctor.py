@@ -165,7 +165,7 @@ def diagnose(
         preflight = PreflightReport()  # every probe would fail alike; the device finding says why
     else:
         progress("probing attention implementations, compile modes and precision")
-        with workload_server(subject, prepared, cache_dir) as server:
+        with workload_server(subject, prepared, cache_dir, progress) as server:
             preflight = run_preflight(
                 subject, prepared, cache_dir, note=progress, server=server, collect=True,
                 probe_cache=ProbeCache(cache_dir),

@@ -241,7 +241,9 @@ class ForkServer:
     """A zygote process that forks trial children; use as a context manager for one sweep.
 
     If the zygote dies or fails to start, ``alive`` turns False and trials fall back to plain
-    spawns: slower to start, same results.
+    spawns: slower to start, same results. So too when its imports or its preload opened the
+    CUDA context (a package that queries the device at import): ``unfit`` says why, and the
+    zygote is stopped, since every child forked from it would fail at its first CUDA call.
     """
 
     def __init__(self, cache_dir: str, workdir: Path | None = None) -> None:
@@ -252,6 +254,7 @@ class ForkServer:
         self._buffer = b""
         self._exits: dict[int, int] = {}
         self.startup_s = 0.0  # the zygote's imports + preload: what a forked child skips
+        self.unfit: str | None = None  # why trials are spawned instead, if the zygote can't fork
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> ForkServer:
@@ -291,7 +294,21 @@ class ForkServer:
         self.alive = ready is not None and ready.get("op") == "ready"
         if ready is not None:
             self.startup_s = float(ready.get("imports_s", 0.0))
+            if ready.get("unfit"):
+                self._retire(ready["unfit"])
         return self
+
+    def _retire(self, why: str) -> None:
+        """Fork no more children: each would fail at its first CUDA call; trials spawn."""
+        self.unfit = (
+            f"{why}; a child forked from it would fail at its first CUDA call, so each trial "
+            "starts as a fresh process (its imports paid in its start-up, as a real run pays "
+            "them)"
+        )
+        self.alive = False
+        if self._process is not None and self._process.stdin:
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()
 
     def __exit__(self, *exc: object) -> None:
         self.alive = False
@@ -321,6 +338,8 @@ class ForkServer:
         if reply and reply["op"] == "preloaded":
             self.startup_s += reply["s"]
             return reply["s"]
+        if reply and reply.get("unfit"):
+            self._retire(reply["unfit"])
         return None
 
     def start(self, request: Path, result: Path, log: Path, env: dict[str, str]) -> _Forked:

@@ -5,7 +5,7 @@ preflight probes that say which knob values can run here."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,11 +56,20 @@ def resolve_lengths(
 
 
 @contextmanager
-def workload_server(space: Space, prepared: PreparedData, cache_dir: Path) -> Iterator[ForkServer]:
+def workload_server(
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    note: Callable[[str], None] | None = None,
+) -> Iterator[ForkServer]:
     """A fork server with the workload's tokenizer, data and model code loaded: probes and
-    trials forked from it start in milliseconds."""
+    trials forked from it start in milliseconds. ``note`` hears why trials are spawned
+    instead, when the zygote cannot fork them (ForkServer.unfit)."""
     with ForkServer(str(cache_dir)) as server:
-        server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
+        if server.alive:
+            server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
+        if server.unfit is not None and note is not None:
+            note(server.unfit)
         yield server
 
 

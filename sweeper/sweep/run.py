@@ -233,7 +233,7 @@ def run_sweep(
     executor: ChildExecutor | None = None
     try:
         store.upsert_study(space.study, dataset_stats=prepared.stats)
-        with workload_server(space, prepared, cache_dir) as server:
+        with workload_server(space, prepared, cache_dir, observer.note) as server:
             report = PreflightReport()
             if space.trial.preflight:
                 report = preflight(space, prepared, cache_dir, observer, server)

@@ -73,6 +73,22 @@ def _preload(request_path: str) -> None:
     preload(request.workload, request.prepared, Path(request.cache_dir))
 
 
+def cuda_touched(during: str) -> str | None:
+    """Why this process can no longer fork trials, if ``during`` initialized CUDA: a child
+    forked after that fails at its first CUDA call ("Cannot re-initialize CUDA in forked
+    subprocess"). Packages do this at import: torchao (which transformers' model code imports
+    whenever it is installed) asks triton whether the device can run it, and that call opens
+    the CUDA context."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return None
+    suspects = [name for name in ("torchao", "liger_kernel", "deepspeed", "bitsandbytes")
+                if name in sys.modules]  # fmt: skip
+    imported = f" (imported by then: {', '.join(suspects)})" if suspects else ""
+    return f"{during} initialized CUDA in the fork server{imported}"
+
+
 def main(reply_fd: int) -> None:
     started = time.perf_counter()
     parent = os.environ.get("SWEEPER_PARENT_PID")
@@ -94,7 +110,11 @@ def main(reply_fd: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     # a real run pays these imports at start-up; forked trials inherit them
-    _reply(reply_fd, {"op": "ready", "imports_s": time.perf_counter() - started})
+    ready: dict[str, Any] = {"op": "ready", "imports_s": time.perf_counter() - started}
+    unfit = cuda_touched("importing torch, transformers and sweeper's trial code")
+    if unfit is not None:
+        ready["unfit"] = unfit
+    _reply(reply_fd, ready)
     buffer = b""
     while True:
         try:
@@ -129,6 +149,10 @@ def main(reply_fd: int) -> None:
                     except Exception as exc:  # the trials will fail and say why
                         _reply(reply_fd, {"op": "preload_failed", "error": repr(exc)})
                         continue
+                    unfit = cuda_touched("loading the model's code and the data")
+                    if unfit is not None:  # no child may be forked from here any more
+                        _reply(reply_fd, {"op": "preload_failed", "unfit": unfit})
+                        return
                     _reply(reply_fd, {"op": "preloaded", "s": time.perf_counter() - started})
                 elif message["op"] == "run":
                     pid = os.fork()

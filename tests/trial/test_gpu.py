@@ -134,3 +134,39 @@ def test_cuda_only_knob_values_are_read_back_from_what_ran(
     effective = (run.result.payload or {})["effective"]
     for knob in ("pin_memory", "tf32", "optim", "precision"):
         assert effective[knob] == getattr(config, knob), (knob, effective[knob])
+
+
+def test_a_fork_server_whose_model_code_opens_cuda_spawns_its_trials(
+    cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """torchao, which transformers' model code imports whenever it is installed, asks triton at
+    import whether the device can run it, which opens the CUDA context in the fork server; every
+    child forked after that failed at its first CUDA call ("Cannot re-initialize CUDA in forked
+    subprocess": the whole H200 sweep of 2026-11-27 dropped every attention implementation).
+    The server must notice, say so and spawn its trials instead; without the trigger it forks."""
+    from sweeper.sweep.prepare import workload_server
+
+    notes: list[str] = []
+    with workload_server(tiny_space, tiny_prepared, cache_dir, notes.append) as server:
+        request = trial_request(
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            tiny_config(per_device_batch_size=8, precision="bf16"),
+            device="cuda",
+            measure={"min_steps": 10, "max_steps": 100, "min_seconds": 1},
+        )
+        run = run_child(request, timeout_s=600, server=server)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    try:
+        import torchao  # noqa: F401
+
+        has_torchao = True
+    except ImportError:
+        has_torchao = False
+    if server.unfit is not None:
+        assert "initialized CUDA" in server.unfit and notes == [server.unfit]
+        assert run.inherited_startup_s == 0.0  # spawned: it paid its own imports
+    else:
+        assert not has_torchao or notes == []
+        assert run.inherited_startup_s > 0.0  # forked from the zygote
