@@ -324,3 +324,40 @@ def test_when_every_config_truncates_all_are_measured_and_the_sweep_says_why(
     loop.run(100)
     assert len(table.ran) + len(table.predicted) == len(loop.runnable) == 40
     assert "only `sweeper best --allow-truncation` can recommend one" in " ".join(notes.notes)
+
+
+def test_a_real_spaces_grid_is_filtered_for_truncation_in_one_pass() -> None:
+    """The H200 record of 2026-11-27 sat 4+ minutes after preflight without starting a trial:
+    leaving out the configs that truncate compared each cut config with every kept one (a
+    list's ``in``, pydantic equality), 74,880 configs of spaces/h200-llama-1b.yaml, hours of
+    work. The filter must cost about what asking the rule once per config costs (a ratio
+    measured side by side, so a loaded machine slows both)."""
+    import time
+
+    from sweeper.space import load_space
+    from sweeper.sweep.loop import _recommendable_only
+    from sweeper.sweep.rules import Ineligible
+
+    space = load_space(Path(__file__).parents[1] / "spaces" / "h200-llama-1b.yaml")
+    grid = list(space.search.grid())
+    assert len(grid) > 70_000
+
+    def whole(config: TrialConfig) -> bool:  # data whose p99 sample needs 1,536 tokens
+        return config.packing or config.max_seq_length >= 1536
+
+    rule = Ineligible(whole, 99)
+    started = time.perf_counter()
+    asked = [rule.check(c) is None for c in grid]
+    ask_s = time.perf_counter() - started
+    notes = Notes()
+    started = time.perf_counter()
+    kept, kept_rule = _recommendable_only(grid, rule, notes)  # type: ignore[arg-type]
+    filter_s = time.perf_counter() - started
+    assert kept == [c for c, ok in zip(grid, asked, strict=True) if ok] and kept_rule is rule
+    assert len(kept) == len(grid) * 3 // 4  # cut: 512 and 1024 unpacked, 2 of 8 (length, packing)
+    assert notes.notes == [
+        f"{len(grid) - len(kept)} of the space's {len(grid)} configs are not run: at "
+        "max_seq_length 512, 1024 they cut samples that workload.coverage_percentile (99) "
+        "needs whole, so the recommendation could not pick them"
+    ]
+    assert filter_s < 3 * ask_s + 0.5, (filter_s, ask_s)

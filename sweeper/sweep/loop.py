@@ -410,7 +410,13 @@ def _recommendable_only(
     """The configs the recommendation could pick, and the rule that rules out the others; all
     of them, and no rule, when it could pick none (only `best --allow-truncation` can then
     answer, and it needs them measured)."""
-    kept = [c for c in runnable if rule.check(c) is None]
+    kept: list[TrialConfig] = []
+    cut_lengths: set[int] = set()
+    for c in runnable:  # one pass: the grid of a real space holds tens of thousands of configs
+        if rule.check(c) is None:
+            kept.append(c)
+        else:
+            cut_lengths.add(c.max_seq_length)
     coverage = f"workload.coverage_percentile ({rule.coverage:g})"
     if not kept:
         observer.note(
@@ -419,7 +425,7 @@ def _recommendable_only(
         )
         return runnable, None
     if len(kept) < len(runnable):
-        cut = sorted({c.max_seq_length for c in runnable if c not in kept})
+        cut = sorted(cut_lengths)
         observer.note(
             f"{len(runnable) - len(kept)} of the space's {len(runnable)} configs are not run: "
             f"at max_seq_length {', '.join(map(str, cut))} they cut samples that {coverage} "

@@ -89,6 +89,22 @@ def cuda_touched(during: str) -> str | None:
     return f"{during} initialized CUDA in the fork server{imported}"
 
 
+def _preload_and_reply(request_path: str, reply_fd: int) -> bool:
+    """Preload and say how it went; False when the preload opened CUDA (``cuda_touched``)."""
+    started = time.perf_counter()
+    try:
+        _preload(request_path)
+    except Exception as exc:  # the trials will fail and say why
+        _reply(reply_fd, {"op": "preload_failed", "error": repr(exc)})
+        return True
+    unfit = cuda_touched("loading the model's code and the data")
+    if unfit is not None:
+        _reply(reply_fd, {"op": "preload_failed", "unfit": unfit})
+        return False
+    _reply(reply_fd, {"op": "preloaded", "s": time.perf_counter() - started})
+    return True
+
+
 def main(reply_fd: int) -> None:
     started = time.perf_counter()
     parent = os.environ.get("SWEEPER_PARENT_PID")
@@ -143,17 +159,8 @@ def main(reply_fd: int) -> None:
                 line, buffer = buffer.split(b"\n", 1)
                 message = json.loads(line)
                 if message["op"] == "preload":
-                    started = time.perf_counter()
-                    try:
-                        _preload(message["request"])
-                    except Exception as exc:  # the trials will fail and say why
-                        _reply(reply_fd, {"op": "preload_failed", "error": repr(exc)})
-                        continue
-                    unfit = cuda_touched("loading the model's code and the data")
-                    if unfit is not None:  # no child may be forked from here any more
-                        _reply(reply_fd, {"op": "preload_failed", "unfit": unfit})
-                        return
-                    _reply(reply_fd, {"op": "preloaded", "s": time.perf_counter() - started})
+                    if not _preload_and_reply(message["request"], reply_fd):
+                        return  # CUDA is open here: no child may be forked any more
                 elif message["op"] == "run":
                     pid = os.fork()
                     if pid == 0:
