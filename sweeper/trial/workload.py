@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -217,7 +218,11 @@ def preload(workload: Workload, prepared: PreparedData, cache_dir: Path) -> None
         load_pretokenized(prepared.pretokenized_path)
     else:
         open_rows(prepared, cache_dir)
-    if workload.model.arch is not None:
+    if workload.model.arch is not None and importlib.util.find_spec("torchao") is None:
+        # transformers' model code imports torchao whenever it is installed, and torchao asks
+        # the GPU at import (has_triton -> torch.cuda.current_device), which opens CUDA here and
+        # would leave the fork server unable to fork (ForkServer.unfit): with torchao each
+        # child imports the model code itself (a second or two of its start-up, recorded)
         config = model_config(workload, tokenizer, 128)
         AutoModelForCausalLM._model_mapping[type(config)]  # imports the modeling module
 
