@@ -17,7 +17,8 @@
 # (bench/trial_quality.py --configs; "none" skips the stage), --skip-tests, --levers-tests-only
 # (of the GPU tests, only tests/trial/test_levers_gpu.py), --doctor-plain (doctor
 # without the space: the space's compile probes, max-autotune's ~6 min compile on an H100, are then
-# paid only by a trial that samples them). tests/test_packaging.py runs it end to end on a CPU with
+# paid only by a trial that samples them), --skip-doctor (no doctor stage: the sweep's own
+# preflight still probes what the space asks; 41-169 s saved on the H200 of 2026-11-27). tests/test_packaging.py runs it end to end on a CPU with
 # a tiny space, so the GPU session finds it working.
 #
 # `run` is the one command on your own GPU box. `start` + `wait` are for a remote runner whose
@@ -34,6 +35,8 @@
 # less the fidelity runs' share. PYTHON picks the interpreter that has torch (default python3).
 # For the levers in a 30-minute lease (the other GPU tests passed in earlier leases):
 #   start --minutes 22 --doctor-plain --levers-tests-only --fidelity-configs none
+# For a 15-minute lease (a machine start and the transfers take about 30 s of it), in one call:
+#   start --minutes 9 --skip-doctor --skip-tests --fidelity-configs none; then wait --seconds 560
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,6 +55,7 @@ fidelity_configs="best,also_try[1]"  # the recommendation and seed 001's "after"
 skip_tests=0
 levers_tests_only=0
 doctor_plain=0
+skip_doctor=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheelhouse) wheelhouse=$2; shift 2 ;;
@@ -64,6 +68,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1; shift ;;
     --levers-tests-only) levers_tests_only=1; shift ;;
     --doctor-plain) doctor_plain=1; shift ;;
+    --skip-doctor) skip_doctor=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument '$1' (see bash $0 --help)" >&2; exit 2 ;;
   esac
@@ -119,6 +124,7 @@ EOF
 }
 
 stage_doctor() {
+  [ "$skip_doctor" = 1 ] && { log "doctor: skipped (--skip-doctor)"; return 0; }
   log "doctor: $space"
   local status=0 args=(--space "$space")
   [ "$doctor_plain" = 1 ] && args=()
@@ -216,13 +222,12 @@ run_all() {
   stage_install
   stage_doctor
   stage_tests
-  # the fidelity stage takes two trials and two 10x runs: about a quarter of what is left
-  local used=$(( (SECONDS - started) / 60 ))
-  local left=$(( minutes - used ))
-  local sweep=$left
-  [ "$fidelity_configs" = none ] || sweep=$(( left * 3 / 4 ))
-  [ "$sweep" -ge 3 ] || sweep=3
-  stage_sweep "$sweep"
+  # in seconds, less 20 s for the export and the summary; the fidelity stage takes two trials
+  # and two 10x runs: about a quarter of what is left. At least 3 minutes.
+  local left_s=$(( minutes * 60 - (SECONDS - started) - 20 ))
+  [ "$fidelity_configs" = none ] || left_s=$(( left_s * 3 / 4 ))
+  [ "$left_s" -ge 180 ] || left_s=180
+  stage_sweep "$(awk -v s="$left_s" 'BEGIN { printf "%.1f", s / 60 }')"
   stage_fidelity
   stage_summary
   log "run: done in $(( (SECONDS - started) / 60 )) min"
@@ -244,6 +249,7 @@ case "$command" in
     setsid nohup bash "$0" run --wheelhouse "$wheelhouse" --out "$out" --minutes "$minutes" \
       --space "$space" --study "$study" --fidelity-configs "$fidelity_configs" \
       $( [ "$skip_tests" = 1 ] && echo --skip-tests ) $( [ "$doctor_plain" = 1 ] && echo --doctor-plain ) \
+      $( [ "$skip_doctor" = 1 ] && echo --skip-doctor ) \
       $( [ "$levers_tests_only" = 1 ] && echo --levers-tests-only ) \
       > "$out/run.out" 2>&1 < /dev/null &
     echo "started in the background (pid $!); follow with: bash $0 wait --out $out"
