@@ -325,7 +325,10 @@ class ForkServer:
         self._cleanup.close()
 
     def preload(self, request: ChildRequest) -> float | None:
-        """Load the sweep's tokenizer, data and model code in the zygote; seconds, or None."""
+        """Load the sweep's tokenizer, data and model code in the zygote; seconds, or None
+        (also when the zygote is gone or ``unfit``: trials are then spawned)."""
+        if not self.alive:
+            return None
         with tempfile.NamedTemporaryFile(
             "w", suffix=".json", dir=self.directory, delete=False
         ) as f:

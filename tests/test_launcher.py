@@ -259,3 +259,23 @@ def test_dead_fork_server_falls_back_to_spawning(
         assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
         assert not server.alive
         assert run.result.payload["phases_s"]["imports"] > 0.2  # a fresh interpreter imported
+
+
+def test_a_fork_server_that_opened_cuda_stops_forking_says_why_and_trials_spawn(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+) -> None:
+    """What the fork server does once its imports or preload opened the CUDA context (torchao
+    at import, on the H200 of 2026-11-27; no CPU can open one, so the test puts the server in
+    that state as the zygote's reply does): no more forks, the zygote ends, the preload a bench
+    asks for next is declined, and trials run in fresh interpreters."""
+    with ForkServer(str(cache_dir)) as server:
+        assert server.alive and server._process is not None
+        server._retire("loading the model's code and the data initialized CUDA in the fork server")
+        assert server.unfit is not None and "a child forked from it would fail" in server.unfit
+        assert server._process.wait(timeout=30) == 0  # its stdin closed: it returns
+        request = trial_request(tiny_space, tiny_prepared, cache_dir, tiny_config())
+        assert server.preload(request) is None
+        run = run_child(request, timeout_s=120, server=server)
+        assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+        assert run.inherited_startup_s == 0.0
+        assert run.result.payload["phases_s"]["imports"] > 0.2  # a fresh interpreter imported
