@@ -12,6 +12,8 @@
 #   bash scripts/gpu-record.sh run   [--wheelhouse .whl] [--out gpu-record] [--minutes 24]
 #   bash scripts/gpu-record.sh start [same options]   # `run` in the background (setsid)
 #   bash scripts/gpu-record.sh wait  [--out gpu-record] [--seconds 540]
+#   bash scripts/gpu-record.sh install [--wheelhouse .whl] [--out gpu-record]  # the first stage
+#     alone, for another bench on the machine (bench/spaces/script-parity-gpu.yaml says which)
 #
 # Other options (defaults: the H100 record): --space FILE --study NAME --fidelity-configs LIST
 # (bench/trial_quality.py --configs; "none" skips the stage), --skip-tests, --levers-tests-only
@@ -243,6 +245,11 @@ case "$command" in
     run_all
     trap - EXIT
     ;;
+  install)
+    mkdir -p "$out"
+    : > "$out/log.txt"
+    stage_install
+    ;;
   start)
     mkdir -p "$out"
     rm -f "$out/status"
@@ -266,7 +273,7 @@ case "$command" in
     [ "$(cat "$out/status")" = done ]
     ;;
   *)
-    echo "error: give a command: run, start or wait (bash $0 --help says more)" >&2
+    echo "error: give a command: run, start, wait or install (bash $0 --help says more)" >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,10 @@ and chat records in JSONL whose lengths vary as real ones do (a few long replies
 
     .venv/bin/python scripts/tiny_job.py --out my-job      # my-job/model, my-job/chats.jsonl
 
+``--size small`` or ``--size 1b`` gives the model sweeper's preset shape of that name (~45M,
+~1.1B parameters less the small vocabulary's embeddings): for a GPU, as
+bench/spaces/script-parity-gpu.yaml uses it.
+
 Nothing is downloaded. tests/test_journey.py uses it as a new user would.
 """
 
@@ -48,8 +52,9 @@ def chats(records: int, seed: int = 0) -> list[dict[str, object]]:
     return out
 
 
-def save_model(out: Path, texts: list[str]) -> None:
-    """A byte-level BPE trained on ``texts`` and a 2-layer Llama, both in ``out``."""
+def save_model(out: Path, texts: list[str], size: str = "2-layer") -> None:
+    """A byte-level BPE trained on ``texts`` and a Llama (2 layers, or sweeper's preset
+    ``size``), both in ``out``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -67,13 +72,20 @@ def save_model(out: Path, texts: list[str]) -> None:
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **special)
     wrapped.chat_template = CHATML
     wrapped.save_pretrained(str(out))
+    shape: dict[str, object] = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
+    if size != "2-layer":
+        from sweeper.presets import MODEL_SIZES
+
+        shape = dict(MODEL_SIZES["llama"][size])
     config = LlamaConfig(
         vocab_size=len(wrapped),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **shape,
         max_position_embeddings=4096,
         pad_token_id=wrapped.pad_token_id,
         eos_token_id=wrapped.eos_token_id,
@@ -87,6 +99,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory to write")
     parser.add_argument("--records", type=int, default=400, help="chat records")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--size", default="2-layer", choices=["2-layer", "small", "1b"],
+        help="the model: 2 layers of width 64 (the default), or sweeper's preset of that name",
+    )  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     records = chats(args.records, args.seed)
@@ -94,7 +110,7 @@ def main() -> None:
         for record in records:
             f.write(json.dumps(record) + "\n")
     texts = [m["content"] for r in records for m in r["messages"]]  # type: ignore[index, union-attr]
-    save_model(args.out / "model", texts)
+    save_model(args.out / "model", texts, args.size)
     print(f"wrote {args.out / 'model'} (save_pretrained) and {args.out / 'chats.jsonl'}")
 
 
