@@ -1,0 +1,30 @@
+"""scripts/rehearse_space.py: a GPU space's CPU twin keeps the grid and named configs the GPU
+sweep meets (the rehearsal's whole point) and runs on a CPU; the launch itself is the sweep's,
+tested elsewhere."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sweeper.space import load_space
+from tests.helpers import REPO
+
+cpu_twin = runpy.run_path(str(REPO / "scripts" / "rehearse_space.py"))["cpu_twin"]
+
+
+@pytest.mark.parametrize("name", ["h200-llama-1b.yaml", "seed-003-h100.yaml"])
+def test_the_cpu_twin_keeps_the_grid_and_named_configs(name: str, tmp_path: Path) -> None:
+    original_path = REPO / "spaces" / name
+    original = load_space(original_path)
+    twin_path = tmp_path / name
+    twin_path.write_text(yaml.safe_dump(cpu_twin(yaml.safe_load(original_path.read_text()))))
+    twin = load_space(twin_path)
+    assert twin.hardware.device == "cpu" and original.hardware.device == "cuda"
+    assert twin.workload.model.size == "tiny" and twin.trial.slow_precision_factor == 1000
+    assert list(twin.search.grid()) == list(original.search.grid())
+    assert twin.known_configs() == original.known_configs()
+    assert twin.study != original.study  # never mixed into the GPU study
