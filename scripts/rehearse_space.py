@@ -20,6 +20,7 @@ memory). Exit status: launch's.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ import yaml
 
 def cpu_twin(space: dict[str, Any]) -> dict[str, Any]:
     """The space's CPU twin (a new dict; the search lists and named configs untouched)."""
-    twin = yaml.safe_load(yaml.safe_dump(space))
+    twin = copy.deepcopy(space)
     twin["study"] = f"{space.get('study', 'space')}-cpu-rehearsal"
     twin.setdefault("hardware", {})["device"] = "cpu"
     workload = twin.setdefault("workload", {})

@@ -66,8 +66,7 @@ def workload_server(
     trials forked from it start in milliseconds. ``note`` hears why trials are spawned
     instead, when the zygote cannot fork them (ForkServer.unfit)."""
     with ForkServer(str(cache_dir)) as server:
-        if server.alive:
-            server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
+        server.preload(ChildRequest.for_space("probe", space, cache_dir, prepared=prepared))
         if server.unfit is not None and note is not None:
             note(server.unfit)
         yield server

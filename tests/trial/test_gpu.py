@@ -4,6 +4,7 @@ out-of-memory classified as ``oom``. scripts/gpu-record.sh runs these (pytest -m
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -159,12 +160,7 @@ def test_a_fork_server_whose_model_code_opens_cuda_spawns_its_trials(
         )
         run = run_child(request, timeout_s=600, server=server)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
-    try:
-        import torchao  # noqa: F401
-
-        has_torchao = True
-    except ImportError:
-        has_torchao = False
+    has_torchao = importlib.util.find_spec("torchao") is not None
     if server.unfit is not None:
         assert "initialized CUDA" in server.unfit and notes == [server.unfit]
         assert run.inherited_startup_s == 0.0  # spawned: it paid its own imports
