@@ -155,6 +155,13 @@ class Environment(_Strict):
     cpu_count: int | None = Field(description="logical CPUs of the host (os.cpu_count)")
     model_config_hash: str = Field(description="hash of the model's config: same model, same hash")
     dataset_hash: str = Field(description="hash of the prepared dataset")
+    runtime_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="the environment variables that change how torch, CUDA and NCCL run "
+        "(PYTORCH_*, TORCH_*, CUDA_*, NCCL_*, OMP_NUM_THREADS, MKL_NUM_THREADS; not cache or "
+        "install paths), as the trial saw them: PYTORCH_CUDA_ALLOC_CONF changes peak memory; "
+        "empty in measurements recorded before it was kept",
+    )
 
 
 class RankFigures(_Strict):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -259,6 +260,46 @@ def test_dead_fork_server_falls_back_to_spawning(
         assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
         assert not server.alive
         assert run.result.payload["phases_s"]["imports"] > 0.2  # a fresh interpreter imported
+
+
+def test_a_forked_trial_runs_in_the_environment_a_spawned_one_has(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, monkeypatch: Any
+) -> None:
+    """The zygote asks torch to count CUDA devices through NVML (PYTORCH_NVML_BASED_CUDA_CHECK),
+    so that a package calling torch.cuda.is_available() at import cannot poison its forks; that
+    is the zygote's business: the forked trial starts with, and records, the environment a
+    spawned one (and the user's run) starts with, a variable the user set included. (deepspeed
+    sets the same variable as it is imported, in a trial as in the user's run: the record is
+    the trial's start.)"""
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    config = tiny_config()
+    spawned = run_child(trial_request(tiny_space, tiny_prepared, cache_dir, config), timeout_s=120)
+    assert spawned.result.status == "ok", (spawned.result.failure_message, spawned.log_tail)
+    recorded = spawned.result.payload["env"]["runtime_env"]
+    assert recorded.get("PYTORCH_CUDA_ALLOC_CONF") == "expandable_segments:True"
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in recorded
+    assert not any(name.endswith("_DIR") for name in recorded)  # per-trial cache paths
+    with ForkServer(str(cache_dir)) as server:
+        forked = run_child(
+            trial_request(tiny_space, tiny_prepared, cache_dir, config),
+            timeout_s=120,
+            server=server,
+        )
+        assert forked.result.status == "ok", (forked.result.failure_message, forked.log_tail)
+        assert forked.inherited_startup_s > 0.0  # it was forked
+        assert forked.result.payload["env"]["runtime_env"] == recorded
+        # a value the trial's own environment sets is kept, whatever the zygote did
+        asked = run_child(
+            trial_request(tiny_space, tiny_prepared, cache_dir, config),
+            timeout_s=120,
+            server=server,
+            env={"PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
+        )
+        assert asked.inherited_startup_s > 0.0
+        assert asked.result.payload["env"]["runtime_env"] == recorded | {
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1"
+        }
 
 
 def test_a_fork_server_that_opened_cuda_stops_forking_says_why_and_trials_spawn(

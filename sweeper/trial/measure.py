@@ -28,7 +28,7 @@ from sweeper.hardware import math_mode, peak_flops
 from sweeper.job import Workload
 from sweeper.measurement import parse_measurement
 from sweeper.space import TrialConfig
-from sweeper.trial import progress
+from sweeper.trial import progress, runenv
 from sweeper.trial.contention import HostWatch
 from sweeper.trial.engines import EngineRun, TrialContext, engine, timer_for
 from sweeper.trial.engines.readback import (
@@ -584,6 +584,7 @@ def environment(device: torch.device, model_hash: str, prepared: PreparedData) -
         "cpu_count": os.cpu_count(),
         "model_config_hash": model_hash,
         "dataset_hash": prepared.dataset_hash,
+        "runtime_env": runenv.runtime_env(),
     }
 
 

@@ -7,12 +7,13 @@ import os
 import traceback
 from pathlib import Path
 
-from sweeper.trial import progress
+from sweeper.trial import progress, runenv
 from sweeper.trial.failures import classify
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
 
 def execute(request_path: Path, result_path: Path, process_started_at: float) -> ChildResult:
+    runenv.snapshot()  # before an import sets one of them for itself
     progress.mark("started")
     try:
         request = ChildRequest.model_validate_json(request_path.read_text())

@@ -47,6 +47,8 @@ def _child(message: dict[str, Any], zygote_pid: int, inherited_fds: tuple[int, .
         os.dup2(log, 2)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        if os.environ.pop("SWEEPER_ZYGOTE_SET_NVML_CHECK", None):
+            os.environ.pop(NVML_CHECK, None)  # the trial sees the environment its run will have
         os.environ.update(message.get("env", {}))
         import tempfile
 
@@ -73,20 +75,60 @@ def _preload(request_path: str) -> None:
     preload(request.workload, request.prepared, Path(request.cache_dir))
 
 
-def cuda_touched(during: str) -> str | None:
-    """Why this process can no longer fork trials, if ``during`` initialized CUDA: a child
-    forked after that fails at its first CUDA call ("Cannot re-initialize CUDA in forked
-    subprocess"). Packages do this at import: torchao (which transformers' model code imports
-    whenever it is installed) asks triton whether the device can run it, and that call opens
-    the CUDA context."""
+# torch.cuda.is_available() asks the CUDA runtime (cudaGetDeviceCount, which runs cuInit) unless
+# this is set, and that call alone "poisons fork": torch marks every child forked afterwards,
+# whose first CUDA call then fails as if the parent had opened the context, though
+# torch.cuda.is_initialized() still says False here. Packages ask at import (transformers' checks
+# for bitsandbytes and flash-attn, deepspeed's accelerator). With it set, torch counts the devices
+# through NVML, which forks safely; the zygote sets it for itself only, never for the trials.
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+# who called the CUDA runtime's device count in this process (file:line of the caller), if anyone:
+# where NVML cannot answer, torch falls back to it, and the fork is poisoned all the same
+_runtime_counted: list[str] = []
+
+
+def watch_device_count() -> None:
+    """Record each call of the CUDA runtime's device count made in this process (a CUDA build
+    only: a CPU build has no such call, and nothing to poison)."""
+    import traceback
+
     import torch
 
-    if not torch.cuda.is_initialized():
-        return None
+    counted = getattr(torch._C, "_cuda_getDeviceCount", None)
+    if counted is None or getattr(counted, "_sweeper_watched", False):
+        return
+    me = os.getpid()
+
+    def watched() -> int:
+        if os.getpid() == me and not _runtime_counted:
+            callers = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
+            caller = callers[-1] if callers else None
+            _runtime_counted.append(f"{caller.filename}:{caller.lineno}" if caller else "?")
+        return int(counted())
+
+    watched._sweeper_watched = True  # type: ignore[attr-defined]
+    torch._C._cuda_getDeviceCount = watched
+
+
+def cuda_touched(during: str) -> str | None:
+    """Why this process can no longer fork trials, if ``during`` initialized CUDA or asked the
+    CUDA runtime for its devices: a child forked after either fails at its first CUDA call
+    ("Cannot re-initialize CUDA in forked subprocess"). Packages do this at import: torchao
+    (which transformers' model code imports whenever it is installed) asks triton whether the
+    device can run it, and that call opens the CUDA context."""
+    import torch
+
     suspects = [name for name in ("torchao", "liger_kernel", "deepspeed", "bitsandbytes")
                 if name in sys.modules]  # fmt: skip
     imported = f" (imported by then: {', '.join(suspects)})" if suspects else ""
-    return f"{during} initialized CUDA in the fork server{imported}"
+    if torch.cuda.is_initialized():
+        return f"{during} initialized CUDA in the fork server{imported}"
+    if _runtime_counted:
+        return (
+            f"{during} asked the CUDA runtime for its devices in the fork server (from "
+            f"{_runtime_counted[0]}){imported}, which makes CUDA unusable in a forked child"
+        )
+    return None
 
 
 def _preload_and_reply(request_path: str, reply_fd: int) -> bool:
@@ -105,21 +147,30 @@ def _preload_and_reply(request_path: str, reply_fd: int) -> bool:
     return True
 
 
+def _import_for_trials() -> None:
+    """The imports every trial needs (a forked child finds them done), with the device count
+    asked of NVML and any call to the CUDA runtime's count recorded (``cuda_touched``)."""
+    if NVML_CHECK not in os.environ:
+        os.environ[NVML_CHECK] = "1"
+        os.environ["SWEEPER_ZYGOTE_SET_NVML_CHECK"] = "1"  # the children drop both again
+    import torch  # noqa: F401
+
+    watch_device_count()
+    import datasets  # noqa: F401
+    import tokenizers  # noqa: F401
+    import transformers  # noqa: F401
+
+    import sweeper.trial.measure  # noqa: F401
+    import sweeper.trial.probe  # noqa: F401
+
+
 def main(reply_fd: int) -> None:
     started = time.perf_counter()
     parent = os.environ.get("SWEEPER_PARENT_PID")
     from sweeper.trial.lifeline import die_with_parent
 
     die_with_parent(int(parent) if parent else None)
-    # The imports every trial needs; a forked child finds them done.
-    import datasets  # noqa: F401
-    import tokenizers  # noqa: F401
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-
-    import sweeper.trial.measure  # noqa: F401
-    import sweeper.trial.probe  # noqa: F401
-
+    _import_for_trials()
     # SIGCHLD wakes the select loop through a self-pipe; no thread is ever started.
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -5,6 +5,7 @@ out-of-memory classified as ``oom``. scripts/gpu-record.sh runs these (pytest -m
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,73 @@ def test_a_fork_server_whose_model_code_opens_cuda_spawns_its_trials(
         assert run.inherited_startup_s > 0.0  # forked from the zygote
     if has_torchao:  # the preload left the model code (and torchao) to the children
         assert server.unfit is None
+
+
+# A package that asks torch.cuda.is_available() at import, as transformers' bitsandbytes and
+# flash-attn checks and deepspeed's accelerator do: it runs in the fork server only, as
+# transformers is imported there (after torch, so after the zygote's watch on the device count).
+_ASKS_AT_IMPORT = """
+import importlib.abc
+import sys
+
+
+class _AsksCuda(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformers" and "torch" in sys.modules:
+            sys.meta_path.remove(self)
+            import torch
+
+            torch.cuda.is_available()
+        return None
+
+
+if any("sweeper.trial.zygote" in arg for arg in sys.orig_argv):
+    sys.meta_path.insert(0, _AsksCuda())
+"""
+
+
+@pytest.mark.parametrize("nvml_check", [None, "0"])
+def test_a_package_asking_for_cuda_devices_at_import_cannot_poison_the_forks(
+    cuda_name: str,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    nvml_check: str | None,
+) -> None:
+    """torch.cuda.is_available() asks the CUDA runtime for its devices unless
+    PYTORCH_NVML_BASED_CUDA_CHECK=1, and torch then marks every child forked afterwards, whose
+    first CUDA call fails, though torch.cuda.is_initialized() still says False in the parent.
+    The zygote sets the variable for itself (NVML answers; the trial forks and runs on the GPU);
+    where the user turned it off, the zygote sees the runtime's count called, says from where,
+    and the trial is spawned."""
+    from sweeper.launcher import ForkServer
+
+    (tmp_path / "sitecustomize.py").write_text(_ASKS_AT_IMPORT)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    )
+    if nvml_check is None:
+        monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    else:
+        monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", nvml_check)
+    with ForkServer(str(cache_dir)) as server:
+        request = trial_request(
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            tiny_config(per_device_batch_size=8, precision="bf16"),
+            device="cuda",
+            measure={"min_steps": 10, "max_steps": 100, "min_seconds": 1},
+        )
+        run = run_child(request, timeout_s=600, server=server)
+    assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
+    if nvml_check is None:
+        assert server.unfit is None
+        assert run.inherited_startup_s > 0.0  # forked, and CUDA worked in it
+        assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in run.result.payload["env"]["runtime_env"]
+    else:
+        assert server.unfit is not None and "asked the CUDA runtime" in server.unfit
+        assert "sitecustomize.py" in server.unfit  # where the call came from
+        assert run.inherited_startup_s == 0.0  # spawned
