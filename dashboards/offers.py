@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sweeper.cost import hours_figure, money
-from sweeper.offers import OfferRow, OfferTable
+from sweeper.offers import OfferRow, OfferTable, shared_notes
 from sweeper.recommend import Constraints
 
 
@@ -133,6 +133,7 @@ class MarkedRow:
     status: str  # meets | band (meets at its figure, not at its band's bad end) | over | unpriced
     mark: str  # e.g. "over 24 h", "over $60.00", "meets"
     cheapest: bool  # the cheapest that meets: highlighted
+    note: str  # the row's note, or the mark of a note several rows share (said under the table)
 
 
 UNPRICED = {
@@ -170,12 +171,26 @@ def mark(row: OfferRow, constraints: Constraints) -> tuple[str, str]:
 
 
 def marked_rows(table: OfferTable, constraints: Constraints) -> list[MarkedRow]:
-    """Every row, marked, the cheapest that meets flagged."""
+    """Every row, marked, the cheapest that meets flagged, a shared note replaced by its mark."""
     rows = []
+    shared = shared_notes(table)
     for row in table.rows:
         status, words = mark(row, constraints)
-        rows.append(MarkedRow(row=row, status=status, mark=words, cheapest=row == table.cheapest))
+        rows.append(
+            MarkedRow(
+                row=row,
+                status=status,
+                mark=words,
+                cheapest=row == table.cheapest,
+                note=shared.get(row.note, row.note),
+            )
+        )
     return rows
+
+
+def priced_gpus(table: OfferTable) -> list[OfferRow]:
+    """The rows of catalog GPUs with a figure, measured or estimated."""
+    return [r for r in table.rows if r.gpu is not None and r.cost_per_run_usd is not None]
 
 
 def offer_text(row: OfferRow) -> str:
@@ -205,6 +220,8 @@ def headline(table: OfferTable, constraints: Constraints, *, measured_meets: boo
                 f"measures it on {cheapest.name} (a short sweep there)."
             )
         return lines
+    if not priced_gpus(table):
+        return ["No GPU of the catalog can be priced yet (the note under the table says why)."]
     priced = [r for r in table.rows if r.hours_per_run is not None and r.cost_per_run_usd]
     lines = [f"Nothing meets {said}: no GPU of the table, measured or estimated."]
     if priced:

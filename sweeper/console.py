@@ -447,13 +447,19 @@ def print_comparison(comparison: Comparison) -> None:
 
 
 def print_offers(offers: OfferTable, constraints: str) -> None:
-    """Every GPU offer for the job: measured or estimated (said which), cheapest first."""
+    """Every GPU offer for the job: measured or estimated (said which), cheapest first. A note
+    that several rows share (nothing measured on a GPU yet) is printed once, under the table."""
+    estimated = any(row.basis == "estimate" for row in offers.rows)
     table = Table(
-        title=f"every GPU for this job ({constraints}); estimates ±{offers.band:.0%}",
+        title=f"every GPU for this job ({constraints})"
+        + (f"; estimates ±{offers.band:.0%}" if estimated else ""),
         title_justify="left",
     )
     for column in ("GPU", "$/h", "how known", "h/run", "$/run", "meets", "config", "note"):
         table.add_column(column, overflow="fold")
+    from sweeper.offers import shared_notes
+
+    marks = shared_notes(offers)
     for row in offers.rows:
         band = f" ±{row.band:.0%}" if row.band is not None else ""
         table.add_row(
@@ -465,11 +471,17 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
             + (band if row.cost_per_run_usd is not None else ""),
             row.meets or "",
             "" if row.config is None else f"#{row.trial_number} {describe_dict(row.config)}",
-            escape(row.note),
+            marks.get(row.note) or escape(row.note),
         )
     console.print(table)
+    for note, mark in marks.items():
+        console.print(f"  {mark} {escape(note)}", highlight=False)
     cheapest = offers.cheapest
-    if cheapest is None:
+    if cheapest is None and not any(
+        r.gpu is not None and r.cost_per_run_usd is not None for r in offers.rows
+    ):
+        console.print("  [yellow]no GPU of the catalog can be priced yet[/]", highlight=False)
+    elif cheapest is None:
         console.print("  [yellow]no GPU offer meets the constraints[/]", highlight=False)
     else:
         console.print(
@@ -481,8 +493,9 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
         )
     if offers.caveat:
         console.print(f"  [yellow]too close to call:[/] {escape(offers.caveat)}", highlight=False)
-    console.print(f"  estimates: {escape(offers.model)}", highlight=False)
-    console.print(f"  error band: {escape(offers.band_basis)}", highlight=False)
+    if estimated:
+        console.print(f"  estimates: {escape(offers.model)}", highlight=False)
+        console.print(f"  error band: {escape(offers.band_basis)}", highlight=False)
     console.print(f"  catalog: {escape(offers.catalog)}", highlight=False)
 
 

@@ -24,6 +24,7 @@ Rows, for the GPU types asked (all of the catalog's by default) and the space's
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -600,3 +601,17 @@ def _too_close(cheapest: OfferRow | None, rows: Sequence[OfferRow]) -> str:
 def _order(row: OfferRow) -> tuple[int, float, str]:
     cost = row.cost_per_run_usd
     return (0, cost, row.name) if cost is not None else (1, 0.0, row.name)
+
+
+def shared_notes(table: OfferTable) -> dict[str, str]:
+    """Note → mark, for each note that several rows share (before any GPU of the workload was
+    measured, every GPU row has the same reason for having no estimate): said once, under the
+    table, the rows marked "*", "**", ...
+
+    >>> r = OfferRow(gpu="x", name="X", usd_per_hour=2, basis="no estimate", note="why")
+    >>> shared_notes(OfferTable.model_construct(rows=[r, r.model_copy(update={"gpu": "y"})]))
+    {'why': '*'}
+    """
+    counts = Counter(row.note for row in table.rows if row.note)
+    shared = [note for note, times in counts.items() if times > 1]
+    return {note: "*" * (i + 1) for i, note in enumerate(shared)}

@@ -146,6 +146,25 @@ def _h100() -> dict:
     return json.loads(H100_STUDY.read_text())
 
 
+def test_a_study_measured_on_no_gpu_says_once_why_no_gpu_is_priced(sqlite_url: str) -> None:
+    """A CPU study (the tiny job a user tries sweeper with first): every GPU row has the same
+    reason for having no estimate; the table says it once, under the rows, and says that no
+    GPU can be priced yet (not that none meets a constraint nobody set)."""
+    cpu = json.loads((REPO / "studies" / "cpu-demo.json").read_text())
+    _store_with(sqlite_url, (cpu, "cpu")).dispose()
+    env = os.environ | {"SWEEPER_STORAGE": sqlite_url, "COLUMNS": "200"}
+    run = [sys.executable, "-m", "sweeper.cli", "best", "--study", "cpu", "--across-hardware"]
+    table = subprocess.run(run, capture_output=True, text=True, env=env)
+    assert table.returncode == 0, table.stderr
+    out = table.stdout
+    gpus = len(load_catalog().gpus)
+    assert out.count("no estimate") == gpus
+    assert out.count("nothing of this workload was measured on a GPU") == 1
+    assert "no GPU of the catalog can be priced yet" in out
+    assert "meets the constraints" not in out and "estimates ±" not in out
+    assert "measured (cpu)" in out  # the CPU's own row stays, priced
+
+
 def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> None:
     store = _store_with(sqlite_url, (_h100(), "h100"))
     store.dispose()

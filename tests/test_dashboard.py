@@ -568,6 +568,35 @@ BAD_OFFER_QUERIES = [
 ]
 
 
+def test_a_study_on_no_gpu_says_once_under_the_offers_why_no_gpu_is_priced(
+    sqlite_url: str,
+) -> None:
+    """The CPU study a user tries sweeper with first: every GPU row shares one reason for having
+    no estimate; the page says it once, under the table (the rows marked *), and its answer is
+    that no GPU can be priced yet, not that nothing meets a limit nobody set."""
+    document = json.loads((REPO / "studies" / "cpu-demo.json").read_text())
+    store = Store(sqlite_url)
+    store.migrate()
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"cpu-offers-{os.getpid()}.json"
+    path.write_text(json.dumps(document))
+    try:
+        import_study(store, read_study_file(path), name="cpu")
+    finally:
+        path.unlink()
+        store.dispose()
+    with TestClient(create_app(sqlite_url)) as client:
+        page = client.get("/studies/cpu")
+    assert page.status_code == 200
+    rows = offer_rows(page.text)
+    unpriced = [r for r in rows if r["basis"] == "no estimate"]
+    assert len(unpriced) > 5 and all(r["cost"] == "—" for r in unpriced)
+    section = page.text.split('<section id="gpus">')[1].split("</section>")[0]
+    assert section.count("nothing of this workload was measured on a GPU") == 1
+    notes = re.findall(r'<p class="muted offers-note">(.*?)</p>', section, re.S)
+    assert len(notes) == 1 and notes[0].startswith("* nothing of this workload")
+    assert answer_lines(page.text)[0].startswith("No GPU of the catalog can be priced yet")
+
+
 def test_a_bad_offers_form_is_shown_again_with_what_is_wrong(sqlite_url: str) -> None:
     """A negative or non-numeric limit, or a GPU type the catalog lacks: a 422 page with the
     form, the field marked and what to write instead; never a traceback or a 5xx."""

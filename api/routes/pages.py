@@ -233,6 +233,7 @@ def _offers_asked(
         "choices": offer_view.gpu_choices(everything, query),
         "table": table,
         "rows": [] if table is None else offer_view.marked_rows(table, constraints),
+        "notes": {} if table is None else offer_view.shared_notes(table),
         "lines": []
         if table is None
         else offer_view.headline(table, constraints, measured_meets=measured_meets),
