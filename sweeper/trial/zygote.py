@@ -47,6 +47,8 @@ def _child(message: dict[str, Any], zygote_pid: int, inherited_fds: tuple[int, .
         os.dup2(log, 2)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+        for unwatch in _unwatch:  # the trial runs torch as the user's run does
+            unwatch()
         if os.environ.pop("SWEEPER_ZYGOTE_SET_NVML_CHECK", None):
             os.environ.pop(NVML_CHECK, None)  # the trial sees the environment its run will have
         os.environ.update(message.get("env", {}))
@@ -85,6 +87,7 @@ NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 # who called the CUDA runtime's device count in this process (file:line of the caller), if anyone:
 # where NVML cannot answer, torch falls back to it, and the fork is poisoned all the same
 _runtime_counted: list[str] = []
+_unwatch: list[Any] = []  # puts torch's own function back (in a forked child)
 
 
 def watch_device_count() -> None:
@@ -108,6 +111,7 @@ def watch_device_count() -> None:
 
     watched._sweeper_watched = True  # type: ignore[attr-defined]
     torch._C._cuda_getDeviceCount = watched
+    _unwatch.append(lambda: setattr(torch._C, "_cuda_getDeviceCount", counted))
 
 
 def cuda_touched(during: str) -> str | None:
