@@ -69,6 +69,41 @@ def _is_chat(messages: list[object]) -> bool:
     return all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages)
 
 
+def model_reference(model: str) -> str:
+    """``--model`` as the space will name it: a local directory resolved to its absolute path
+    (it must hold the config.json save_pretrained writes), anything else a hub id. A path that
+    is not there (it starts with /, ./, ../ or ~) is refused here, not at the sweep's prepare
+    step.
+
+    >>> model_reference("meta-llama/Llama-3.2-1B")
+    'meta-llama/Llama-3.2-1B'
+    >>> model_reference("/no/such/model")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sweeper.errors.SpaceError: --model /no/such/model: no such directory on this machine; ...
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpaceError(
+                f"--model {model}: {path.resolve()} has no config.json, so it is not a directory "
+                "save_pretrained wrote; give the directory that holds the model's config.json "
+                "and weights"
+            )
+        return str(path.resolve())
+    if path.exists():
+        raise SpaceError(
+            f"--model {model}: a file, not a model directory; give the directory save_pretrained "
+            "wrote (the one holding config.json), or a hub id (org/name)"
+        )
+    if model.startswith(("/", "./", "../", "~")):
+        raise SpaceError(
+            f"--model {model}: no such directory on this machine; give the directory "
+            "save_pretrained wrote (check the path's spelling), or a hub id (org/name)"
+        )
+    return model
+
+
 def minimal_space(
     *,
     study: str,
@@ -89,8 +124,7 @@ def minimal_space(
             f"{data}: cannot count its records; say how many samples one epoch of the real job "
             "has with --samples"
         )
-    model_path = Path(model).expanduser()
-    model_id = str(model_path.resolve()) if model_path.exists() else model
+    model_id = model_reference(model)
     field = f"      {kind}: {column}\n" if (kind, column) != ("text_field", "text") else ""
     text = (
         "# Your own fine-tune, written by `sweeper init`. Everything not here has a default\n"

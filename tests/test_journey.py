@@ -63,6 +63,20 @@ def test_a_new_users_own_fine_tune_gets_an_answer(tmp_path: Path, cache_dir: Pat
         "--price", "0.10", "--out", str(space), cache_dir=cache_dir,
     )  # fmt: skip
     assert again.returncode == 2 and "exists" in again.stderr and space.read_text() == text
+    # a model path that is not a save_pretrained directory is refused by init, not at the
+    # sweep's prepare step: misspelt, the job's directory (no config.json), the data file
+    for model, said in (
+        (job / "modle", "no such directory on this machine"),
+        (job, "has no config.json"),
+        (job / "chats.jsonl", "a file, not a model directory"),
+    ):
+        other = tmp_path / "spaces" / "other.yaml"
+        refused = run_sweeper(
+            "init", "--model", str(model), "--data", str(job / "chats.jsonl"),
+            "--price", "0.10", "--out", str(other), cache_dir=cache_dir,
+        )  # fmt: skip
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr and not other.exists()
 
     assert text.endswith("budget:\n  n_trials: 12\n")
     space.write_text(text.removesuffix("budget:\n  n_trials: 12\n") + _QUICK)
