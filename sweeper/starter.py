@@ -23,7 +23,10 @@ ENGINES = ("sft", "trainer", "loop")
 def data_shape(path: Path) -> tuple[str, str, int | None]:
     """(``text_field`` or ``messages_field``, the column, the number of records) of a .jsonl
     file, read from its records: a ``messages`` list of ``{role, content}`` makes chat data.
-    Other formats: plain ``text``, count unknown."""
+    Every record is checked as the prepare step will read it (one JSON object per line, the
+    first record's column in each, a chat a non-empty list of ``{role: str, content: str}``),
+    so a bad line is named here, by its 1-based number, before a space is written. Other
+    formats: plain ``text``, count unknown."""
     if "".join(path.suffixes).lower() != ".jsonl":
         return "text_field", "text", None
     kind, column, rows = "text_field", "text", 0
@@ -32,28 +35,66 @@ def data_shape(path: Path) -> tuple[str, str, int | None]:
             if not line.strip():
                 continue
             rows += 1
-            if rows > 1:
-                continue
             try:
                 record = json.loads(line)
             except ValueError as e:
                 raise SpaceError(f"{path}:{number}: not a JSON object ({e})") from None
             if not isinstance(record, dict):
                 raise SpaceError(f"{path}:{number}: not a JSON object")
-            chats = [k for k, v in record.items() if isinstance(v, list) and v and _is_chat(v)]
-            if chats:
-                kind, column = "messages_field", chats[0]
-            elif "text" not in record:
-                texts = [k for k, v in record.items() if isinstance(v, str)]
-                if not texts:
-                    raise SpaceError(
-                        f"{path}:{number}: no text column and no chat records (a list of "
-                        "{role, content}); each line needs one"
-                    )
-                column = texts[0]
+            if rows == 1:
+                kind, column = _shape_of(record, f"{path}:{number}")
+            _check_record(record, kind, column, f"{path}:{number}")
     if rows == 0:
         raise SpaceError(f"{path}: holds no records")
     return kind, column, rows
+
+
+def _shape_of(record: dict[str, object], where: str) -> tuple[str, str]:
+    chats = [k for k, v in record.items() if isinstance(v, list) and v and _is_chat(v)]
+    if chats:
+        return "messages_field", chats[0]
+    if "text" in record:
+        return "text_field", "text"
+    texts = [k for k, v in record.items() if isinstance(v, str)]
+    if not texts:
+        raise SpaceError(
+            f"{where}: no text column and no chat records (a list of {{role, content}}); each "
+            "line needs one"
+        )
+    return "text_field", texts[0]
+
+
+def _check_record(record: dict[str, object], kind: str, column: str, where: str) -> None:
+    """A record as the prepare step reads it: the first record's column, of its kind."""
+    value = record.get(column)
+    if kind == "text_field":
+        if not isinstance(value, str):
+            raise SpaceError(
+                f"{where}: {column!r} is {_what(value)}, not text (the file's first record has "
+                f"text there); fix or drop that line"
+            )
+        return
+    if not isinstance(value, list) or not value:
+        raise SpaceError(
+            f"{where}: {column!r} is {_what(value)}, not a non-empty list of {{role, content}} "
+            "messages (the file's first record is a chat); fix or drop that line"
+        )
+    for place, message in enumerate(value, start=1):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise SpaceError(
+                f"{where}: message {place} of {column!r} is not {{role: str, content: str}}: "
+                f"{json.dumps(message)[:80]}; fix or drop that line"
+            )
+
+
+def _what(value: object) -> str:
+    if value is None:
+        return "missing"
+    return f"{type(value).__name__} {json.dumps(value)[:40]}"
 
 
 def study_name(out: Path) -> str:

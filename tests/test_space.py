@@ -259,6 +259,38 @@ def test_the_minimal_space_needs_no_guess(tmp_path: Path) -> None:
     assert parse_space(text).workload.dataset.text_field == "body"
 
 
+def test_init_names_a_bad_record_by_its_line_before_writing(tmp_path: Path) -> None:
+    """Every record is read as the prepare step will read it, so `sweeper init` names a bad one
+    by its 1-based line (blank lines counted), not the sweep: a line that is not JSON, a chat
+    column of the wrong type, a message without text, a text record without its text."""
+    import json
+
+    from sweeper.starter import minimal_space
+
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}
+    good = json.dumps(chat)
+    bad_chats = {
+        '{"messages": [{"role": "user"': r":4: not a JSON object \(",
+        '["a", "list"]': r":4: not a JSON object$",
+        '{"messages": "oops"}': r":4: 'messages' is str \"oops\", not a non-empty list",
+        '{"messages": []}': r":4: 'messages' is list \[\], not a non-empty list",
+        '{"text": "no chat"}': r":4: 'messages' is missing, not a non-empty list",
+        '{"messages": [{"role": "user", "content": null}]}': r":4: message 1 of 'messages' is not",
+    }
+    for line, said in bad_chats.items():
+        data = tmp_path / "chats.jsonl"
+        data.write_text(f"{good}\n\n{good}\n{line}\n{good}\n")
+        with pytest.raises(SpaceError, match=re.escape(str(data)) + said):
+            minimal_space(
+                study="m", model="org/m", data=data, engine="sft", hardware="H", usd_per_hour=1
+            )
+    text = tmp_path / "text.jsonl"
+    text.write_text('{"text": "a"}\n{"text": 7}\n')
+    with pytest.raises(SpaceError, match=r"text.jsonl:2: 'text' is int 7, not text"):
+        minimal_space(study="t", model="org/m", data=text, engine="loop", hardware="H",
+                      usd_per_hour=1)  # fmt: skip
+
+
 def test_trls_packings_need_the_sft_engine() -> None:
     text = TINY_SPACE.read_text().replace(
         "  compile_mode: [none]\n",
