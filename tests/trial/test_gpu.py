@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.hardware import peak_flops
-from sweeper.launcher import run_child
+from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.space import Space
 from sweeper.trial.protocol import PreparedData
 from tests.helpers import tiny_config, trial_request
@@ -138,6 +138,21 @@ def test_cuda_only_knob_values_are_read_back_from_what_ran(
         assert effective[knob] == getattr(config, knob), (knob, effective[knob])
 
 
+def _short_bf16_trial(
+    space: Space, prepared: PreparedData, cache_dir: Path, server: ForkServer
+) -> ChildRun:
+    """A short bf16 trial of the tiny model on the GPU, through ``server``."""
+    request = trial_request(
+        space,
+        prepared,
+        cache_dir,
+        tiny_config(per_device_batch_size=8, precision="bf16"),
+        device="cuda",
+        measure={"min_steps": 10, "max_steps": 100, "min_seconds": 1},
+    )
+    return run_child(request, timeout_s=600, server=server)
+
+
 def test_a_fork_server_whose_model_code_opens_cuda_spawns_its_trials(
     cuda_name: str, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
@@ -151,15 +166,7 @@ def test_a_fork_server_whose_model_code_opens_cuda_spawns_its_trials(
 
     notes: list[str] = []
     with workload_server(tiny_space, tiny_prepared, cache_dir, notes.append) as server:
-        request = trial_request(
-            tiny_space,
-            tiny_prepared,
-            cache_dir,
-            tiny_config(per_device_batch_size=8, precision="bf16"),
-            device="cuda",
-            measure={"min_steps": 10, "max_steps": 100, "min_seconds": 1},
-        )
-        run = run_child(request, timeout_s=600, server=server)
+        run = _short_bf16_trial(tiny_space, tiny_prepared, cache_dir, server)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     has_torchao = importlib.util.find_spec("torchao") is not None
     if server.unfit is not None:
@@ -211,8 +218,6 @@ def test_a_package_asking_for_cuda_devices_at_import_cannot_poison_the_forks(
     The zygote sets the variable for itself (NVML answers; the trial forks and runs on the GPU);
     where the user turned it off, the zygote sees the runtime's count called, says from where,
     and the trial is spawned."""
-    from sweeper.launcher import ForkServer
-
     (tmp_path / "sitecustomize.py").write_text(_ASKS_AT_IMPORT)
     monkeypatch.setenv(
         "PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
@@ -222,15 +227,7 @@ def test_a_package_asking_for_cuda_devices_at_import_cannot_poison_the_forks(
     else:
         monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", nvml_check)
     with ForkServer(str(cache_dir)) as server:
-        request = trial_request(
-            tiny_space,
-            tiny_prepared,
-            cache_dir,
-            tiny_config(per_device_batch_size=8, precision="bf16"),
-            device="cuda",
-            measure={"min_steps": 10, "max_steps": 100, "min_seconds": 1},
-        )
-        run = run_child(request, timeout_s=600, server=server)
+        run = _short_bf16_trial(tiny_space, tiny_prepared, cache_dir, server)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     if nvml_check is None:
         assert server.unfit is None
