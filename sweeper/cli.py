@@ -528,7 +528,11 @@ def export(
         raise fail(with_storage(e, store)) from None
     finally:
         store.dispose()
-    sys.stdout.write(render(recommendation, fmt, space_yaml))  # type: ignore[arg-type]
+    try:
+        text = render(recommendation, fmt, space_yaml)  # type: ignore[arg-type]
+    except SweeperError as e:  # a format this study cannot give (command: not a script study)
+        raise fail(str(e), code=2) from None
+    sys.stdout.write(text)
 
 
 @app.command(

@@ -112,6 +112,12 @@ def test_a_new_users_own_fine_tune_gets_an_answer(tmp_path: Path, cache_dir: Pat
         )
         assert out.returncode == 0 and out.stdout.strip(), (fmt, out.stderr)
         exports[fmt] = out.stdout
+    # a format this study cannot give (its trials ran sft, not a script of the user's)
+    command = run_sweeper(
+        "export", "--study", "mine", "--storage", url, "--format", "command", cache_dir=cache_dir
+    )
+    assert command.returncode == 2 and "Traceback" not in command.stderr
+    assert "does not train with a script of yours" in command.stderr and not command.stdout
     assert "SFTConfig(" in exports["sft"] and f"max_length={seq}" in exports["sft"]
     assert "TrainingArguments(" in exports["trainer"]
     assert "DataLoader(" in exports["dataloader"]
