@@ -18,7 +18,7 @@ import pytest
 
 from sweeper.store import Store
 from sweeper.sweep.devicepool import DevicePool, DevicePoolError, Held
-from sweeper.sweep.fleet import FleetError, check_pool
+from sweeper.sweep.fleet import FleetError, check_pool, parse_devices
 from tests.helpers import REPO, tiny_space_without_baseline
 from tests.test_cli import env  # noqa: F401 (a fixture)
 
@@ -99,6 +99,14 @@ def test_a_trial_larger_than_the_pool_is_refused_saying_how_to_fix_it(tmp_path: 
         check_pool(["0", "1", "2", "3"], [2, 4], 3)
     assert check_pool(["0", "1", "2", "3"], [1, 2], None) == 4
     assert check_pool(["0", "1", "2", "3"], [2], None) == 2
+    # a pool that is not GPUs is refused before anything runs (it started a worker on "abc")
+    worker = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "worker", "--study", "any", "--devices", "0,abc"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert worker.returncode == 2 and "Traceback" not in worker.stderr
+    assert "'abc' is not a GPU index (0, 1, ...) or UUID (GPU-..., MIG-...)" in worker.stderr
+    assert parse_devices("GPU-5a1b, MIG-77c0/1/2 ,3") == ["GPU-5a1b", "MIG-77c0/1/2", "3"]
 
 
 @pytest.mark.torch

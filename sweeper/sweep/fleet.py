@@ -36,13 +36,22 @@ def parse_devices(text: str) -> list[str]:
 
     >>> parse_devices("0, 1")
     ['0', '1']
+    >>> parse_devices("0,gpu1")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sweeper.sweep.fleet.FleetError: --devices '0,gpu1': 'gpu1' is not a GPU index (0, 1, ...) ...
     """
     devices = [d.strip() for d in text.split(",")]
+    fix = "give distinct GPUs separated by commas, e.g. --devices 0,1"
     if not all(devices) or len(set(devices)) != len(devices):
-        raise FleetError(
-            f"--devices {text!r}: give distinct GPUs separated by commas, e.g. --devices 0,1",
-            code=2,
-        )
+        raise FleetError(f"--devices {text!r}: {fix}", code=2)
+    for device in devices:
+        if not (device.isdigit() or device.startswith(("GPU-", "MIG-"))):
+            raise FleetError(
+                f"--devices {text!r}: {device!r} is not a GPU index (0, 1, ...) or UUID "
+                f"(GPU-..., MIG-...); {fix}",
+                code=2,
+            )
     return devices
 
 
