@@ -163,19 +163,26 @@ def _owned(directory: Path) -> Iterator[None]:
         yield
 
 
+def _young(path: Path) -> bool:
+    """Whether ``path`` was made (or last had an entry added) too recently to be abandoned;
+    True if it is gone meanwhile (nothing to do)."""
+    try:
+        return time.time() - path.stat().st_mtime < _UNLOCKED_GRACE_S
+    except FileNotFoundError:
+        return True
+
+
 def _owner_alive(path: Path) -> bool:
     """Whether the trial directory ``path`` is still in use. Its lock answers; a directory
     without one (being created, or from a sweeper before the lock) falls back to the pid in
-    its name, and is only taken for stale once it is older than a fresh one can be."""
+    its name, and is only taken for stale once it is older than a fresh one can be. A lock
+    nobody holds on a young directory is one being created: its owner has made the file and
+    not yet locked it (two launches starting at once removed each other's directory)."""
     try:
         handle = (path / OWNER_LOCK).open("rb")
     except FileNotFoundError:
         owner = path.name.removeprefix(TRIAL_DIR_PREFIX).split("-", 1)[0]
-        try:
-            young = time.time() - path.stat().st_mtime < _UNLOCKED_GRACE_S
-        except FileNotFoundError:
-            return True  # removed meanwhile: nothing to do
-        if young or not owner.isdigit():
+        if _young(path) or not owner.isdigit():
             return True
         try:
             os.kill(int(owner), 0)
@@ -191,7 +198,7 @@ def _owner_alive(path: Path) -> bool:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
-        return False
+        return _young(path)
 
 
 def sweep_stale_trial_dirs(workdir: Path | None = None) -> list[Path]:
