@@ -440,9 +440,14 @@ def read_result(path: Path, returncode: int, log_tail: str) -> ChildResult:
     last = next((ln for ln in reversed(log_tail.splitlines()) if ln.strip()), "no output")
     if not log_tail.strip() and not path.parent.is_dir():  # its log went with it
         last = f"its directory {path.parent} was removed while it ran"
+    # the traceback it printed, classified as a raised exception would be: a DataLoader's
+    # SIGCHLD handler can raise "DataLoader worker (pid N) is killed by signal" while the
+    # child writes its result, and that escapes it
+    from sweeper.trial.failures import classify_output
+
     return ChildResult(
         status="failed",
-        failure_kind="error",
+        failure_kind=classify_output(log_tail)[0] if log_tail.strip() else "error",
         failure_message=f"trial process exited {returncode} without a result: {last}",
         traceback=log_tail,
     )

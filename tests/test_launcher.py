@@ -71,6 +71,19 @@ def test_exit_without_result_keeps_last_log_line() -> None:
     assert "exited 3" in (result.failure_message or "") and "ImportError: boom" in (
         result.failure_message or ""
     )
+    # what the log's traceback says is classified as if raised in the child: a DataLoader's
+    # SIGCHLD handler raised while the child was writing a failed trial's result (CI, 8c02300)
+    escaped = read_result(
+        Path("/nonexistent/result.json"),
+        1,
+        'Traceback (most recent call last):\n  File ".../torch/utils/data/_utils/signal_handling'
+        '.py", line 73, in handler\n    _error_if_any_worker_fails()\nRuntimeError: DataLoader '
+        "worker (pid 12924) is killed by signal: Killed. \n",
+    )
+    assert escaped.failure_kind == "dataloader"
+    assert "exited 1 without a result: RuntimeError: DataLoader worker" in (
+        escaped.failure_message or ""
+    )
 
 
 def test_an_exit_that_left_nothing_says_why_it_cannot_say_more(tmp_path: Path) -> None:

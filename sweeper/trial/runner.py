@@ -4,6 +4,7 @@ the fork server's children. Always writes a result (atomically) unless killed.""
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def execute(request_path: Path, result_path: Path, process_started_at: float) ->
             payload = run_trial(request, process_started_at)
         result = ChildResult(status="ok", payload=payload)
     except Exception as exc:
+        # the trial is over: a DataLoader's SIGCHLD handler must not raise again while the
+        # failure is classified and written (it escaped, and the child left no result)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         kind, message = classify(exc)
         result = ChildResult(
             status="failed",
