@@ -196,11 +196,13 @@ class ChildExecutor:
                 run = run_child(request, timeout_s=timeout_s, server=self.server, env=env)
                 if held is not None:  # before the devices are given back, not after
                     held = dataclasses.replace(held, until=time.time())
-        except DevicePoolError as e:
+        except (DevicePoolError, OSError) as e:
+            # no device for it, or its directory could not be made or written (a full or
+            # read-only temporary directory): a failed trial, recorded, not a crashed worker
+            kind = "unsupported" if isinstance(e, DevicePoolError) else "error"
+            message = str(e) if kind == "unsupported" else f"the trial could not start: {e!r}"
             run = ChildRun(
-                result=ChildResult(
-                    status="failed", failure_kind="unsupported", failure_message=str(e)
-                ),
+                result=ChildResult(status="failed", failure_kind=kind, failure_message=message),
                 wall_s=0.0,
                 log_tail="",
                 pid=0,
