@@ -158,8 +158,14 @@ def _owned(directory: Path) -> Iterator[None]:
     """Hold an exclusive flock on the trial directory's lock file while the directory is in
     use: the kernel drops it when its holder dies, even by SIGKILL, and other processes see
     it whatever PID namespace they run in (the pid in the name does not tell them)."""
-    with (directory / OWNER_LOCK).open("wb") as handle:
+    # locked under another name, then renamed into place (the lock goes with the file): a
+    # sweeper never sees the lock file unheld while its owner lives. It once saw one between
+    # its creation and its flock, took the owner for dead, and removed a directory being made
+    # (CI: two launches starting at once)
+    making = directory / f".{OWNER_LOCK}.{os.getpid()}"
+    with making.open("wb") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        making.replace(directory / OWNER_LOCK)
         yield
 
 
@@ -175,9 +181,7 @@ def _young(path: Path) -> bool:
 def _owner_alive(path: Path) -> bool:
     """Whether the trial directory ``path`` is still in use. Its lock answers; a directory
     without one (being created, or from a sweeper before the lock) falls back to the pid in
-    its name, and is only taken for stale once it is older than a fresh one can be. A lock
-    nobody holds on a young directory is one being created: its owner has made the file and
-    not yet locked it (two launches starting at once removed each other's directory)."""
+    its name, and is only taken for stale once it is older than a fresh one can be."""
     try:
         handle = (path / OWNER_LOCK).open("rb")
     except FileNotFoundError:
@@ -198,7 +202,7 @@ def _owner_alive(path: Path) -> bool:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
-        return _young(path)
+        return False
 
 
 def sweep_stale_trial_dirs(workdir: Path | None = None) -> list[Path]:

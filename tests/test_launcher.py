@@ -138,12 +138,6 @@ def test_a_trial_directory_is_swept_only_once_its_owner_is_gone_whatever_its_pid
         killed_owner.wait(timeout=60)
         dead = tmp_path / f"sweeper-trial-{killed_owner.pid}-dead"
         (tmp_path / "x").rename(dead)
-        os.utime(dead, (time.time() - 3600, time.time() - 3600))  # abandoned an hour ago
-        # a lock file nobody holds yet in a young directory: its owner made the file and has
-        # not locked it (CI: two sweepers starting at once removed each other's directory)
-        creating = tmp_path / f"sweeper-trial-{_gone_pid()}-creating"
-        creating.mkdir()
-        (creating / "owner.lock").touch()
         # no lock: a directory from before the lock, or one whose owner has not taken it yet
         unlocked_old = tmp_path / f"sweeper-trial-{_gone_pid()}-old"
         unlocked_young = tmp_path / f"sweeper-trial-{_gone_pid()}-young"
@@ -160,12 +154,13 @@ def test_a_trial_directory_is_swept_only_once_its_owner_is_gone_whatever_its_pid
             outputs.append(swept.stdout.strip())
         assert outputs[0] == str(sorted([dead.name, unlocked_old.name])), outputs
         assert live.is_dir() and (live / "owner.lock").exists() and unlocked_young.is_dir()
-        assert (creating / "owner.lock").exists()
+        # the lock file appears already held: made under another name, locked, then renamed
+        # (a sweeper once saw it between its creation and its flock and removed a live one)
+        assert sorted(p.name for p in live.iterdir()) == ["owner.lock"]
         assert not dead.exists() and not unlocked_old.exists()
         assert holder.poll() is None  # the live owner was never disturbed
         holder.kill()
         holder.wait(timeout=60)
-        os.utime(live, (time.time() - 3600, time.time() - 3600))
         # once the live owner is gone a new sweeper (this process, not swept yet) takes it,
         # and never one of its own: an unlocked, old directory named by this process
         ours = tmp_path / f"sweeper-trial-{os.getpid()}-ours"
