@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sweeper.cost import hours_figure, money
-from sweeper.offers import OfferRow, OfferTable, shared_notes
+from sweeper.offers import OfferRow, OfferTable, priced_gpus, shared_notes
 from sweeper.recommend import Constraints
 
 
@@ -186,11 +186,6 @@ def marked_rows(table: OfferTable, constraints: Constraints) -> list[MarkedRow]:
             )
         )
     return rows
-
-
-def priced_gpus(table: OfferTable) -> list[OfferRow]:
-    """The rows of catalog GPUs with a figure, measured or estimated."""
-    return [r for r in table.rows if r.gpu is not None and r.cost_per_run_usd is not None]
 
 
 def offer_text(row: OfferRow) -> str:

@@ -457,7 +457,7 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
     )
     for column in ("GPU", "$/h", "how known", "h/run", "$/run", "meets", "config", "note"):
         table.add_column(column, overflow="fold")
-    from sweeper.offers import shared_notes
+    from sweeper.offers import priced_gpus, shared_notes
 
     marks = shared_notes(offers)
     for row in offers.rows:
@@ -477,9 +477,7 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
     for note, mark in marks.items():
         console.print(f"  {mark} {escape(note)}", highlight=False)
     cheapest = offers.cheapest
-    if cheapest is None and not any(
-        r.gpu is not None and r.cost_per_run_usd is not None for r in offers.rows
-    ):
+    if cheapest is None and not priced_gpus(offers):
         console.print("  [yellow]no GPU of the catalog can be priced yet[/]", highlight=False)
     elif cheapest is None:
         console.print("  [yellow]no GPU offer meets the constraints[/]", highlight=False)

@@ -615,3 +615,8 @@ def shared_notes(table: OfferTable) -> dict[str, str]:
     counts = Counter(row.note for row in table.rows if row.note)
     shared = [note for note, times in counts.items() if times > 1]
     return {note: "*" * (i + 1) for i, note in enumerate(shared)}
+
+
+def priced_gpus(table: OfferTable) -> list[OfferRow]:
+    """The rows of catalog GPUs with a figure, measured or estimated."""
+    return [r for r in table.rows if r.gpu is not None and r.cost_per_run_usd is not None]
