@@ -277,11 +277,11 @@ def test_a_full_disk_under_sqlite_is_said_at_once_and_the_trials_record_is_kept(
         _wait_for_a_running_trial(process, store)
         (running,) = store.list_trials("tiny", states=["running"])
         store.dispose()
-        # every free byte, as a full disk has none
-        with filler.open("wb") as fill, contextlib.suppress(OSError):
+        # every free byte, as a full disk has none. Unbuffered: a buffered file keeps what
+        # the full disk refused and raises ENOSPC again when it closes (CI, 2026-11-28)
+        with filler.open("wb", buffering=0) as fill, contextlib.suppress(OSError):
             while True:
                 fill.write(b"\0" * 65536)
-                fill.flush()
         started = time.monotonic()
         stdout, stderr = process.communicate(timeout=300)
         said = " ".join(stderr.split())
