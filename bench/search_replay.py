@@ -767,6 +767,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "(ImprovementGridSampler.cost_acquisition)",
     )  # fmt: skip
     parser.add_argument(
+        "--cheap-draws", action=argparse.BooleanOptionalAction, default=None,
+        help="bayes: the draws before anything is measured are among the configs of the "
+        "cheapest expected trial (ImprovementGridSampler.cheap_draws)",
+    )  # fmt: skip
+    parser.add_argument(
         "--incumbent", choices=("measured", "posterior"),
         help="bayes: the best a pick must beat: the lowest measured log $/run, or the lowest "
         "posterior mean over the measured configs (ImprovementGridSampler.incumbent)",
@@ -853,6 +858,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "cost_against",
             "cost_cooling",
             "cost_acquisition",
+            "cheap_draws",
             "incumbent",
             "interaction_prior_fit",
             "explore_below",

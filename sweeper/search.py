@@ -318,6 +318,12 @@ class ImprovementGridSampler(_CandidateSampler):
     # against 16 / 15.5, 30), and EI alone took more than PI on interactions (11.5 / 21
     # against 9.5 / 14, 100; bench/RESULTS.md Run 12)
     cost_acquisition = "pi"
+    # the draws made before anything is measured (the first pick, the light pick after an
+    # out of memory) draw among the configs of the cheapest expected trial. Off: the changed
+    # first pick reshuffles every later one, and the first compile it saves is smaller than
+    # that spread (oom-wall tokens/s 13.5 against 12 trials to 5%, interactions samples/s
+    # 1.26x the summed seconds, 30 paired seeds; bench/RESULTS.md Run 16)
+    cheap_draws = False
     # The options below were measured against the heavy tail of this search on samples/s
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left
     # off: the tail comes from a model sure of an additive effect measured in one region
@@ -445,6 +451,8 @@ class ImprovementGridSampler(_CandidateSampler):
         if self.fits is not None:  # the best config that can finish, by the same scores
             free = [i for i in free if self.fits(self.candidates[i])] or free
         if not rows:  # nothing measured yet
+            if self.cheap_draws:  # a draw tells as much from the cheapest compile mode
+                free = self._cheapest(free, seen.took)
             return self._light_first(free) if oom else int(self.rng.choice(free))
         log_p = self._log_p_improves(np.array(rows), np.array(values), free)
         if len(rows) < self.explore_first:  # a design first: what the model knows least
@@ -572,6 +580,15 @@ class ImprovementGridSampler(_CandidateSampler):
             features = self.design.matrix(np.asarray(free[start : start + self.chunk]))
             spread[start : start + self.chunk] = posterior.variance(features)
         return 0.5 * np.log(np.maximum(spread, 1e-12))
+
+    def _cheapest(self, free: list[int], took: list[tuple[int, float]]) -> list[int]:
+        """The free configs whose trial is expected to take the fewest seconds (by compile
+        mode, ``search_cost.expected_seconds``; within 1%)."""
+        mode = lambda i: self.candidates[i].get("compile_mode", "none")  # noqa: E731
+        seconds = search_cost.expected_seconds(
+            [mode(i) for i in free], [(mode(i), s) for i, s in took]
+        )
+        return [i for i, s in zip(free, seconds, strict=True) if s <= 1.01 * seconds.min()]
 
     def _light_first(self, free: list[int]) -> int:
         """After a config ran out of memory and before any has been measured: a random one

@@ -50,7 +50,10 @@ summed seconds. Cooled (CArBO: weight 1 to 0 over 10 measured trials) it lost on
 improvement alone, time ignored (weight 0), took more trials than the probability of
 improvement on interactions (11.5 / 21 against 9.5 / 14), noisy's tokens/s (24 against
 16.5) and oom-wall's samples/s (14 against 10.5): on these tables the acquisition itself
-costs trials, before the seconds are weighed.
+costs trials, before the seconds are weighed. Drawing the first pick (and the light pick
+after an out of memory) among the cheapest trials (``ImprovementGridSampler.cheap_draws``)
+lost too (Run 16): oom-wall's tokens/s 13.5 against 12 trials, interactions's samples/s 1.26x
+the summed seconds (30 paired seeds), since a changed first pick reshuffles every later one.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import optuna
 import pytest
+from optuna.samplers._base import _CONSTRAINTS_KEY
 
 from sweeper import search_cost
 from sweeper.preflight import PreflightReport
@@ -363,6 +364,48 @@ def test_bayes_expected_improvement_per_second_is_the_posteriors_own() -> None:
     sampler.cost_acquisition = "eipu"
     with pytest.raises(ValueError, match="cost_acquisition"):
         sampler.pick(free, trials)
+
+
+def test_bayes_can_draw_its_first_picks_among_the_cheapest_trials() -> None:
+    """With ``cheap_draws`` the draws made before anything is measured are among the configs
+    whose trial is expected to be cheapest (no compile, against max-autotune's 345 s): the
+    first pick of each of 40 seeds, and the light pick after an out-of-memory failure; off
+    by default, when 40 first picks land on both compile modes."""
+    assert ImprovementGridSampler.cheap_draws is False
+    candidates, _ = _near_tie_study()
+    free = list(range(len(candidates)))
+    modes: dict[bool, set[object]] = {}
+    for cheap in (False, True):
+        picked = set()
+        for seed in range(40):
+            sampler = ImprovementGridSampler(candidates, seed=seed)
+            sampler.cheap_draws = cheap
+            picked.add(candidates[sampler.pick(free, [])]["compile_mode"])
+        modes[cheap] = picked
+    assert modes == {False: {"none", "max-autotune"}, True: {"none"}}, modes
+    # after the heaviest config ran out of memory, nothing measured: light and cheap
+    study = optuna.create_study(direction="minimize")
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
+        for name in candidates[0]
+    }
+    heaviest = len(candidates) - 1  # batch 8, max-autotune
+    study.add_trial(
+        optuna.trial.create_trial(
+            params=candidates[heaviest], distributions=distributions, value=1e6,
+            user_attrs={"failure_kind": "oom", SECONDS_ATTR: 400.0},
+            system_attrs={_CONSTRAINTS_KEY: (1.0,)},  # as the sweep tells an oom
+        )
+    )  # fmt: skip
+    trials = study.get_trials(deepcopy=False)
+    light: dict[bool, set[tuple[object, object]]] = {False: set(), True: set()}
+    for cheap in (False, True):
+        for seed in range(20):
+            sampler = ImprovementGridSampler(candidates, seed=seed)
+            sampler.cheap_draws = cheap
+            pick = candidates[sampler.pick([i for i in free if i != heaviest], trials)]
+            light[cheap].add((pick["compile_mode"], pick["per_device_batch_size"]))
+    assert light == {False: {("none", 1), ("max-autotune", 1)}, True: {("none", 1)}}, light
 
 
 def test_bayes_can_measure_improvement_from_the_posteriors_best_not_a_lucky_measurement() -> None:
