@@ -15,7 +15,7 @@ import psutil
 from sweeper.errors import TrialError
 from sweeper.launcher import ForkServer, read_result, run_child, sweep_stale_trial_dirs
 from sweeper.space import Space
-from sweeper.trial.failures import classify
+from sweeper.trial.failures import classify, raised_at
 from sweeper.trial.protocol import PreparedData
 from tests.helpers import REPO, UNSHARE, can_unshare, tiny_config, trial_request
 
@@ -211,6 +211,37 @@ def test_classify_walks_the_cause_chain() -> None:
     assert classify(MemoryError())[0] == "oom"
     allocator = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8388608 bytes"
     assert classify(RuntimeError(allocator)) == ("oom", f"host memory: RuntimeError: {allocator}")
+
+
+def test_a_programs_traceback_says_where_its_own_code_raised() -> None:
+    """A script trial that died names its own file and 1-based line, not a package's."""
+    chained = (
+        "Traceback (most recent call last):\n"
+        '  File "/w/train.py", line 5, in <module>\n'
+        "    first()\n"
+        "KeyError: 'a'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n"
+        '  File "/w/train.py", line 40, in <module>\n'
+        "    main()\n"
+        '  File "/w/train.py", line 31, in main\n'
+        "    trainer.train()\n"
+        "    ^^^^^^^^^^^^^^^\n"
+        '  File "/v/lib/python3.11/site-packages/transformers/trainer.py", line 9, in train\n'
+        "    raise ValueError('bad')\n"
+        "ValueError: bad\n"
+    )
+    assert raised_at(chained, "/w") == "train.py:31 (trainer.train())"
+    assert raised_at(chained, "/elsewhere") == "/w/train.py:31 (trainer.train())"
+    # only packages' frames: the innermost is still somewhere to look
+    inside = (
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "/v/lib/python3.11/site-packages/pkg/cli.py", line 7, in main\n'
+        "ImportError: no\n"
+    )
+    assert raised_at(inside) == "/v/lib/python3.11/site-packages/pkg/cli.py:7"
+    assert raised_at("Killed") is None
 
 
 def test_fork_server_starts_trials_without_imports_and_kills_on_timeout(

@@ -135,3 +135,48 @@ def classify_output(text: str) -> tuple[str, str]:
     if raised is not None:
         return classify(raised)
     return "error", lines[-1][:2000] if lines else "it printed nothing"
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+# the interpreter's own library and installed packages: not the program's own code
+_NOT_OWN = re.compile(r"site-packages|dist-packages|/lib/python\d+\.\d+/|^<")
+
+
+def raised_at(text: str, cwd: str | None = None) -> str | None:
+    """Where the last traceback in ``text`` was raised in the program's own code: its innermost
+    frame outside the interpreter's library and installed packages (else its innermost frame)
+    as ``path:line`` (1-based, as Python prints it; relative to ``cwd`` when under it) with the
+    source line Python showed; None when ``text`` holds no traceback.
+
+    >>> raised_at(
+    ...     "Traceback (most recent call last):\\n"
+    ...     '  File "/w/train.py", line 18, in <module>\\n'
+    ...     "    import nothere\\n"
+    ...     '  File "/venv/lib/python3.11/site-packages/x.py", line 3, in f\\n'
+    ...     "    raise ValueError\\n"
+    ...     "ValueError: no", cwd="/w")
+    'train.py:18 (import nothere)'
+    >>> raised_at("Segmentation fault") is None
+    True
+    """
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    frames: list[tuple[str, str, str]] = []
+    for index in range(starts[-1] if starts else 0, len(lines)):
+        match = _FRAME.match(lines[index])
+        if match is None:
+            continue
+        # the frame's source line, indented under it (not the next frame, the exception or
+        # 3.11's ^^^ markers)
+        source = lines[index + 1] if index + 1 < len(lines) else ""
+        if not source.startswith("    ") or _FRAME.match(source) or set(source) <= set("^~ "):
+            source = ""
+        source = source.strip()
+        frames.append((match.group(1), match.group(2), source))
+    if not frames:
+        return None
+    own = [frame for frame in frames if not _NOT_OWN.search(frame[0])]
+    path, line, source = (own or frames)[-1]
+    if cwd is not None and path.startswith(cwd.rstrip("/") + "/"):
+        path = path[len(cwd.rstrip("/")) + 1 :]
+    return f"{path}:{line}" + (f" ({source[:200]})" if source else "")

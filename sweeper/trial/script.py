@@ -46,7 +46,7 @@ from typing import Any
 from sweeper import knobs
 from sweeper.errors import TrialError
 from sweeper.trial import accelerate_line, progress
-from sweeper.trial.failures import classify_output
+from sweeper.trial.failures import classify_output, raised_at
 from sweeper.trial.lifeline import die_with_parent
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
@@ -496,4 +496,27 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
             f"reached sweeper's recorder. {THE_LINE}",
         )
     kind, message = classify_output(said)
-    raise TrialError(kind, f"{' '.join(script.command)} exited {returncode}: {message}")
+    where = raised_at(said, str(cwd.resolve()) if cwd else os.getcwd())
+    at = f" (raised at {where})" if where else ""
+    raise TrialError(
+        kind,
+        f"{' '.join(script.command)} exited {returncode}: {message}{at}"
+        + _unparsed_hint(message, script.knobs),
+    )
+
+
+def _unparsed_hint(message: str, form: str) -> str:
+    """What to add when the program's HfArgumentParser refused the words it was given: under
+    ``knobs: flags``/``sft_flags`` each trial appends the knobs as flags, which a script that
+    takes its arguments from one JSON or YAML file (``python train.py config.json``, parsed
+    with ``parse_json_file``) never parses. Empty otherwise."""
+    if form == "env" or "arguments are not used by the HfArgumentParser" not in message:
+        return ""
+    return (
+        f"; with workload.script.knobs: {form} each trial appends the knobs to your command as "
+        "flags (--per_device_train_batch_size 4 ...), and your script's parser did not take "
+        "them beside its own arguments (a script that reads its arguments from one JSON or "
+        "YAML file, HfArgumentParser's parse_json_file, parses no flags). Give your arguments "
+        "as flags in workload.script.command, or set workload.script.knobs: env and set each "
+        "knob in your script from sweeper.trial_config()"
+    )

@@ -173,6 +173,39 @@ def test_a_script_that_crashes_is_classified_from_what_it_raised(
     assert kind == "error" and "could not start" in message
 
 
+def test_a_script_that_crashes_says_where_and_a_json_config_script_is_told_why(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    # a crash at import names the user's file and line, as the traceback has them
+    crash = tmp_path / "train.py"
+    crash.write_text("import sweeper\n\nimport no_such_module_here\n")
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, [sys.executable, str(crash)])
+    assert kind == "error", message
+    assert "No module named 'no_such_module_here'" in message
+    assert "train.py:3 (import no_such_module_here)" in message, message
+    # HF's `python train.py config.json` form: the flags each trial appends are not parsed
+    script = tmp_path / "train_json.py"
+    script.write_text(
+        "import sys\n"
+        "from transformers import HfArgumentParser, TrainingArguments\n"
+        "import sweeper\n"
+        "parser = HfArgumentParser(TrainingArguments)\n"
+        "if len(sys.argv) == 2 and sys.argv[1].endswith('.json'):\n"
+        "    (args,) = parser.parse_json_file(sys.argv[1])\n"
+        "else:\n"
+        "    (args,) = parser.parse_args_into_dataclasses()\n"
+    )
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"output_dir": str(tmp_path / "out")}))
+    kind, message = _run_script(
+        tiny_space, tiny_prepared, cache_dir, [sys.executable, str(script), str(config)]
+    )
+    assert kind == "error" and "not used by the HfArgumentParser" in message, message
+    assert "train_json.py:8" in message, message
+    assert "workload.script.knobs: flags each trial appends the knobs" in message
+    assert "knobs: env" in message and "sweeper.trial_config()" in message
+
+
 def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
