@@ -5,7 +5,7 @@ machine, the search, the budget); the trial child builds the job from this.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -181,6 +181,26 @@ class AdapterSpec(Frozen):
     )
 
 
+def _flow(words: list[str]) -> str:
+    """``words`` as a YAML flow list that reads back as the same strings (a word YAML would
+    read as a number, a bool or null, or that holds YAML's punctuation, quoted).
+
+    >>> _flow(["python", "train.py", "--steps", "100", "--name", "a b", "--flag", "true"])
+    '[python, train.py, --steps, "100", --name, "a b", --flag, "true"]'
+    """
+    import json
+
+    import yaml
+
+    def plain(word: str) -> bool:
+        try:
+            return yaml.safe_load(f"[{word}]") == [word]
+        except yaml.YAMLError:
+            return False
+
+    return "[" + ", ".join(w if plain(w) and " " not in w else json.dumps(w) for w in words) + "]"
+
+
 class ScriptSpec(Frozen):
     """Your own training program as the trial (``engine: script``). It runs in the trial's
     process group with the trial's timeout, devices and cache, and one line in it feeds
@@ -207,6 +227,39 @@ class ScriptSpec(Frozen):
         default=None,
         description="the directory the command runs in (default: where sweeper was started)",
     )
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _words(cls, command: Any) -> Any:
+        """A command written as one string (``command: python train.py --bf16 True``) is
+        refused with the list it should be, split as a shell would: sweeper appends each
+        trial's flags as words, and never runs a shell."""
+        if isinstance(command, str):
+            import shlex
+
+            try:
+                words = shlex.split(command)
+            except ValueError:
+                words = command.split()
+            raise ValueError(
+                f"give the command as a list of words, not one string: command: {_flow(words)}"
+            )
+        if isinstance(command, list):  # YAML reads 100, 1.5, True and null as no string
+            for index, word in enumerate(command):
+                if isinstance(word, bool | int | float) or word is None:
+                    said = "null" if word is None else str(word)
+                    what = (
+                        "null"
+                        if word is None
+                        else "a boolean"
+                        if word is True or word is False
+                        else "a number"
+                    )
+                    raise ValueError(
+                        f"word [{index}] is {said}, which YAML reads as {what}, not a string; "
+                        f'quote it: "{said}"'
+                    )
+        return command
 
 
 class Workload(Frozen):

@@ -26,7 +26,15 @@ def load(text: str, source: str, error: type[Exception]) -> tuple[Any, Lines]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
-        raise error(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+        # where the structure it broke began (an unclosed [ or {, a mapping a line's indent
+        # left), when that is another line than the one where YAML noticed
+        context, opened = getattr(e, "context", None), getattr(e, "context_mark", None)
+        began = (
+            f" ({context}, which starts on line {opened.line + 1})"
+            if context and opened is not None and (mark is None or opened.line != mark.line)
+            else ""
+        )
+        raise error(f"{where}: not valid YAML: {getattr(e, 'problem', e)}{began}") from e
     lines: Lines = {}
     if root is not None:
         _key_lines(root, (), lines, source, error)

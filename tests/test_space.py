@@ -96,6 +96,51 @@ def test_not_yaml_and_not_a_mapping() -> None:
         parse_space("- a\n- b\n", source="x.yaml")
 
 
+def test_unclosed_yaml_says_where_the_broken_structure_began() -> None:
+    """YAML notices an unclosed [ on a later line; the error names the line it opened on."""
+    text = _broken("  per_device_batch_size: [", "  per_device_batch_size: [2, 4\n  x: [")
+    with pytest.raises(SpaceError) as info:
+        parse_space(text, source="tiny.yaml")
+    opened = next(i for i, line in enumerate(text.splitlines(), 1) if "[2, 4" in line)
+    said = str(info.value)
+    assert said.startswith(f"tiny.yaml:{opened + 1}: not valid YAML: "), said
+    assert f"(while parsing a flow sequence, which starts on line {opened})" in said
+
+
+def _script_space(command: str) -> str:
+    text = TINY_SPACE.read_text()
+    assert "\nworkload:\n" in text
+    return text.replace(
+        "\nworkload:\n", f"\nworkload:\n  engine: script\n  script:\n    command: {command}\n", 1
+    )
+
+
+def test_a_script_command_written_as_a_string_or_with_bare_numbers_says_how_to_write_it(
+    tmp_path: Path,
+) -> None:
+    train = tmp_path / "train.py"
+    train.write_text("import sweeper\nsweeper.callback()\n")
+    # one string: the list it should be, split as a shell would, quoted where YAML needs it
+    text = _script_space(f"python {train} --output_dir 'my out' --max_steps 100")
+    with pytest.raises(SpaceError) as info:
+        parse_space(text, source="tiny.yaml")
+    said = str(info.value)
+    line = next(i for i, line in enumerate(text.splitlines(), 1) if "command:" in line)
+    assert f"tiny.yaml:{line}: workload.script.command: give the command as a list of words" in said
+    assert f'command: [python, {train}, --output_dir, "my out", --max_steps, "100"]' in said
+    # a list whose number or boolean YAML reads as no string: which word, and the quotes
+    for word, what in (("100", "a number"), ("True", "a boolean")):
+        with pytest.raises(SpaceError) as info:
+            parse_space(_script_space(f"[python, {train}, --flag, {word}]"), source="tiny.yaml")
+        said = str(info.value)
+        assert f"word [3] is {word}, which YAML reads as {what}, not a string; " in said, said
+        assert f'quote it: "{word}"' in said
+    # quoted, it loads
+    space = parse_space(_script_space(f'[python, {train}, --flag, "100"]'), source="tiny.yaml")
+    assert space.workload.script is not None
+    assert space.workload.script.command == ["python", str(train), "--flag", "100"]
+
+
 def test_missing_file() -> None:
     with pytest.raises(SpaceError, match="cannot read space file"):
         load_space("/nonexistent/space.yaml")
