@@ -238,10 +238,12 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
             highlight=False,
         )
     failed = [t for t in trials if t.state == "failed"]
+    # each failure whole: the launch's last words point here for what to fix, and a script
+    # trial's message begins with its command (the live ✗ line keeps its short cut)
     for t in failed:
         console.print(
             f"[red]failed[/] #{t.number} {describe_dict(t.config)}: {t.failure_kind}: "
-            f"{escape((t.failure_message or '')[:200])}",
+            f"{escape((t.failure_message or '')[:2000])}",
             highlight=False,
         )
 

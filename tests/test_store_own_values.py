@@ -216,3 +216,23 @@ def test_the_leaderboard_keeps_the_config_on_a_narrow_terminal(store: Store, col
         ), shown
     else:
         assert "it/s" in words and "left out" not in shown, shown
+
+
+def test_the_leaderboard_shows_a_failed_script_trials_whole_message(store: Store) -> None:
+    """A script trial's failure begins with its command; the list after the sweep, which the
+    launch's last words point to, cut it at 200 characters: before the error's own words."""
+    command = "python train.py " + " ".join(f"--flag{i} value{i}" for i in range(12))
+    message = f"{command} exited 1: ModuleNotFoundError: No module named 'x' (raised at t.py:3)"
+    assert len(message) > 200
+    store.upsert_study("crash", **(STUDY_FIELDS | {"space_yaml": _space("flags")}))
+    store.start_trial("crash", 0, ASKED)
+    store.finish_trial("crash", 0, "failed", failure_kind="error", failure_message=message)
+    width = console.width
+    console.width = 200
+    try:
+        with console.capture() as captured:
+            print_leaderboard(store.url, "crash")
+    finally:
+        console.width = width
+    shown = " ".join(captured.get().split())
+    assert message in shown, shown
