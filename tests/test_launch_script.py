@@ -6,6 +6,7 @@ store's trials, workers and stop)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -154,6 +155,36 @@ def test_a_launch_whose_trials_all_fail_exits_3_with_what_to_do(tmp_path: Path) 
                        cache_dir=tmp_path / "cache")  # fmt: skip
     assert fill.returncode == 3, fill.stdout + fill.stderr
     assert "has run its trials and none completed" in " ".join(fill.stderr.split())
+
+
+@pytest.mark.torch  # its trials run (the script's child side)
+def test_trials_that_all_fail_alike_stop_the_sweep_after_three(tmp_path: Path) -> None:
+    """A script that fails the same way whatever the config (here at import) would fail every
+    trial of the plan, each paying its start-up: after 3 alike, with nothing measured, the
+    sweep stops, says why with the failure, and the launch exits 3 as for any sweep with no
+    completed trial. A plan of 8 runs 3."""
+    (tmp_path / "train.py").write_text(_FAILS)
+    path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
+    space = yaml.safe_load(path.read_text())
+    space["budget"]["n_trials"] = 8
+    space["search"]["per_device_batch_size"] = [1, 2, 3, 4]
+    del space["baseline"]
+    path.write_text(yaml.safe_dump(space))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    launch = run_sweeper("launch", "--space", str(path), "--storage", url,
+                         cache_dir=tmp_path / "cache")  # fmt: skip
+    assert launch.returncode == NO_TRIAL_COMPLETED == 3, launch.stdout + launch.stderr
+    said = " ".join((launch.stdout + launch.stderr).split())
+    assert "the last 3 trials failed the same way whatever their config" in said, said
+    assert "no kernel image is available" in said and "fix that, then launch again" in said
+    assert "this sweep ran 3 trials, 3 failed (error 3)" in said, said
+    assert "Traceback" not in launch.stderr
+    store = Store(url)
+    try:
+        trials = store.list_trials("tiny")
+    finally:
+        store.dispose()
+    assert len(trials) == 3 and len({json.dumps(t.config, sort_keys=True) for t in trials}) == 3
 
 
 def _store(tmp_path: Path) -> Store:

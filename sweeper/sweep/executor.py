@@ -152,7 +152,11 @@ class ChildExecutor:
                 spread=row.cost_ci95_rel or 0.0,
                 sample=sample,
             )
-        return Outcome(number=row.number, failure_kind=row.failure_kind or "error")
+        return Outcome(
+            number=row.number,
+            failure_kind=row.failure_kind or "error",
+            message=row.failure_message,
+        )
 
     def remeasure(
         self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None

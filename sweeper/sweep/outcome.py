@@ -22,6 +22,7 @@ class Outcome:
     predicted: bool = False  # not run: known to fail from another trial (out of memory)
     spread: float = 0.0  # half-width of the $/run's 95% interval, relative (0: unknown)
     sample: Sample | None = None  # the measurement (``sweeper.noise``), when it was measured
+    message: str | None = None  # what the failure said (``TrialRow.failure_message``)
 
     @classmethod
     def of_row(cls, row: TrialRow) -> Outcome:
@@ -33,6 +34,7 @@ class Outcome:
             failure_kind=None if cost is not None else (row.failure_kind or "error"),
             predicted=row.state == "pruned",
             spread=row.cost_ci95_rel or 0.0,
+            message=row.failure_message if cost is None else None,
         )
 
     @property

@@ -4,6 +4,7 @@ the loop stops."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -18,6 +19,21 @@ if TYPE_CHECKING:
 
 # The stopping rule of budget.planned_runs looks at improvements over at least this many trials.
 _SAVING_WINDOW = 10
+# Stop once this many trials in a row, with nothing measured yet, failed the same way.
+SAME_FAILURE_STOP = 3
+
+
+def failure_signature(message: str) -> str:
+    """A failure's message less what changes from config to config and run to run (numbers,
+    addresses, temporary paths), so that one failure met by every config reads as one.
+
+    >>> failure_signature("asked 4, ran 8 at 0x7f3a in /tmp/sweeper-trial-91-ab_c/x") == (
+    ...     failure_signature("asked 16, ran 8 at 0x55e0 in /tmp/sweeper-trial-7-zz/x"))
+    True
+    """
+    message = re.sub(r"/tmp/\S*", "<tmp>", message)
+    message = re.sub(r"0x[0-9a-fA-F]+", "<addr>", message)
+    return re.sub(r"\d+(\.\d+)?", "<n>", message)
 
 
 def device_hours_limit(budget: Budget, usd_per_hour: float) -> float | None:
@@ -164,11 +180,37 @@ class Stopping:
         self.since_best = 0  # measured trials since it
         self.gains: list[tuple[int, float]] = []  # (measured trials so far, relative gain)
         self.measured = 0  # measured trials (feasible or not) of this sweep
+        # the signatures of this sweep's last trials in a row that failed as "error" while the
+        # study had nothing measured (``_failing_alike``)
+        self.alike: list[str] = []
 
     def after_trial(self, outcome: Outcome) -> str | None:
         """Count one more measured trial, which gave ``outcome``; why to stop now, if so."""
         self.measured += 1
-        return self._out_of_patience(outcome) or self._not_worth_it()
+        return (
+            self._failing_alike(outcome) or self._out_of_patience(outcome) or self._not_worth_it()
+        )
+
+    def _failing_alike(self, outcome: Outcome) -> str | None:
+        """Whether the last ``SAME_FAILURE_STOP`` trials, with nothing measured in the study,
+        failed the same way whatever their configs (a crash at import, a missing file, a
+        broken environment: failures of kind ``error`` whose messages differ only in numbers
+        and paths). Each further trial would pay its start-up to fail the same; out of
+        memory, a compile error and the other kinds a config causes are left to the search,
+        which learns from them."""
+        if self.best is not None or outcome.failure_kind != "error":
+            self.alike = []
+            return None
+        self.alike.append(failure_signature(outcome.message or ""))
+        if len(self.alike) < SAME_FAILURE_STOP or len(set(self.alike[-SAME_FAILURE_STOP:])) > 1:
+            return None
+        said = " ".join((outcome.message or "no message").split())
+        return (
+            f"the last {SAME_FAILURE_STOP} trials failed the same way whatever their config, "
+            f"and none has been measured (error: {said[:600]}{'...' if len(said) > 600 else ''}); "
+            "more trials would fail alike: fix that, then launch again (the trials run so far "
+            "are kept)"
+        )
 
     def _out_of_patience(self, outcome: Outcome) -> str | None:
         """Whether ``budget.patience`` measured trials in a row have not beaten the best $/run
