@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sweeper import duration
 from sweeper.errors import SweeperError
 from sweeper.hardware import peak_flops
-from sweeper.launcher import run_child
+from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PreflightReport, ProbeCache, run_preflight
 from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -142,35 +142,39 @@ def diagnose(
     phases: dict[str, float] = {}
     started = time.perf_counter()
     progress("preparing the workload's data and tokenizer")
-    subject = space or default_space("fp32")
-    try:
-        prepared = prepare_workload(subject, cache_dir)
-    except PrepareError as e:
-        raise DoctorError(str(e)) from e
-    # max_seq_length: auto, as a sweep; and what it says of the space as it reads it (the
-    # lengths it chose, the knobs a script's command gives), as launch says it
-    notes = _Notes()
-    subject = resolve_lengths(subject, prepared.stats, notes)
-    phases["prepare"] = time.perf_counter() - started
+    # one fork server: the preparation, the facts and the probes are forked from it (its
+    # imports done once, as a sweep's)
+    with ForkServer(str(cache_dir)) as server:
+        subject = space or default_space("fp32")
+        try:
+            prepared = prepare_workload(subject, cache_dir, server=server)
+        except PrepareError as e:
+            raise DoctorError(str(e)) from e
+        # max_seq_length: auto, as a sweep; and what it says of the space as it reads it (the
+        # lengths it chose, the knobs a script's command gives), as launch says it
+        notes = _Notes()
+        subject = resolve_lengths(subject, prepared.stats, notes)
+        phases["prepare"] = time.perf_counter() - started
 
-    started = time.perf_counter()
-    progress("reading devices, versions and precisions")
-    facts = _facts(subject, prepared, cache_dir)
-    phases["facts"] = time.perf_counter() - started
-    if space is None:
-        subject = default_space(_best_precision(facts))
+        started = time.perf_counter()
+        progress("reading devices, versions and precisions")
+        facts = _facts(subject, prepared, cache_dir, server)
+        phases["facts"] = time.perf_counter() - started
+        if space is None:
+            subject = default_space(_best_precision(facts))
 
-    started = time.perf_counter()
-    if subject.hardware.device == "cuda" and not facts["cuda_available"]:
-        preflight = PreflightReport()  # every probe would fail alike; the device finding says why
-    else:
-        progress("probing attention implementations, compile modes and precision")
-        with workload_server(subject, prepared, cache_dir, progress) as server:
-            preflight = run_preflight(
-                subject, prepared, cache_dir, note=progress, server=server, collect=True,
-                probe_cache=ProbeCache(cache_dir),
-            )  # fmt: skip
-    phases["preflight"] = time.perf_counter() - started
+        started = time.perf_counter()
+        if subject.hardware.device == "cuda" and not facts["cuda_available"]:
+            # every probe would fail alike; the device finding says why
+            preflight = PreflightReport()
+        else:
+            progress("probing attention implementations, compile modes and precision")
+            with workload_server(subject, prepared, cache_dir, progress, server):
+                preflight = run_preflight(
+                    subject, prepared, cache_dir, note=progress, server=server, collect=True,
+                    probe_cache=ProbeCache(cache_dir),
+                )  # fmt: skip
+        phases["preflight"] = time.perf_counter() - started
 
     started = time.perf_counter()
     progress("timing a write where checkpoints go")
@@ -227,9 +231,13 @@ def _duration_finding(
     return Finding(level="ok", topic="duration", text=duration.describe(space, e))
 
 
-def _facts(space: Space, prepared: PreparedData, cache_dir: Path) -> dict[str, Any]:
+def _facts(
+    space: Space, prepared: PreparedData, cache_dir: Path, server: ForkServer | None = None
+) -> dict[str, Any]:
     run = run_child(
-        ChildRequest.for_space("facts", space, cache_dir, prepared=prepared), timeout_s=300
+        ChildRequest.for_space("facts", space, cache_dir, prepared=prepared),
+        timeout_s=300,
+        server=server,
     )
     if run.result.status != "ok" or run.result.payload is None:
         raise DoctorError(

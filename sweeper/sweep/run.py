@@ -3,6 +3,7 @@ re-measure; what it ran comes back as a ``SweepReport``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 from sweeper.errors import DatabaseLostError, DiskFullError, StudyNotFoundError
 from sweeper.joining import process_alive
+from sweeper.launcher import ForkServer
 from sweeper.preflight import PreflightReport
 from sweeper.search import worker_seed
 from sweeper.settings import Settings
@@ -198,117 +200,126 @@ def run_sweep(
     store = Store(storage_url, retry_s=min(STARTUP_RETRY_S, database_retry_s))
     store.migrate()
     store.retry_s = database_retry_s
-    # the data first: bad data leaves no study behind, and max_seq_length: auto is read off it
-    prepared = prepare_workload(space, cache_dir, observer)
-    space = resolve_lengths(space, prepared.stats, observer)
-    storage = optuna_storage(storage_url, retry_s=database_retry_s)
-    study = create_or_load_study(space.study, storage, space.budget.seed)
-    # a resumed study plans what it has and what this launch adds (16 after two launches of 8);
-    # a worker of a fleet, what the whole fleet adds (``fleet_trials``), not its own share; a
-    # worker joining a live run without a count of its own, the run's plan (shared, not added)
-    joined = None
-    if asked is None and fleet_trials is None:
-        joined = live_plan(store, space.study, worker_grace_s)
-    if joined is not None:
-        planned = n_trials = joined
-    else:
-        planned = trials_done(store, space.study) + (fleet_trials or n_trials)
-    store.upsert_study(
-        space.study,
-        state="running",
-        **study_fields(space, n_trials=planned, space_text=space_text, space_path=space_path),
-    )
-    for number, what in spool.replay(store, storage, space.study, cache_dir):  # before reaping
-        observer.note(f"#{number}: wrote the {what} kept while the database was away")
-    enqueue_known(study, space)
-    enqueue_interrupted(store, study, space)
-    member = Worker(store, storage, study, space, heartbeat_s, worker_grace_s)
-    member.start()
-    clock = SweepClock(store, space.study, member.id, since=started)  # preparation counts
-    member.clock = clock
-    shared = None
-    if device_limit_s is not None:
-        shared = StudyShare(store, space.study, clock, device_limit_s)
-    worker = worker or member.seed_name()
-    executor: ChildExecutor | None = None
+    # the fork server first (its imports are done once: the preparation, the probes and the
+    # trials are forked from it), stopped whatever ends the sweep
+    servers = contextlib.ExitStack()
     try:
-        store.upsert_study(space.study, dataset_stats=prepared.stats)
-        with workload_server(space, prepared, cache_dir, observer.note) as server:
-            report = PreflightReport()
-            if space.trial.preflight:
-                report = preflight(space, prepared, cache_dir, observer, server)
-                fields: dict[str, Any] = {"preflight": report.to_json()}
-                if space.baseline is not None:  # what the baseline runs here (tf32 on a CPU)
-                    fields["baseline"] = report.nearest(space.baseline.as_config(space.search))[
-                        0
-                    ].model_dump()
-                store.upsert_study(space.study, **fields)
-            executor = ChildExecutor(
-                space, store, prepared, cache_dir, observer, server, worker_id=member.id
-            )
-            eligible = None if eligible_for is None else eligible_for(store.get_study(space.study))
-            loop = SearchLoop(
-                space, study, executor, report, observer,
-                earlier=executor.earlier(), earlier_samples=executor.earlier_samples(),
-                seed=worker_seed(space.budget.seed, worker), eligible=eligible,
-                worker_id=member.id,
-            )  # fmt: skip
-            plan = None
-            if joined is not None:
-                from optuna.trial import TrialState
-
-                waiting = (TrialState.WAITING,)
-                plan = functools.partial(
-                    plan_reached, store, space.study, joined, member.id,
-                    retry_waiting=lambda: bool(study.get_trials(deepcopy=False, states=waiting)),
+        zygote = servers.enter_context(ForkServer(str(cache_dir)))
+        # the data first: bad data leaves no study behind, and max_seq_length: auto is read off it
+        prepared = prepare_workload(space, cache_dir, observer, server=zygote)
+        space = resolve_lengths(space, prepared.stats, observer)
+        storage = optuna_storage(storage_url, retry_s=database_retry_s)
+        study = create_or_load_study(space.study, storage, space.budget.seed)
+        # a resumed study plans what it has and what this launch adds (16 after two launches of 8);
+        # a worker of a fleet, what the whole fleet adds (``fleet_trials``), not its own share; a
+        # worker joining a live run without a count of its own, the run's plan (shared, not added)
+        joined = None
+        if asked is None and fleet_trials is None:
+            joined = live_plan(store, space.study, worker_grace_s)
+        if joined is not None:
+            planned = n_trials = joined
+        else:
+            planned = trials_done(store, space.study) + (fleet_trials or n_trials)
+        store.upsert_study(
+            space.study,
+            state="running",
+            **study_fields(space, n_trials=planned, space_text=space_text, space_path=space_path),
+        )
+        for number, what in spool.replay(store, storage, space.study, cache_dir):  # before reaping
+            observer.note(f"#{number}: wrote the {what} kept while the database was away")
+        enqueue_known(study, space)
+        enqueue_interrupted(store, study, space)
+        member = Worker(store, storage, study, space, heartbeat_s, worker_grace_s)
+        member.start()
+        clock = SweepClock(store, space.study, member.id, since=started)  # preparation counts
+        member.clock = clock
+        shared = None
+        if device_limit_s is not None:
+            shared = StudyShare(store, space.study, clock, device_limit_s)
+        worker = worker or member.seed_name()
+        executor: ChildExecutor | None = None
+        try:
+            store.upsert_study(space.study, dataset_stats=prepared.stats)
+            with workload_server(space, prepared, cache_dir, observer.note, zygote) as server:
+                report = PreflightReport()
+                if space.trial.preflight:
+                    report = preflight(space, prepared, cache_dir, observer, server)
+                    fields: dict[str, Any] = {"preflight": report.to_json()}
+                    if space.baseline is not None:  # what the baseline runs here (tf32 on a CPU)
+                        fields["baseline"] = report.nearest(space.baseline.as_config(space.search))[
+                            0
+                        ].model_dump()
+                    store.upsert_study(space.study, **fields)
+                executor = ChildExecutor(
+                    space, store, prepared, cache_dir, observer, server, worker_id=member.id
+                )
+                eligible = (
+                    None if eligible_for is None else eligible_for(store.get_study(space.study))
+                )
+                loop = SearchLoop(
+                    space, study, executor, report, observer,
+                    earlier=executor.earlier(), earlier_samples=executor.earlier_samples(),
+                    seed=worker_seed(space.budget.seed, worker), eligible=eligible,
+                    worker_id=member.id,
                 )  # fmt: skip
-            counts = loop.run(n_trials, clock, deadline, shared=shared, plan=plan)
-            if not loop.stopped:
-                loop.settle(clock)
-    except KeyboardInterrupt:
-        member.stop("interrupted")
-        raise
-    except Exception as e:
-        full = disk_full(e)
-        if not (full or connection_lost(e)):
+                plan = None
+                if joined is not None:
+                    from optuna.trial import TrialState
+
+                    waiting = (TrialState.WAITING,)
+                    retry = lambda: bool(study.get_trials(deepcopy=False, states=waiting))  # noqa: E731
+                    plan = functools.partial(
+                        plan_reached, store, space.study, joined, member.id, retry_waiting=retry
+                    )
+                counts = loop.run(n_trials, clock, deadline, shared=shared, plan=plan)
+                if not loop.stopped:
+                    loop.settle(clock)
+        except KeyboardInterrupt:
+            member.stop("interrupted")
+            raise
+        except Exception as e:
+            full = disk_full(e)
+            if not (full or connection_lost(e)):
+                member.stop("failed")
+                raise
+            member.abandon()  # no word to a database that cannot take it: the reaper ends us
+            in_flight = None if executor is None else executor.in_flight
+            kept = None if executor is None else executor.kept
+            failure = None if executor is None else executor.kept_failure
+            if full:
+                said = disk_full_message(storage_url, e)
+                kept_words = _kept_words(space.study, in_flight, kept, failure=failure)
+                raise DiskFullError(f"{said}; {kept_words}") from e
+            raise DatabaseLostError(
+                database_lost_message(
+                    space.study, storage_url, database_retry_s, in_flight, kept, failure
+                )
+            ) from e
+        except BaseException:
             member.stop("failed")
             raise
-        member.abandon()  # no word to a database that cannot take it: the reaper ends us
-        in_flight = None if executor is None else executor.in_flight
-        kept = None if executor is None else executor.kept
-        failure = None if executor is None else executor.kept_failure
-        if full:
-            said = disk_full_message(storage_url, e)
-            kept_words = _kept_words(space.study, in_flight, kept, failure=failure)
-            raise DiskFullError(f"{said}; {kept_words}") from e
-        raise DatabaseLostError(
-            database_lost_message(
-                space.study, storage_url, database_retry_s, in_flight, kept, failure
-            )
-        ) from e
-    except BaseException:
-        member.stop("failed")
-        raise
+        finally:
+            clock.charge()
+            storage.engine.dispose()
+        member.stop("stopped" if loop.stopped else "finished")
+        use = None if shared is None else shared.use()
+        store.dispose()
+        return SweepReport(
+            study=space.study,
+            storage_url=storage_url,
+            trials_run=counts["run"],
+            completed=counts["complete"],
+            failed=counts["failed"],
+            wall_s=time.perf_counter() - started,
+            predicted_oom=counts["predicted"],
+            stop_reason=loop.stop_reason,
+            remeasured=loop.remeasure.remeasured,
+            device_s=clock.charged_device_s,
+            device_limit_s=device_limit_s,
+            study_device_s=None if use is None else use.used_s,
+            workers=1 if use is None else len(use.workers),
+            worker_id=member.id,
+            stopped=loop.stopped,
+        )
     finally:
-        clock.charge()
-        storage.engine.dispose()
-    member.stop("stopped" if loop.stopped else "finished")
-    use = None if shared is None else shared.use()
-    store.dispose()
-    return SweepReport(
-        study=space.study,
-        storage_url=storage_url,
-        trials_run=counts["run"],
-        completed=counts["complete"],
-        failed=counts["failed"],
-        wall_s=time.perf_counter() - started,
-        predicted_oom=counts["predicted"],
-        stop_reason=loop.stop_reason,
-        remeasured=loop.remeasure.remeasured,
-        device_s=clock.charged_device_s,
-        device_limit_s=device_limit_s,
-        study_device_s=None if use is None else use.used_s,
-        workers=1 if use is None else len(use.workers),
-        worker_id=member.id,
-        stopped=loop.stopped,
-    )
+        servers.close()
