@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,19 +130,30 @@ raise RuntimeError("CUDA error: no kernel image is available for execution on th
 """
 
 
-@pytest.mark.torch  # its trials run (the script's child side)
-def test_a_launch_whose_trials_all_fail_exits_3_with_what_to_do(tmp_path: Path) -> None:
-    """`sweeper launch && sweeper best` stops at the launch when no trial completed; its last
-    line says how many ran, failed by kind, and what to do."""
+def _launch_failing(
+    tmp_path: Path, n_trials: int, batch_sizes: list[int] | None = None
+) -> tuple[Path, str, subprocess.CompletedProcess[str]]:
+    """`sweeper launch` of the tiny space as a script that fails at import (``_FAILS``), no
+    baseline: the space, the study's URL and the launch."""
     (tmp_path / "train.py").write_text(_FAILS)
     path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
     space = yaml.safe_load(path.read_text())
-    space["budget"]["n_trials"] = 2
+    space["budget"]["n_trials"] = n_trials
+    if batch_sizes is not None:
+        space["search"]["per_device_batch_size"] = batch_sizes
     del space["baseline"]
     path.write_text(yaml.safe_dump(space))
     url = f"sqlite:///{tmp_path / 's.db'}"
     launch = run_sweeper("launch", "--space", str(path), "--storage", url,
                          cache_dir=tmp_path / "cache")  # fmt: skip
+    return path, url, launch
+
+
+@pytest.mark.torch  # its trials run (the script's child side)
+def test_a_launch_whose_trials_all_fail_exits_3_with_what_to_do(tmp_path: Path) -> None:
+    """`sweeper launch && sweeper best` stops at the launch when no trial completed; its last
+    line says how many ran, failed by kind, and what to do."""
+    path, url, launch = _launch_failing(tmp_path, n_trials=2)
     assert launch.returncode == NO_TRIAL_COMPLETED == 3, launch.stdout + launch.stderr
     last = " ".join(launch.stderr.split())  # one message, wrapped to the terminal
     assert last.startswith("error: no trial completed, so there is nothing to recommend: "), last
@@ -163,16 +175,7 @@ def test_trials_that_all_fail_alike_stop_the_sweep_after_three(tmp_path: Path) -
     trial of the plan, each paying its start-up: after 3 alike, with nothing measured, the
     sweep stops, says why with the failure, and the launch exits 3 as for any sweep with no
     completed trial. A plan of 8 runs 3."""
-    (tmp_path / "train.py").write_text(_FAILS)
-    path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
-    space = yaml.safe_load(path.read_text())
-    space["budget"]["n_trials"] = 8
-    space["search"]["per_device_batch_size"] = [1, 2, 3, 4]
-    del space["baseline"]
-    path.write_text(yaml.safe_dump(space))
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    launch = run_sweeper("launch", "--space", str(path), "--storage", url,
-                         cache_dir=tmp_path / "cache")  # fmt: skip
+    _, url, launch = _launch_failing(tmp_path, n_trials=8, batch_sizes=[1, 2, 3, 4])
     assert launch.returncode == NO_TRIAL_COMPLETED == 3, launch.stdout + launch.stderr
     said = " ".join((launch.stdout + launch.stderr).split())
     assert "the last 3 trials failed the same way whatever their config" in said, said
