@@ -296,3 +296,50 @@ def describe(command: Sequence[str], form: str, search: Any) -> str | None:
             "there to search it)",
         )
     return "\n".join(notes) or None
+
+
+def epochs_note(command: Sequence[str], form: str, epochs: float) -> str | None:
+    """What to say when the command says it trains another run than the one the space prices:
+    ``--num_train_epochs`` other than ``workload.epochs``, or ``--max_steps`` (that many
+    steps whatever the epochs), while hours and $/run are for ``workload.epochs`` of
+    ``workload.samples``. From the words only, under ``knobs: flags``/``sft_flags``: a command
+    silent on both trains its program's own default (TrainingArguments' 3 epochs, a loop's
+    own), which the words cannot tell (None then, and when they agree).
+
+    >>> epochs_note(["python", "train.py", "--num_train_epochs", "2"], "flags", 2.0) is None
+    True
+    >>> epochs_note(["python", "train.py"], "flags", 1.0) is None
+    True
+    >>> epochs_note(["python", "t.py", "--num_train_epochs=3"], "flags", 1.0)[:63]
+    'your command trains 3 epochs (--num_train_epochs=3), and the sp'
+    >>> "set workload.epochs: 3 if" in epochs_note(["--num_train_epochs", "3"], "flags", 1.0)
+    True
+    >>> epochs_note(["python", "t.py", "--max_steps", "500"], "sft_flags", 1.0)[:54]
+    'your command trains --max_steps 500 optimizer steps, w'
+    """
+    if form not in ("flags", "sft_flags"):
+        return None
+    flags = flags_of(command)
+    try:
+        max_steps = int(flags.get("max_steps", "-1"))
+    except ValueError:
+        max_steps = -1
+    if max_steps > 0:
+        return (
+            f"your command trains --max_steps {max_steps} optimizer steps, whatever its epochs, "
+            f"and the space prices workload.epochs {epochs:g} of workload.samples: the hours "
+            f"and $/run are for that, not for {max_steps} steps"
+        )
+    given = flags.get("num_train_epochs")
+    try:
+        trained = float(given) if given is not None else epochs
+    except ValueError:
+        return None
+    if abs(trained - epochs) < 1e-9:
+        return None
+    return (
+        f"your command trains {trained:g} epochs (--num_train_epochs={given}), and the space "
+        f"prices workload.epochs {epochs:g}: each hour and $/run figure is for {epochs:g} "
+        f"epoch{'' if epochs == 1 else 's'}; set workload.epochs: {trained:g} if your run "
+        f"trains {trained:g}"
+    )

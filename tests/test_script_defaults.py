@@ -123,6 +123,30 @@ def test_the_sweep_says_which_knobs_run_at_the_commands_values() -> None:
     assert "per_device_batch_size 8 (--per_device_train_batch_size 8)" in said[0]
 
 
+def test_the_sweep_says_when_the_command_trains_another_run_than_the_space_prices() -> None:
+    """The space prices workload.epochs (1 here) of workload.samples; a command that says
+    --num_train_epochs 3 or --max_steps trains another run, and the sweep says so with the
+    fix. A command silent on both, or agreeing, is not told anything (its program's own
+    default is not in the words)."""
+    notes: list[str] = []
+
+    class Notes(SweepObserver):
+        def note(self, message: str) -> None:
+            notes.append(message)
+
+    for words in (
+        ["--num_train_epochs", "3"],
+        ["--max_steps=200"],
+        [],
+        ["--num_train_epochs", "1"],
+    ):
+        resolve_lengths(_space(["python", "train.py", *words]), None, Notes())
+    said = [n for n in notes if n.startswith("your command trains")]
+    assert len(said) == 2, notes
+    assert "3 epochs" in said[0] and "set workload.epochs: 3 if your run trains 3" in said[0]
+    assert "--max_steps 200 optimizer steps" in said[1], said
+
+
 def test_an_accelerate_line_without_a_config_file_reads_accelerates_default_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -59,6 +59,9 @@ def resolve_lengths(
         from_command = script_defaults.describe(script.command, script.knobs, resolved.search)
         if from_command is not None:
             observer.note(from_command)
+        epochs = script_defaults.epochs_note(script.command, script.knobs, resolved.workload.epochs)
+        if epochs is not None:
+            observer.note(epochs)
     return resolved
 
 
