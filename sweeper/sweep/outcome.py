@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 
@@ -22,7 +22,8 @@ class Outcome:
     predicted: bool = False  # not run: known to fail from another trial (out of memory)
     spread: float = 0.0  # half-width of the $/run's 95% interval, relative (0: unknown)
     sample: Sample | None = None  # the measurement (``sweeper.noise``), when it was measured
-    message: str | None = None  # what the failure said (``TrialRow.failure_message``)
+    # what the failure said (``TrialRow.failure_message``): said, not part of what it gave
+    message: str | None = field(default=None, compare=False)
 
     @classmethod
     def of_row(cls, row: TrialRow) -> Outcome:

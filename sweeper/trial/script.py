@@ -496,8 +496,8 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
             f"reached sweeper's recorder. {THE_LINE}",
         )
     kind, message = classify_output(said)
-    where = raised_at(said, str(cwd.resolve()) if cwd else os.getcwd())
-    at = f" (raised at {where})" if where else ""
+    raised = raised_at(said, str(cwd.resolve()) if cwd else os.getcwd())
+    at = f" (raised at {raised})" if raised else ""
     raise TrialError(
         kind,
         f"{' '.join(script.command)} exited {returncode}: {message}{at}"
