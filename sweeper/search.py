@@ -464,7 +464,7 @@ class ImprovementGridSampler(_CandidateSampler):
                 log_p = self._log_spread(np.array(rows), np.array(values), free)
         log_p += self.feasibility_weight * log_runs[free]  # P(it runs and improves)
         # (or with "ei": its expected improvement, weighed by P(it runs) the same way)
-        mode = lambda i: self.candidates[i].get("compile_mode", "none")  # noqa: E731
+        mode = self._mode
         took = [(mode(i), s) for i, s in seen.took]
         log_seconds = search_cost.counted_log_seconds(
             [mode(i) for i in free] + [mode(rows[int(np.argmin(values))])],
@@ -581,12 +581,15 @@ class ImprovementGridSampler(_CandidateSampler):
             spread[start : start + self.chunk] = posterior.variance(features)
         return 0.5 * np.log(np.maximum(spread, 1e-12))
 
+    def _mode(self, index: int) -> Any:
+        """The compile mode of candidate ``index`` (a space listing one has no parameter)."""
+        return self.candidates[index].get("compile_mode", "none")
+
     def _cheapest(self, free: list[int], took: list[tuple[int, float]]) -> list[int]:
         """The free configs whose trial is expected to take the fewest seconds (by compile
         mode, ``search_cost.expected_seconds``; within 1%)."""
-        mode = lambda i: self.candidates[i].get("compile_mode", "none")  # noqa: E731
         seconds = search_cost.expected_seconds(
-            [mode(i) for i in free], [(mode(i), s) for i, s in took]
+            [self._mode(i) for i in free], [(self._mode(i), s) for i, s in took]
         )
         return [i for i, s in zip(free, seconds, strict=True) if s <= 1.01 * seconds.min()]
 
