@@ -68,6 +68,82 @@ def ran_warnings(measured: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def program_run_warnings(
+    measured: Mapping[str, Any],
+    *,
+    epochs: float | None,
+    samples: int | None,
+    projection: Mapping[str, Any] | None,
+    usd_per_hour: float,
+    devices: int = 1,
+) -> list[str]:
+    """What to say when the user's program (``engine: script``) trains another run than the
+    one hours and $/run price (``workload.samples`` × ``workload.epochs``), read from its
+    running Trainer (``Measurement.program_run``): other epochs (TrainingArguments' default 3
+    where the command is silent), or ``max_steps`` (a fixed count of optimizer steps, whose
+    samples then follow the config's effective batch). The figure for the program's own
+    length is an estimate: training time scales with the samples, start-up and compile not.
+
+    >>> measured = {"program_run": {"num_train_epochs": 3.0, "max_steps": -1},
+    ...             "effective_batch": 8}
+    >>> part = {"train_hours": 2.0, "startup_s": 360.0, "compile_s": 0.0, "checkpoint_s": 0.0}
+    >>> program_run_warnings(measured, epochs=1, samples=1000, projection=part,
+    ...                      usd_per_hour=2.5)[0][:60]
+    'your program trains 3 epochs (num_train_epochs read from its'
+    >>> "about 6.10 h and $15.25" in program_run_warnings(
+    ...     measured, epochs=1, samples=1000, projection=part, usd_per_hour=2.5)[0]
+    True
+    >>> program_run_warnings(measured, epochs=3, samples=1000, projection=part, usd_per_hour=2.5)
+    []
+    """
+    run = measured.get("program_run")
+    if not isinstance(run, Mapping) or not epochs or epochs <= 0:
+        return []
+    max_steps, trained = run.get("max_steps"), run.get("num_train_epochs")
+    batch = measured.get("effective_batch")
+    if isinstance(max_steps, int) and max_steps > 0:
+        if not samples or not isinstance(batch, int) or batch <= 0:
+            return []
+        ratio = max_steps * batch / (samples * epochs)
+        what = (
+            f"your program trains max_steps {max_steps} optimizer steps (read from its running "
+            f"Trainer): at this config's effective batch of {batch}, {max_steps * batch:,} "
+            f"samples, {ratio:.2f}x the {samples:,} × {epochs:g} epoch"
+            f"{'' if epochs == 1 else 's'} that hours and $/run price, and a config with another "
+            "effective batch trains another amount"
+        )
+        fix = (
+            "drop --max_steps from the command to train the space's epochs, or set "
+            "workload.samples and workload.epochs to what the run trains"
+        )
+    elif isinstance(trained, int | float) and abs(trained - epochs) > 1e-9:
+        ratio = trained / epochs
+        what = (
+            f"your program trains {trained:g} epochs (num_train_epochs read from its running "
+            "Trainer; TrainingArguments' default is 3 where the command does not set it), "
+            f"and hours and $/run price workload.epochs {epochs:g}"
+        )
+        fix = (
+            f"set workload.epochs: {trained:g} if the run trains {trained:g}, or pass "
+            f"--num_train_epochs {epochs:g} in the command"
+        )
+    else:
+        return []
+    estimate = ""
+    if projection and math.isfinite(float(projection.get("train_hours") or math.inf)):
+        once = sum(float(projection.get(key) or 0.0) for key in ("startup_s", "compile_s"))
+        scaled = (
+            float(projection["train_hours"]) * ratio
+            + (once + float(projection.get("checkpoint_s") or 0.0) * ratio) / 3600
+        )
+        cost = scaled * usd_per_hour * device_count(devices)
+        estimate = (
+            f"; the program's own run would take about {scaled:.2f} h and ${cost:.2f} "
+            "(an estimate: the training hours scaled by the samples, start-up and compile once)"
+        )
+    return [f"{what}{estimate}; {fix}"]
+
+
 def effective_batch(config: dict[str, Any]) -> int | None:
     """Samples per optimizer step over every device: batch × accumulation × devices."""
     batch, accumulation = (

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sweeper.cost import hours_figure, money, one_off_text
-from sweeper.knob_values import OWN_LABEL, as_ran
+from sweeper.knob_values import OWN_LABEL, UNREACHED_LABEL, UNREACHED_WHY, as_ran
 
 if TYPE_CHECKING:
     from sweeper.compare import Comparison
@@ -271,8 +271,16 @@ def print_recommendation(rec: Recommendation) -> None:
         shown = (
             "null" if value is None else str(value).lower() if isinstance(value, bool) else value
         )
-        own = f"  # {OWN_LABEL}" if key in rec.own_values else ""
+        own = (
+            f"  # {OWN_LABEL}"
+            if key in rec.own_values
+            else f"  # {UNREACHED_LABEL}"
+            if key in rec.unreached
+            else ""
+        )
         console.print(f"  {key}: {escape(str(shown))}{own}", highlight=False)
+    if rec.unreached:
+        console.print(f"  ({', '.join(rec.unreached)}: {UNREACHED_WHY})", highlight=False)
     console.print(
         f"  → {rec.throughput_text()}, "
         f"{num(rec.it_per_s, '.2f')} it/s; {hours_cell(rec.hours_per_run)} h/run, "

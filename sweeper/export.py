@@ -528,6 +528,7 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         if (value := config.get(knob.name)) is not None
         and knob.name not in given
         and knob.name not in own
+        and knob.name not in rec.unreached
         and (value != knob.default or knob.name in space.search.model_fields_set)
     }
     lines = [
@@ -543,10 +544,15 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
     if rest:
         lines.append(
             "# not flags: in the trials these reached your script only through "
-            "sweeper.trial_config() (a script that never called it ran its own values, recorded "
-            "as such); set them the way it does outside one:"
+            "sweeper.trial_config(); set them the way it does outside one:"
         )
         lines += [f"#   {name}: {value}" for name, value in rest.items()]
+    if rec.unreached:
+        lines.append(
+            "# never given to your script (not flags, and it never called "
+            "sweeper.trial_config()): the trials ran its own "
+            f"{', '.join(rec.unreached)}, unseen, so nothing here changes them"
+        )
     if own:
         lines.append(
             "# your script's own values (no flag and no sweeper.trial_config() set them; the "

@@ -37,6 +37,12 @@ WorkerStart = Literal["fork", "spawn", "forkserver"]
 
 # what the dashboard and the printed recommendation add to a knob a script ran at its own value
 OWN_LABEL = "your script's own"
+# a knob that never reached the script: the value shown is the config's, not what ran
+UNREACHED_LABEL = "not what ran: never reached your script"
+UNREACHED_WHY = (
+    "not a flag or variable of your script's, and it never called sweeper.trial_config(): "
+    "the trials ran its own value, unseen"
+)
 
 
 def as_ran(config: Mapping[str, Any], own_values: Mapping[str, Any] | None) -> dict[str, Any]:

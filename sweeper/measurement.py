@@ -189,6 +189,26 @@ class RankFigures(_Strict):
     )
 
 
+class ProgramRun(_Strict):
+    """How long the user's own program would train, read from its running Trainer at
+    ``on_train_begin`` (``engine: script``): TrainingArguments after their defaults and the
+    Trainer's own plan. The trial ends the program after its window; the real run trains this.
+    A loop under ``sweeper.step`` shows no such object (None then)."""
+
+    num_train_epochs: float = Field(description="TrainingArguments.num_train_epochs as it ran")
+    max_steps: int = Field(
+        description="TrainingArguments.max_steps as it ran (-1: the epochs decide the length)"
+    )
+    planned_steps: int | None = Field(
+        default=None,
+        description="optimizer steps the Trainer planned for the whole run "
+        "(TrainerState.max_steps)",
+    )
+    train_rows: int | None = Field(
+        default=None, description="rows of the program's training set (None: no len, streamed)"
+    )
+
+
 class Measurement(_Strict):
     """One trial's measurement: burn-in until steady, then a timed window (``sweeper/trial``).
 
@@ -431,6 +451,20 @@ class Measurement(_Strict):
         "study's key of the config): e.g. a TRL script's SFTConfig running precision bf16 "
         "while the config says fp32. The config as it ran is the config overlaid with these "
         "(sweeper.knob_values.as_ran); None: none differ, or not recorded",
+    )
+    unreached: list[str] | None = Field(
+        default=None,
+        description="engine: script: the knobs that never reached the program (not among its "
+        "flags or environment, and it never called sweeper.trial_config()): the config's "
+        "values for them did not run, the program's own did, unseen; None: every knob "
+        "reached it, or not recorded",
+    )
+    program_run: ProgramRun | None = Field(
+        default=None,
+        description="engine: script with a Trainer: the run the program itself would train "
+        "(its epochs or max_steps after TrainingArguments' defaults), beside the space's "
+        "workload.epochs that hours and $/run price (sweeper.caveats.program_run_warnings); "
+        "None otherwise",
     )
     loss_labels: Literal["all", "replies"] | None = Field(
         default=None,

@@ -81,12 +81,17 @@ class StudyFacts:
     headline: Literal["samples", "tokens"] = "samples"
     # the space's max_seq_length choices (auto: what the data made of it); () if unknown
     listed_lengths: tuple[int, ...] = ()
+    # the run hours and $/run price: workload.samples × workload.epochs (None: not known)
+    samples: int | None = None
+    epochs: float | None = None
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
         coverage, learning_rate, packing_truncates = 100.0, None, False
         headline: Literal["samples", "tokens"] = "samples"
         listed_lengths: tuple[int, ...] = ()
+        samples: int | None = None
+        epochs: float | None = None
         try:
             from sweeper import seqlen
             from sweeper.space import parse_space
@@ -96,6 +101,7 @@ class StudyFacts:
             coverage, learning_rate = workload.coverage_percentile, workload.learning_rate
             packing_truncates = workload.engine == "sft"
             headline = workload.headline
+            samples, epochs = workload.samples, workload.epochs
             if row.dataset_stats:
                 lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
                 listed_lengths = tuple(lengths)
@@ -113,6 +119,8 @@ class StudyFacts:
             packing_truncates=packing_truncates,
             headline=headline,
             listed_lengths=listed_lengths,
+            samples=samples,
+            epochs=epochs,
         )
 
 
@@ -553,9 +561,21 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
     recommendation = recommendation.model_copy(
         update={
             "loss_labels": measured.get("loss_labels"),
+            "unreached": tuple(measured.get("unreached") or ()),
             "reply_markers": measured.get("reply_markers"),
             # read off the trial that ran (sweeper.measurement.Measurement)
-            "warnings": (*recommendation.warnings, *caveats.ran_warnings(measured)),
+            "warnings": (
+                *recommendation.warnings,
+                *caveats.ran_warnings(measured),
+                *caveats.program_run_warnings(
+                    measured,
+                    epochs=facts.epochs,
+                    samples=facts.samples,
+                    projection=recommendation.projection,
+                    usd_per_hour=recommendation.usd_per_hour,
+                    devices=recommendation.devices,
+                ),
+            ),
         }
     )
     if not isinstance(n_params, int):

@@ -28,6 +28,9 @@ class Recommendation(BaseModel):
     config: dict[str, Any]
     # of those, the knobs the script ran at its own values (not searched, not given to it)
     own_values: dict[str, Any] = {}
+    # the knobs that never reached the script (Measurement.unreached): their values here are
+    # the config's, which did not run; the script ran its own, unseen
+    unreached: tuple[str, ...] = ()
     it_per_s: float | None
     samples_per_s: float
     tokens_per_s: float | None

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import inspect
 
 from api.app import create_app
-from sweeper.console import console, print_leaderboard
+from sweeper.console import console, print_leaderboard, print_recommendation
 from sweeper.export import render, trainer_kwargs
 from sweeper.knob_values import as_ran
 from sweeper.recommend import best
@@ -236,3 +236,29 @@ def test_the_leaderboard_shows_a_failed_script_trials_whole_message(store: Store
         console.width = width
     shown = " ".join(captured.get().split())
     assert message in shown, shown
+
+
+def test_a_knob_that_never_reached_the_script_is_not_shown_as_what_ran(store: Store) -> None:
+    """knobs: flags, and a script that never called sweeper.trial_config(): max_seq_length
+    reached it by no flag, so the config's value is not what ran (Measurement.unreached). The
+    answer, the CLI, the page and the export say so instead of showing it as the winner's."""
+    _record(store, "cut", _space("flags"), None)
+    store.finish_trial("cut", 0, "complete", measurement={"unreached": ["max_seq_length"]})
+    answer = best(store, "cut")
+    assert answer.unreached == ("max_seq_length",)
+    with console.capture() as captured:
+        print_recommendation(answer)
+    shown = captured.get()
+    line = next(x for x in shown.splitlines() if "max_seq_length:" in x)
+    assert line.endswith("# not what ran: never reached your script"), line
+    why = " ".join(shown.split()).split("(max_seq_length: ", 1)[1]
+    assert why.startswith("not a flag or variable of your script's, and it never called"), why
+    text = render(answer, "command", store.get_study("cut").space_yaml)
+    head = text.rsplit("\n", 2)[0]
+    assert "#   max_seq_length:" not in head  # not offered as a value to set
+    assert "the trials ran its own max_seq_length, unseen" in head, text
+    with TestClient(create_app(store.url)) as client:
+        assert client.get("/api/studies/cut/best").json()["unreached"] == ["max_seq_length"]
+        page = html.unescape(client.get("/studies/cut").text)
+        assert '<span class="muted unreached" title="not a flag or variable' in page
+        assert ">(not what ran: never reached your script)</span>" in page

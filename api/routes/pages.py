@@ -23,7 +23,7 @@ from dashboards import offers as offer_view
 from sweeper import compare, importance, recommend, verdict
 from sweeper.errors import ConflictError, NoResultError, NothingMeetsError, SweeperError
 from sweeper.export import render
-from sweeper.knob_values import OWN_LABEL, as_ran
+from sweeper.knob_values import OWN_LABEL, UNREACHED_LABEL, UNREACHED_WHY, as_ran
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
 from sweeper.offers import OfferTable
@@ -172,6 +172,8 @@ def study_page(
         "knob_labels": {knob.name: knob.label for knob in KNOBS},
         "config_text": describe,
         "own_label": OWN_LABEL,
+        "unreached_label": UNREACHED_LABEL,
+        "unreached_why": UNREACHED_WHY,
         "color_by": COLOR_BY,
         "slice_points": figures.SLICE_POINTS_PER_VALUE,
         "table": {

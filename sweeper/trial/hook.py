@@ -152,6 +152,10 @@ class _Session:
         self.wrappers: list[Any] = []  # what wraps the model (DDP), found at the read-back
         self.communication: Any = None  # DDP's wait on its all-reduce (rank.ExposedCommunication)
         self.first_batch: str | None = None  # a digest of the first batch's token ids
+        # how long the program's own run is (a Trainer's epochs, max_steps, planned steps)
+        self.program_run: dict[str, Any] | None = None
+        # the knobs that never reached the program (sweeper.trial.script.unreached)
+        self.unreached: list[str] = []
         self._loss_hook: Any = None
         self._previous_hook = sys.excepthook
         sys.excepthook = self._crashed  # an exception in the program: a classified failure
@@ -219,6 +223,8 @@ class _Session:
             notes={
                 "first_batch": self.first_batch,
                 "own_values": self.own_values,
+                "program_run": self.program_run,
+                "unreached": self.unreached,
                 "communication_s": None
                 if self.communication is None
                 else self.communication.per_step_s(),
@@ -405,7 +411,7 @@ class _Session:
             if not hint:
                 raise
             raise TrialError(e.kind, f"{e.message}{hint}") from e
-        self.effective = unreached(self.request, self.effective, _config_read)
+        self.effective, self.unreached = unreached(self.request, self.effective, _config_read)
         # what the measurement derives from the config, it derives from what ran; the
         # program's own values are recorded beside the config asked (the study's key of it)
         self.ctx.request = ran_config(self.request, self.effective)
@@ -438,6 +444,7 @@ class _Session:
         class SweeperCallback(TrainerCallback):  # type: ignore[misc]
             def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 session.args = args
+                session.program_run = _program_run(args, state, kwargs.get("train_dataloader"))
                 session.optimizer = kwargs.get("optimizer")
                 session.loader = kwargs.get("train_dataloader")
                 session._start(kwargs.get("model"))
@@ -460,6 +467,28 @@ class _Step:
         session = self._session
         if not session.loss_seen and session.ctx.recorder.phase != "done":
             session.ctx.recorder.loss(value.detach().float() if hasattr(value, "detach") else value)
+
+
+def _program_run(args: Any, state: Any, loader: Any) -> dict[str, Any] | None:
+    """The run the program trains, as its Trainer planned it when training began: epochs and
+    max_steps after TrainingArguments' defaults (a command silent on them trains 3 epochs),
+    the optimizer steps of the whole run, the rows of its training set."""
+    try:
+        epochs, max_steps = float(args.num_train_epochs), int(args.max_steps)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    planned = getattr(state, "max_steps", None)
+    dataset = getattr(loader, "dataset", None)
+    try:
+        rows: int | None = len(dataset) if dataset is not None else None
+    except TypeError:  # an IterableDataset: no length
+        rows = None
+    return {
+        "num_train_epochs": epochs,
+        "max_steps": max_steps,
+        "planned_steps": int(planned) if isinstance(planned, int) and planned > 0 else None,
+        "train_rows": rows,
+    }
 
 
 def _end_children() -> None:

@@ -246,6 +246,8 @@ def finish(
             "float8_share": _float8_share(model) if config.precision == "fp8" else None,
             "effective": run.effective,
             "own_values": run.notes.get("own_values") or None,
+            "program_run": run.notes.get("program_run"),
+            "unreached": run.notes.get("unreached") or None,
             "loss_labels": ctx.loss_labels,
             "reply_markers": None
             if request.prepared.chat_template is None

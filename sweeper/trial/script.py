@@ -347,17 +347,18 @@ def own_values(request: ChildRequest, ran: ChildRequest) -> dict[str, Any]:
 
 def unreached(
     request: ChildRequest, effective: dict[str, Any], config_read: bool
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[str]]:
     """``effective`` with what a program that never called ``sweeper.trial_config()`` did
     with the knobs that reach it only there, where the objects did not show it (a script's own
-    cut of its samples, its own packing): its own values, not the config's. A knob the space
-    searches (``request.varied``) that never reached the program is a ``mismatch``: its
+    cut of its samples, its own packing): its own values, not the config's; and those knobs'
+    names (``Measurement.unreached``: the config's values for them did not run). A knob the
+    space searches (``request.varied``) that never reached the program is a ``mismatch``: its
     trials would differ in a value nothing ran."""
     from sweeper.trial.engines.readback import Unobserved
 
     script, config = request.workload.script, request.config
     if config_read or script is None or config is None:
-        return effective
+        return effective, []
     asked = config.model_dump()
     given = carried(asked, script)
     missed = [
@@ -380,7 +381,7 @@ def unreached(
             f"sweeper.trial_config() ({effective[name]})"
         )
         for name in missed
-    }
+    }, missed
 
 
 def form_hint(request: ChildRequest, args: Any) -> str:

@@ -23,7 +23,7 @@ import yaml
 
 from sweeper.job import ScriptSpec
 from sweeper.launcher import run_child
-from sweeper.measurement import parse_measurement
+from sweeper.measurement import Measurement, parse_measurement
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.trial.protocol import PreparedData
@@ -32,9 +32,11 @@ from tests.helpers import REPO, run_sweeper, tiny_config, trial_request
 pytestmark = pytest.mark.torch
 
 
-def _example_space(example: str, job: Path, tmp_path: Path, **search: list[object]) -> Path:
+def _example_space(
+    example: str, job: Path, tmp_path: Path, workload: dict | None = None, **search: list[object]
+) -> Path:
     """The example's space as a user would point it at their job: its paths made absolute,
-    its python this one, two trials."""
+    its python this one, one trial; ``workload``: fields to change."""
     text = (REPO / "examples" / example / "space.yaml").read_text()
     text = text.replace("my-job/", f"{job}/")
     text = text.replace("[python, examples/", f"[{sys.executable}, {REPO}/examples/")
@@ -42,12 +44,15 @@ def _example_space(example: str, job: Path, tmp_path: Path, **search: list[objec
     space["budget"]["n_trials"] = 1  # one trial is the whole path; the search has its own tests
     space["trial"]["preflight"] = False  # preflight's probes have tests of their own
     space["search"].update(search)
+    space["workload"].update(workload or {})
     path = tmp_path / f"{example}.yaml"
     path.write_text(yaml.safe_dump(space))
     return path
 
 
-def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path, job: Path) -> dict:
+def _sweep_and_check(
+    space: Path, url: str, study: str, cache_dir: Path, job: Path
+) -> tuple[dict, Measurement]:
     launch = run_sweeper(
         "launch", "--space", str(space), "--storage", url, cache_dir=cache_dir, timeout=900
     )
@@ -83,14 +88,32 @@ def _sweep_and_check(space: Path, url: str, study: str, cache_dir: Path, job: Pa
     assert best.returncode == 0, best.stderr
     answer = json.loads(best.stdout)
     assert answer["config"]["per_device_batch_size"] in (2, 4)
-    return dict(answer)
+    return dict(answer), measured
 
 
 def test_the_trainer_example_is_swept_end_to_end(
     job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
 ) -> None:
-    space = _example_space("trainer", job, tmp_path, attn_implementation=["sdpa"])
-    answer = _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir, job)
+    # the space prices one epoch, and the command (silent on epochs) trains TrainingArguments'
+    # default 3: read from the running Trainer, and said beside the answer with its cost
+    space = _example_space(
+        "trainer", job, tmp_path, workload={"epochs": 1}, attn_implementation=["sdpa"]
+    )
+    answer, measured = _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir, job)
+    assert measured.program_run is not None
+    assert measured.program_run.num_train_epochs == 3.0 and measured.program_run.max_steps == -1
+    rows = len((job / "chats.jsonl").read_text().splitlines())
+    assert measured.program_run.train_rows == rows
+    steps_per_epoch = math.ceil(rows / measured.effective_batch)
+    assert measured.program_run.planned_steps == 3 * steps_per_epoch
+    said = [w for w in answer["warnings"] if w.startswith("your program trains 3 epochs")]
+    assert said and "pass --num_train_epochs 1 in the command" in said[0], answer["warnings"]
+    part = answer["projection"]
+    hours = (
+        3 * part["train_hours"]
+        + (part["startup_s"] + part["compile_s"] + 3 * part["checkpoint_s"]) / 3600
+    )
+    assert f"about {hours:.2f} h and ${hours * answer['usd_per_hour']:.2f}" in said[0], said
     # the export is the user's own command with the winner's flags; run as the user runs it
     # (outside a trial the callback does nothing), two steps of it
     export = run_sweeper(
@@ -120,7 +143,8 @@ def test_the_amp_loop_example_is_swept_end_to_end_on_postgres(
     job: Path, tmp_path: Path, postgres_url: str, cache_dir: Path
 ) -> None:
     space = _example_space("amp_loop", job, tmp_path, attn_implementation=["eager"])
-    _sweep_and_check(space, postgres_url, "amp-loop", cache_dir, job)
+    _, measured = _sweep_and_check(space, postgres_url, "amp-loop", cache_dir, job)
+    assert measured.program_run is None  # a loop shows no run length
 
 
 def _run_script(
@@ -314,6 +338,9 @@ def test_a_knob_that_never_reached_the_script_is_recorded_as_its_own_or_fails_if
     assert one.result.status == "ok", (one.result.failure_message, one.log_tail[-2000:])
     cut = parse_measurement(one.result.payload).effective["max_seq_length"]
     assert cut != 512 and "the script's own" in cut and "sweeper.trial_config()" in cut, cut
+    # named as such, for best, the dashboard and the export (tests/test_store_own_values.py)
+    # (packing reaches it only there too; its rows show no packing, but that is not a reading)
+    assert parse_measurement(one.result.payload).unreached == ["max_seq_length", "packing"]
 
     searched = run_child(request.model_copy(update={"varied": ("max_seq_length",)}), timeout_s=300)
     assert searched.result.failure_kind == "mismatch", searched.result
