@@ -138,8 +138,9 @@ def program_run_warnings(
         )
         cost = scaled * usd_per_hour * device_count(devices)
         estimate = (
-            f"; the program's own run would take about {scaled:.2f} h and ${cost:.2f} "
-            "(an estimate: the training hours scaled by the samples, start-up and compile once)"
+            f"; the program's own run would take about {scaled:.2f} h and "
+            + (f"${cost:,.2f} " if cost >= 0.995 else f"${cost:.2g} ")
+            + "(an estimate: the training hours scaled by the samples, start-up and compile once)"
         )
     return [f"{what}{estimate}; {fix}"]
 

@@ -443,6 +443,12 @@ class _PreflightRun:
         if self.space.workload.script is not None:
             for problem in script_problems(self.space.workload.script):
                 self.problem(problem)
+            if not self.problems:
+                problems, notes = script_imports(self.space.workload.script)
+                for problem in problems:
+                    self.problem(problem)
+                for note in notes:
+                    self.note(note)
         adapter = self.space.workload.adapter
         missing = None if adapter is None else self.capabilities.get(f"adapter:{adapter.kind}")
         if missing is not None:
@@ -667,6 +673,131 @@ def _names_the_hook(program: Path, limit: int = 50) -> bool:
                     if found.is_file():
                         queue.append(found)
     return False
+
+
+# Run in the script's own python with the program's path: does the file parse, and is each
+# module it imports findable there (importlib.util.find_spec of its top-level package: nothing
+# is imported, no code of the user's runs)? Prints a JSON object: "syntax" [line, message,
+# text] or null; "missing" [[line, module, certain], ...], certain when the import runs
+# whenever the program starts (its module body, a class body, a with block, the body of
+# ``if __name__ == "__main__":``), not when it sits in a function, a loop or another if. An
+# import inside a try, or under ``if TYPE_CHECKING``, is the program's own guarded choice.
+_IMPORT_CHECK = r"""
+import ast, importlib.util, json, os, sys
+path = sys.argv[1]
+here = os.path.dirname(os.path.abspath(path))  # python train.py: the script's folder, not -c's ''
+if sys.path and sys.path[0] in ("", os.getcwd()):
+    sys.path[0] = here
+else:
+    sys.path.insert(0, here)
+found = {"syntax": None, "missing": []}
+try:
+    with open(path, "rb") as handle:
+        tree = ast.parse(handle.read(), path)
+except SyntaxError as e:
+    found["syntax"] = [e.lineno, e.msg, (e.text or "").strip()]
+    tree = None
+except (OSError, ValueError):
+    tree = None
+
+def main_guard(test):
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+def type_checking(test):
+    return getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING"
+
+def walk(node, certain):
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            continue
+        if isinstance(child, ast.Import):
+            names = [alias.name for alias in child.names]
+        elif isinstance(child, ast.ImportFrom):
+            names = [child.module] if child.module and not child.level else []
+        else:
+            names = None
+        if names is not None:
+            for name in names:
+                top = name.split(".")[0]
+                try:
+                    spec = importlib.util.find_spec(top)
+                except (ImportError, ValueError):
+                    spec = None
+                if spec is None:
+                    found["missing"].append([child.lineno, name, certain])
+        elif isinstance(child, ast.If):
+            if type_checking(child.test):
+                continue
+            if main_guard(child.test):
+                for part in child.body:
+                    walk(ast.Module(body=[part], type_ignores=[]), certain)
+                for part in child.orelse:
+                    walk(ast.Module(body=[part], type_ignores=[]), False)
+            else:
+                walk(child, False)
+        elif isinstance(child, (ast.ClassDef, ast.With, ast.AsyncWith)):
+            walk(child, certain)
+        elif isinstance(child, ast.stmt):
+            walk(child, False)
+
+if tree is not None:
+    walk(tree, True)
+print(json.dumps(found))
+"""
+
+
+def script_imports(script: Any) -> tuple[list[str], list[str]]:
+    """What the script's own python says of its program before any trial loads a model:
+    (problems, notes). A problem: the file does not parse, or an import it runs whenever it
+    starts names a module that python cannot find (every trial would crash at its start; the
+    1-based line named). A note: such an import inside a function or a condition, which may
+    never run. Nothing of the user's code runs; a program run as a module, or one whose
+    python is another machine's, is not read."""
+    import json
+    import subprocess
+
+    from sweeper.space_script import script_of
+
+    cwd, _ = _script_program(script)
+    python = script_python(script)
+    program = script_of(script.command)
+    if python is None or program is None or program[2] or not cwd.is_dir():
+        return [], []
+    word = program[1]
+    path = cwd / Path(word).expanduser()
+    if not path.is_file():
+        return [], []  # said by script_problems
+    try:
+        check = subprocess.run(
+            [python, "-c", _IMPORT_CHECK, str(path)],
+            cwd=cwd, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        found = json.loads(check.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return [], []  # the check could not run: the trial will say what happens
+    problems, notes = [], []
+    if found.get("syntax"):
+        line, message, text = found["syntax"]
+        problems.append(
+            f"workload.script.command: {word}:{line}: {message} ({text}): {python} cannot "
+            "start it, so every trial would fail at its first line; fix the script"
+        )
+    for line, module, certain in found.get("missing") or []:
+        top = module.split(".")[0]
+        said = f"{word}:{line}: import {module}: {python} finds no module named {top!r}"
+        if certain:
+            problems.append(
+                f"workload.script.command: {said}, and the script imports it whenever it "
+                "starts, so every trial would fail there; install it in that environment "
+                "(or fix the import)"
+            )
+        else:
+            notes.append(
+                f"workload.script.command: {said} (inside a function or a condition: a trial "
+                "that reaches it fails)"
+            )
+    return problems, notes
 
 
 def script_problems(script: Any) -> list[str]:

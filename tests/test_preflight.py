@@ -17,6 +17,7 @@ from sweeper.preflight import (
     ProbeCache,
     check_precision,
     run_preflight,
+    script_imports,
     script_problems,
 )
 from sweeper.space import Space
@@ -284,6 +285,47 @@ def test_a_script_that_cannot_start_is_said_before_any_trial(
         ScriptSpec(command=[str(bare / "bin" / "python"), "train.py"], cwd=str(tmp_path))
     )
     assert "cannot import sweeper (ModuleNotFoundError" in cannot, cannot
+
+
+def test_a_script_that_would_crash_at_its_start_is_said_with_its_line(tmp_path: Path) -> None:
+    """The script's own python reads the program before any trial loads a model: a file that
+    does not parse, or an import it runs whenever it starts of a module that python cannot
+    find, is a problem with its 1-based line (every trial would fail there: the 3 alike
+    failures a sweep stops after, each paying a start); the same import inside a function or a
+    condition is a note; a guarded one (try, TYPE_CHECKING) and a module of its own folder are
+    the script's business. Nothing of the script runs: the marker file is never written."""
+    (tmp_path / "mylocal.py").write_text("value = 1\n")
+    (tmp_path / "train.py").write_text(
+        "import os\n"
+        "import sweeper\n"
+        "import nonexistent_pkg_for_sweeper\n"
+        "from mylocal import value\n"
+        "open('ran', 'w').write('ran')\n"
+        "try:\n    import wandb_not_here\nexcept ImportError:\n    pass\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import stubs_not_here\n"
+        "\n\ndef main():\n    import optional_not_here\n    sweeper.callback()\n"
+        "\n\nif __name__ == '__main__':\n    import also_not_here.sub\n    main()\n"
+    )
+    script = ScriptSpec(command=[sys.executable, "train.py"], cwd=str(tmp_path))
+    problems, notes = script_imports(script)
+    assert [p.split(": ", 2)[1] for p in problems] == ["train.py:3", "train.py:21"], problems
+    assert "finds no module named 'nonexistent_pkg_for_sweeper'" in problems[0]
+    assert "import also_not_here.sub" in problems[1] and "'also_not_here'" in problems[1]
+    assert "install it in that environment" in problems[0]
+    assert len(notes) == 1 and "train.py:16: import optional_not_here" in notes[0], notes
+    assert not (tmp_path / "ran").exists()
+    # a file that does not parse: its line, the trials' python named
+    (tmp_path / "broken.py").write_text("import sweeper\n\ndef main(:\n    pass\n")
+    broken = ScriptSpec(command=[sys.executable, "broken.py"], cwd=str(tmp_path))
+    (syntax,) = script_imports(broken)[0]
+    assert syntax.startswith("workload.script.command: broken.py:3: ") and sys.executable in syntax
+    # a script whose imports are all there says nothing
+    (tmp_path / "fine.py").write_text(_HOOKED)
+    assert script_imports(ScriptSpec(command=[sys.executable, "fine.py"], cwd=str(tmp_path))) == (
+        [],
+        [],
+    )
 
 
 def test_a_scripts_own_python_runs_the_probes(
