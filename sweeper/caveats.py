@@ -73,6 +73,7 @@ def program_run_warnings(
     *,
     epochs: float | None,
     samples: int | None,
+    dataset_rows: int | None = None,
     projection: Mapping[str, Any] | None,
     usd_per_hour: float,
     devices: int = 1,
@@ -83,6 +84,8 @@ def program_run_warnings(
     where the command is silent), or ``max_steps`` (a fixed count of optimizer steps, whose
     samples then follow the config's effective batch). The figure for the program's own
     length is an estimate: training time scales with the samples, start-up and compile not.
+    And when its training set holds ``workload.dataset``'s ``dataset_rows`` records, a number
+    other than ``workload.samples`` (``_rows_warning``).
 
     >>> measured = {"program_run": {"num_train_epochs": 3.0, "max_steps": -1},
     ...             "effective_batch": 8}
@@ -99,6 +102,7 @@ def program_run_warnings(
     run = measured.get("program_run")
     if not isinstance(run, Mapping) or not epochs or epochs <= 0:
         return []
+    said = _rows_warning(run, samples, dataset_rows)
     max_steps, trained = run.get("max_steps"), run.get("num_train_epochs")
     batch = measured.get("effective_batch")
     if isinstance(max_steps, int) and max_steps > 0:
@@ -128,7 +132,7 @@ def program_run_warnings(
             f"--num_train_epochs {epochs:g} in the command"
         )
     else:
-        return []
+        return said
     estimate = ""
     if projection and math.isfinite(float(projection.get("train_hours") or math.inf)):
         once = sum(float(projection.get(key) or 0.0) for key in ("startup_s", "compile_s"))
@@ -142,7 +146,33 @@ def program_run_warnings(
             + (f"${cost:,.2f} " if cost >= 0.995 else f"${cost:.2g} ")
             + "(an estimate: the training hours scaled by the samples, start-up and compile once)"
         )
-    return [f"{what}{estimate}; {fix}"]
+    return [f"{what}{estimate}; {fix}", *said]
+
+
+def _rows_warning(
+    run: Mapping[str, Any], samples: int | None, dataset_rows: int | None
+) -> list[str]:
+    """The program's training set against ``workload.samples`` (one epoch of the real job):
+    a Trainer's epoch is one pass over its dataset. Said only when that dataset holds as many
+    rows as ``workload.dataset`` has records (the same data, a sample per row: a program
+    that packs or filters holds another count, and its samples per epoch are not told).
+
+    >>> _rows_warning({"train_rows": 400}, 200, 400)[0][:58]
+    "your program's training set holds 400 rows per epoch, the "
+    >>> _rows_warning({"train_rows": 400}, 396, 400), _rows_warning({"train_rows": 90}, 200, 400)
+    ([], [])
+    """
+    rows = run.get("train_rows")
+    if not isinstance(rows, int) or rows <= 0 or not samples or rows != dataset_rows:
+        return []
+    if abs(rows - samples) <= 0.02 * samples:
+        return []
+    return [
+        f"your program's training set holds {rows:,} rows per epoch, the records of "
+        f"workload.dataset, and hours and $/run price workload.samples {samples:,} "
+        f"({rows / samples:.2f}x as many samples per epoch in the run your command trains); "
+        f"set workload.samples: {rows} if the command trains the real job's data"
+    ]
 
 
 def effective_batch(config: dict[str, Any]) -> int | None:

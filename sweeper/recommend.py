@@ -571,6 +571,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
                     measured,
                     epochs=facts.epochs,
                     samples=facts.samples,
+                    dataset_rows=(facts.dataset_stats or {}).get("dataset_rows"),
                     projection=recommendation.projection,
                     usd_per_hour=recommendation.usd_per_hour,
                     devices=recommendation.devices,

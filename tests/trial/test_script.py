@@ -96,9 +96,11 @@ def test_the_trainer_example_is_swept_end_to_end(
 ) -> None:
     # the space prices one epoch, and the command (silent on epochs) trains TrainingArguments'
     # default 3: read from the running Trainer, and said beside the answer with its cost
+    # The space also says 200 samples per epoch where the command trains the file's 400 rows
     space = _example_space(
-        "trainer", job, tmp_path, workload={"epochs": 1}, attn_implementation=["sdpa"]
-    )
+        "trainer", job, tmp_path, workload={"epochs": 1, "samples": 200},
+        attn_implementation=["sdpa"],
+    )  # fmt: skip
     answer, measured = _sweep_and_check(space, sqlite_url, "trainer-script", cache_dir, job)
     assert measured.program_run is not None
     assert measured.program_run.num_train_epochs == 3.0 and measured.program_run.max_steps == -1
@@ -115,6 +117,9 @@ def test_the_trainer_example_is_swept_end_to_end(
     )
     cost = hours * answer["usd_per_hour"]  # a CPU's cents: two significant digits
     assert f"about {hours:.2f} h and ${cost:.2g} (an estimate" in said[0], said
+    assert f"your program's training set holds {rows} rows per epoch, the records" in " ".join(
+        answer["warnings"]
+    ), answer["warnings"]
     # the export is the user's own command with the winner's flags; run as the user runs it
     # (outside a trial the callback does nothing), two steps of it
     export = run_sweeper(
