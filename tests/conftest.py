@@ -21,14 +21,15 @@ import psycopg  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import settings
 
-from sweeper.launcher import run_child
 from sweeper.space import Space, load_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from tests.helpers import TINY_SPACE, FaultTally
+from tests.helpers import TINY_SPACE, FaultTally, SessionForkServer
 
 # Fixtures that run a trial child (so torch, transformers and datasets): a test using one is
 # marked ``torch``, and the controller run on Python 3.13 (scripts/test.sh) leaves it out.
-TORCH_FIXTURES = {"tiny_prepared", "recorded", "swept_url", "measured", "users_env"}
+TORCH_FIXTURES = {
+    "tiny_prepared", "recorded", "swept_url", "measured", "users_env", "run_forked",
+}  # fmt: skip
 # the trial side's own tests (and doctests) import torch themselves
 TRIAL_SIDE = (Path(__file__).parent / "trial", Path(__file__).parent.parent / "sweeper" / "trial")
 
@@ -100,9 +101,26 @@ def tiny_space() -> Space:
 
 
 @pytest.fixture(scope="session")
-def tiny_prepared(tiny_space: Space, cache_dir: Path) -> PreparedData:
-    """The tiny workload's corpus and tokenizer, made by a real prepare child once."""
-    run = run_child(
+def run_forked(
+    cache_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SessionForkServer]:
+    """``run_forked(request, timeout_s=...)``: ``run_child`` forked from this test process's
+    fork server (``SessionForkServer``), started at first use and stopped at the session's
+    end (and with this process, as any zygote dies with its sweeper)."""
+    forks = SessionForkServer(cache_dir, tmp_path_factory.mktemp("zygote"))
+    try:
+        yield forks
+    finally:
+        forks.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_prepared(
+    tiny_space: Space, cache_dir: Path, run_forked: SessionForkServer
+) -> PreparedData:
+    """The tiny workload's corpus and tokenizer, made once by a real prepare child (forked, as
+    a sweep's is)."""
+    run = run_forked(
         ChildRequest(
             kind="prepare", workload=tiny_space.workload, device="cpu", cache_dir=str(cache_dir)
         ),

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
@@ -214,3 +215,57 @@ class Notes:
 
     def __getattr__(self, name: str) -> Any:  # the rest of SweepObserver: nothing to show
         return lambda *args, **kwargs: None
+
+
+# what a test may change in os.environ without changing what a forked child sees
+_TEST_ENV = {"PYTEST_CURRENT_TEST"}
+
+
+class SessionForkServer:
+    """``run_child`` through one fork server per test process (each pytest-xdist worker has
+    its own session): the zygote imports torch, transformers and datasets once, and each child
+    is forked from it, as every sweep's prepare, probe and trial children are. A spawned child
+    paid those imports each time (2.3 CPU-s here, 4-8 on the CI machine), 50-odd times a run.
+
+    No preload (a sweep's zygote loads its one workload's data and model code; the tests'
+    children vary both): a forked child loads its tokenizer, data and model code itself, as a
+    spawned one does, in its own trial directory, TMPDIR and Inductor/Triton caches
+    (``run_child`` sets them per child). For the tests whose subject is not the spawn itself:
+    those that test spawning, ``python=``, a zygote's death or CUDA, or that find the trial's
+    processes by their command line, call ``run_child`` directly.
+
+    A forked child starts from the zygote's environment (this process's when the zygote
+    started) plus ``env``: when os.environ has changed since (a test's monkeypatch, a package
+    that sets a variable at import), a new zygote is started in the environment a spawned
+    child would have. A request for another cache directory than the session's (the zygote's
+    HF_DATASETS_CACHE is set from it) fails: such a test calls ``run_child``."""
+
+    def __init__(self, cache_dir: Path, workdir: Path) -> None:
+        self.cache_dir, self.workdir = str(cache_dir), workdir
+        self.server: ForkServer | None = None
+        self.environ: dict[str, str] = {}
+        self.started = 0  # zygotes started: one, unless the environment changed or one died
+
+    def __call__(self, request: ChildRequest, **kwargs: Any) -> ChildRun:
+        assert request.cache_dir == self.cache_dir, (
+            f"the session's fork server serves {self.cache_dir}; call run_child for "
+            f"{request.cache_dir}"
+        )
+        if self.server is None or not self.server.alive or _environ() != self.environ:
+            self.close()  # none yet, a dead one, or one started in another environment
+            self.environ = _environ()
+            self.server = ForkServer(self.cache_dir, workdir=self.workdir).__enter__()
+            self.started += 1
+            assert self.server.alive, "the session's fork server did not start"
+        run = run_child(request, server=self.server, **kwargs)
+        assert run.inherited_startup_s > 0.0, "the session's fork server did not fork it"
+        return run
+
+    def close(self) -> None:
+        if self.server is not None:
+            server, self.server = self.server, None
+            server.__exit__(None, None, None)
+
+
+def _environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _TEST_ENV}

@@ -11,11 +11,17 @@ import pytest
 from sweeper.launcher import ChildRun, run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 
-def _run(space: Space, prepared: PreparedData, cache_dir: Path, config: TrialConfig) -> ChildRun:
-    return run_child(trial_request(space, prepared, cache_dir, config), timeout_s=120)
+def _run(
+    run_forked: SessionForkServer,
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    config: TrialConfig,
+) -> ChildRun:
+    return run_forked(trial_request(space, prepared, cache_dir, config), timeout_s=120)
 
 
 def test_prepare_makes_corpus_tokenizer_and_length_stats(tiny_prepared: PreparedData) -> None:
@@ -31,10 +37,14 @@ def test_prepare_makes_corpus_tokenizer_and_length_stats(tiny_prepared: Prepared
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_child_trains_and_measures(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, workers: int
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    workers: int,
 ) -> None:
     config = tiny_config(num_workers=workers, prefetch_factor=2 if workers else None)
-    run = _run(tiny_space, tiny_prepared, cache_dir, config)
+    run = _run(run_forked, tiny_space, tiny_prepared, cache_dir, config)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     m = run.result.payload
     assert m is not None
@@ -73,10 +83,14 @@ def test_child_trains_and_measures(
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_packed_trial_has_no_padding_and_counts_samples_by_tokens(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, workers: int
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    workers: int,
 ) -> None:
     config = tiny_config(packing=True, num_workers=workers, prefetch_factor=2 if workers else None)
-    run = _run(tiny_space, tiny_prepared, cache_dir, config)
+    run = _run(run_forked, tiny_space, tiny_prepared, cache_dir, config)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     m = run.result.payload
     assert m is not None and m["packing"] is True
@@ -87,23 +101,31 @@ def test_packed_trial_has_no_padding_and_counts_samples_by_tokens(
 
 
 def test_unwritable_checkpoint_dir_is_a_clear_failure(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     checkpoint = tiny_space.workload.checkpoint.model_copy(update={"dir": str(blocker)})
     workload = tiny_space.workload.model_copy(update={"checkpoint": checkpoint})
     space = tiny_space.model_copy(update={"workload": workload})
-    run = _run(space, tiny_prepared, cache_dir, tiny_config())
+    run = _run(run_forked, space, tiny_prepared, cache_dir, tiny_config())
     assert run.result.status == "failed" and run.result.failure_kind == "error"
     assert "workload.checkpoint.dir: cannot write a checkpoint under" in run.result.failure_message
 
 
 def test_unimportable_attention_is_classified_unsupported(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     run = _run(
-        tiny_space, tiny_prepared, cache_dir, tiny_config(attn_implementation="flash_attention_2")
+        run_forked,
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        tiny_config(attn_implementation="flash_attention_2"),
     )
     assert run.result.status == "failed"
     assert run.result.failure_kind == "unsupported"
@@ -112,14 +134,14 @@ def test_unimportable_attention_is_classified_unsupported(
 
 
 def test_cuda_requested_without_gpu_is_unsupported(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     request = trial_request(tiny_space, tiny_prepared, cache_dir, tiny_config(), device="cuda")
-    run = run_child(request, timeout_s=120)
+    run = run_forked(request, timeout_s=120)
     assert (run.result.status, run.result.failure_kind) == ("failed", "unsupported")
     assert "cuda requested" in (run.result.failure_message or "")
 

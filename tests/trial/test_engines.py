@@ -8,20 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.launcher import run_child
 from sweeper.space import Space
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 pytestmark = pytest.mark.torch
 
 
-def _measure(space: Space, prepared: PreparedData, cache_dir: Path, engine: str, **knobs):  # noqa: ANN202
+def _measure(
+    run_forked: SessionForkServer,
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    engine: str,
+    **knobs,  # noqa: ANN003
+):  # noqa: ANN202
     engine_space = space.model_copy(
         update={"workload": space.workload.model_copy(update={"engine": engine})}
     )
     config = tiny_config(**knobs)
-    run = run_child(
+    run = run_forked(
         trial_request(engine_space, prepared, cache_dir, config, measure={"max_steps": 4}),
         timeout_s=300,
     )
@@ -32,9 +38,13 @@ def _measure(space: Space, prepared: PreparedData, cache_dir: Path, engine: str,
 
 @pytest.mark.parametrize("engine", ["loop", "trainer", "sft"])
 def test_every_engine_feeds_the_one_recipe(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    engine: str,
 ) -> None:
-    m, config = _measure(tiny_space, tiny_prepared, cache_dir, engine)
+    m, config = _measure(run_forked, tiny_space, tiny_prepared, cache_dir, engine)
     assert m["engine"] == engine
     assert m["measured_steps"] == 4 == len(m["step_times_s"])
     assert 1 <= m["warmup_steps"] <= tiny_space.trial.warmup.max_steps
@@ -50,9 +60,10 @@ def test_every_engine_feeds_the_one_recipe(
 
 
 def test_trainer_engine_applies_the_knobs_through_training_arguments(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     m, _ = _measure(
+        run_forked,
         tiny_space,
         tiny_prepared,
         cache_dir,
@@ -68,9 +79,9 @@ def test_trainer_engine_applies_the_knobs_through_training_arguments(
 
 
 def test_sft_engine_packs_with_trl(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    m, config = _measure(tiny_space, tiny_prepared, cache_dir, "sft", packing=True)
+    m, config = _measure(run_forked, tiny_space, tiny_prepared, cache_dir, "sft", packing=True)
     # TRL packs best-fit without padding: every token of a packed batch is real
     assert m["padding_share"] == pytest.approx(0.0)
     assert m["samples_per_s"] == pytest.approx(
@@ -80,18 +91,24 @@ def test_sft_engine_packs_with_trl(
 
 
 def test_loop_engine_applies_optimizer_and_checkpointing(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     m, _ = _measure(
-        tiny_space, tiny_prepared, cache_dir, "loop", optim="adafactor", gradient_checkpointing=True
+        run_forked,
+        tiny_space,
+        tiny_prepared,
+        cache_dir,
+        "loop",
+        optim="adafactor",
+        gradient_checkpointing=True,
     )
     assert m["optimizer"] == "Adafactor"
 
 
 def test_a_knob_the_device_lacks_fails_as_data(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     config = tiny_config(optim="adamw_torch_fused")
-    run = run_child(trial_request(tiny_space, tiny_prepared, cache_dir, config), timeout_s=120)
+    run = run_forked(trial_request(tiny_space, tiny_prepared, cache_dir, config), timeout_s=120)
     assert run.result.status == "failed" and run.result.failure_kind == "unsupported"
     assert "CUDA" in (run.result.failure_message or "")

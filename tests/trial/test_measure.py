@@ -17,7 +17,7 @@ from sweeper.trial.measure import ci95_rel
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.recipe import is_steady
 from sweeper.trial.workload import build_training_dataset, load_tokenizer
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 
 def _with_workload(space: Space, **updates: object) -> Space:
@@ -31,7 +31,7 @@ def _ok(run: ChildRun) -> dict:
 
 
 def test_window_stops_at_the_interval_target(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     loose = trial_request(
         tiny_space,
@@ -46,7 +46,7 @@ def test_window_stops_at_the_interval_target(
             "warmup_multiple": 0,
         },
     )
-    m = _ok(run_child(loose, timeout_s=120))
+    m = _ok(run_forked(loose, timeout_s=120))
     assert m["ci_met"] and m["throughput_ci95_rel"] <= 0.9
     # A ±90% target is met as soon as min_steps allow on a quiet CPU; a loaded one may need a
     # few more steps, but the window ends on the target, far from max_steps and max_seconds.
@@ -54,7 +54,7 @@ def test_window_stops_at_the_interval_target(
 
 
 def test_window_is_a_multiple_of_the_burn_in(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     request = trial_request(
         tiny_space,
@@ -69,7 +69,7 @@ def test_window_is_a_multiple_of_the_burn_in(
             "warmup_multiple": 4,
         },
     )
-    m = _ok(run_child(request, timeout_s=120))
+    m = _ok(run_forked(request, timeout_s=120))
     # burn-in is at most a fifth of the trial's steps
     multiple = 4 * m["warmup_steps"]
     assert m["measured_steps"] >= multiple
@@ -78,7 +78,7 @@ def test_window_is_a_multiple_of_the_burn_in(
 
 
 def test_window_stops_at_the_time_cap_and_says_so(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     strict = trial_request(
         tiny_space,
@@ -87,7 +87,7 @@ def test_window_stops_at_the_time_cap_and_says_so(
         tiny_config(),
         measure={"min_steps": 3, "max_steps": 10_000, "max_seconds": 3, "target_ci": 1e-6},
     )
-    m = _ok(run_child(strict, timeout_s=120))
+    m = _ok(run_forked(strict, timeout_s=120))
     assert not m["ci_met"] and m["throughput_ci95_rel"] > 1e-6
     assert 3.0 <= m["window_s"] < 3.0 + 2 * m["step_time_p90_s"] + 0.5
     assert m["measured_steps"] >= 3  # a loaded CPU may fit only min_steps into the cap
@@ -95,7 +95,7 @@ def test_window_stops_at_the_time_cap_and_says_so(
 
 
 def test_burn_in_runs_until_steady(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     request = trial_request(
         tiny_space,
@@ -104,7 +104,7 @@ def test_burn_in_runs_until_steady(
         tiny_config(),
         warmup={"min_steps": 1, "max_steps": 30, "window": 3, "tolerance": 0.25},
     )
-    m = _ok(run_child(request, timeout_s=120))
+    m = _ok(run_forked(request, timeout_s=120))
     times = m["warmup_step_times_s"]
     assert len(times) == m["warmup_steps"]
     # the burn-in steps after which the rule holds (two windows of 3 steps within 25%)
@@ -117,7 +117,7 @@ def test_burn_in_runs_until_steady(
 
 
 def test_compile_time_is_measured_apart_from_throughput(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     request = trial_request(
         tiny_space,
@@ -126,7 +126,7 @@ def test_compile_time_is_measured_apart_from_throughput(
         tiny_config(compile_mode="default"),
         warmup={"min_steps": 2, "max_steps": 12, "window": 2, "tolerance": 0.3},
     )
-    m = _ok(run_child(request, timeout_s=300))
+    m = _ok(run_forked(request, timeout_s=300))
     # Inductor compiles cold (per-trial cache dir): seconds, all of it in the first steps
     assert m["compile_s"] > 2.0
     # no compile step inside the window: every timed step is far below the compiling one
@@ -135,9 +135,11 @@ def test_compile_time_is_measured_apart_from_throughput(
 
 
 @pytest.fixture(scope="module")
-def pretokenized(tiny_space: Space, cache_dir: Path) -> tuple[Space, PreparedData]:
+def pretokenized(
+    tiny_space: Space, cache_dir: Path, run_forked: SessionForkServer
+) -> tuple[Space, PreparedData]:
     space = _with_workload(tiny_space, tokenize="pretokenized")
-    run = run_child(
+    run = run_forked(
         ChildRequest(
             kind="prepare", workload=space.workload, device="cpu", cache_dir=str(cache_dir)
         ),
@@ -147,6 +149,7 @@ def pretokenized(tiny_space: Space, cache_dir: Path) -> tuple[Space, PreparedDat
 
 
 def test_pretokenized_data_trains_and_is_read_not_tokenized(
+    run_forked: SessionForkServer,
     tiny_space: Space,
     tiny_prepared: PreparedData,
     pretokenized: tuple[Space, PreparedData],
@@ -187,13 +190,15 @@ def test_pretokenized_data_trains_and_is_read_not_tokenized(
 
     measure = {"min_steps": 8, "max_steps": 8}
     fly = _ok(
-        run_child(
+        run_forked(
             trial_request(tiny_space, tiny_prepared, cache_dir, config, measure=measure),
             timeout_s=120,
         )
     )
     pre = _ok(
-        run_child(trial_request(space, prepared, cache_dir, config, measure=measure), timeout_s=120)
+        run_forked(
+            trial_request(space, prepared, cache_dir, config, measure=measure), timeout_s=120
+        )
     )
     assert pre["measured_steps"] >= 8 and pre["samples_per_s"] > 0
     # same data, same truncation: the same real tokens per sample
@@ -203,11 +208,11 @@ def test_pretokenized_data_trains_and_is_read_not_tokenized(
 
 
 def test_non_finite_loss_is_a_classified_failure(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     # AdamW's first update moves weights by ~lr: 1e30 overflows the activations to NaN
     space = _with_workload(tiny_space, learning_rate=1e30)
-    run = run_child(trial_request(space, tiny_prepared, cache_dir, tiny_config()), timeout_s=120)
+    run = run_forked(trial_request(space, tiny_prepared, cache_dir, tiny_config()), timeout_s=120)
     assert (run.result.status, run.result.failure_kind) == ("failed", "nonfinite")
     assert "loss became nan at optimizer step" in (run.result.failure_message or "")
 
@@ -227,13 +232,15 @@ def test_dataloader_worker_crash_is_a_classified_failure(
     thread = threading.Thread(target=lambda: result.update(run=run_child(request, timeout_s=120)))
     thread.start()
     # Workers are recreated each epoch (every few seconds on this tiny corpus): kill one as
-    # soon as it is seen, and look again if it was already gone.
+    # soon as it is seen, and look again if it was already gone. The trial is spawned (found
+    # by its command line); this process's fork server (conftest's run_forked) is not it.
     deadline = time.monotonic() + 60
     killed = False
     while not killed and time.monotonic() < deadline:
         for child in psutil.Process().children(recursive=True):
             try:
-                if "sweeper.trial" in " ".join(child.cmdline()) and child.children():
+                words = " ".join(child.cmdline())
+                if "sweeper.trial" in words and "zygote" not in words and child.children():
                     child.children()[0].send_signal(signal.SIGKILL)
                     killed = True
                     break

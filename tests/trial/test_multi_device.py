@@ -23,7 +23,7 @@ import pytest
 from sweeper.launcher import ChildRun, run_child
 from sweeper.space import Space
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 pytestmark = pytest.mark.torch
 
@@ -60,9 +60,15 @@ def _request(
     )
 
 
-def _run(space: Space, prepared: PreparedData, cache_dir: Path, **knobs: Any) -> ChildRun:
+def _run(
+    run_forked: SessionForkServer,
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    **knobs: Any,
+) -> ChildRun:
     """A two-rank trial of ``_request(...)`` run to its end (5 minutes at most)."""
-    return run_child(_request(space, prepared, cache_dir, **knobs), timeout_s=300)
+    return run_forked(_request(space, prepared, cache_dir, **knobs), timeout_s=300)
 
 
 def _ok(run: ChildRun) -> dict[str, Any]:
@@ -89,9 +95,10 @@ def _group_figures(payload: dict[str, Any], batch: int, accumulation: int) -> No
 
 
 def test_two_ranks_train_with_ddp(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     run = _run(
+        run_forked,
         tiny_space,
         tiny_prepared,
         cache_dir,
@@ -114,9 +121,10 @@ def test_two_ranks_train_with_ddp(
 
 
 def test_two_ranks_shard_the_parameters_with_fsdp2(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     run = _run(
+        run_forked,
         tiny_space,
         tiny_prepared,
         cache_dir,
@@ -141,11 +149,16 @@ def test_two_ranks_shard_the_parameters_with_fsdp2(
 
 @pytest.mark.parametrize("engine", ["trainer", "sft"])
 def test_the_trainer_engines_train_two_ranks_with_ddp(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    engine: str,
 ) -> None:
     """TrainingArguments (SFTConfig) under torchrun's environment: accelerate wraps the model
     in DDP and gives each rank its share of the batches; the read-back finds the wrapper."""
     run = _run(
+        run_forked,
         tiny_space,
         tiny_prepared,
         cache_dir,
@@ -163,11 +176,13 @@ def test_the_trainer_engines_train_two_ranks_with_ddp(
 
 
 def test_the_trainer_asked_for_fsdp2_on_a_cpu_fails_as_a_mismatch(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     """TrainingArguments(fsdp=...) on a CPU: accelerate wraps the model in DDP without a word.
     The read-back finds DDP, so the trial fails rather than record FSDP2 for what ran."""
-    run = _run(tiny_space, tiny_prepared, cache_dir, engine="trainer", data_parallel="fsdp2")
+    run = _run(
+        run_forked, tiny_space, tiny_prepared, cache_dir, engine="trainer", data_parallel="fsdp2"
+    )
     assert run.result.status == "failed" and run.result.failure_kind == "mismatch"
     assert "data_parallel: asked 'fsdp2', ran 'ddp'" in (run.result.failure_message or "")
 

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import torch
 
-from sweeper.launcher import run_child
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.oneoff import (
     LOADER_ONLY_KNOBS,
@@ -22,14 +21,19 @@ from sweeper.trial.oneoff import (
 )
 from sweeper.trial.protocol import PreparedData
 from sweeper.trial.workload import build_model, load_tokenizer
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 
 def _trial(
-    space: Space, prepared: PreparedData, cache_dir: Path, config: TrialConfig, study: str
+    run_forked: SessionForkServer,
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    config: TrialConfig,
+    study: str,
 ) -> dict[str, Any]:
     request = trial_request(space, prepared, cache_dir, config).model_copy(update={"study": study})
-    run = run_child(request, timeout_s=300)
+    run = run_forked(request, timeout_s=300)
     assert run.result.status == "ok", (run.result.failure_message, run.log_tail)
     assert run.result.payload is not None
     return run.result.payload
@@ -37,13 +41,14 @@ def _trial(
 
 @pytest.mark.torch
 def test_a_checkpoint_is_saved_once_per_state_and_priced_in_every_trial(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     study = "oneoff-checkpoint"
-    first = _trial(tiny_space, tiny_prepared, cache_dir, tiny_config(), study)
+    first = _trial(run_forked, tiny_space, tiny_prepared, cache_dir, tiny_config(), study)
     assert first["checkpoint_source"] == "measured" and first["checkpoint_save_s"] > 0
     # another batch size and length: the same weights and optimizer state, the same save
     second = _trial(
+        run_forked,
         tiny_space,
         tiny_prepared,
         cache_dir,
@@ -57,25 +62,27 @@ def test_a_checkpoint_is_saved_once_per_state_and_priced_in_every_trial(
     # the lookup is what the trial spends on it now
     assert second["phases_s"]["checkpoint"] < first["phases_s"]["checkpoint"]
     # Adafactor keeps factored moments: other bytes, measured again
-    third = _trial(tiny_space, tiny_prepared, cache_dir, tiny_config(optim="adafactor"), study)
+    third = _trial(
+        run_forked, tiny_space, tiny_prepared, cache_dir, tiny_config(optim="adafactor"), study
+    )
     assert third["checkpoint_source"] == "measured"
     assert third["checkpoint_signature"] != first["checkpoint_signature"]
     assert third["checkpoint_bytes"] < first["checkpoint_bytes"]
     # another study shares nothing
-    other = _trial(tiny_space, tiny_prepared, cache_dir, tiny_config(), "oneoff-other")
+    other = _trial(run_forked, tiny_space, tiny_prepared, cache_dir, tiny_config(), "oneoff-other")
     assert other["checkpoint_source"] == "measured"
 
 
 @pytest.mark.torch
 def test_a_repeated_shape_compiles_warm_and_prices_the_cold_compile(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     study = "oneoff-compile"
     config = tiny_config(compile_mode="default")
-    cold = _trial(tiny_space, tiny_prepared, cache_dir, config, study)
+    cold = _trial(run_forked, tiny_space, tiny_prepared, cache_dir, config, study)
     assert cold["compile_cache"] == "cold"
     assert cold["compile_s"] == cold["compile_measured_s"] > 0
-    warm = _trial(tiny_space, tiny_prepared, cache_dir, config, study)
+    warm = _trial(run_forked, tiny_space, tiny_prepared, cache_dir, config, study)
     assert warm["compile_cache"] == "warm"
     assert warm["compile_signature"] == cold["compile_signature"]
     # $/run counts the compile the user's fresh run pays, not the warm one measured here

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from sweeper.errors import TrialError
-from sweeper.launcher import run_child
 from sweeper.space import Space
 from sweeper.trial.engines import count_batch, flattened
 from sweeper.trial.engines.readback import (
@@ -27,7 +26,7 @@ from sweeper.trial.engines.readback import (
 from sweeper.trial.protocol import PreparedData
 from sweeper.trial.recipe import Recording, Step
 from sweeper.trial.workload import Collator, Flattening
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 pytestmark = pytest.mark.torch
 
@@ -162,11 +161,18 @@ def test_tokens_and_samples_are_counted_without_padding() -> None:
     assert summary["mean_sample_tokens"] == 7.0 and summary["mean_row_tokens"] == 9.0
 
 
-def _trial(space: Space, prepared: PreparedData, cache_dir: Path, engine: str, **knobs: Any) -> Any:
+def _trial(
+    run_forked: SessionForkServer,
+    space: Space,
+    prepared: PreparedData,
+    cache_dir: Path,
+    engine: str,
+    **knobs: Any,
+) -> Any:
     engine_space = space.model_copy(
         update={"workload": space.workload.model_copy(update={"engine": engine})}
     )
-    run = run_child(
+    run = run_forked(
         trial_request(
             engine_space,
             prepared,
@@ -183,11 +189,15 @@ def _trial(space: Space, prepared: PreparedData, cache_dir: Path, engine: str, *
 
 @pytest.mark.parametrize("engine", ["loop", "sft"])
 def test_padding_free_trains_and_counts_only_real_tokens(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, engine: str
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    engine: str,
 ) -> None:
     # samples of 100-1,500 tokens (tiny_prepared): at 384 many are shorter, so rows pad
     knobs = {"per_device_batch_size": 4, "gradient_accumulation_steps": 1, "max_seq_length": 384}
-    m = _trial(tiny_space, tiny_prepared, cache_dir, engine, padding_free=True, **knobs)
+    m = _trial(run_forked, tiny_space, tiny_prepared, cache_dir, engine, padding_free=True, **knobs)
     assert m["effective"]["padding_free"] is True  # the collator flattened, the model separated
     assert m["cross_sample_attention"] is False
     assert m["padding_share"] == 0 and m["tokens_per_s"] == m["padded_tokens_per_s"]
@@ -196,7 +206,7 @@ def test_padding_free_trains_and_counts_only_real_tokens(
     # MFU's FLOPs are the real tokens' (on a CPU there is no peak, the FLOPs are still counted)
     assert m["achieved_tflops"] * 1e12 == pytest.approx(m["flops_per_token"] * m["tokens_per_s"])
     if engine == "loop":
-        padded = _trial(tiny_space, tiny_prepared, cache_dir, engine, **knobs)
+        padded = _trial(run_forked, tiny_space, tiny_prepared, cache_dir, engine, **knobs)
         assert padded["padding_share"] > 0 and padded["cross_sample_attention"] is None
         assert padded["achieved_tflops"] * 1e12 == pytest.approx(
             padded["flops_per_token"] * padded["tokens_per_s"]
@@ -204,7 +214,9 @@ def test_padding_free_trains_and_counts_only_real_tokens(
 
 
 def test_sweepers_packed_rows_are_flagged_as_attending_across_samples(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    m = _trial(tiny_space, tiny_prepared, cache_dir, "loop", packing=True, max_seq_length=64)
+    m = _trial(
+        run_forked, tiny_space, tiny_prepared, cache_dir, "loop", packing=True, max_seq_length=64
+    )
     assert m["cross_sample_attention"] is True and m["padding_share"] == 0

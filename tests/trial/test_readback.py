@@ -17,11 +17,10 @@ from typing import Any
 import pytest
 
 from sweeper import knobs
-from sweeper.launcher import run_child
 from sweeper.space import Space
 from sweeper.trial.engines.readback import READERS, has_generation_markers
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import tiny_config, trial_request
+from tests.helpers import SessionForkServer, tiny_config, trial_request
 
 ENGINES = ("loop", "trainer", "sft")
 
@@ -109,6 +108,7 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(
+    run_forked: SessionForkServer,
     space: Space,
     prepared: PreparedData,
     cache_dir: Path,
@@ -127,7 +127,7 @@ def _run(
                 update={"workload": space.workload.model_copy(update={"engine": engine})}
             )
             config = tiny_config(**CONFIGS[engine][index])
-            run = run_child(
+            run = run_forked(
                 trial_request(
                     engine_space,
                     prepared,
@@ -159,6 +159,7 @@ def _pairs() -> list[Any]:
 @pytest.mark.torch
 @pytest.mark.parametrize(("engine", "knob"), _pairs())
 def test_the_recorded_value_is_what_ran(
+    run_forked: SessionForkServer,
     tiny_space: Space,
     tiny_prepared: PreparedData,
     cache_dir: Path,
@@ -168,7 +169,7 @@ def test_the_recorded_value_is_what_ran(
 ) -> None:
     checked = 0
     for index in range(len(CONFIGS[engine])):
-        run = _run(tiny_space, tiny_prepared, cache_dir, shared_runs, engine, index)
+        run = _run(run_forked, tiny_space, tiny_prepared, cache_dir, shared_runs, engine, index)
         asked = run["config"][knob]
         effective = run["measurement"]["effective"]
         assert knob in effective, f"{engine} recorded no effective {knob}"

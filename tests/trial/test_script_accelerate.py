@@ -39,7 +39,7 @@ from sweeper.space import Space, load_space
 from sweeper.trial import accelerate_line
 from sweeper.trial.protocol import PreparedData
 from sweeper.trial.script import NOTE_ENV, _accelerate_program, devices_problem
-from tests.helpers import REPO
+from tests.helpers import REPO, SessionForkServer
 from tests.trial.test_multi_device import _ok
 from tests.trial.test_script_multi import _group_figures, _request
 
@@ -49,7 +49,12 @@ ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
 
 
 def test_an_accelerate_config_file_launch_trains_two_ranks_and_times_its_checkpoint(
-    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    job: Path,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """The file ``sweeper export --format accelerate`` writes says 4 processes; the trial's
     devices knob says 2, and 2 ran, each an ``Accelerator`` in the trial's group."""
@@ -64,7 +69,7 @@ def test_an_accelerate_config_file_launch_trains_two_ranks_and_times_its_checkpo
     request = _request(
         tiny_space, tiny_prepared, cache_dir, command, save_steps=500, gradient_accumulation_steps=2
     )
-    run = run_child(request, timeout_s=300)
+    run = run_forked(request, timeout_s=300)
     payload = _ok(run)
     assert payload["engine"] == "script"
     # both ranks' steps, the world size read back from the group the script's Accelerator made
@@ -91,14 +96,18 @@ for _ in range(100):
 
 
 def test_a_script_that_ignores_the_launchs_world_size_fails_as_a_mismatch(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """Two copies that never make an Accelerator (nor a process group) each train alone: not
     what devices 2 is, whichever launcher started them."""
     script = tmp_path / "alone.py"
     script.write_text(ALONE)
     command = [ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2", str(script)]
-    run = run_child(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300)
+    run = run_forked(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300)
     assert run.result.status == "failed" and run.result.failure_kind == "mismatch", run.result
     message = run.result.failure_message or ""
     assert "devices: asked 2, ran 1" in message and "without a torch.distributed process" in message

@@ -19,11 +19,10 @@ import yaml
 
 from sweeper import knobs
 from sweeper.job import ScriptSpec
-from sweeper.launcher import run_child
 from sweeper.preflight import _PreflightRun
 from sweeper.space import Space, load_space
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import REPO, tiny_config, trial_request
+from tests.helpers import REPO, SessionForkServer, tiny_config, trial_request
 
 pytestmark = [
     pytest.mark.torch,
@@ -101,7 +100,11 @@ def test_preflight_drops_padding_free_for_sft_flags_with_the_reason(tmp_path: Pa
 
 
 def test_a_trial_given_padding_free_in_sft_flags_fails_as_unsupported(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """Without preflight (trial.preflight: false) the trial says it before running anything."""
     ran = tmp_path / "ran"
@@ -115,7 +118,7 @@ def test_a_trial_given_padding_free_in_sft_flags_fails_as_unsupported(
         cache_dir,
         tiny_config(padding_free=True),
     )
-    run = run_child(request, timeout_s=120)
+    run = run_forked(request, timeout_s=120)
     assert run.result.status == "failed" and run.result.failure_kind == "unsupported"
     message = run.result.failure_message or ""
     assert "workload.script.knobs sft_flags: padding_free=True is SFTConfig(" in message

@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 
 from sweeper.job import ScriptSpec
-from sweeper.launcher import run_child
 from sweeper.space import Space
 from sweeper.trial.protocol import ChildRequest, PreparedData
-from tests.helpers import REPO, tiny_config, trial_request
+from tests.helpers import REPO, SessionForkServer, tiny_config, trial_request
 from tests.trial.test_multi_device import _group_figures as _engine_group_figures
 from tests.trial.test_multi_device import _ok
 
@@ -97,14 +96,19 @@ def _trainer_line(job: Path, out: Path) -> list[str]:
 
 
 def test_the_trainer_example_trains_two_ranks_with_ddp_from_its_torchrun_line(
-    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    job: Path,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """The line says 4 processes; the trial's devices knob says 2, and 2 ran."""
     request = _request(
         tiny_space, tiny_prepared, cache_dir, _trainer_line(job, tmp_path / "out"),
         gradient_accumulation_steps=2,
     )  # fmt: skip
-    run = run_child(request, timeout_s=300)
+    run = run_forked(request, timeout_s=300)
     payload = _ok(run)
     assert payload["engine"] == "script"
     _group_figures(payload, batch=2, accumulation=2)
@@ -112,7 +116,12 @@ def test_the_trainer_example_trains_two_ranks_with_ddp_from_its_torchrun_line(
 
 
 def test_the_amp_loop_example_shards_with_fsdp2_and_has_its_checkpoint_timed_as_sharded(
-    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    job: Path,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """A custom loop given as [python, train.py]: sweeper starts it on each device, and it
     shards with FSDP2 from the knobs' own flags (--fsdp full_shard). The run saves a
@@ -126,7 +135,7 @@ def test_the_amp_loop_example_shards_with_fsdp2_and_has_its_checkpoint_timed_as_
     request = _request(
         tiny_space, tiny_prepared, cache_dir, command, save_steps=500, data_parallel="fsdp2"
     )
-    payload = _ok(run_child(request, timeout_s=300))
+    payload = _ok(run_forked(request, timeout_s=300))
     _engine_group_figures(payload, batch=2, accumulation=1)
     assert payload["effective"]["devices"] == 2
     assert payload["effective"]["data_parallel"] == "fsdp2"
@@ -156,13 +165,18 @@ for _ in range(100):
 
 
 def test_a_script_that_joins_the_group_but_never_wraps_the_model_fails_as_a_mismatch(
-    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    job: Path,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """A process group, but each rank's model trains unwrapped: no gradient is shared."""
     script = tmp_path / "unwrapped.py"
     script.write_text(UNWRAPPED)
     command = [sys.executable, str(script), str(job / "model")]
-    run = run_child(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300)
+    run = run_forked(_request(tiny_space, tiny_prepared, cache_dir, command), timeout_s=300)
     assert run.result.status == "failed" and run.result.failure_kind == "mismatch", run.result
     assert "data_parallel: asked 'ddp', ran 'none'" in (run.result.failure_message or "")
 
