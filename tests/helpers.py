@@ -251,15 +251,20 @@ class SessionForkServer:
             f"the session's fork server serves {self.cache_dir}; call run_child for "
             f"{request.cache_dir}"
         )
+        run = run_child(request, server=self.server_now(), **kwargs)
+        assert run.inherited_startup_s > 0.0, "the session's fork server did not fork it"
+        return run
+
+    def server_now(self) -> ForkServer:
+        """The zygote, for code that takes one (``run_preflight(server=...)``, as a launch
+        passes its own): started, or started again, in this process's environment now."""
         if self.server is None or not self.server.alive or _environ() != self.environ:
             self.close()  # none yet, a dead one, or one started in another environment
             self.environ = _environ()
             self.server = ForkServer(self.cache_dir, workdir=self.workdir).__enter__()
             self.started += 1
             assert self.server.alive, "the session's fork server did not start"
-        run = run_child(request, server=self.server, **kwargs)
-        assert run.inherited_startup_s > 0.0, "the session's fork server did not fork it"
-        return run
+        return self.server
 
     def close(self) -> None:
         if self.server is not None:

@@ -23,7 +23,7 @@ from sweeper.preflight import (
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData
-from tests.helpers import REPO, tiny_config, tiny_space_without_baseline
+from tests.helpers import REPO, SessionForkServer, tiny_config, tiny_space_without_baseline
 
 
 def _space(space: Space, *, attn: list[str] | None = None, precision: str | None = None) -> Space:
@@ -69,11 +69,13 @@ def test_report_allows_only_what_passed() -> None:
 
 
 def test_unimportable_attention_is_dropped(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     notes: list[str] = []
     space = _space(tiny_space, attn=["sdpa", "flash_attention_2"])
-    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    report = run_preflight(
+        space, tiny_prepared, cache_dir, note=notes.append, server=run_forked.server_now()
+    )
     assert set(report.dropped) == {"attn_implementation"}
     assert "flash_attention_2" in report.dropped["attn_implementation"]
     assert report.dropped["attn_implementation"]["flash_attention_2"].startswith("unsupported:")
@@ -83,14 +85,19 @@ def test_unimportable_attention_is_dropped(
 
 
 def test_nothing_runnable_is_an_error(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     with pytest.raises(PreflightError, match="no attention implementation"):
-        run_preflight(_space(tiny_space, attn=["flash_attention_2"]), tiny_prepared, cache_dir)
+        run_preflight(
+            _space(tiny_space, attn=["flash_attention_2"]),
+            tiny_prepared,
+            cache_dir,
+            server=run_forked.server_now(),
+        )
 
 
 def test_a_sweep_does_not_autotune_ahead(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     """Seen on a fresh H100: the max-autotune probe took 360 s of an 8-minute sweep, and the
     first trial was killed when the budget ran out. A sweep checks that inductor compiles here
@@ -107,7 +114,9 @@ def test_a_sweep_does_not_autotune_ahead(
             "trial": space.trial.model_copy(update={"timeout_s": 900}),
         }
     )
-    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    report = run_preflight(
+        space, tiny_prepared, cache_dir, note=notes.append, server=run_forked.server_now()
+    )
     probed = [(o.knob, o.value) for o in report.outcomes]
     said = [(o.knob, o.value, o.ok, o.reason) for o in report.outcomes]
     assert ("compile_mode", "default") in probed, said
@@ -118,13 +127,15 @@ def test_a_sweep_does_not_autotune_ahead(
 
 
 def test_precision_probe_times_both_precisions(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     space = _space(tiny_space, attn=["sdpa"], precision="bf16")
     space = space.model_copy(
         update={"trial": space.trial.model_copy(update={"slow_precision_factor": 1000.0})}
     )
-    (probe,) = run_preflight(space, tiny_prepared, cache_dir).outcomes
+    (probe,) = run_preflight(
+        space, tiny_prepared, cache_dir, server=run_forked.server_now()
+    ).outcomes
     assert probe.ok and probe.step_s and probe.fp32_step_s and probe.fp32_step_s > 0
 
 
@@ -195,15 +206,28 @@ def test_nothing_runnable_exits_2_before_any_trial(
 
 
 def test_probes_are_reused_on_the_same_machine_and_software(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+    run_forked: SessionForkServer,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """doctor --space, then launch: the second does not pay for the same probes again."""
     cache = ProbeCache(tmp_path)
     space = _space(tiny_space, attn=["sdpa", "flash_attention_2"])
-    first = run_preflight(space, tiny_prepared, cache_dir, probe_cache=cache)
+    first = run_preflight(
+        space, tiny_prepared, cache_dir, probe_cache=cache, server=run_forked.server_now()
+    )
     assert [o.cached_at for o in first.outcomes] == [None, None]
     notes: list[str] = []
-    second = run_preflight(space, tiny_prepared, cache_dir, note=notes.append, probe_cache=cache)
+    second = run_preflight(
+        space,
+        tiny_prepared,
+        cache_dir,
+        note=notes.append,
+        probe_cache=cache,
+        server=run_forked.server_now(),
+    )
     assert all(o.cached_at is not None for o in second.outcomes)
     assert (
         second.dropped == first.dropped
@@ -213,12 +237,14 @@ def test_probes_are_reused_on_the_same_machine_and_software(
     assert any("reused 2 of 2 probe results" in n for n in notes), notes
     # another workload is another probe
     eager = run_preflight(_space(tiny_space, attn=["eager"]), tiny_prepared, cache_dir,
-                          probe_cache=cache)  # fmt: skip
+                          probe_cache=cache, server=run_forked.server_now())  # fmt: skip
     assert eager.outcomes[0].cached_at is None
     # past its time to live, a result is measured again
     for entry in cache.folder.iterdir():
         os.utime(entry, (0, 0))
-    third = run_preflight(space, tiny_prepared, cache_dir, probe_cache=cache)
+    third = run_preflight(
+        space, tiny_prepared, cache_dir, probe_cache=cache, server=run_forked.server_now()
+    )
     assert [o.cached_at for o in third.outcomes] == [None, None]
 
 

@@ -11,12 +11,12 @@ import pytest
 from sweeper.preflight import run_preflight
 from sweeper.space import Space
 from sweeper.trial.protocol import PreparedData
-from tests.helpers import tiny_config
+from tests.helpers import SessionForkServer, tiny_config
 
 
 @pytest.mark.torch
 def test_the_cuda_levers_are_dropped_with_their_reasons_and_padding_free_stays(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     space = tiny_space.model_copy(
         update={
@@ -31,7 +31,9 @@ def test_the_cuda_levers_are_dropped_with_their_reasons_and_padding_free_stays(
         }
     )
     notes: list[str] = []
-    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    report = run_preflight(
+        space, tiny_prepared, cache_dir, note=notes.append, server=run_forked.server_now()
+    )
     assert report.dropped["precision"] == {
         "fp8": "needs torchao and a CUDA device of compute capability 8.9 or newer (Ada, "
         "Hopper) (the trial device is the CPU)"
@@ -55,7 +57,7 @@ def test_the_cuda_levers_are_dropped_with_their_reasons_and_padding_free_stays(
 
 @pytest.mark.torch
 def test_a_lever_listed_alone_falls_back_to_what_runs_anywhere(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     space = tiny_space.model_copy(
         update={
@@ -65,7 +67,9 @@ def test_a_lever_listed_alone_falls_back_to_what_runs_anywhere(
         }
     )
     notes: list[str] = []
-    report = run_preflight(space, tiny_prepared, cache_dir, note=notes.append)
+    report = run_preflight(
+        space, tiny_prepared, cache_dir, note=notes.append, server=run_forked.server_now()
+    )
     assert report.fallbacks == {"precision": "fp32", "compile_mode": "none"}
     adapted = report.adapt(tiny_config(precision="fp8", compile_mode="reduce-overhead"))
     assert (adapted.precision, adapted.compile_mode) == ("fp32", "none")
