@@ -193,11 +193,16 @@ class ProgramRun(_Strict):
     """How long the user's own program would train, read from its running Trainer at
     ``on_train_begin`` (``engine: script``): TrainingArguments after their defaults and the
     Trainer's own plan. The trial ends the program after its window; the real run trains this.
-    A loop under ``sweeper.step`` shows no such object (None then)."""
+    A loop under ``sweeper.step`` shows its DataLoader at most (``loader=``): the rows of an
+    epoch, not how many epochs or steps it runs (None then)."""
 
-    num_train_epochs: float = Field(description="TrainingArguments.num_train_epochs as it ran")
-    max_steps: int = Field(
-        description="TrainingArguments.max_steps as it ran (-1: the epochs decide the length)"
+    num_train_epochs: float | None = Field(
+        default=None, description="TrainingArguments.num_train_epochs as it ran; None: a loop"
+    )
+    max_steps: int | None = Field(
+        default=None,
+        description="TrainingArguments.max_steps as it ran (-1: the epochs decide the length); "
+        "None: a loop",
     )
     planned_steps: int | None = Field(
         default=None,

@@ -425,6 +425,9 @@ class _Session:
         self.optimizer = optimizer if optimizer is not None else self.optimizer
         self.loader = loader if loader is not None else self.loader
         if self.ctx is None:
+            if self.loader is not None and self.program_run is None:
+                rows = _rows(self.loader)  # a loop tells its epoch's rows, not its length
+                self.program_run = None if rows is None else {"train_rows": rows}
             self._start(model)
         waited = 0.0 if self.last_step_end is None else entered - self.last_step_end
         micro = batch if isinstance(batch, list | tuple) else [batch]
@@ -478,17 +481,21 @@ def _program_run(args: Any, state: Any, loader: Any) -> dict[str, Any] | None:
     except (AttributeError, TypeError, ValueError):
         return None
     planned = getattr(state, "max_steps", None)
-    dataset = getattr(loader, "dataset", None)
-    try:
-        rows: int | None = len(dataset) if dataset is not None else None
-    except TypeError:  # an IterableDataset: no length
-        rows = None
     return {
         "num_train_epochs": epochs,
         "max_steps": max_steps,
         "planned_steps": int(planned) if isinstance(planned, int) and planned > 0 else None,
-        "train_rows": rows,
+        "train_rows": _rows(loader),
     }
+
+
+def _rows(loader: Any) -> int | None:
+    """The rows of ``loader``'s dataset (one epoch's), or None (an IterableDataset)."""
+    dataset = getattr(loader, "dataset", None)
+    try:
+        return len(dataset) if dataset is not None else None
+    except TypeError:  # an IterableDataset: no length
+        return None
 
 
 def _end_children() -> None:

@@ -150,7 +150,10 @@ def test_the_amp_loop_example_is_swept_end_to_end_on_postgres(
 ) -> None:
     space = _example_space("amp_loop", job, tmp_path, attn_implementation=["eager"])
     _, measured = _sweep_and_check(space, postgres_url, "amp-loop", cache_dir, job)
-    assert measured.program_run is None  # a loop shows no run length
+    # a loop shows its DataLoader's rows (loader=...), not how many epochs or steps it runs
+    assert measured.program_run is not None
+    assert measured.program_run.num_train_epochs is None and measured.program_run.max_steps is None
+    assert measured.program_run.train_rows == len((job / "chats.jsonl").read_text().splitlines())
 
 
 def _run_script(
