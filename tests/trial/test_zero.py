@@ -18,6 +18,7 @@ import pytest
 
 from sweeper.space import Space
 from sweeper.trial.protocol import PreparedData
+from tests.helpers import SessionForkServer
 from tests.trial.test_multi_device import _group_figures, _ok, _run
 
 pytestmark = [
@@ -30,6 +31,7 @@ pytestmark = [
 
 
 def _zero_trial(
+    run_forked: SessionForkServer,
     space: Space,
     prepared: PreparedData,
     cache_dir: Path,
@@ -38,6 +40,7 @@ def _zero_trial(
     **knobs: Any,
 ) -> dict[str, Any]:
     run = _run(
+        run_forked,
         space,
         prepared,
         cache_dir,
@@ -51,12 +54,12 @@ def _zero_trial(
 
 
 def test_sfttrainer_runs_zero2_with_the_optimizer_state_partitioned(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     """SFTTrainer is a Trainer: SFTConfig(deepspeed={...}) gives DeepSpeed's engine as
     TrainingArguments does (the ZeRO-3 test below runs the Trainer engine; one group run
     each, as each costs two ranks importing deepspeed)."""
-    payload = _zero_trial(tiny_space, tiny_prepared, cache_dir, "zero2", engine="sft")
+    payload = _zero_trial(run_forked, tiny_space, tiny_prepared, cache_dir, "zero2", engine="sft")
     assert payload["engine"] == "sft"
     effective = payload["effective"]
     # read back from DeepSpeed's engine: stage 2, its optimizer partitioned over both ranks
@@ -70,9 +73,11 @@ def test_sfttrainer_runs_zero2_with_the_optimizer_state_partitioned(
 
 
 def test_zero3_partitions_the_parameters(
-    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
+    run_forked: SessionForkServer, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    payload = _zero_trial(tiny_space, tiny_prepared, cache_dir, "zero3", checkpoint=True)
+    payload = _zero_trial(
+        run_forked, tiny_space, tiny_prepared, cache_dir, "zero3", checkpoint=True
+    )
     assert payload["engine"] == "trainer"
     assert payload["effective"]["data_parallel"] == "zero3"
     # the model's size counts each parameter whole (ds_numel), not this rank's empty copy
