@@ -7,6 +7,7 @@ inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli``
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -392,15 +393,27 @@ def serve(
     uvicorn.run(application, host=bind_host, port=bind_port, log_level="warning")
 
 
+def _above_zero(value: float | None) -> float | None:
+    """A price or a limit: a finite number above 0 (0 would re-price nothing, or rule out
+    every config; REST answers 422 to the same)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value:g} is not a number above 0; give e.g. 2.50")
+    return value
+
+
 UsdPerHourOption = Annotated[
-    float | None, typer.Option("--usd-per-hour", min=0.0, help="re-price at this $/h")
+    float | None,
+    typer.Option("--usd-per-hour", callback=_above_zero, help="re-price at this $/h"),
 ]
 MaxHoursOption = Annotated[
     float | None,
-    typer.Option("--max-hours", min=0.0, help="the run must finish within this many hours"),
+    typer.Option(
+        "--max-hours", callback=_above_zero, help="the run must finish within this many hours"
+    ),
 ]
 MaxCostOption = Annotated[
-    float | None, typer.Option("--max-cost", min=0.0, help="the run must cost at most ($)")
+    float | None,
+    typer.Option("--max-cost", callback=_above_zero, help="the run must cost at most ($)"),
 ]
 MinHeadroomOption = Annotated[
     float | None,

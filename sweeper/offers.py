@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sweeper import predict
 from sweeper.catalog import SHIPPED, Catalog, Gpu, parse_offer
-from sweeper.cost import device_count
+from sweeper.cost import device_count, hours_figure, money
 from sweeper.knob_values import as_ran
 from sweeper.knobs import normalize
 from sweeper.recommend import Candidate, Constraints
@@ -528,16 +528,16 @@ def _multi_row(
     )
     if single is not None and single.cost_per_run_usd and single.hours_per_run:
         parts = [
-            f"one {gpu.name}: {single.hours_per_run:,.1f} h, ${single.cost_per_run_usd:,.2f}/run "
-            f"({single.basis})"
+            f"one {gpu.name}: {hours_figure(single.hours_per_run)} h, "
+            f"{money(single.cost_per_run_usd)}/run ({single.basis})"
         ]
         if cheapest is not None and cheapest.cost_per_run_usd:
             need = single.cost_per_run_usd / cheapest.cost_per_run_usd
             parts.append(
-                f"beats the cheapest (${cheapest.cost_per_run_usd:,.2f}) only at a scaling "
+                f"beats the cheapest ({money(cheapest.cost_per_run_usd)}) only at a scaling "
                 f"efficiency above {need:.0%}"
                 if need < 1
-                else f"cannot beat the cheapest (${cheapest.cost_per_run_usd:,.2f}) at any "
+                else f"cannot beat the cheapest ({money(cheapest.cost_per_run_usd)}) at any "
                 f"scaling efficiency: even linear, {count} GPUs cost what one does per run"
             )
         if constraints.max_hours is not None:
@@ -588,7 +588,7 @@ def _too_close(cheapest: OfferRow | None, rows: Sequence[OfferRow]) -> str:
     if not close:
         return ""
     named = ", ".join(
-        f"{r.name} (${r.cost_per_run_usd:,.2f}, {r.basis})"
+        f"{r.name} ({money(r.cost_per_run_usd or 0.0)}, {r.basis})"
         for r in close[:3]  # cheapest first
     )
     return (

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from sweeper import caveats
-from sweeper.cost import device_count, run_cost
+from sweeper.cost import device_count, hours_figure, money, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.knob_values import as_ran
 from sweeper.noise import overlaps
@@ -56,7 +56,7 @@ class Constraints:
         if self.max_hours is not None:
             parts.append(f"within {self.max_hours:g} h")
         if self.max_cost_usd is not None:
-            parts.append(f"at most ${self.max_cost_usd:,.2f}")
+            parts.append(f"at most ${self.max_cost_usd:,g}")
         if self.min_memory_headroom is not None:
             parts.append(f"at least {self.min_memory_headroom:.0%} memory headroom")
         return " and ".join(parts) or "no constraint"
@@ -321,8 +321,8 @@ def _eligible(
         cheapest = min(candidates, key=lambda c: c.key)
         raise NoResultError(
             f"no completed trial of {facts.name!r} meets {constraints.describe()} at "
-            f"${price:.2f}/h: the fastest takes {fastest.hours:,.1f} h, the cheapest costs "
-            f"${cheapest.cost:,.2f}"
+            f"${price:.2f}/h: the fastest takes {hours_figure(fastest.hours)} h, the cheapest "
+            f"costs {money(cheapest.cost)}"
         )
     if constraints.allow_truncation:
         return meets, []
@@ -345,7 +345,7 @@ def _eligible(
             continue
         share = c.truncated[1]
         notes.append(
-            f"trial #{c.trial.number} ({_describe(_ran(c.trial))}) costs ${c.cost:,.2f} but "
+            f"trial #{c.trial.number} ({_describe(_ran(c.trial))}) costs {money(c.cost)} but "
             f"truncates {'some' if math.isnan(share) else f'{share:.1%} of the'} tokens (it "
             f"needs {cover} tokens for {facts.coverage_percentile:g}% of samples); allow "
             "truncation to consider it"
@@ -379,7 +379,7 @@ def decide(
         cut = fallback.truncated_tokens_share
         e.args = (
             f"{e}. Until then the cheapest config, trial #{fallback.trial_number} "
-            f"({_describe(fallback.config)}), costs ${fallback.cost_per_run_usd:,.2f}/run and "
+            f"({_describe(fallback.config)}), costs {money(fallback.cost_per_run_usd)}/run and "
             f"cuts {'some' if cut is None else f'{cut:.1%} of the'} tokens "
             f"({(fallback.truncated_samples_share or 0):.1%} of samples); "
             "--allow-truncation (allow_truncation=true) takes it",

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import optuna
 
 from sweeper import knobs
-from sweeper.cost import RunPlan, RunProjection, project_run
+from sweeper.cost import RunPlan, RunProjection, money, project_run
 from sweeper.errors import StorageError
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, MeasurementError, parse_measurement
@@ -175,7 +175,7 @@ class ChildExecutor:
             return None
         self.observer.note(
             f"#{number} measured again ({_KIND_WORDS[kind]}): {sample.samples_per_s or 0:,.1f} "
-            f"samples/s, ${sample.cost_per_run_usd:,.2f}/run"
+            f"samples/s, {money(sample.cost_per_run_usd)}/run"
             + (f" (contended: {sample.contention})" if sample.contended else "")
         )
         return sample

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from sweeper.cost import money
 from sweeper.noise import Drift, Estimate, Sample, SampleKind, drift, machine_noise, overlaps, pool
 from sweeper.preflight import PreflightReport
 from sweeper.space import Space, TrialConfig
@@ -155,7 +156,7 @@ class Remeasure:
         outcome = self.results[config]
         self.observer.note(
             f"#{number}, measured only on a shared machine so far, measured calm now: "
-            f"${outcome.cost:,.2f}/run"
+            f"{money(outcome.cost) if outcome.cost is not None else '—'}/run"
         )
         return (config, outcome.cost) if outcome.cost else None
 

@@ -1,0 +1,50 @@
+"""A small job's figures (a CPU study's run costs fractions of a cent and takes minutes): the
+limits the user gives and the figures a refusal quotes never round to the same text when they
+differ, and a price or limit of 0 is refused by the CLI as REST refuses it (422)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.errors import NoResultError
+from sweeper.recommend import Constraints, best
+from sweeper.store import Store
+from tests.helpers import STUDY_FIELDS, run_sweeper, tiny_config
+
+
+@pytest.fixture
+def small(sqlite_url: str) -> Store:
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study("small", **(STUDY_FIELDS | {"usd_per_hour": 0.10}))
+    for number, (hours, cost) in enumerate([(0.028, 0.0706), (0.031, 0.0031)]):
+        config = tiny_config(per_device_batch_size=2 + 2 * number).model_dump()
+        store.start_trial("small", number, config)
+        store.finish_trial("small", number, "complete", samples_per_s=10.0, it_per_s=1.0,
+                           hours_per_run=hours, cost_per_run_usd=cost)  # fmt: skip
+    return store
+
+
+def test_a_refusal_quotes_the_users_limit_and_distinct_figures(small: Store) -> None:
+    # re-priced at $2.50/h the runs cost $0.070 and $0.0775: at most $0.0695 was once
+    # "at most $0.07 ... the cheapest costs $0.07", and the fastest "0.0 h"
+    with pytest.raises(NoResultError) as refused:
+        best(small, "small", Constraints(usd_per_hour=2.5, max_cost_usd=0.0695))
+    said = str(refused.value)
+    assert "meets at most $0.0695 at $2.50/h" in said, said
+    assert "the fastest takes 0.028 h" in said and "the cheapest costs $0.07" in said, said
+    with pytest.raises(NoResultError, match=r"at most \$0\.0001 .* the cheapest costs \$0\.0028"):
+        best(small, "small", Constraints(max_cost_usd=0.0001))
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--usd-per-hour", "0"), ("--max-hours", "-1"), ("--max-cost", "nan"), ("--max-cost", "0")],
+)
+def test_the_cli_refuses_a_price_or_limit_that_is_not_above_zero(
+    small: Store, option: str, value: str
+) -> None:
+    ran = run_sweeper("best", "--study", "small", "--storage", small.url, option, value)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert f"{value} is not a number above 0; give e.g. 2.50" in " ".join(ran.stderr.split())
+    assert "Traceback" not in ran.stderr
