@@ -540,9 +540,18 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
         assert row.contended is True
         kinds = [s["kind"] for s in row.remeasures or []]
         assert kinds[:2] == ["trial", "rerun"], kinds
-        # the columns hold the pooled estimate: all contended, so the fastest measurement
+        # the columns hold the pooled estimate: all contended, so the fastest measurement's
+        # throughput; the run pays the trial's own one-time costs once (a rerun's warm
+        # start-up is not the run's), and the projection's parts add up to its hours
+        measured = row.remeasures or []
+        fastest = min(measured, key=lambda s: s["cost_per_run_usd"])
+        assert row.samples_per_s == pytest.approx(fastest["samples_per_s"])
+        first, once_h = measured[0], row.projection["one_time_s"] / 3600  # type: ignore[index]
+        train_h = (first["hours_per_run"] - once_h) * first["samples_per_s"] / row.samples_per_s
+        assert row.hours_per_run == pytest.approx(train_h + once_h)
+        assert row.projection["train_hours"] == pytest.approx(train_h)  # type: ignore[index]
         assert row.cost_per_run_usd == pytest.approx(
-            min(s["cost_per_run_usd"] for s in row.remeasures or [])
+            fastest["cost_per_run_usd"] * row.hours_per_run / fastest["hours_per_run"]
         )
         assert row.cost_ci95_rel is not None and row.cost_ci95_rel > 0
     # trial 0 is the baseline: the drift reference, measured again after the second trial
