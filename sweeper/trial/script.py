@@ -34,12 +34,14 @@ The group's leader reads the line once and hands each rank its program and envir
 
 from __future__ import annotations
 
+import ast
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -499,19 +501,46 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
     kind, message = classify_output(said)
     raised = raised_at(said, str(cwd.resolve()) if cwd else os.getcwd())
     at = f" (raised at {raised})" if raised else ""
+    # what went wrong first, the command last: a trial's line on the terminal is cut at its
+    # width, and a message that began with a long command lost the error there
     raise TrialError(
         kind,
-        f"{' '.join(script.command)} exited {returncode}: {message}{at}"
-        + _unparsed_hint(message, script.knobs),
+        f"your command exited {returncode}: {message}{at}"
+        + _unparsed_hint(message, script.knobs, script.command)
+        + f" (the command: {' '.join(script.command)})",
     )
 
 
-def _unparsed_hint(message: str, form: str) -> str:
-    """What to add when the program's HfArgumentParser refused the words it was given: under
+_UNUSED = re.compile(r"arguments are not used by the HfArgumentParser: (\[.*?\])")
+
+
+def _unparsed_hint(message: str, form: str, command: Sequence[str] = ()) -> str:
+    """What to add when the program's HfArgumentParser refused the words it was given: flags
+    of the user's own command (a misspelt ``--lora_alpah``) are named as such; under
     ``knobs: flags``/``sft_flags`` each trial appends the knobs as flags, which a script that
     takes its arguments from one JSON or YAML file (``python train.py config.json``, parsed
-    with ``parse_json_file``) never parses. Empty otherwise."""
-    if form == "env" or "arguments are not used by the HfArgumentParser" not in message:
+    with ``parse_json_file``) never parses. Empty otherwise.
+
+    >>> said = "ValueError: Some specified arguments are not used by the HfArgumentParser: "
+    >>> _unparsed_hint(said + "['--lora_alpah', '32']", "sft_flags",
+    ...                ["python", "t.py", "--lora_alpah", "32"])[:66]
+    '; --lora_alpah is a word of workload.script.command, not an argume'
+    """
+    if "arguments are not used by the HfArgumentParser" not in message:
+        return ""
+    found = _UNUSED.search(message)
+    try:
+        unused = [str(w) for w in ast.literal_eval(found.group(1))] if found else []
+    except (ValueError, SyntaxError):
+        unused = []
+    yours = [w for w in unused if w.startswith("--") and w in command]
+    if yours and all(w in command for w in unused):
+        return (
+            f"; {', '.join(yours)} {'is a word' if len(yours) == 1 else 'are words'} of "
+            "workload.script.command, not an argument your script's parser takes: check the "
+            "spelling against its dataclasses (python your_script.py --help lists them)"
+        )
+    if form == "env":
         return ""
     return (
         f"; with workload.script.knobs: {form} each trial appends the knobs to your command as "

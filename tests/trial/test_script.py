@@ -237,6 +237,13 @@ def test_a_script_that_crashes_says_where_and_a_json_config_script_is_told_why(
     assert "train_json.py:8" in message, message
     assert "workload.script.knobs: flags each trial appends the knobs" in message
     assert "knobs: env" in message and "sweeper.trial_config()" in message
+    # a misspelt flag of the user's own command is named as theirs, not blamed on the knobs;
+    # the error comes before the command (a trial's line on the terminal is cut at its width)
+    typo = [sys.executable, str(script), "--output_dir", str(tmp_path / "o"), "--lora_alpah", "32"]
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, typo)
+    assert message.startswith("your command exited"), message
+    assert "; --lora_alpah is a word of workload.script.command, not an argument" in message
+    assert "appends the knobs" not in message and message.endswith(f"{' '.join(typo)})")
 
 
 def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
