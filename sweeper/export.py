@@ -14,8 +14,9 @@ from typing import Any, Literal
 import yaml
 
 from sweeper import knobs
+from sweeper.cost import hours_figure, money
 from sweeper.errors import ConflictError, SpaceError
-from sweeper.job import CHATML
+from sweeper.job import CHATML, AdapterSpec, Workload
 from sweeper.recommendation import Recommendation
 from sweeper.space import Space, parse_space
 from sweeper.trial import accelerate_line
@@ -86,6 +87,8 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     kwargs["learning_rate"] = learning_rate(rec, space_yaml)
     space = _space(space_yaml)
     if space is not None:
+        # the epochs the hours and $/run were priced for (TrainingArguments' default is 3)
+        kwargs["num_train_epochs"] = _epochs(space.workload)
         if space.workload.checkpoint.save_steps:
             kwargs["save_steps"] = space.workload.checkpoint.save_steps  # what $/run counted
         if space.workload.engine != "loop":
@@ -101,14 +104,39 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     return kwargs
 
 
+def _epochs(workload: Workload) -> float:
+    """``workload.epochs``, written as a person would (1, not 1.0)."""
+    epochs = workload.epochs
+    return int(epochs) if float(epochs).is_integer() else epochs
+
+
 def sft_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
     """Keyword arguments of ``trl.SFTConfig``: TrainingArguments' plus max_length, packing
     (and assistant_only_loss where the space trains on the replies of chat records and the
-    chat template marks them, see ``loss_note``)."""
-    kwargs = trainer_kwargs(rec, space_yaml) | knobs.sft_arguments(full_config(rec, space_yaml))
+    chat template marks them, see ``loss_note``; pad_to_multiple_of=max_seq_length where the
+    trials padded every batch to it, as ``padded_to_max`` says)."""
+    config = full_config(rec, space_yaml)
+    kwargs = trainer_kwargs(rec, space_yaml) | knobs.sft_arguments(config)
     if _replies_only(rec, space_yaml):
         kwargs["assistant_only_loss"] = True
+    if padded_to_max(config, space_yaml):
+        # SFTTrainer's collator pads to the batch's longest sample: every sample is at most
+        # max_length, so padding to a multiple of it pads each batch to it, as measured
+        kwargs["pad_to_multiple_of"] = config["max_seq_length"]
     return kwargs
+
+
+def padded_to_max(config: dict[str, Any], space_yaml: str) -> bool:
+    """Whether the trials padded every (unpacked, not padding-free) batch to max_seq_length:
+    the loop and Trainer engines pad as ``workload.padding`` says (its default: max_length);
+    SFTTrainer's collator pads each batch to its longest sample, and a script pads its own
+    way (the trainer and dataloader exports then pad to the longest too)."""
+    if config.get("packing") or config.get("padding_free"):
+        return False
+    space = _space(space_yaml)
+    if space is None:
+        return Workload.model_fields["padding"].default == "max_length"
+    return space.workload.engine in ("loop", "trainer") and space.workload.padding == "max_length"
 
 
 def _asks_replies(space_yaml: str) -> bool:
@@ -154,8 +182,8 @@ def loss_note(rec: Recommendation, space_yaml: str) -> str | None:
 def _header(rec: Recommendation) -> str:
     lines = [
         f"# sweeper: study {rec.study!r}, trial #{rec.trial_number} of {rec.completed_trials}: "
-        f"{rec.throughput_text()}, {rec.hours_per_run or 0:,.1f} h and "
-        f"${rec.cost_per_run_usd:,.2f} per run on {rec.hardware_name} at "
+        f"{rec.throughput_text()}, {_hours(rec.hours_per_run)} h and "
+        f"{money(rec.cost_per_run_usd)} per run on {rec.hardware_name} at "
         f"${rec.usd_per_hour:.2f}/h"
     ]
     if rec.keeps_baseline:
@@ -163,15 +191,43 @@ def _header(rec: Recommendation) -> str:
     elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
         lines.append(
             f"# vs your baseline (trial #{rec.baseline_trial_number}): "
-            f"{rec.speedup_vs_baseline:.2f}x faster, ${rec.usd_saved_per_run:,.2f} saved per run"
+            f"{rec.speedup_vs_baseline:.2f}x faster, {money(rec.usd_saved_per_run)} saved per run"
         )
     lines += [f"# warning: {w}" for w in rec.warnings]
     return "\n".join(lines)
 
 
-def _call(name: str, kwargs: dict[str, Any]) -> str:
-    arguments = "\n".join(f"    {key}={value!r}," for key, value in kwargs.items())
+def _hours(hours: float | None) -> str:
+    """Hours as ``sweeper best`` shows them (``cost.hours_figure``: a short CPU job's 0.031 h,
+    not 0.0), '?' where not known."""
+    return "?" if hours is None else hours_figure(hours)
+
+
+def _call(name: str, kwargs: dict[str, Any], notes: dict[str, str] | None = None) -> str:
+    """``name(key=value, ...)``, one keyword a line; ``notes``: a comment after a keyword."""
+    notes = notes or {}
+    arguments = "\n".join(
+        f"    {key}={value!r}," + (f"  # {notes[key]}" if key in notes else "")
+        for key, value in kwargs.items()
+    )
     return f"{name}(\n{arguments}\n)"
+
+
+def _notes(kwargs: dict[str, Any], space_yaml: str) -> dict[str, str]:
+    """What a TrainingArguments/SFTConfig keyword stands for, where the number alone does not
+    say it."""
+    space = _space(space_yaml)
+    notes = {}
+    if space is not None and "num_train_epochs" in kwargs:
+        notes["num_train_epochs"] = (
+            f"workload.epochs (of {space.workload.samples:,} samples): what the hours and "
+            "$/run above price"
+        )
+    if "pad_to_multiple_of" in kwargs:
+        notes["pad_to_multiple_of"] = (
+            "every batch padded to max_length, as the trials padded theirs"
+        )
+    return notes
 
 
 def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
@@ -185,42 +241,63 @@ def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
         if model_id
         else 'MODEL_ID = "your-org/your-model"  # the hub id or local path of the model you train'
     ]
-    quantization = config.get("quantization") or "none"
     loading = [f"    MODEL_ID, attn_implementation={config['attn_implementation']!r},"]
-    if quantization != "none":
-        compute = "torch.float16" if config.get("precision") == "fp16" else "torch.bfloat16"
-        lines += [
-            "import torch",
-            "from transformers import BitsAndBytesConfig",
-            "",
-            "quantization = BitsAndBytesConfig("
-            + (
-                "\n    load_in_4bit=True,\n    bnb_4bit_quant_type='nf4',\n"
-                f"    bnb_4bit_use_double_quant=True,\n    bnb_4bit_compute_dtype={compute},\n"
-                if quantization == "4bit"
-                else "load_in_8bit=True"
-            )
-            + ")",
-        ]
+    if _quantized(config):
+        lines += _quantization_lines(config)
         loading.append("    quantization_config=quantization, device_map={'': 0},")
     lines += ["model = AutoModelForCausalLM.from_pretrained(", *loading, ")"]
     if adapter is not None:
-        lines += [
-            "from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training",
-            "",
-        ]
-        if quantization != "none":
-            lines.append(
-                "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing="
-                f"{bool(config.get('gradient_checkpointing'))})"
-            )
-        lines.append(
-            "model = get_peft_model(model, LoraConfig("
-            f"r={adapter.r}, lora_alpha={adapter.alpha}, lora_dropout={adapter.dropout}, "
-            f"target_modules={adapter.target_modules!r}, task_type='CAUSAL_LM'))"
-        )
+        lines += _adapter_lines(config, adapter)
     lines += knobs.code_lines(config, "model")
     return "\n".join(lines) + "\n"
+
+
+def _quantized(config: dict[str, Any]) -> bool:
+    return (config.get("quantization") or "none") != "none"
+
+
+def _quantization_lines(config: dict[str, Any]) -> list[str]:
+    """The BitsAndBytesConfig the trial loaded the base weights with (``quantization``)."""
+    compute = "torch.float16" if config.get("precision") == "fp16" else "torch.bfloat16"
+    return [
+        "import torch",
+        "from transformers import BitsAndBytesConfig",
+        "",
+        "quantization = BitsAndBytesConfig("
+        + (
+            "\n    load_in_4bit=True,\n    bnb_4bit_quant_type='nf4',\n"
+            f"    bnb_4bit_use_double_quant=True,\n    bnb_4bit_compute_dtype={compute},\n"
+            if config.get("quantization") == "4bit"
+            else "load_in_8bit=True"
+        )
+        + ")",
+    ]
+
+
+def _adapter_lines(
+    config: dict[str, Any], adapter: AdapterSpec, *, loop: bool = False
+) -> list[str]:
+    """The LoRA adapter the trial trained (``sweeper.trial.workload.with_adapter``): a
+    quantized base prepared for k-bit training; in the plain loop, a checkpointed model's
+    embedding output made to require grads (Trainer does that itself)."""
+    lines = ["from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training", ""]
+    checkpointing = bool(config.get("gradient_checkpointing"))
+    if _quantized(config):
+        lines.append(
+            "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing="
+            f"{checkpointing})"
+        )
+    elif loop and checkpointing:
+        lines.append(
+            "model.enable_input_require_grads()  # checkpointed blocks see a frozen embedding's "
+            "output"
+        )
+    lines.append(
+        "model = get_peft_model(model, LoraConfig("
+        f"r={adapter.r}, lora_alpha={adapter.alpha}, lora_dropout={adapter.dropout}, "
+        f"target_modules={adapter.target_modules!r}, task_type='CAUSAL_LM'))"
+    )
+    return lines
 
 
 def _lines(config: dict[str, Any], place: str) -> str:
@@ -231,21 +308,28 @@ def _lines(config: dict[str, Any], place: str) -> str:
 def _trainer(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
     length = config["max_seq_length"]
-    data = (
-        f"# pack samples into blocks of {length} tokens (no padding, nothing cut): the sft "
-        f"export does it with SFTConfig(packing=True, max_length={length})\n"
-        if config["packing"]
-        else f"# cut samples at {length} tokens (max_seq_length), e.g. "
-        f"SFTConfig(max_length={length})\n"
-    )
+    kwargs = trainer_kwargs(rec, space_yaml)
+    if config["packing"]:
+        data = (
+            f"# pack samples into blocks of {length} tokens (no padding, nothing cut): the sft "
+            f"export does it with SFTConfig(packing=True, max_length={length})\n"
+        )
+        usage = ""
+    else:
+        data = _data_lines(config, space_yaml)
+        usage = (
+            "# trainer = Trainer(model=model, args=training_args, train_dataset=dataset, "
+            "data_collator=collate)\n# trainer.train()\n"
+        )
     return (
         f"{_header(rec)}\n"
         + _launch_line(config)
-        + "from transformers import AutoModelForCausalLM, TrainingArguments\n\n"
+        + "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n\n"
         + _model_lines(config, space_yaml)
-        + f"training_args = {_call('TrainingArguments', trainer_kwargs(rec, space_yaml))}\n"
-        + data
+        + f"training_args = {_call('TrainingArguments', kwargs, _notes(kwargs, space_yaml))}\n"
         + _lines(config, "trainer")
+        + data
+        + usage
     )
 
 
@@ -264,15 +348,16 @@ def _launch_line(config: dict[str, Any]) -> str:
 def _sft(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
     note = loss_note(rec, space_yaml)
+    kwargs = sft_kwargs(rec, space_yaml)
     return (
         f"{_header(rec)}\n"
         + _launch_line(config)
         + "from transformers import AutoModelForCausalLM\n"
-        "from trl import SFTConfig\n\n"
+        "from trl import SFTConfig, SFTTrainer\n\n"
         + _model_lines(config, space_yaml)
         + (f"{note}\n" if note else "")
         + _lines(config, "sft")
-        + f"sft_config = {_call('SFTConfig', sft_kwargs(rec, space_yaml))}\n"
+        + f"sft_config = {_call('SFTConfig', kwargs, _notes(kwargs, space_yaml))}\n"
         + _sft_data_lines(space_yaml)
         + "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
         "processing_class=tokenizer)\n# trainer.train()\n"
@@ -287,40 +372,58 @@ _BUILDERS = (
 )
 
 
+def _tokenizer_source(space: Space) -> str | None:
+    """Where the trials' tokenizer loads from: workload.tokenizer.id, else the model's own;
+    None for a model built from an architecture (sweeper trained its tokenizer)."""
+    return space.workload.tokenizer.id or space.workload.model.id
+
+
+def _template_line(space: Space) -> list[str]:
+    """The chat template the trials rendered chat records with, where the space set one."""
+    template = space.workload.tokenizer.chat_template
+    if space.workload.dataset.messages_field is None or template is None:
+        return []
+    return [
+        "tokenizer.chat_template = "
+        + (repr(CHATML) if template == "chatml" else repr(template))
+        + "  # the template the trials rendered with (workload.tokenizer.chat_template)"
+    ]
+
+
+def _load_lines(space: Space) -> list[str]:
+    """``dataset = ...``: the space's data file (or save_to_disk directory) as rows."""
+    spec = space.workload.dataset
+    assert spec.path is not None
+    builder = next((b for ends, b in _BUILDERS if spec.path.lower().endswith(ends)), None)
+    if builder is None:  # a save_to_disk directory
+        return [
+            f"dataset = load_from_disk({spec.path!r})",
+            f"dataset = dataset[{spec.split!r}] if hasattr(dataset, 'keys') else dataset",
+        ]
+    return [f"dataset = load_dataset({builder!r}, data_files={spec.path!r}, split='train')"]
+
+
 def _sft_data_lines(space_yaml: str) -> str:
     """The tokenizer and the space's data as SFTTrainer takes them: chat records from a
     'messages' column (renamed from the space's messages_field), plain text from
     dataset_text_field; the chat template the trials rendered with, where the space set one.
     Without a dataset path in the space, a line to fill in."""
     space = _space(space_yaml)
-    spec = space.workload.dataset if space is not None else None
-    if space is None or spec is None or spec.path is None:
-        return "# dataset = load_dataset(...)  # your training data\n"
-    tokenizer_id = space.workload.tokenizer.id
+    tokenizer_id = None if space is None else space.workload.tokenizer.id
     lines = [
-        "from datasets import load_dataset, load_from_disk",
         "from transformers import AutoTokenizer",
         "",
         "tokenizer = AutoTokenizer.from_pretrained("
         + (repr(tokenizer_id) if tokenizer_id else "MODEL_ID")
         + ")",
     ]
-    template = space.workload.tokenizer.chat_template
-    if spec.messages_field is not None and template is not None:
-        lines.append(
-            "tokenizer.chat_template = "
-            + (repr(CHATML) if template == "chatml" else repr(template))
-            + "  # the template the trials rendered with (workload.tokenizer.chat_template)"
-        )
-    suffix = spec.path.lower()
-    builder = next((b for ends, b in _BUILDERS if suffix.endswith(ends)), None)
-    if builder is None:  # a save_to_disk directory
-        lines.append(f"dataset = load_from_disk({spec.path!r})")
-        lines.append(f"dataset = dataset[{spec.split!r}] if hasattr(dataset, 'keys') else dataset")
-    else:
-        lines.append(
-            f"dataset = load_dataset({builder!r}, data_files={spec.path!r}, split='train')"
-        )
+    spec = space.workload.dataset if space is not None else None
+    if space is None or spec is None or spec.path is None:
+        lines.append("# dataset = load_dataset(...)  # your training data")
+        return "\n".join(lines) + "\n"
+    lines[0:0] = ["from datasets import load_dataset, load_from_disk"]
+    lines += _template_line(space)
+    lines += _load_lines(space)
     if spec.messages_field is not None and spec.messages_field != "messages":
         lines.append(
             f"dataset = dataset.rename_column({spec.messages_field!r}, 'messages')"
@@ -330,6 +433,146 @@ def _sft_data_lines(space_yaml: str) -> str:
         lines.append(
             f"sft_config.dataset_text_field = {spec.text_field!r}  # the space's text_field"
         )
+    return "\n".join(lines) + "\n"
+
+
+_TOKENIZE = '''
+
+def tokenize(tokenizer, text, max_length={length}):
+    """One sample as the trials read it: its token ids (no special tokens added) cut so that
+    with the EOS that closes it they are at most max_length (max_seq_length)."""
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    cut = tokenizer(
+        text, add_special_tokens=False, truncation=True, max_length=max_length - len(eos)
+    )
+    return {{"input_ids": cut["input_ids"] + eos}}
+'''
+
+_PADDED = '''
+
+class Padded:
+    """Batches padded as the trials padded theirs: {how}. The pads are masked out of
+    attention and of the loss (labels -100); a sample's own 'labels' (-100 where it is not
+    trained) are kept."""
+
+    def __init__(self, pad_id, width={width}):
+        self.pad_id, self.width = pad_id, width
+
+    def __call__(self, rows):
+        rows = [row if isinstance(row, dict) else {{"input_ids": row}} for row in rows]
+        width = self.width or max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        labels = torch.full_like(input_ids, -100)
+        for i, row in enumerate(rows):
+            ids = list(row["input_ids"])[:width]
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, : len(ids)] = 1
+            own = row.get("labels")
+            labels[i, : len(ids)] = torch.tensor(
+                ids if own is None else list(own)[:width], dtype=torch.long
+            )
+        return {{"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}}
+'''
+
+
+def _padding_why(config: dict[str, Any], space_yaml: str) -> str:
+    """How the trials padded an unpacked batch, as the exports say it."""
+    length = config["max_seq_length"]
+    if padded_to_max(config, space_yaml):
+        return f"every batch padded to {length} tokens (workload.padding: max_length)"
+    space = _space(space_yaml)
+    engine = None if space is None else space.workload.engine
+    if engine == "sft":
+        return "each batch padded to its longest sample, as SFTTrainer's collator padded them"
+    if engine == "script":
+        return "each batch padded to its longest sample (your script's trials padded their own way)"
+    return "each batch padded to its longest sample (workload.padding: longest)"
+
+
+def _data_lines(config: dict[str, Any], space_yaml: str) -> str:
+    """The unpacked samples and their batches as the trials made them, for the Trainer and
+    DataLoader exports: ``tokenize`` (token ids without special tokens, cut at max_seq_length
+    with the EOS that closes them: sweeper.trial.workload's datasets), ``collate`` (padded as
+    the trial's engine padded, ``Padded``; or padding-free, flattened), the tokenizer and the
+    space's data file tokenized, where the space names them."""
+    length = config["max_seq_length"]
+    space = _space(space_yaml)
+    flattened = knobs.code_lines(config, "collate_fn")  # padding-free
+    lines = [
+        f"# the samples as the trials read them: tokenized, cut at {length} tokens "
+        "(max_seq_length)",
+        "# with the EOS that closes each; "
+        + (
+            "the batches padding-free (see above)"
+            if flattened
+            else _padding_why(config, space_yaml)
+        ),
+        "import torch",
+        "",
+    ]
+    code = _TOKENIZE.format(length=length)
+    if not flattened:
+        width = length if padded_to_max(config, space_yaml) else None
+        how = (
+            f"every row to width={length}\n    tokens (max_seq_length; None: to the batch's "
+            "longest row)"
+            if width
+            else "each batch to its longest\n    row (width=None; a number: every row to it)"
+        )
+        code += _PADDED.format(width=width, how=how)
+    lines += code.split("\n")[1:]
+    source = None if space is None else _tokenizer_source(space)
+    collate = flattened[0] if flattened else "Padded(pad_id=tokenizer.pad_token_id)"
+    if source is None:
+        lines += [
+            "",
+            "# tokenizer = AutoTokenizer.from_pretrained(...)  # the tokenizer you train with",
+            "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data",
+            f"collate = {collate}"
+            if flattened
+            else "collate = Padded(pad_id=0)  # your tokenizer's pad_token_id (the pads are "
+            "masked: any id runs the same)",
+        ]
+        return "\n".join(lines) + "\n"
+    assert space is not None
+    lines += [
+        "",
+        "from transformers import AutoTokenizer",
+        "",
+        f"tokenizer = AutoTokenizer.from_pretrained({source!r})",
+        *_template_line(space),
+        "if tokenizer.pad_token is None:  # as the trials did",
+        "    tokenizer.pad_token = tokenizer.eos_token",
+        f"collate = {collate}",
+    ]
+    spec = space.workload.dataset
+    if spec.path is None:
+        lines.append(
+            "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data"
+        )
+        return "\n".join(lines) + "\n"
+    text = (
+        f"tokenizer.apply_chat_template(row[{spec.messages_field!r}], tokenize=False)"
+        if spec.messages_field is not None
+        else f"row[{spec.text_field!r}]"
+    )
+    lines += [
+        "from datasets import load_dataset, load_from_disk",
+        "",
+        *_load_lines(space),
+        "dataset = dataset.map(",
+        f"    lambda row: tokenize(tokenizer, {text}),",
+        "    remove_columns=dataset.column_names,",
+        ")",
+    ]
+    if spec.loss == "completion" and spec.messages_field is not None:
+        lines += [
+            "# the trials took the loss on the assistant's replies only (dataset.loss: "
+            "completion): give each",
+            "# sample 'labels' (its input_ids, -100 on the other tokens) to do the same; "
+            "the speed is the same",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -360,20 +603,29 @@ class PackedBlocks(IterableDataset):
 dataset = PackedBlocks(dataset)  # dataset: token id lists of whole samples, each closed by EOS
 '''
 
+# over the parameters that train (a LoRA adapter's only), as the trial's optimizer
 _OPTIMIZERS = {
-    "adamw_torch": "torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)",
-    "adamw_torch_fused": "torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, fused=True)",
-    "adamw_8bit": "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=LEARNING_RATE)",
-    "adafactor": "transformers.optimization.Adafactor(model.parameters(), lr=LEARNING_RATE, "
+    "adamw_torch": "torch.optim.AdamW(params, lr=LEARNING_RATE)",
+    "adamw_torch_fused": "torch.optim.AdamW(params, lr=LEARNING_RATE, fused=True)",
+    "adamw_8bit": "bitsandbytes.optim.AdamW8bit(params, lr=LEARNING_RATE)",
+    "adafactor": "transformers.optimization.Adafactor(params, lr=LEARNING_RATE, "
     "scale_parameter=False, relative_step=False)",
 }
 # fp8: what is not a float8 Linear runs under bf16 autocast
 _AUTOCAST = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp8": "torch.bfloat16"}
 
 
-def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str:
+def loop_lines(
+    config: dict[str, Any],
+    learning_rate: float,
+    device: str,
+    adapter: AdapterSpec | None = None,
+    epochs: float | None = None,
+) -> str:
     """The training-loop side of the knobs (what TrainingArguments would do for a plain loop):
-    ``prepare(model)`` returns the model and optimizer the trial measured."""
+    ``prepare(model)`` returns the model and optimizer the trial measured: with ``adapter``,
+    the LoRA adapter on the loaded model (its base quantized where the config says, see
+    ``_dataloader``), and an optimizer over what trains."""
     devices = config.get("devices") or 1
     lines = []
     if devices > 1:
@@ -389,11 +641,17 @@ def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str
         f"LEARNING_RATE = {learning_rate!r}",
         f"ACCUMULATION_STEPS = {config['gradient_accumulation_steps']}  # batches per "
         "optimizer step",
+    ]
+    if epochs is not None:
+        lines.append(f"EPOCHS = {epochs}  # workload.epochs: what the hours and $/run above price")
+    lines += [
         "",
         "",
         "def prepare(model):",
         '    """The model and optimizer as measured (precision: see AUTOCAST)."""',
     ]
+    if adapter is not None:
+        lines += [f"    {line}".rstrip() for line in _adapter_lines(config, adapter, loop=True)]
     if config.get("tf32") and device == "cuda":
         lines += [
             "    torch.backends.cuda.matmul.allow_tf32 = True",
@@ -408,7 +666,11 @@ def loop_lines(config: dict[str, Any], learning_rate: float, device: str) -> str
     lines += [f"    {line}".rstrip() for line in knobs.code_lines(config, "model")]
     lines += knobs.code_lines(config, "loop")
     lines += _data_parallel_lines(config.get("data_parallel") if devices > 1 else None, device)
-    lines.append(f"    optimizer = {_OPTIMIZERS[config.get('optim') or 'adamw_torch']}")
+    lines += [
+        "    params = [p for p in model.parameters() if p.requires_grad]"
+        + ("  # the adapter's" if adapter is not None else ""),
+        f"    optimizer = {_OPTIMIZERS[config.get('optim') or 'adamw_torch']}",
+    ]
     if config.get("compile_mode", "none") != "none":
         lines.append(f"    model = torch.compile(model, mode={config['compile_mode']!r})")
     lines.append("    return model, optimizer")
@@ -452,6 +714,7 @@ def _data_parallel_lines(strategy: str | None, device: str) -> list[str]:
 def _dataloader(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
     device = _device(space_yaml)
+    space = _space(space_yaml)
     length = config["max_seq_length"]
     kwargs = knobs.dataloader_arguments(config)
     if device != "cuda":
@@ -460,16 +723,22 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
     extra: dict[str, Any] = (
         {"drop_last": True, "collate_fn": _Raw("PackedBlocks.collate")}
         if config["packing"]
-        else {"shuffle": True, "drop_last": True}
+        else {"shuffle": True, "drop_last": True, "collate_fn": _Raw("collate")}
     )
-    for expression in knobs.code_lines(config, "collate_fn"):  # padding-free
-        extra["collate_fn"] = _Raw(expression)
     where = (
         f"# packing: samples tokenized whole, concatenated, cut into {length}-token blocks"
         + _PACKING.format(block=length)
         if config["packing"]
-        else f"# dataset: samples tokenized and cut at {length} tokens (max_seq_length)\n"
+        else _data_lines(config, space_yaml)
     )
+    loading = ""
+    if _quantized(config):
+        loading = (
+            "\n".join(_quantization_lines(config))
+            + "\n# load the model with it, as the trial did: AutoModelForCausalLM.from_pretrained("
+            "MODEL_ID,\n#     quantization_config=quantization, device_map={'': 0}), then "
+            "prepare(model)\n\n"
+        )
     return (
         f"{_header(rec)}\n"
         "import contextlib\n"
@@ -477,10 +746,17 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         "import os\n\n"
         "import torch\n"
         "from torch.utils.data import DataLoader, IterableDataset\n\n"
-        f"{where}\n"
         + _lines(config, "loader")
+        + f"{where}\n"
         + f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"
-        + loop_lines(config, learning_rate(rec, space_yaml), device)
+        + loading
+        + loop_lines(
+            config,
+            learning_rate(rec, space_yaml),
+            device,
+            adapter=None if space is None else space.workload.adapter,
+            epochs=None if space is None else _epochs(space.workload),
+        )
     )
 
 

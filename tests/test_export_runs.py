@@ -118,49 +118,32 @@ def _exec(text: str, **names: Any) -> dict[str, Any]:
 
 def _run_sft(text: str) -> list[float]:
     """The sft export as a script: its own tokenizer and data lines (the space's file, its
-    'conversation' column renamed as SFTTrainer needs) and its trainer line, uncommented."""
+    'conversation' column renamed as SFTTrainer needs) and its trainer line, uncommented as
+    it is (the export imports SFTTrainer itself)."""
     assert "# trainer = SFTTrainer(" in text and "# trainer.train()" in text
-    script = "from trl import SFTTrainer\n" + text.replace("# trainer = ", "trainer = ")
-    trainer = _exec(script)["trainer"]
+    trainer = _exec(text.replace("# trainer = ", "trainer = "))["trainer"]
     trainer.args.max_steps, trainer.args.logging_steps = STEPS, 1
     trainer.train()
     return [log["loss"] for log in trainer.state.log_history if "loss" in log]
 
 
-def _run_trainer(text: str, tokenizer: Any) -> list[float]:
-    from transformers import DataCollatorForLanguageModeling, Trainer
-
-    namespace = _exec(text)
-    args = namespace["training_args"]
-    args.max_steps, args.logging_steps = STEPS, 1
-    rendered = [tokenizer.apply_chat_template(c, tokenize=False) for c in CHATS]
-    dataset = [tokenizer(t, truncation=True, max_length=128) for t in rendered]
-    trainer = Trainer(
-        model=namespace["model"],
-        args=args,
-        train_dataset=dataset,
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
-    )
+def _run_trainer(text: str) -> list[float]:
+    """The trainer export as a script: its own tokenizer, data (the space's file rendered with
+    the chat template, tokenized and cut as the trials did) and collator, its trainer line
+    uncommented."""
+    assert "# trainer = Trainer(" in text
+    trainer = _exec(text.replace("# trainer = ", "trainer = "))["trainer"]
+    trainer.args.max_steps, trainer.args.logging_steps = STEPS, 1
     trainer.train()
     return [log["loss"] for log in trainer.state.log_history if "loss" in log]
 
 
-def _run_loop(text: str, model_dir: Path, tokenizer: Any) -> list[float]:
-    """The DataLoader export and its ``prepare``/``AUTOCAST`` in a plain training loop."""
-    import torch
+def _run_loop(text: str, model_dir: Path) -> list[float]:
+    """The DataLoader export (its own data and collate_fn) and its ``prepare``/``AUTOCAST``
+    in a plain training loop."""
     from transformers import AutoModelForCausalLM
 
-    rendered = [tokenizer.apply_chat_template(c, tokenize=False) for c in CHATS]
-    encoded = tokenizer(rendered, truncation=True, max_length=128, padding="max_length")
-    samples = [
-        {
-            "input_ids": torch.tensor(ids),
-            "attention_mask": torch.tensor(mask),
-            "labels": torch.tensor(ids).masked_fill(torch.tensor(mask) == 0, -100),
-        }
-        for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True)
-    ]
-    namespace = _exec(text, dataset=samples)
+    namespace = _exec(text)
     model, optimizer = namespace["prepare"](AutoModelForCausalLM.from_pretrained(str(model_dir)))
     losses = []
     for step, batch in enumerate(namespace["loader"]):
@@ -179,12 +162,9 @@ def _run_loop(text: str, model_dir: Path, tokenizer: Any) -> list[float]:
 def test_every_export_runs_with_the_users_model_and_template(
     tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, markers: bool
 ) -> None:
-    from transformers import AutoTokenizer
-
     rec, space_yaml = _sweep(tmp_path, cache_dir, CHATML if markers else PLAIN_CHATML)
     monkeypatch.chdir(tmp_path)  # the exports' output_dir="output"
     model_dir = tmp_path / "my-model"
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
 
     # what the trial trained on, recorded: the replies where TRL can mask them, else all
     assert rec.reply_markers is markers
@@ -210,11 +190,11 @@ def test_every_export_runs_with_the_users_model_and_template(
 
     trainer = render(rec, "trainer", space_yaml)
     assert _call_kwargs(trainer, "TrainingArguments")["learning_rate"] == 2e-4
-    assert len(_run_trainer(trainer, tokenizer)) == STEPS
+    assert len(_run_trainer(trainer)) == STEPS
 
     loop = render(rec, "dataloader", space_yaml)
     assert "LEARNING_RATE = 0.0002" in loop
-    losses = _run_loop(loop, model_dir, tokenizer)
+    losses = _run_loop(loop, model_dir)
     assert len(losses) == STEPS and all(loss == loss for loss in losses)
 
     # the YAML's config is a baseline a later space can take as it is; the JSON round-trips
