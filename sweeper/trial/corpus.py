@@ -324,6 +324,16 @@ def check_model(model_id: str, tokenizer: Any, trust_remote_code: bool) -> None:
     """The model's config loads, and its embedding holds every token id of the tokenizer."""
     from transformers import AutoConfig
 
+    directory = Path(model_id).expanduser()
+    if directory.is_dir() and not (directory / "config.json").is_file():
+        # as `sweeper init --model` says it, not transformers' "Unrecognized model ... Should
+        # have a 'model_type' key in its config.json"
+        raise TrialError(
+            "error",
+            f"workload.model.id: {model_id} has no config.json, so it is not a directory "
+            "save_pretrained wrote; give the directory that holds the model's config.json "
+            "and weights (model.save_pretrained(DIR) writes both)",
+        )
     try:
         config = AutoConfig.from_pretrained(model_id, trust_remote_code=trust_remote_code)
     except Exception as e:

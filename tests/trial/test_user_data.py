@@ -310,6 +310,22 @@ def test_users_model_directory_sweeps_with_its_own_tokenizer(
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "embedding has" in refused.stderr and "use the model's own tokenizer" in refused.stderr
 
+    # a directory with a tokenizer but no config.json (not what save_pretrained wrote for a
+    # model): said as `sweeper init --model` says it, not transformers' "Unrecognized model"
+    bare = tmp_path / "no-config"
+    AutoTokenizer.from_pretrained(str(model_dir)).save_pretrained(str(bare))
+    text["workload"]["model"] = {"id": str(bare)}
+    text["workload"]["tokenizer"] = {}
+    space_file.write_text(yaml.safe_dump(text))
+    refused = run_sweeper(
+        "launch", "--space", str(space_file), "--storage", f"sqlite:///{tmp_path}/n.db",
+        cache_dir=cache_dir,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert f"workload.model.id: {bare} has no config.json, so it is not a directory" in said
+    assert "Unrecognized model" not in said, said
+
 
 def _bigger_tokenizer(tmp_path: Path) -> Path:
     from sweeper.trial.corpus import train_tokenizer
