@@ -48,3 +48,31 @@ def test_the_cli_refuses_a_price_or_limit_that_is_not_above_zero(
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert f"{value} is not a number above 0; give e.g. 2.50" in " ".join(ran.stderr.split())
     assert "Traceback" not in ran.stderr
+
+
+def test_rest_takes_max_cost_and_refuses_a_query_it_does_not_know(small: Store) -> None:
+    """The REST query takes ``max_cost`` (the CLI's name, as issue 35 names it) beside
+    ``max_cost_usd``; a parameter the route does not take is a 422 naming the near one, not a
+    silent unconstrained answer."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app(small.url)) as client:
+        limited = client.get("/api/studies/small/best?max_cost=0.003")
+        assert limited.status_code == 200, limited.text
+        assert limited.json()["constraints"] == "at most $0.003"
+        same = client.get("/api/studies/small/best?max_cost_usd=0.003").json()
+        assert same["trial_number"] == limited.json()["trial_number"] == 0
+        typo = client.get("/api/studies/small/best?max_costs=0.003")
+        assert typo.status_code == 422, typo.text
+        assert "unknown query parameter 'max_costs' (did you mean 'max_cost'?)" in typo.text
+        both = client.get("/api/studies/small/best?max_cost=1&max_cost_usd=2")
+        assert both.status_code == 422 and "give one of them" in both.text
+        # a route's own parameters beside the constraints are known: compare's gpus
+        compared = client.get("/api/studies/small/compare?gpus=h100-sxm&max_cost=50")
+        assert "unknown query parameter" not in compared.text, compared.text
+        assert (
+            "unknown query parameter 'gpu'"
+            in client.get("/api/studies/small/compare?gpu=h100-sxm").text
+        )

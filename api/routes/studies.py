@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from datetime import timedelta
 from typing import Annotated, Any, Literal, cast
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import TypeAdapter, ValidationError
 
@@ -176,7 +177,37 @@ def get_trial(name: StudyName, number: TrialNumber, store: StoreDep) -> TrialDet
     return detail.model_copy(update={"real_token_mfu": real_token_mfu(trial.measurement, shape)})
 
 
+def _query_names(dependant: Any) -> set[str]:
+    """The query parameters a route takes, its dependencies' included."""
+    names = {field.alias for field in dependant.query_params}
+    for inner in dependant.dependencies:
+        names |= _query_names(inner)
+    return names
+
+
+def _no_unknown_query(request: Request) -> None:
+    """422 for a query parameter the route does not take: on the routes that answer within
+    constraints, a misspelt limit (``max_costs=50``) silently gave the unconstrained answer."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = _query_names(dependant)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        said = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1)
+            said.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise HTTPException(
+            status_code=422,
+            detail=f"unknown query parameter {', '.join(said)}; this endpoint takes "
+            f"{', '.join(sorted(known))}",
+        )
+
+
 def _constraints(
+    request: Request,
     usd_per_hour: Annotated[
         float | None,
         Query(
@@ -192,6 +223,10 @@ def _constraints(
     max_cost_usd: Annotated[
         float | None, Query(gt=0, allow_inf_nan=False, description="budget for the run")
     ] = None,
+    max_cost: Annotated[
+        float | None,
+        Query(gt=0, allow_inf_nan=False, description="max_cost_usd by the CLI's name"),
+    ] = None,
     min_memory_headroom: Annotated[
         float | None,
         Query(
@@ -205,10 +240,17 @@ def _constraints(
         bool, Query(description="consider configs whose max_seq_length truncates the data")
     ] = False,
 ) -> recommend.Constraints:
+    _no_unknown_query(request)
+    if max_cost is not None and max_cost_usd is not None and max_cost != max_cost_usd:
+        raise HTTPException(
+            status_code=422,
+            detail=f"max_cost ({max_cost:g}) and max_cost_usd ({max_cost_usd:g}) are the same "
+            "limit and differ; give one of them",
+        )
     return recommend.Constraints(
         usd_per_hour=usd_per_hour,
         max_hours=max_hours,
-        max_cost_usd=max_cost_usd,
+        max_cost_usd=max_cost_usd if max_cost_usd is not None else max_cost,
         min_memory_headroom=min_memory_headroom,
         allow_truncation=allow_truncation,
     )
