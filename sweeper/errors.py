@@ -116,3 +116,39 @@ class TrialError(SweeperError):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+def json_line_error(line: bytes | str, error: ValueError) -> str:
+    """Why one line of a .jsonl file is not JSON, placed on that line: ``json`` counts the
+    line's own newline as a second line ("line 2 column 1" for a missing brace at the end),
+    which beside the file's 1-based line number named two lines.
+
+    >>> import json
+    >>> line = b'{"messages": [{"role": "user", "content": "hi"}]\\n'
+    >>> try:
+    ...     json.loads(line)
+    ... except ValueError as e:
+    ...     json_line_error(line, e)
+    "Expecting ',' delimiter at the end of the line (a bracket or brace left open?)"
+    >>> try:
+    ...     json.loads('{"a": 1, b}')
+    ... except ValueError as e:
+    ...     json_line_error('{"a": 1, b}', e)
+    'Expecting property name enclosed in double quotes at column 10'
+    >>> try:
+    ...     json.loads('{"text": "cut off\\n')
+    ... except ValueError as e:
+    ...     json_line_error('{"text": "cut off\\n', e)
+    'Invalid control character at the end of the line (a quote left open?)'
+    """
+    import json
+
+    if not isinstance(error, json.JSONDecodeError):
+        return str(error)
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    message = error.msg.removesuffix(" at")  # "Invalid control character at"
+    if error.pos >= len(text.rstrip("\r\n")):
+        quote = "control character" in message or "Unterminated string" in message
+        likely = "a quote left open" if quote else "a bracket or brace left open"
+        return f"{message} at the end of the line ({likely}?)"
+    return f"{message} at column {error.pos + 1}"

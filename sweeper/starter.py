@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from sweeper.errors import SpaceError
+from sweeper.errors import SpaceError, json_line_error
 from sweeper.space import parse_space
 
 ENGINES = ("sft", "trainer", "loop")
@@ -38,7 +38,10 @@ def data_shape(path: Path) -> tuple[str, str, int | None]:
             try:
                 record = json.loads(line)
             except ValueError as e:
-                raise SpaceError(f"{path}:{number}: not a JSON object ({e})") from None
+                raise SpaceError(
+                    f"{path}:{number}: not a JSON object ({json_line_error(line, e)}); each "
+                    ".jsonl line holds one JSON object: fix or drop that line"
+                ) from None
             if not isinstance(record, dict):
                 raise SpaceError(f"{path}:{number}: not a JSON object")
             if rows == 1:

@@ -116,7 +116,11 @@ def test_bad_data_names_its_line_and_leaves_no_study(tmp_path: Path, env: dict[s
     db = tmp_path / "sweeper.db"
     result = _sweeper("launch", "--space", str(space), "--storage", f"sqlite:///{db}", env=env)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert f"{data}:3: not a JSON object" in " ".join(result.stderr.split()), result.stderr
+    said = " ".join(result.stderr.split())
+    wanted = "not a JSON object (Invalid control character at the end of the line (a quote left"
+    assert f"{data}:3: {wanted} open?))" in said, result.stderr
+    # the file's line, not json's "line 1 column ..." nor pyarrow's 0-based "row 2" after it
+    assert "line 1 column" not in said and " row " not in said, result.stderr
     store = Store(f"sqlite:///{db}")
     try:
         assert store.list_studies() == []  # no failed study row to delete by hand

@@ -315,7 +315,10 @@ def test_init_names_a_bad_record_by_its_line_before_writing(tmp_path: Path) -> N
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}
     good = json.dumps(chat)
     bad_chats = {
-        '{"messages": [{"role": "user"': r":4: not a JSON object \(",
+        # json's own "line 2 column 1" (the line's newline) is not said beside line 4
+        '{"messages": [{"role": "user"': r":4: not a JSON object \(Expecting ',' delimiter at "
+        r"the end of the line \(a bracket or brace left open\?\)\); each \.jsonl line holds "
+        r"one JSON object: fix or drop that line",
         '["a", "list"]': r":4: not a JSON object$",
         '{"messages": "oops"}': r":4: 'messages' is str \"oops\", not a non-empty list",
         '{"messages": []}': r":4: 'messages' is list \[\], not a non-empty list",

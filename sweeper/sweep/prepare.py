@@ -37,9 +37,14 @@ def prepare_workload(
         server=server,
     )
     if run.result.status != "ok" or run.result.payload is None:
+        message = run.result.failure_message or ""
+        # sweeper's own verdict on the space (it names the key: workload.dataset.path: ...)
+        # says what and where; the child's log then holds only the parser's noise after it
+        # (pyarrow's "in row 5", 0-based), so it is added only to a failure sweeper did not name
+        said = message.startswith(("workload.", "search.", "hardware."))
         raise PrepareError(
             f"preparing the dataset and tokenizer failed ({run.result.failure_kind}): "
-            f"{run.result.failure_message}\n{run.log_tail[-1500:]}"
+            f"{message}" + ("" if said else f"\n{run.log_tail[-1500:]}")
         )
     prepared = PreparedData.model_validate(run.result.payload)
     observer.prepare_done(prepared, run.wall_s)

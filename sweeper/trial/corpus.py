@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from sweeper.errors import TrialError
+from sweeper.errors import TrialError, json_line_error
 from sweeper.job import CHATML, GeneratedCorpus, Workload
 from sweeper.trial.protocol import DatasetFormat, PreparedData
 
@@ -237,7 +237,7 @@ def _first_bad_json_line(path: Path) -> tuple[int, str] | None:
             try:
                 record = json.loads(line)
             except ValueError as e:
-                return number, str(e)
+                return number, json_line_error(line, e)
             if not isinstance(record, dict):
                 return number, f"a {type(record).__name__}, not an object"
     return None
