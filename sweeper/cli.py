@@ -681,9 +681,18 @@ def study_import(
         raise fail(str(e)) from None
     finally:
         store.dispose()
+    # the next commands read this store: named when a plain one would read another
+    import shlex
+
+    where = (
+        ""
+        if store.url == resolve_storage(None)
+        else f" --storage {shlex.quote(store.redacted_url)}"
+    )
     console.print(
         f"imported study {name!r} ({len(document.trials)} trials) into {store.redacted_url}; "
-        f"see it with `sweeper best --study {name}` or `sweeper serve`",
+        f"see it with `sweeper best --study {shlex.quote(name)}{where}` or "
+        f"`sweeper serve{where}`",
         highlight=False,
     )
     for note in padding_notes(document):  # figures kept as recorded, read beside them

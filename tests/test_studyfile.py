@@ -167,6 +167,9 @@ def test_cli_export_import_and_clear_errors(recorded: Path, tmp_path: Path) -> N
     imported = run_sweeper("study", "import", str(recorded), "--storage", target, cwd=tmp_path)
     assert imported.returncode == 0, imported.stderr
     assert "imported study 'tiny' (3 trials)" in imported.stdout
+    # the next command it suggests reads this store, not the default sweeper.db
+    said = " ".join(imported.stdout.split())
+    assert f"see it with `sweeper best --study tiny --storage {target}`" in said, said
     exported = run_sweeper("study", "export", "--study", "tiny", "--storage", target, cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
     written = tmp_path / "studies" / "tiny.json"  # the default place
