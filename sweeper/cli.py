@@ -227,19 +227,28 @@ def _stored_study(storage: str | None, study: str) -> tuple[Space, str, str | No
     return parsed, row.space_yaml, row.space_path
 
 
+def _ask(question: str) -> str | None:
+    """init's question for a missing option, on a terminal; elsewhere (a script, CI, a pipe)
+    no question: the option is missing, said with its name (a prompt there read EOF and
+    printed only 'Aborted.')."""
+    return question if sys.stdin.isatty() else None
+
+
 @app.command()
 def init(
     model: Annotated[
         str,
-        typer.Option("--model", prompt="model (a save_pretrained directory or a hub id)"),
+        typer.Option("--model", prompt=_ask("model (a save_pretrained directory or a hub id)")),
     ],
     data: Annotated[
         Path,
-        typer.Option("--data", prompt="training data (.jsonl: chat records or text)"),
+        typer.Option("--data", prompt=_ask("training data (.jsonl: chat records or text)")),
     ],
     price: Annotated[
         float,
-        typer.Option("--price", min=0.0001, prompt="one device's price, $ per hour (a GPU's)"),
+        typer.Option(
+            "--price", min=0.0001, prompt=_ask("one device's price, $ per hour (a GPU's)")
+        ),
     ],
     hardware: Annotated[
         str, typer.Option("--hardware", help="the machine the real job rents (its name)")
