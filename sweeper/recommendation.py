@@ -120,11 +120,11 @@ class Recommendation(BaseModel):
         if self.n_params is None or self.trainable_params is None:
             return None
         if self.trainable_params >= self.n_params:
-            return f"trains all {_count(self.n_params)} parameters"
+            return f"trains all {param_count(self.n_params)} parameters"
         share = self.trainable_params / self.n_params
         return (
-            f"trains {_count(self.trainable_params)} of {_count(self.n_params)} parameters "
-            f"({share:.2%})"
+            f"trains {param_count(self.trainable_params)} of {param_count(self.n_params)} "
+            f"parameters ({share:.2%})"
         )
 
 
@@ -139,10 +139,10 @@ def cost_text(cost: float, ci95_rel: float | None, measurements: int = 1) -> str
     return f"{money(cost)}{interval}/run{many}"
 
 
-def _count(n: int) -> str:
+def param_count(n: int) -> str:
     """A parameter count in three figures.
 
-    >>> _count(3_821_079_552), _count(1_572_864), _count(950)
+    >>> param_count(3_821_079_552), param_count(1_572_864), param_count(950)
     ('3.82B', '1.57M', '950')
     """
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
