@@ -12,6 +12,7 @@ from typing import Any
 
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.space import Space, TrialConfig
+from sweeper.trial.progress import PROGRESS_ENV
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
 SPACES = Path(__file__).parent / "spaces"
@@ -217,8 +218,12 @@ class Notes:
         return lambda *args, **kwargs: None
 
 
-# what a test may change in os.environ without changing what a forked child sees
-_TEST_ENV = {"PYTEST_CURRENT_TEST"}
+# what a test may change in os.environ without changing what a forked child sees: pytest's
+# own, and what run_child sets for every child, spawned or forked (test_oneoff's compile_slot
+# tests set the Inductor and Triton caches in this process: a zygote restarted for them)
+_TEST_ENV = {
+    "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TMPDIR", PROGRESS_ENV,
+}  # fmt: skip
 
 
 class SessionForkServer:
