@@ -353,6 +353,8 @@ def _probe_findings(
     space: Space | None, facts: dict[str, Any], preflight: PreflightReport
 ) -> list[Finding]:
     found = _precision_findings(space, facts, preflight)
+    # a precision too slow here is said by _precision_findings, with its fix
+    judged = {j.message for j in preflight.precision_judgements}
     for knob, value in preflight.fallbacks.items():
         reasons = "; ".join(f"{v}: {r}" for v, r in preflight.dropped.get(knob, {}).items())
         found.append(
@@ -371,7 +373,7 @@ def _probe_findings(
         if knob in preflight.fallbacks:
             continue  # said above, with what runs instead
         for value, reason in values.items():
-            if (knob, value) not in probed:
+            if (knob, value) not in probed and reason not in judged:
                 found.append(
                     Finding(
                         level="warning",
@@ -381,6 +383,8 @@ def _probe_findings(
                     )
                 )
     for message in preflight.problems:
+        if message in judged:
+            continue
         found.append(
             Finding(
                 level="problem" if space is not None else "warning",
@@ -420,6 +424,18 @@ def _precision_findings(
                 topic="precision",
                 text=f"{subject_precision} autocast step: {factor:.2f}x the fp32 step time "
                 + verdict,
+            )
+        )
+    for judgement in preflight.precision_judgements:
+        # refused: the sweep stops (one precision) or skips it (several); otherwise said with
+        # its spread, and its trials measure it
+        alone = space is not None and len(space.search.values("precision")) == 1
+        found.append(
+            Finding(
+                level="problem" if judgement.refused and alone else "warning",
+                topic="precision",
+                text=judgement.text,
+                fix=judgement.fix,
             )
         )
     if space is not None:

@@ -5,11 +5,15 @@ Each attention implementation, each compile mode and each precision is probed in
 their trials when another compile mode compiles here. What fails is dropped from the sweep with its
 reason. A precision that trains pathologically slowly (bf16 autocast on a CPU without AMX:
 ~10x slower than fp32) is dropped too when the space searches several; when it is the only one,
-it stops the sweep with the fix. Knob values that need what the machine lacks (TF32 or a fused
-optimizer without CUDA, 8-bit AdamW without bitsandbytes, Liger without Triton and CUDA, fp8
-below compute capability 8.9 or without torchao, reduce-overhead's CUDA graphs on a CPU;
-``sweeper.knobs``) are dropped with the reason, unprobed; where that leaves a knob nothing, its
-fallback runs (tf32=false) and the report says so.
+it stops the sweep with the fix. It is timed step against step with fp32 and refused only when
+it is beyond the limit by every figure of that timing, the fastest steps' and the medians'
+(``precision_verdict``); slower by some figures only (a shared machine), it is said, not
+refused, and a timing taken on a shared machine is not kept in the probe cache. Knob values
+that need what the machine lacks (TF32 or a fused optimizer without CUDA, 8-bit AdamW without
+bitsandbytes, Liger without Triton and CUDA, fp8 below compute capability 8.9 or without
+torchao, reduce-overhead's CUDA graphs on a CPU; ``sweeper.knobs``) are dropped with the
+reason, unprobed; where that leaves a knob nothing, its fallback runs (tf32=false) and the
+report says so.
 """
 
 from __future__ import annotations
@@ -73,6 +77,9 @@ class PreflightReport:
     fallbacks: dict[str, Any] = field(default_factory=dict)
     # what the probe child found the machine has (None) or lacks (why), by capability
     capabilities: dict[str, str | None] = field(default_factory=dict)
+    # each precision found slower than trial.slow_precision_factor: refused, or (slower by
+    # some figures of its timing, not all) only said; with where it came from and its fix
+    precision_judgements: tuple[PrecisionJudgement, ...] = ()
 
     def allows(self, config: TrialConfig) -> str | None:
         """None if every knob value of ``config`` passed; otherwise why it cannot run."""
@@ -122,6 +129,7 @@ class PreflightReport:
             "capabilities": self.capabilities,
             "probes": [outcome.__dict__ for outcome in self.outcomes],
             "precision_factor": self.precision_factor,
+            "precision_judgements": [j.__dict__ for j in self.precision_judgements],
             "problems": list(self.problems),
         }
 
@@ -197,6 +205,10 @@ class ProbeCache:
     def put(self, request: ChildRequest, result: ChildResult) -> None:
         if result.status != "ok" and result.failure_kind not in _STABLE_FAILURES:
             return  # an OOM or a timeout may not happen again
+        if (result.payload or {}).get("precision_contended"):
+            # a precision timed while the machine was shared: the next preflight measures it
+            # again rather than repeat for hours what the load may have made of it
+            return
         with contextlib.suppress(OSError):
             self.folder.mkdir(parents=True, exist_ok=True)
             path = self.folder / f"{self.key(request)}.json"
@@ -271,6 +283,7 @@ class _PreflightRun:
             (p for p in self.precision_list if p not in ("fp32", "fp8")), "fp32"
         )
         self.precision_factor: float | None = None
+        self.precision_judgements: list[PrecisionJudgement] = []
         self.capabilities: dict[str, str | None] = {}
         self.device_count: int | None = None  # CUDA devices the probe saw (None: the CPU)
         # whether the probe child imports deepspeed (seconds each): only for a ZeRO stage listed
@@ -298,6 +311,8 @@ class _PreflightRun:
         )
         cache = None if self.python is not None else self.probe_cache  # keyed by this python
         cached = None if cache is None else cache.get(request)
+        if cached is not None and spec.compare_fp32 and not _timed_in_turns(cached[0]):
+            cached = None  # timed one precision after the other (an older sweeper): again
         if cached is not None:
             result, cached_at = cached
             outcome, payload = _outcome(knob, value, result, wall_s=0.0)
@@ -315,14 +330,25 @@ class _PreflightRun:
         self.outcomes.append(outcome)
         return outcome, payload
 
-    def judge_precision(self, precision: str, payload: dict[str, Any]) -> None:
-        verdict = check_precision(self.space, precision, payload)
-        if verdict is None:
+    def judge_precision(
+        self, precision: str, payload: dict[str, Any], outcome: ProbeOutcome
+    ) -> None:
+        judgement = precision_judgement(
+            self.space,
+            precision,
+            payload,
+            measured_at=outcome.cached_at,
+            cache_folder=None if self.probe_cache is None else self.probe_cache.folder,
+        )
+        if judgement is None:
             return
-        if len(self.precision_list) == 1:
-            self.problem(verdict)
+        self.precision_judgements.append(judgement)
+        if not judgement.refused:
+            self.note(f"preflight: {judgement.message}")
+        elif len(self.precision_list) == 1:
+            self.problem(judgement.message)
         else:
-            self.drop("precision", precision, verdict)
+            self.drop("precision", precision, judgement.message)
 
     def attention(self) -> AttnImplementation | None:
         """Probe each attention implementation; the first that trains, if any."""
@@ -349,7 +375,7 @@ class _PreflightRun:
                 self.capabilities = payload.get("capabilities") or {}
                 self.device_count = payload.get("device_count")
                 self.precision_factor = precision_slowdown(payload)
-                self.judge_precision(self.main_precision, payload)
+                self.judge_precision(self.main_precision, payload, outcome)
         if working_attn is None:
             self.problem(
                 "no attention implementation in search.attn_implementation can train here: "
@@ -380,7 +406,7 @@ class _PreflightRun:
             if not outcome.ok:
                 self.drop("precision", precision, outcome.reason)
                 continue
-            self.judge_precision(precision, payload)
+            self.judge_precision(precision, payload, outcome)
         if len(self.dropped.get("precision", {})) == len(self.precision_list):
             self.problem(
                 "no precision in search.precision trains well here; add fp32 to the list: "
@@ -548,7 +574,19 @@ class _PreflightRun:
             problems=tuple(self.problems),
             fallbacks=self.fallbacks,
             capabilities=self.capabilities,
+            precision_judgements=tuple(self.precision_judgements),
         )
+
+
+def _payload(result: ChildResult) -> dict[str, Any]:
+    return result.payload if result.status == "ok" and result.payload is not None else {}
+
+
+def _timed_in_turns(result: ChildResult) -> bool:
+    """Whether a probe that compared a precision with fp32 timed their steps in turns (a probe
+    that failed compared nothing: its failure is what is kept)."""
+    payload = _payload(result)
+    return not payload or "precision_step_times" in payload
 
 
 def _outcome(
@@ -572,24 +610,204 @@ def _outcome(
 
 
 def precision_slowdown(payload: dict[str, Any]) -> float | None:
-    """The probe's step time over fp32's, if the probe timed both."""
+    """The probe's slowdown of its precision against fp32 (``precision_timing``'s factor), if
+    the probe timed both."""
+    timing = precision_timing(payload)
+    return None if timing is None else timing.factor
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionTiming:
+    """A precision's step time over fp32's, as a probe measured it (``probe.compare_precision``:
+    their steps taken in turns). Another process on the machine only ever adds time to a step,
+    so the fastest steps of each are the least disturbed; three figures, each a ratio of the
+    precision's steps to fp32's: of the fastest step, of the lower quartiles (the fastest
+    quarter: ``factor``) and of the medians. ``low`` and ``high`` are the least and greatest."""
+
+    factor: float
+    low: float
+    high: float
+    steps: int  # steps of each timed (0: one median of each, timed one after the other)
+    contended: str | None = None  # what HostWatch read while it was timed, if shared
+
+    def said(self) -> str:
+        if not self.steps:
+            return "one timing of each"
+        return (
+            f"{self.steps} steps of each taken in turns: {self.low:.1f}-{self.high:.1f}x from "
+            "their fastest steps to their medians"
+        )
+
+
+def precision_timing(payload: dict[str, Any]) -> PrecisionTiming | None:
+    """What a probe's payload says of its precision against fp32, if it timed both."""
+    import statistics
+
+    subject = sorted(t for t in payload.get("precision_step_times") or () if t > 0)
+    fp32 = sorted(t for t in payload.get("fp32_step_times") or () if t > 0)
+    if len(subject) >= 4 and len(fp32) >= 4:
+        factor = quartiles(subject)[0] / quartiles(fp32)[0]
+        figures = (
+            subject[0] / fp32[0],
+            factor,
+            statistics.median(subject) / statistics.median(fp32),
+        )
+        return PrecisionTiming(
+            factor=factor,
+            low=min(figures),
+            high=max(figures),
+            steps=min(len(subject), len(fp32)),
+            contended=payload.get("precision_contended"),
+        )
     fp32_step_s = payload.get("fp32_step_s")
-    return payload["step_s"] / fp32_step_s if fp32_step_s else None
+    if not fp32_step_s or not payload.get("step_s"):
+        return None
+    factor = payload["step_s"] / fp32_step_s
+    return PrecisionTiming(factor=factor, low=factor, high=factor, steps=0)
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """The lower quartile, the median and the upper quartile of ``values`` (sorted), each an
+    interpolation between two of them (``statistics.quantiles``' inclusive method).
+
+    >>> quartiles([1.0, 2.0, 3.0, 4.0, 5.0])
+    (2.0, 3.0, 4.0)
+    """
+    import statistics
+
+    low, median, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, median, high
+
+
+def precision_verdict(timing: PrecisionTiming, limit: float) -> str:
+    """``refused``: slower than ``limit`` by every figure of its timing, the fastest steps'
+    ratio and the medians' too (a shared machine that slowed the precision's steps more than
+    fp32's leaves the fastest of them alone, and one that slowed fp32's pulls the medians'
+    ratio down); ``unsure``: slower by some figure, not by all (said, not refused: the
+    machine's load, or a precision near the limit); ``runs``: slower by none.
+
+    >>> precision_verdict(PrecisionTiming(factor=10.2, low=9.1, high=11.0, steps=20), 3.0)
+    'refused'
+    >>> precision_verdict(PrecisionTiming(factor=3.9, low=1.4, high=6.0, steps=20), 3.0)
+    'unsure'
+    >>> precision_verdict(PrecisionTiming(factor=1.1, low=0.4, high=2.0, steps=20), 3.0)
+    'runs'
+    """
+    if timing.low > limit:
+        return "refused"
+    return "unsure" if timing.high > limit else "runs"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionJudgement:
+    """A precision found slower than ``trial.slow_precision_factor``: what was measured, where
+    the precision came from (the space, or the script's command) and the fix for that."""
+
+    precision: str
+    refused: bool  # False: slower by some figures of its timing, not all: said, not refused
+    text: str
+    fix: str
+
+    @property
+    def message(self) -> str:
+        return (
+            f"{self.text}; " + ("fix: " if self.refused else "if it is that slow here: ") + self.fix
+        )
+
+
+def precision_source(space: Space, precision: str) -> tuple[str, str]:
+    """Where the space's ``precision`` comes from, and how to train fp32 instead there.
+
+    A script's knob that ``search:`` leaves out runs at the value its command gives
+    (``sweeper.script_defaults``): its flag, its launcher's ``--mixed_precision``, or
+    SFTConfig's own default bf16."""
+    listed = space.search.values("precision")
+    native = f"or run on hardware with native {precision}"
+    if len(listed) > 1:
+        return (
+            f"search.precision: {precision}",
+            f"remove {precision} from search.precision (the sweep skips it), {native}",
+        )
+    if space.workload.precision:
+        return (
+            f"workload.precision: {precision}",
+            f"set 'precision: fp32' in the space file's workload, {native}",
+        )
+    script = space.workload.script
+    if space.workload.engine == "script" and script is not None:
+        from sweeper import script_defaults
+
+        given = script_defaults.said(script.command, script.knobs).get("precision")
+        if given is not None and given[0] == precision:
+            words = given[1]
+            if words.startswith("SFTConfig's default"):
+                where = f"{precision} (from your command: {words}; no --bf16 False in it)"
+                change = "pass --bf16 False in workload.script.command"
+            elif "mixed_precision" in words:
+                where = f"{precision} (from your command: {words})"
+                change = "say --mixed_precision no to accelerate in workload.script.command"
+            else:
+                where = f"{precision} (from your command: {words})"
+                flag = "--fp16" if precision == "fp16" else "--bf16"
+                change = f"pass {flag} False in workload.script.command instead"
+            return where, f"{change}, or list 'precision: [fp32]' under search:, {native}"
+    return (
+        f"search.precision: {precision}",
+        f"set 'precision: fp32' under search: in the space file (or add fp32 to "
+        f"search.precision), {native}",
+    )
+
+
+def precision_judgement(
+    space: Space,
+    precision: str,
+    payload: dict[str, Any],
+    *,
+    measured_at: float | None = None,
+    cache_folder: Path | None = None,
+) -> PrecisionJudgement | None:
+    """What to say of ``precision`` from its probe's timing against fp32 (None: within
+    ``trial.slow_precision_factor``, or not timed). ``measured_at``: when a reused probe result
+    was measured (its cache entry in ``cache_folder``)."""
+    timing = precision_timing(payload)
+    limit = space.trial.slow_precision_factor
+    if timing is None:
+        return None
+    verdict = precision_verdict(timing, limit)
+    if verdict == "runs":
+        return None
+    device = "this CPU" if payload.get("device_type") == "cpu" else "this device"
+    where, fix = precision_source(space, precision)
+    how = f"{timing.said()}; limit trial.slow_precision_factor = {limit:g}"
+    if verdict == "refused":
+        text = f"{where} trains {timing.factor:.1f}x slower than fp32 on {device} ({how})"
+        if timing.contended:
+            text += (
+                f"; the machine was shared while it was timed ({timing.contended}), but even "
+                "the fastest steps of each, the least disturbed, are beyond the limit"
+            )
+    else:
+        text = (
+            f"{where} is {timing.low:.1f}-{timing.high:.1f}x slower than fp32 on {device} "
+            f"({how}): beyond the limit by some figures, not by all"
+            + (
+                f"; the machine was shared while it was timed ({timing.contended})"
+                if timing.contended
+                else ""
+            )
+            + "; not refused, its trials measure it"
+        )
+    if measured_at is not None:
+        at = time.strftime("%H:%M", time.localtime(measured_at))
+        again = f"; delete {cache_folder} to measure again" if cache_folder else ""
+        text += f" (measured at {at}, reused{again})"
+    return PrecisionJudgement(precision=precision, refused=verdict == "refused", text=text, fix=fix)
 
 
 def check_precision(space: Space, precision: str, payload: dict[str, Any]) -> str | None:
     """Why ``precision`` is refused (pathologically slower than fp32), or None."""
-    factor = precision_slowdown(payload)
-    if factor is None or factor <= space.trial.slow_precision_factor:
-        return None
-    device = "this CPU" if payload.get("device_type") == "cpu" else "this device"
-    where = "workload.precision" if space.workload.precision else "search.precision"
-    return (
-        f"{where}: {precision} trains {factor:.1f}x slower than "
-        f"fp32 on {device} (limit trial.slow_precision_factor = "
-        f"{space.trial.slow_precision_factor:g}); set 'precision: fp32' in the space file "
-        "(or add fp32 to search.precision), or run on hardware with native support"
-    )
+    judgement = precision_judgement(space, precision, payload)
+    return judgement.message if judgement is not None and judgement.refused else None
 
 
 def _script_devices(space: Space, count: int) -> str | None:

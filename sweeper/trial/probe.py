@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import statistics
 import time
@@ -24,8 +25,9 @@ _BATCH, _SEQ = 4, 128
 def run_probe(request: ChildRequest) -> dict[str, Any]:
     """Train ``probe.steps`` steps; return the median step time after the first (compile) step.
 
-    With ``compare_fp32`` the same model is also timed in fp32, so the parent can refuse a
-    precision that is pathologically slow on this device.
+    With ``compare_fp32`` the same model's steps are timed in turns in the precision and in fp32
+    (``compare_precision``), so the parent can refuse a precision that is pathologically slow
+    on this device.
     """
     assert request.probe is not None and request.prepared is not None
     probe = request.probe
@@ -38,16 +40,113 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
         "device_count": torch.cuda.device_count() if device.type == "cuda" else None,
     }
     started = time.perf_counter()
-    result["step_s"] = _time_steps(request, tokenizer, device, probe.precision)
+    if probe.compare_fp32 and probe.precision != "fp32" and probe.compile_mode == "none":
+        result.update(compare_precision(request, tokenizer, device))
+    else:
+        result["step_s"] = _time_steps(request, tokenizer, device, probe.precision)
     result["first_step_s"] = time.perf_counter() - started
-    if probe.compare_fp32 and probe.precision != "fp32":
-        result["fp32_step_s"] = _time_steps(
-            request.model_copy(update={"probe": probe.model_copy(update={"compile_mode": "none"})}),
-            tokenizer,
-            device,
-            "fp32",
-        )
     return result
+
+
+# A precision's slowdown against fp32 is timed step against step: the two take turns (ABBA
+# order, so a drift of the machine's speed falls on both alike), and the spread of their step
+# times says how far the machine's load moved the figure. Under load
+# (another process on the CPU, another on the GPU: ``HostWatch``) the round is measured once
+# more; if the machine was still shared, the payload says so and the parent does not refuse
+# on it alone (``sweeper.preflight.precision_verdict``).
+COMPARE_ROUNDS = 2
+
+
+def compare_precision(
+    request: ChildRequest, tokenizer: Any, device: torch.device
+) -> dict[str, Any]:
+    """``probe.precision`` and fp32 timed in turns: their median step times, each step's time
+    and what ``HostWatch`` read, over one round, or two where the first was timed on a shared
+    machine."""
+    from sweeper.trial.contention import HostWatch
+
+    assert request.probe is not None
+    probe = request.probe
+    subject = _Stepper(request, tokenizer, device, probe.precision)
+    # autocast leaves the weights fp32: one model serves both (no second copy on the device);
+    # fp8 converts its Linear layers, so fp32 gets a model of its own
+    if probe.precision == "fp8":
+        fp32 = _Stepper(request, tokenizer, device, "fp32")
+    else:
+        fp32 = subject.sharing("fp32")
+    subject.step(), fp32.step()  # the first step of each: allocation, kernel selection
+    pairs = max(4, probe.steps)
+    rounds: list[dict[str, Any]] = []
+    for _ in range(COMPARE_ROUNDS):
+        watch = HostWatch(_cuda_index(device))
+        watch.start()
+        times: tuple[list[float], list[float]] = ([], [])
+        for index in range(pairs):
+            order = (subject, fp32) if index % 2 == 0 else (fp32, subject)
+            for stepper in order:
+                times[stepper is fp32].append(stepper.step())
+        host = watch.stop()
+        rounds.append({"step_s": times[0], "fp32_step_s": times[1], "host": host})
+        if not host["contended"]:
+            break
+    # the rounds pooled: a second round ran only because the first was shared
+    subject_s = [t for r in rounds for t in r["step_s"]]
+    fp32_s = [t for r in rounds for t in r["fp32_step_s"]]
+    last = rounds[-1]
+    return {
+        "step_s": statistics.median(subject_s),
+        "fp32_step_s": statistics.median(fp32_s),
+        "precision_step_times": subject_s,
+        "fp32_step_times": fp32_s,
+        # None: not shared while the last round ran; else what HostWatch says of each round
+        "precision_contended": "; then ".join(r["host"]["contention"] for r in rounds)
+        if last["host"]["contended"]
+        else None,
+        "precision_rounds": len(rounds),
+    }
+
+
+class _Stepper:
+    """A model, its optimizer and its batch, trained a step at a time in one precision."""
+
+    def __init__(
+        self, request: ChildRequest, tokenizer: Any, device: torch.device, precision: str
+    ) -> None:
+        assert request.probe is not None
+        self.device = device
+        self.model = probe_model(
+            request.workload, tokenizer, request.probe.attn_implementation, device
+        )
+        if precision == "fp8":
+            to_float8(self.model, device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, len(tokenizer), (_BATCH, _SEQ), generator=generator).to(device)
+        self.autocast = mixed_precision(device, precision)
+
+    def sharing(self, precision: str) -> _Stepper:
+        """Another precision's steps on this same model, optimizer and batch."""
+        other = copy.copy(self)
+        other.autocast = mixed_precision(self.device, precision)
+        return other
+
+    def step(self) -> float:
+        started = time.perf_counter()
+        with self.autocast():
+            loss = self.model(input_ids=self.ids, labels=self.ids).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - started
+
+
+def _cuda_index(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def capabilities(device: torch.device, deepspeed: bool = False) -> dict[str, str | None]:
