@@ -33,6 +33,7 @@ from sweeper.errors import SweeperError
 from sweeper.hardware import peak_flops
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight import PreflightReport, ProbeCache, run_preflight
+from sweeper.recommendation import param_count
 from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
 
@@ -390,7 +391,7 @@ def _probe_findings(
                 level="problem" if space is not None else "warning",
                 topic="preflight",
                 text=message,
-                fix="see the message" if space is not None else None,
+                fix=None,  # each preflight message ends with its own fix
             )
         )
     if space is not None:
@@ -588,7 +589,7 @@ def _training_state(
     base at its loaded width (unquantized without CUDA: bitsandbytes needs it), and 16 bytes
     per adapter parameter."""
     params, trainable = model["params"], model.get("trainable")
-    full = f"model {params / 1e6:,.1f}M parameters: weights, gradients and AdamW state take "
+    full = f"model {param_count(params)} parameters: weights, gradients and AdamW state take "
     if space.workload.adapter is None or not trainable:
         missing = ""
         if space.workload.adapter is not None:
@@ -604,8 +605,12 @@ def _training_state(
         f"the base in {_FROZEN_WIDTH[q]} per parameter: {_size(needs[q])}" for q in values
     )
     text = (
-        f"model {params / 1e6:,.1f}M parameters, of which LoRA trains {trainable / 1e6:,.1f}M "
-        f"({trainable / params:.2%}): the frozen base and the adapter's weights, gradients and "
+        # counted as the sweep counts them (Recommendation.trainable_text): the adapter's
+        # parameters among the adapted model's, not a share of the base's
+        f"model {param_count(params)} parameters; with LoRA it trains "
+        f"{param_count(trainable)} of {param_count(params + trainable)} "
+        f"({trainable / (params + trainable):.2%}): the frozen base and the adapter's weights, "
+        "gradients and "
         f"AdamW state take {_size(min(needs.values()))} before activations (an estimate: "
         f"{widths}; 16 bytes per adapter parameter)"
     )

@@ -211,8 +211,12 @@ def test_a_lora_space_counts_what_trains(cache_dir: Path) -> None:
     trains = sum(p.numel() for p in lora.parameters() if p.requires_grad)
     assert (model["params"], model["trainable"]) == (base, trains) and 0 < trains < base / 10
 
-    (memory,) = [f for f in report.findings if "LoRA trains" in f.text]
-    assert f"{trains / 1e6:,.1f}M" in memory.text and memory.level == "ok"
+    (memory,) = [f for f in report.findings if "with LoRA it trains" in f.text]
+    # counted as the sweep's answer counts them: the adapter among the adapted model's
+    from sweeper.recommendation import param_count
+
+    said = f"trains {param_count(trains)} of {param_count(base + trains)} "
+    assert said + f"({trains / (base + trains):.2%})" in memory.text and memory.level == "ok"
     if not report.facts["devices"]:  # no CUDA: trials load the base unquantized
         assert "4-bit" not in memory.text and "fp32, 4 bytes" in memory.text
     (saves,) = [f for f in report.findings if "one checkpoint of this" in f.text]
@@ -222,7 +226,7 @@ def test_a_lora_space_counts_what_trains(cache_dir: Path) -> None:
     full_fp32 = base * 4 + trains * 16
     device = {"name": "GPU", "memory_free_bytes": full_fp32 - 1, "memory_bytes": 2 * full_fp32}
     found = _findings(space, report, devices=[device])
-    (memory,) = [f for f in found if "LoRA trains" in f.text]
+    (memory,) = [f for f in found if "with LoRA it trains" in f.text]
     assert memory.level == "ok" and "4-bit NF4" in memory.text
     (heavy,) = [f for f in found if f.topic == "memory" and f.level == "warning"]
     assert "quantization none" in heavy.text and heavy.fix == "remove none from search.quantization"
