@@ -56,7 +56,11 @@ class Constraints:
         if self.max_hours is not None:
             parts.append(f"within {self.max_hours:g} h")
         if self.max_cost_usd is not None:
-            parts.append(f"at most ${self.max_cost_usd:,g}")
+            # the user's own limit: cents as cents, a finer one as given ($0.0695, never $0.07)
+            cost = self.max_cost_usd
+            parts.append(
+                f"at most ${cost:,.2f}" if round(cost, 2) == cost else f"at most ${cost:g}"
+            )
         if self.min_memory_headroom is not None:
             parts.append(f"at least {self.min_memory_headroom:.0%} memory headroom")
         return " and ".join(parts) or "no constraint"

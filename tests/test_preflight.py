@@ -11,15 +11,9 @@ import optuna
 import pytest
 
 from sweeper.job import ScriptSpec
-from sweeper.preflight import (
-    PreflightError,
-    PreflightReport,
-    ProbeCache,
-    check_precision,
-    run_preflight,
-    script_imports,
-    script_problems,
-)
+from sweeper.preflight import PreflightError, PreflightReport, ProbeCache, run_preflight
+from sweeper.preflight_precision import check_precision
+from sweeper.preflight_script import script_imports, script_problems
 from sweeper.space import Space
 from sweeper.store import Store
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData
@@ -362,7 +356,7 @@ def test_a_scripts_own_python_runs_the_probes(
     command or from a launcher's #! line. The python here is a real program that notes each
     start and runs this environment's interpreter."""
     from sweeper.job import ScriptSpec
-    from sweeper.preflight import script_python
+    from sweeper.preflight_script import script_python
 
     started = tmp_path / "started"
     python = tmp_path / "bin" / "python3"

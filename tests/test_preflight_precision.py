@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from sweeper.doctor import _probe_findings
-from sweeper.preflight import (
-    ProbeCache,
+from sweeper.preflight import ProbeCache, run_preflight
+from sweeper.preflight_precision import (
     check_precision,
     precision_judgement,
     precision_timing,
     precision_verdict,
-    run_preflight,
 )
 from sweeper.space import Space, parse_space
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec

@@ -4,6 +4,8 @@ differ, and a price or limit of 0 is refused by the CLI as REST refuses it (422)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from sweeper.errors import NoResultError
@@ -13,7 +15,7 @@ from tests.helpers import STUDY_FIELDS, run_sweeper, tiny_config
 
 
 @pytest.fixture
-def small(sqlite_url: str) -> Store:
+def small(sqlite_url: str) -> Iterator[Store]:
     store = Store(sqlite_url)
     store.migrate()
     store.upsert_study("small", **(STUDY_FIELDS | {"usd_per_hour": 0.10}))
@@ -22,7 +24,8 @@ def small(sqlite_url: str) -> Store:
         store.start_trial("small", number, config)
         store.finish_trial("small", number, "complete", samples_per_s=10.0, it_per_s=1.0,
                            hours_per_run=hours, cost_per_run_usd=cost)  # fmt: skip
-    return store
+    yield store
+    store.dispose()
 
 
 def test_a_refusal_quotes_the_users_limit_and_distinct_figures(small: Store) -> None:
@@ -62,6 +65,8 @@ def test_rest_takes_max_cost_and_refuses_a_query_it_does_not_know(small: Store) 
         limited = client.get("/api/studies/small/best?max_cost=0.003")
         assert limited.status_code == 200, limited.text
         assert limited.json()["constraints"] == "at most $0.003"
+        cents = client.get("/api/studies/small/best?max_cost=17").json()
+        assert cents["constraints"] == "at most $17.00"
         same = client.get("/api/studies/small/best?max_cost_usd=0.003").json()
         assert same["trial_number"] == limited.json()["trial_number"] == 0
         typo = client.get("/api/studies/small/best?max_costs=0.003")

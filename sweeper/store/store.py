@@ -41,7 +41,7 @@ from sqlalchemy.pool import NullPool
 
 from sweeper.errors import ConflictError, DiskFullError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
-from sweeper.noise import Estimate, Sample
+from sweeper.noise import Estimate, Sample, pooled_run
 from sweeper.store.bounds import SQLITE_BUSY_S, bound_engine
 from sweeper.store.diagnose import disk_full_message, no_tables
 from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
@@ -129,40 +129,6 @@ class TrialMarks:
     contended: list[int]  # complete, every measurement taken on a shared machine
     skipped: list[int]  # numbers Optuna gave that have no row (a repeated proposal)
     highest: int  # -1: no trial
-
-
-def _pooled_run(
-    projection: Mapping[str, Any] | None, estimate: Estimate, samples: Sequence[Sample]
-) -> tuple[float, float]:
-    """Hours and $ of the run from a config's pooled measurements: the first measurement's
-    one-time costs (start-up, compile, saves: a real run pays them once, cold, as the trial
-    did; a re-measure's start from a warm cache is shorter) plus its training time scaled by
-    the pooled throughput. The mean of each measurement's hours mixed the re-measures'
-    shorter start-ups into the run, and its training part came out short, or 0 when the
-    start-up was most of a small job (6.8 s start-up, 0.22 s of training, stored as 0).
-
-    >>> from sweeper.noise import Estimate, Sample
-    >>> first = Sample("trial", 0.0007, 7.02 / 3600, 180.0, None, None, None)
-    >>> again = Sample("rerun", 0.0006, 5.2 / 3600, 185.5, None, None, None)
-    >>> est = Estimate(0.00065, 6.11 / 3600, 182.75, None, None, 0.02, 2, False, 0)
-    >>> hours, cost = _pooled_run({"one_time_s": 6.8}, est, [first, again])
-    >>> round(hours * 3600, 3), round(cost / est.cost_per_run_usd * est.hours_per_run * 3600, 3)
-    (7.017, 7.017)
-    """
-    hours, cost = estimate.hours_per_run, estimate.cost_per_run_usd
-    first = next((s for s in samples if s.kind == "trial"), None)
-    if (
-        not projection
-        or first is None
-        or not first.samples_per_s
-        or not estimate.samples_per_s
-        or not (math.isfinite(hours) and hours > 0)
-    ):
-        return hours, cost
-    one_time_h = float(projection.get("one_time_s") or 0.0) / 3600
-    train_h = max(0.0, first.hours_per_run - one_time_h)
-    pooled = train_h * first.samples_per_s / estimate.samples_per_s + one_time_h
-    return pooled, cost * pooled / hours
 
 
 class Store:
@@ -615,7 +581,7 @@ class Store:
                 row.samples_per_s = finite_or_none(estimate.samples_per_s)
                 row.tokens_per_s = tokens
                 row.it_per_s = finite_or_none(estimate.it_per_s)
-                hours, cost = _pooled_run(row.projection, estimate, samples)
+                hours, cost = pooled_run(row.projection, estimate, samples)
                 row.hours_per_run = finite_or_none(hours)
                 row.cost_per_run_usd = finite_or_none(cost)
                 if row.projection and math.isfinite(hours):

@@ -53,7 +53,7 @@ def run_probe(request: ChildRequest) -> dict[str, Any]:
 # times says how far the machine's load moved the figure. Under load
 # (another process on the CPU, another on the GPU: ``HostWatch``) the round is measured once
 # more; if the machine was still shared, the payload says so and the parent does not refuse
-# on it alone (``sweeper.preflight.precision_verdict``).
+# on it alone (``sweeper.preflight_precision.precision_verdict``).
 COMPARE_ROUNDS = 2
 
 

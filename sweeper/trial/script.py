@@ -125,7 +125,7 @@ def _torchrun_program(command: list[str]) -> tuple[list[str], int | str]:
 
 
 class _Line:
-    """A command as ``sweeper.preflight.script_python`` reads it."""
+    """A command as ``sweeper.preflight_script.script_python`` reads it."""
 
     def __init__(self, command: list[str]) -> None:
         self.command, self.cwd = command, None
@@ -222,7 +222,7 @@ def _accelerate_program(
 
 def _python(command: list[str]) -> str:
     """The interpreter a launcher runs its program with: its own (its #! line's python)."""
-    from sweeper.preflight import script_python
+    from sweeper.preflight_script import script_python
 
     if Path(command[0]).name.startswith("python"):
         return command[0]

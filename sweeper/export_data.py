@@ -1,0 +1,272 @@
+"""The data part of the Trainer, SFT and DataLoader exports: the tokenizer and the data as
+the space names them, each sample cut as the trials cut it, and a collate that pads each batch
+as the engine padded it (``workload.padding``), or the packed blocks. Split from
+``sweeper.export``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sweeper import knobs
+from sweeper.errors import SpaceError
+from sweeper.job import CHATML, Workload
+from sweeper.space import Space, parse_space
+
+_BUILDERS = (
+    ((".jsonl", ".json", ".jsonl.gz", ".json.gz"), "json"),
+    ((".parquet",), "parquet"),
+    ((".csv", ".csv.gz"), "csv"),
+    ((".txt", ".txt.gz"), "text"),
+)
+
+
+def space_of(space_yaml: str) -> Space | None:
+    try:
+        return parse_space(space_yaml)
+    except SpaceError:
+        return None
+
+
+def padded_to_max(config: dict[str, Any], space_yaml: str) -> bool:
+    """Whether the trials padded every (unpacked, not padding-free) batch to max_seq_length:
+    the loop and Trainer engines pad as ``workload.padding`` says (its default: max_length);
+    SFTTrainer's collator pads each batch to its longest sample, and a script pads its own
+    way (the trainer and dataloader exports then pad to the longest too)."""
+    if config.get("packing") or config.get("padding_free"):
+        return False
+    space = space_of(space_yaml)
+    if space is None:
+        return Workload.model_fields["padding"].default == "max_length"
+    return space.workload.engine in ("loop", "trainer") and space.workload.padding == "max_length"
+
+
+def _tokenizer_source(space: Space) -> str | None:
+    """Where the trials' tokenizer loads from: workload.tokenizer.id, else the model's own;
+    None for a model built from an architecture (sweeper trained its tokenizer)."""
+    return space.workload.tokenizer.id or space.workload.model.id
+
+
+def _template_line(space: Space) -> list[str]:
+    """The chat template the trials rendered chat records with, where the space set one."""
+    template = space.workload.tokenizer.chat_template
+    if space.workload.dataset.messages_field is None or template is None:
+        return []
+    return [
+        "tokenizer.chat_template = "
+        + (repr(CHATML) if template == "chatml" else repr(template))
+        + "  # the template the trials rendered with (workload.tokenizer.chat_template)"
+    ]
+
+
+def _load_lines(space: Space) -> list[str]:
+    """``dataset = ...``: the space's data file (or save_to_disk directory) as rows."""
+    spec = space.workload.dataset
+    assert spec.path is not None
+    builder = next((b for ends, b in _BUILDERS if spec.path.lower().endswith(ends)), None)
+    if builder is None:  # a save_to_disk directory
+        return [
+            f"dataset = load_from_disk({spec.path!r})",
+            f"dataset = dataset[{spec.split!r}] if hasattr(dataset, 'keys') else dataset",
+        ]
+    return [f"dataset = load_dataset({builder!r}, data_files={spec.path!r}, split='train')"]
+
+
+def sft_data_lines(space_yaml: str) -> str:
+    """The tokenizer and the space's data as SFTTrainer takes them: chat records from a
+    'messages' column (renamed from the space's messages_field), plain text from
+    dataset_text_field; the chat template the trials rendered with, where the space set one.
+    Without a dataset path in the space, a line to fill in."""
+    space = space_of(space_yaml)
+    tokenizer_id = None if space is None else space.workload.tokenizer.id
+    lines = [
+        "from transformers import AutoTokenizer",
+        "",
+        "tokenizer = AutoTokenizer.from_pretrained("
+        + (repr(tokenizer_id) if tokenizer_id else "MODEL_ID")
+        + ")",
+    ]
+    spec = space.workload.dataset if space is not None else None
+    if space is None or spec is None or spec.path is None:
+        lines.append("# dataset = load_dataset(...)  # your training data")
+        return "\n".join(lines) + "\n"
+    lines[0:0] = ["from datasets import load_dataset, load_from_disk"]
+    lines += _template_line(space)
+    lines += _load_lines(space)
+    if spec.messages_field is not None and spec.messages_field != "messages":
+        lines.append(
+            f"dataset = dataset.rename_column({spec.messages_field!r}, 'messages')"
+            "  # SFTTrainer reads chat records from 'messages'"
+        )
+    elif spec.messages_field is None and spec.text_field != "text":
+        lines.append(
+            f"sft_config.dataset_text_field = {spec.text_field!r}  # the space's text_field"
+        )
+    return "\n".join(lines) + "\n"
+
+
+_TOKENIZE = '''
+
+def tokenize(tokenizer, text, max_length={length}):
+    """One sample as the trials read it: its token ids (no special tokens added) cut so that
+    with the EOS that closes it they are at most max_length (max_seq_length)."""
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    cut = tokenizer(
+        text, add_special_tokens=False, truncation=True, max_length=max_length - len(eos)
+    )
+    return {{"input_ids": cut["input_ids"] + eos}}
+'''
+
+_PADDED = '''
+
+class Padded:
+    """Batches padded as the trials padded theirs: {how}. The pads are masked out of
+    attention and of the loss (labels -100); a sample's own 'labels' (-100 where it is not
+    trained) are kept."""
+
+    def __init__(self, pad_id, width={width}):
+        self.pad_id, self.width = pad_id, width
+
+    def __call__(self, rows):
+        rows = [row if isinstance(row, dict) else {{"input_ids": row}} for row in rows]
+        width = self.width or max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        labels = torch.full_like(input_ids, -100)
+        for i, row in enumerate(rows):
+            ids = list(row["input_ids"])[:width]
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, : len(ids)] = 1
+            own = row.get("labels")
+            labels[i, : len(ids)] = torch.tensor(
+                ids if own is None else list(own)[:width], dtype=torch.long
+            )
+        return {{"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}}
+'''
+
+
+def _padding_why(config: dict[str, Any], space_yaml: str) -> str:
+    """How the trials padded an unpacked batch, as the exports say it."""
+    length = config["max_seq_length"]
+    if padded_to_max(config, space_yaml):
+        return f"every batch padded to {length} tokens (workload.padding: max_length)"
+    space = space_of(space_yaml)
+    engine = None if space is None else space.workload.engine
+    if engine == "sft":
+        return "each batch padded to its longest sample, as SFTTrainer's collator padded them"
+    if engine == "script":
+        return "each batch padded to its longest sample (your script's trials padded their own way)"
+    return "each batch padded to its longest sample (workload.padding: longest)"
+
+
+def data_lines(config: dict[str, Any], space_yaml: str) -> str:
+    """The unpacked samples and their batches as the trials made them, for the Trainer and
+    DataLoader exports: ``tokenize`` (token ids without special tokens, cut at max_seq_length
+    with the EOS that closes them: sweeper.trial.workload's datasets), ``collate`` (padded as
+    the trial's engine padded, ``Padded``; or padding-free, flattened), the tokenizer and the
+    space's data file tokenized, where the space names them."""
+    length = config["max_seq_length"]
+    space = space_of(space_yaml)
+    flattened = knobs.code_lines(config, "collate_fn")  # padding-free
+    lines = [
+        f"# the samples as the trials read them: tokenized, cut at {length} tokens "
+        "(max_seq_length)",
+        "# with the EOS that closes each; "
+        + (
+            "the batches padding-free (see above)"
+            if flattened
+            else _padding_why(config, space_yaml)
+        ),
+        "import torch",
+        "",
+    ]
+    code = _TOKENIZE.format(length=length)
+    if not flattened:
+        width = length if padded_to_max(config, space_yaml) else None
+        how = (
+            f"every row to width={length}\n    tokens (max_seq_length; None: to the batch's "
+            "longest row)"
+            if width
+            else "each batch to its longest\n    row (width=None; a number: every row to it)"
+        )
+        code += _PADDED.format(width=width, how=how)
+    lines += code.split("\n")[1:]
+    source = None if space is None else _tokenizer_source(space)
+    collate = flattened[0] if flattened else "Padded(pad_id=tokenizer.pad_token_id)"
+    if source is None:
+        lines += [
+            "",
+            "# tokenizer = AutoTokenizer.from_pretrained(...)  # the tokenizer you train with",
+            "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data",
+            f"collate = {collate}"
+            if flattened
+            else "collate = Padded(pad_id=0)  # your tokenizer's pad_token_id (the pads are "
+            "masked: any id runs the same)",
+        ]
+        return "\n".join(lines) + "\n"
+    assert space is not None
+    lines += [
+        "",
+        "from transformers import AutoTokenizer",
+        "",
+        f"tokenizer = AutoTokenizer.from_pretrained({source!r})",
+        *_template_line(space),
+        "if tokenizer.pad_token is None:  # as the trials did",
+        "    tokenizer.pad_token = tokenizer.eos_token",
+        f"collate = {collate}",
+    ]
+    spec = space.workload.dataset
+    if spec.path is None:
+        lines.append(
+            "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data"
+        )
+        return "\n".join(lines) + "\n"
+    text = (
+        f"tokenizer.apply_chat_template(row[{spec.messages_field!r}], tokenize=False)"
+        if spec.messages_field is not None
+        else f"row[{spec.text_field!r}]"
+    )
+    lines += [
+        "from datasets import load_dataset, load_from_disk",
+        "",
+        *_load_lines(space),
+        "dataset = dataset.map(",
+        f"    lambda row: tokenize(tokenizer, {text}),",
+        "    remove_columns=dataset.column_names,",
+        ")",
+    ]
+    if spec.loss == "completion" and spec.messages_field is not None:
+        lines += [
+            "# the trials took the loss on the assistant's replies only (dataset.loss: "
+            "completion): give each",
+            "# sample 'labels' (its input_ids, -100 on the other tokens) to do the same; "
+            "the speed is the same",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+PACKING_CODE = '''
+
+class PackedBlocks(IterableDataset):
+    """Token id lists (each closed by EOS) concatenated and cut into {block}-token blocks:
+    no padding, and a long sample continues in the next block instead of being cut."""
+
+    def __init__(self, samples, block={block}):
+        self.samples, self.block = samples, block
+
+    def __iter__(self):
+        buffer = []
+        for ids in self.samples:
+            buffer.extend(ids)
+            while len(buffer) >= self.block:
+                yield buffer[: self.block]
+                del buffer[: self.block]
+
+    @staticmethod
+    def collate(rows):
+        """Blocks are full: no padding, every token is a label."""
+        ids = torch.tensor(rows)
+        return {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}}
+
+
+dataset = PackedBlocks(dataset)  # dataset: token id lists of whole samples, each closed by EOS
+'''

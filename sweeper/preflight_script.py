@@ -1,0 +1,256 @@
+"""Preflight's checks of a script space's program (``engine: script``), before any trial:
+its python, its file, sweeper's line in it, and what its own python says of its imports
+(nothing of the user's code runs). Split from ``sweeper.preflight``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _script_program(script: Any) -> tuple[Path, str | None]:
+    """Where ``workload.script.command`` runs, and its program's path (None: not there)."""
+    import shutil
+
+    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    program = script.command[0]
+    if "/" not in program:
+        return cwd, shutil.which(program, path=os.environ.get("PATH"))
+    return cwd, str(cwd / program) if (cwd / program).is_file() else None
+
+
+def script_python(script: Any) -> str | None:
+    """The Python that runs ``workload.script.command``: its program when that is a python, or
+    the interpreter a launcher's ``#!`` line names (torchrun, accelerate: console scripts of
+    the environment they are installed in); None when neither says."""
+    import shutil
+
+    _, found = _script_program(script)
+    if found is None:
+        return None
+    if Path(script.command[0]).name.startswith("python"):
+        return found
+    try:
+        with open(found, "rb") as handle:
+            first = handle.readline(512).decode(errors="replace")
+    except OSError:
+        return None
+    words = first.removeprefix("#!").split() if first.startswith("#!") else []
+    interpreter = words[0] if words else ""
+    if Path(interpreter).name == "env" and len(words) > 1:
+        interpreter = shutil.which(words[1]) or ""
+    return interpreter if Path(interpreter).name.startswith("python") else None
+
+
+# an import of sweeper, and a call of its hook (sweeper.callback(), sweeper.step(...), or the
+# names imported from it): a file with both has the line, wherever it is in the file
+_IMPORTS_SWEEPER = re.compile(r"^\s*(import\s+sweeper\b|from\s+sweeper\s+import\b)", re.M)
+_CALLS_THE_HOOK = re.compile(r"\b(callback|step)\s*\(")
+
+
+def _names_the_hook(program: Path, limit: int = 50) -> bool:
+    """Whether ``program``, or a module of its own that it imports (a .py file or package
+    under its folder, followed up to ``limit`` files), imports sweeper and calls its hook.
+    Read as text: a file that only says so in a comment passes, as does one Python cannot
+    parse, which errs on the side of running the trial (a timeout in it then says the line
+    was never reached)."""
+    import ast
+
+    root, queue, seen = program.parent, [program], set[Path]()
+    while queue and len(seen) < limit:
+        path = queue.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")[: 1 << 20]
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError):
+            return True
+        if _IMPORTS_SWEEPER.search(text) and _CALLS_THE_HOOK.search(text):
+            return True
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for name in names:
+                base = root.joinpath(*name.split("."))
+                for found in (base.with_suffix(".py"), base / "__init__.py"):
+                    if found.is_file():
+                        queue.append(found)
+    return False
+
+
+# Run in the script's own python with the program's path: does the file parse, and is each
+# module it imports findable there (importlib.util.find_spec of its top-level package: nothing
+# is imported, no code of the user's runs)? Prints a JSON object: "syntax" [line, message,
+# text] or null; "missing" [[line, module, certain], ...], certain when the import runs
+# whenever the program starts (its module body, a class body, a with block, the body of
+# ``if __name__ == "__main__":``), not when it sits in a function, a loop or another if. An
+# import inside a try, or under ``if TYPE_CHECKING``, is the program's own guarded choice.
+_IMPORT_CHECK = r"""
+import ast, importlib.util, json, os, sys
+path = sys.argv[1]
+here = os.path.dirname(os.path.abspath(path))  # python train.py: the script's folder, not -c's ''
+if sys.path and sys.path[0] in ("", os.getcwd()):
+    sys.path[0] = here
+else:
+    sys.path.insert(0, here)
+found = {"syntax": None, "missing": []}
+try:
+    with open(path, "rb") as handle:
+        tree = ast.parse(handle.read(), path)
+except SyntaxError as e:
+    found["syntax"] = [e.lineno, e.msg, (e.text or "").strip()]
+    tree = None
+except (OSError, ValueError):
+    tree = None
+
+def main_guard(test):
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+def type_checking(test):
+    return getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING"
+
+def walk(node, certain):
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            continue
+        if isinstance(child, ast.Import):
+            names = [alias.name for alias in child.names]
+        elif isinstance(child, ast.ImportFrom):
+            names = [child.module] if child.module and not child.level else []
+        else:
+            names = None
+        if names is not None:
+            for name in names:
+                top = name.split(".")[0]
+                try:
+                    spec = importlib.util.find_spec(top)
+                except (ImportError, ValueError):
+                    spec = None
+                if spec is None:
+                    found["missing"].append([child.lineno, name, certain])
+        elif isinstance(child, ast.If):
+            if type_checking(child.test):
+                continue
+            if main_guard(child.test):
+                for part in child.body:
+                    walk(ast.Module(body=[part], type_ignores=[]), certain)
+                for part in child.orelse:
+                    walk(ast.Module(body=[part], type_ignores=[]), False)
+            else:
+                walk(child, False)
+        elif isinstance(child, (ast.ClassDef, ast.With, ast.AsyncWith)):
+            walk(child, certain)
+        elif isinstance(child, ast.stmt):
+            walk(child, False)
+
+if tree is not None:
+    walk(tree, True)
+print(json.dumps(found))
+"""
+
+
+def script_imports(script: Any) -> tuple[list[str], list[str]]:
+    """What the script's own python says of its program before any trial loads a model:
+    (problems, notes). A problem: the file does not parse, or an import it runs whenever it
+    starts names a module that python cannot find (every trial would crash at its start; the
+    1-based line named). A note: such an import inside a function or a condition, which may
+    never run. Nothing of the user's code runs; a program run as a module, or one whose
+    python is another machine's, is not read."""
+    import subprocess
+
+    from sweeper.space_script import script_of
+
+    cwd, _ = _script_program(script)
+    python = script_python(script)
+    program = script_of(script.command)
+    if python is None or program is None or program[2] or not cwd.is_dir():
+        return [], []
+    word = program[1]
+    path = cwd / Path(word).expanduser()
+    if not path.is_file():
+        return [], []  # said by script_problems
+    try:
+        check = subprocess.run(
+            [python, "-c", _IMPORT_CHECK, str(path)],
+            cwd=cwd, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        found = json.loads(check.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return [], []  # the check could not run: the trial will say what happens
+    problems, notes = [], []
+    if found.get("syntax"):
+        line, message, text = found["syntax"]
+        problems.append(
+            f"workload.script.command: {word}:{line}: {message} ({text}): {python} cannot "
+            "start it, so every trial would fail at its first line; fix the script"
+        )
+    for line, module, certain in found.get("missing") or []:
+        top = module.split(".")[0]
+        said = f"{word}:{line}: import {module}: {python} finds no module named {top!r}"
+        if certain:
+            problems.append(
+                f"workload.script.command: {said}, and the script imports it whenever it "
+                "starts, so every trial would fail there; install it in that environment "
+                "(or fix the import)"
+            )
+        else:
+            notes.append(
+                f"workload.script.command: {said} (inside a function or a condition: a trial "
+                "that reaches it fails)"
+            )
+    return problems, notes
+
+
+def script_problems(script: Any) -> list[str]:
+    """What stops ``workload.script.command`` before any trial: a program that is not there,
+    a Python file that is not where the command runs, a Python that cannot import sweeper
+    (the hook in the script needs it; the command's python, or its launcher's)."""
+    import subprocess
+
+    cwd, found = _script_program(script)
+    if not cwd.is_dir():
+        return [f"workload.script.cwd: {cwd} is not a directory"]
+    program = script.command[0]
+    if found is None:
+        return [
+            f"workload.script.command: {program!r} is not a program here (not on PATH, not a "
+            f"file in {cwd}); name your python (e.g. {sys.executable}) or the launcher"
+        ]
+    problems = [
+        f"workload.script.command: {word} is not a file in {cwd} (the command runs there; set "
+        "workload.script.cwd, or give the path from there)"
+        for word in script.command[1:]
+        if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
+    ]
+    from sweeper.trial.script import THE_LINE
+
+    problems += [
+        f"workload.script.command: {word} never calls sweeper's recorder (no import of sweeper "
+        f"and call of callback() or step() in it, or in a module of its own that it imports), "
+        f"so every trial would train it to its end unmeasured until trial.timeout_s: {THE_LINE}"
+        for word in script.command[1:]
+        if word.endswith(".py") and (cwd / word).is_file() and not _names_the_hook(cwd / word)
+    ]
+    python = script_python(script)
+    if python is not None:
+        check = subprocess.run(
+            [python, "-c", "import sweeper"], cwd=cwd, capture_output=True, text=True, timeout=120
+        )
+        if check.returncode != 0:
+            said = (check.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append(
+                f"workload.script.command: {python} cannot import sweeper ({said}), which the "
+                f"script's one line needs: install sweeper in that environment, or run the "
+                f"script with the python sweeper runs in ({sys.executable})"
+            )
+    return problems
