@@ -279,3 +279,24 @@ class SessionForkServer:
 
 def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _TEST_ENV}
+
+
+def script_space(command: list[str], *, search: str = "", form: str = "flags") -> Space:
+    """A script space (engine: script) running ``command`` with its knobs as ``form``, read
+    from the words only (nothing here needs my-job/ to exist)."""
+    import json
+
+    from sweeper.space import parse_space
+
+    return parse_space(
+        "study: mine\n"
+        "hardware: {name: CPU, usd_per_hour: 0.10, device: cpu}\n"
+        "workload:\n"
+        "  model: {id: my-job/model}\n"
+        "  dataset: {path: my-job/chats.jsonl, messages_field: messages}\n"
+        "  engine: script\n"
+        "  samples: 1000\n"
+        "  epochs: 1\n"
+        f"  script: {{command: {json.dumps(command)}, knobs: {form}}}\n"
+        f"search:\n  max_seq_length: [256]\n{search}"
+    )

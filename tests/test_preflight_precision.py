@@ -4,7 +4,6 @@ message says where the precision came from and how to change it there."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from sweeper.preflight_precision import (
 )
 from sweeper.space import Space, parse_space
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec
-from tests.helpers import SessionForkServer
+from tests.helpers import SessionForkServer, script_space
 
 SHARED = "other processes used 1.6 of the 2 CPUs; then other processes used 1.6 of the 2 CPUs"
 
@@ -74,18 +73,7 @@ def _space(extra: str = "", *, search: str = "  precision: [bf16]\n") -> Space:
 
 
 def _script_space(command: list[str], form: str = "sft_flags", search: str = "") -> Space:
-    return parse_space(
-        "study: mine\n"
-        "hardware: {name: CPU, usd_per_hour: 0.10, device: cpu}\n"
-        "workload:\n"
-        "  model: {id: my-job/model}\n"
-        "  dataset: {path: my-job/chats.jsonl, messages_field: messages}\n"
-        "  engine: script\n"
-        "  samples: 1000\n"
-        "  epochs: 1\n"
-        f"  script: {{command: {json.dumps(command)}, knobs: {form}}}\n"
-        f"search:\n  max_seq_length: [256]\n{search}"
-    )
+    return script_space(command, search=search, form=form)
 
 
 def _payload(times: tuple[list[float], list[float]], contended: str | None = None) -> dict:

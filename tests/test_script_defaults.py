@@ -4,7 +4,6 @@ append after the user's own words."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -13,24 +12,14 @@ from pathlib import Path
 import pytest
 
 from sweeper import knobs, script_defaults
-from sweeper.space import Baseline, Space, parse_space
+from sweeper.space import Baseline, Space
 from sweeper.sweep.observer import SweepObserver
 from sweeper.sweep.prepare import resolve_lengths
+from tests.helpers import script_space
 
 
 def _space(command: list[str], search: str = "", form: str = "flags") -> Space:
-    return parse_space(
-        "study: mine\n"
-        "hardware: {name: CPU, usd_per_hour: 0.10, device: cpu}\n"
-        "workload:\n"
-        "  model: {id: my-job/model}\n"
-        "  dataset: {path: my-job/chats.jsonl, messages_field: messages}\n"
-        "  engine: script\n"
-        "  samples: 1000\n"
-        "  epochs: 1\n"
-        f"  script: {{command: {json.dumps(command)}, knobs: {form}}}\n"
-        + f"search:\n  max_seq_length: [256]\n{search}"
-    )
+    return script_space(command, search=search, form=form)
 
 
 def test_the_commands_flags_are_the_values_of_the_knobs_the_space_does_not_list() -> None:
