@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sweeper.cost import device_count
+from sweeper.cost import device_count, money
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise
 from sweeper.store import TrialMetrics
@@ -142,9 +142,8 @@ def program_run_warnings(
         )
         cost = scaled * usd_per_hour * device_count(devices)
         estimate = (
-            f"; the program's own run would take about {scaled:.2f} h and "
-            + (f"${cost:,.2f} " if cost >= 0.995 else f"${cost:.2g} ")
-            + "(an estimate: the training hours scaled by the samples, start-up and compile once)"
+            f"; the program's own run would take about {scaled:.2f} h and {money(cost)} "
+            "(an estimate: the training hours scaled by the samples, start-up and compile once)"
         )
     return [f"{what}{estimate}; {fix}", *said]
 

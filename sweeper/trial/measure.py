@@ -49,7 +49,13 @@ from sweeper.trial.oneoff import (
 from sweeper.trial.protocol import ChildRequest, PreparedData
 from sweeper.trial.rank import Ranks
 from sweeper.trial.recipe import Recorder, ci95_rel, is_steady, merge, percentile, t95
-from sweeper.trial.workload import HFModel, config_hash, load_tokenizer, resolve_device
+from sweeper.trial.workload import (
+    HFModel,
+    config_hash,
+    cuda_index,
+    load_tokenizer,
+    resolve_device,
+)
 
 __all__ = ["ci95_rel", "is_steady", "percentile", "run_trial", "t95"]
 
@@ -74,7 +80,7 @@ def run_trial(request: ChildRequest, process_started_at: float) -> dict[str, Any
             settings.warmup,
             settings.measure,
             timer_for(device),
-            HostWatch(_cuda_index(device)),
+            HostWatch(cuda_index(device)),
             on_phase=progress.mark,
             agree=None if ranks is None else ranks.agree,
         ),
@@ -286,12 +292,6 @@ def finish(
             "env": environment(device, config_hash(model.config), request.prepared),
         }
     )
-
-
-def _cuda_index(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def measurement(values: dict[str, Any]) -> dict[str, Any]:

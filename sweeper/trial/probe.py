@@ -12,6 +12,7 @@ import torch
 
 from sweeper.trial.protocol import ChildRequest
 from sweeper.trial.workload import (
+    cuda_index,
     load_tokenizer,
     mixed_precision,
     probe_model,
@@ -78,7 +79,7 @@ def compare_precision(
     pairs = max(4, probe.steps)
     rounds: list[dict[str, Any]] = []
     for _ in range(COMPARE_ROUNDS):
-        watch = HostWatch(_cuda_index(device))
+        watch = HostWatch(cuda_index(device))
         watch.start()
         times: tuple[list[float], list[float]] = ([], [])
         for index in range(pairs):
@@ -110,17 +111,25 @@ class _Stepper:
     """A model, its optimizer and its batch, trained a step at a time in one precision."""
 
     def __init__(
-        self, request: ChildRequest, tokenizer: Any, device: torch.device, precision: str
+        self,
+        request: ChildRequest,
+        tokenizer: Any,
+        device: torch.device,
+        precision: str,
+        compile_mode: str = "none",
     ) -> None:
         assert request.probe is not None
         self.device = device
-        self.model = probe_model(
-            request.workload, tokenizer, request.probe.attn_implementation, device
-        )
+        model = probe_model(request.workload, tokenizer, request.probe.attn_implementation, device)
         if precision == "fp8":
-            to_float8(self.model, device)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+            to_float8(model, device)
+        model.train()
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.model = (
+            model
+            if compile_mode == "none"
+            else cast(torch.nn.Module, torch.compile(model, mode=compile_mode))
+        )
         generator = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, len(tokenizer), (_BATCH, _SEQ), generator=generator).to(device)
         self.autocast = mixed_precision(device, precision)
@@ -141,12 +150,6 @@ class _Stepper:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - started
-
-
-def _cuda_index(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def capabilities(device: torch.device, deepspeed: bool = False) -> dict[str, str | None]:
@@ -217,27 +220,8 @@ def _deepspeed() -> str | None:
 def _time_steps(
     request: ChildRequest, tokenizer: Any, device: torch.device, precision: str
 ) -> float:
+    """The median step time of ``probe.steps`` steps in ``precision``, after the first."""
     assert request.probe is not None
-    probe = request.probe
-    model = probe_model(request.workload, tokenizer, probe.attn_implementation, device)
-    if precision == "fp8":
-        to_float8(model, device)
-    model.train()
-    if probe.compile_mode != "none":
-        model = cast(torch.nn.Module, torch.compile(model, mode=probe.compile_mode))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, len(tokenizer), (_BATCH, _SEQ), generator=generator).to(device)
-    autocast = mixed_precision(device, precision)
-    times = []
-    for _ in range(max(2, probe.steps)):
-        started = time.perf_counter()
-        with autocast():
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - started)
+    stepper = _Stepper(request, tokenizer, device, precision, request.probe.compile_mode)
+    times = [stepper.step() for _ in range(max(2, request.probe.steps))]
     return statistics.median(times[1:])

@@ -51,6 +51,14 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+def cuda_index(device: torch.device) -> int | None:
+    """The CUDA device index ``device`` names (the current one when it names none); None off
+    CUDA: what ``HostWatch`` watches beside the host."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
 # A sample: its token ids, with which of them are labels (None: all of them; loss: completion
 # marks the replies). A plain list of ids is a sample whose every token is a label.
 Sample = tuple[list[int], list[bool] | None]
