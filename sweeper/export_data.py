@@ -116,6 +116,37 @@ def tokenize(tokenizer, text, max_length={length}):
     return {{"input_ids": cut["input_ids"] + eos}}
 '''
 
+# loss: completion: the trials' labels were the tokens starting inside an assistant's reply
+# (sweeper.trial.corpus.render_chat and completion_mask), and the EOS that closes the sample
+_TOKENIZE_REPLIES = '''
+
+def tokenize_replies(tokenizer, messages, max_length={length}):
+    """One chat record as the trials read it, the loss on the assistant's replies only
+    (dataset.loss: completion): rendered with the chat template, its token ids cut so that
+    with the EOS that closes it they are at most max_length, and 'labels' -100 on every token
+    that does not start inside a reply (a reply: what rendering the record up to it adds to
+    the prompt before it); the EOS is a label."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    replies = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            before = tokenizer.apply_chat_template(
+                messages[:i], tokenize=False, add_generation_prompt=True
+            ) if i else ""
+            upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+            replies.append((len(before), len(upto)))
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    cut = tokenizer(
+        text, add_special_tokens=False, truncation=True, max_length=max_length - len(eos),
+        return_offsets_mapping=True,
+    )
+    labels = [
+        token if any(start <= begin < end for start, end in replies) else -100
+        for token, (begin, _) in zip(cut["input_ids"], cut["offset_mapping"])
+    ]
+    return {{"input_ids": cut["input_ids"] + eos, "labels": labels + eos}}
+'''
+
 _PADDED = '''
 
 class Padded:
@@ -179,7 +210,10 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
         "import torch",
         "",
     ]
+    replies = _replies(space)
     code = _TOKENIZE.format(length=length)
+    if replies:
+        code += _TOKENIZE_REPLIES.format(length=length)[1:]
     if not flattened:
         width = length if padded_to_max(config, space_yaml) else None
         how = (
@@ -196,7 +230,10 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
         lines += [
             "",
             "# tokenizer = AutoTokenizer.from_pretrained(...)  # the tokenizer you train with",
-            "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data",
+            "# dataset = [tokenize_replies(tokenizer, messages) for messages in chats]"
+            "  # your chat records"
+            if replies
+            else "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data",
             f"collate = {collate}"
             if flattened
             else "collate = Padded(pad_id=0)  # your tokenizer's pad_token_id (the pads are "
@@ -225,23 +262,31 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
         if spec.messages_field is not None
         else f"row[{spec.text_field!r}]"
     )
+    call = (
+        f"tokenize_replies(tokenizer, row[{spec.messages_field!r}])"
+        if replies
+        else f"tokenize(tokenizer, {text})"
+    )
     lines += [
         "from datasets import load_dataset, load_from_disk",
         "",
         *_load_lines(space),
         "dataset = dataset.map(",
-        f"    lambda row: tokenize(tokenizer, {text}),",
+        f"    lambda row: {call},"
+        + ("  # the loss on the replies only, as measured" if replies else ""),
         "    remove_columns=dataset.column_names,",
         ")",
     ]
-    if spec.loss == "completion" and spec.messages_field is not None:
-        lines += [
-            "# the trials took the loss on the assistant's replies only (dataset.loss: "
-            "completion): give each",
-            "# sample 'labels' (its input_ids, -100 on the other tokens) to do the same; "
-            "the speed is the same",
-        ]
     return "\n".join(lines) + "\n"
+
+
+def _replies(space: Space | None) -> bool:
+    """Whether the trials took the loss on the assistant's replies only (loss: completion,
+    chat records)."""
+    if space is None:
+        return False
+    spec = space.workload.dataset
+    return spec.loss == "completion" and spec.messages_field is not None
 
 
 PACKING_CODE = '''

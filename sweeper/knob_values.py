@@ -131,7 +131,9 @@ def padding_free_code(value: bool) -> Mapping[str, tuple[str, ...]]:
         "from transformers import DataCollatorWithFlattening",
     )
     return {
-        "trainer": (*flatten, "# Trainer(..., data_collator=DataCollatorWithFlattening())"),
+        # the export's own data lines then say `collate = DataCollatorWithFlattening()` and
+        # pass it as the Trainer's data_collator
+        "trainer": flatten,
         "sft": (
             "# padding_free: TRL does not cut samples without packing (max_length=None): give it",
             "# samples already cut at max_seq_length (input_ids), as the trials did",

@@ -70,7 +70,8 @@ def test_the_levers_reach_the_exported_text(url: str) -> None:
     assert "padding_free" not in kwargs  # not a TrainingArguments field: the collator says it
     trainer = render(rec, "trainer", space_yaml)
     assert "convert_to_float8_training(model" in trainer and "Float8Linear" in trainer
-    assert "data_collator=DataCollatorWithFlattening()" in trainer
+    assert "collate = DataCollatorWithFlattening()" in trainer
+    assert "data_collator=collate" in trainer
     sft = sft_kwargs(rec, space_yaml)
     # TRL refuses max_length without packing when padding-free: the samples come cut
     assert sft["padding_free"] is True and sft["max_length"] is None

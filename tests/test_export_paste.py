@@ -262,3 +262,81 @@ def test_the_dataloader_export_of_a_qlora_study_loads_and_prepares_as_measured(
     assert "get_peft_model(model, LoraConfig(r=8," in prepare
     assert "params = [p for p in model.parameters() if p.requires_grad]" in prepare
     assert "AdamW(params," in prepare and "model.parameters(), lr" not in prepare
+
+
+@pytest.mark.torch
+def test_a_replies_only_export_labels_the_replies_as_the_trial_did(
+    job: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """loss: completion: the Trainer and DataLoader exports label the assistant's replies only,
+    the very labels the trial's dataset and collator made from the same records (they took the
+    loss on every token, with a comment saying how to do otherwise), and the Trainer export
+    trains on them as pasted."""
+    import torch
+    from datasets import Dataset
+
+    from sweeper.space import parse_space
+    from sweeper.trial.corpus import render_chat
+    from sweeper.trial.workload import TokenizingDataset, make_collator
+
+    monkeypatch.chdir(tmp_path)
+    space_yaml = _space(job)
+    space = yaml.safe_load(space_yaml)
+    space["workload"]["dataset"]["loss"] = "completion"
+    rec, space_yaml = _study(sqlite_url, yaml.safe_dump(space))
+    chats = _texts(40)
+    chats[3] = chats[3] * 12  # a long record: cut at max_seq_length, its later replies lost
+    chats[5] = [*chats[5], {"role": "user", "content": "And?"}, chats[5][1]]  # two replies
+
+    for fmt in ("dataloader", "trainer"):
+        text = render(rec, fmt, space_yaml)
+        assert "tokenize_replies(tokenizer, row['messages'])" in text
+        namespace = _exec(text)
+        tokenizer = namespace["tokenizer"]
+        rows = [namespace["tokenize_replies"](tokenizer, chat) for chat in chats]
+        rendered = [render_chat(c, tokenizer, tokenizer.chat_template, True) for c in chats]
+        trial_rows = TokenizingDataset(
+            Dataset.from_dict(
+                {"text": [t for t, _ in rendered], "completion_spans": [s for _, s in rendered]}
+            ),
+            "text",
+            tokenizer,
+            LENGTH,
+        )
+        collate = make_collator(
+            parse_space(space_yaml).workload,
+            tiny_config(per_device_batch_size=BATCH, max_seq_length=LENGTH),
+            tokenizer,
+        )
+        for start in (0, 4):  # the long record's batch, and the two-reply one's
+            ours = namespace["collate"](rows[start : start + BATCH])
+            theirs = collate([trial_rows[i] for i in range(start, start + BATCH)])
+            assert ours.keys() == theirs.keys()
+            for key in theirs:
+                assert torch.equal(ours[key], theirs[key]), (fmt, start, key)
+        prompts = (ours["labels"] == -100) & (ours["attention_mask"] == 1)
+        assert bool(prompts.any()) and bool((ours["labels"] != -100).any())
+
+    trainer = namespace["trainer"]  # the Trainer export, its dataset the space's file
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert bool(((batch["labels"] == -100) & (batch["attention_mask"] == 1)).any())
+    assert len(_train(trainer)) == 2
+
+
+@pytest.mark.torch
+def test_the_padding_free_trainer_export_runs_as_written(
+    job: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The padding-free Trainer export builds its collator once (it also told the user to
+    pass a second one to the Trainer) and trains on flattened batches as pasted."""
+    monkeypatch.chdir(tmp_path)
+    rec, space_yaml = _study(sqlite_url, _space(job), padding_free=True)
+    text = render(rec, "trainer", space_yaml)
+    code = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert sum("DataCollatorWithFlattening()" in line for line in code) == 1
+    assert sum("DataCollatorWithFlattening" in line for line in text.splitlines()) == 2  # import
+    trainer = _exec(text)["trainer"]
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
+    assert int((batch["position_ids"] == 0).sum()) == BATCH  # one start per sample
+    assert len(_train(trainer)) == 2
