@@ -160,6 +160,17 @@ def test_trial_filters(client: TestClient) -> None:
     several = client.get(url, params=[("state", "failed"), ("state", "running")]).json()
     assert [t["number"] for t in several] == [2, 4]
     assert client.get(url, params={"state": "exploded"}).status_code == 422
+    assert numbers(failure_kind="unsupported") == [2]
+
+
+def test_a_misspelt_trial_filter_is_422_not_every_trial(client: TestClient) -> None:
+    url = f"/api/studies/{STUDY_PATH}/trials"
+    kind = client.get(url, params={"failure_kind": "ooom"})
+    assert kind.status_code == 422, kind.text
+    assert "'oom'" in kind.text and "'timeout'" in kind.text
+    typo = client.get(url, params={"stat": "failed"})
+    assert typo.status_code == 422, typo.text
+    assert "unknown query parameter 'stat' (did you mean 'state'?)" in typo.text
 
 
 def test_one_trial_includes_its_measurement(client: TestClient) -> None:

@@ -27,7 +27,7 @@ from api.schemas import (
 from api.security import WriteAccess
 from sweeper import compare, control, importance, recommend, verdict
 from sweeper.catalog import KEY_PATTERN
-from sweeper.errors import ConflictError
+from sweeper.errors import FAILURE_KINDS, ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
 from sweeper.settings import Settings
 from sweeper.space import TrialConfig
@@ -37,6 +37,7 @@ from sweeper.store.store import TRIAL_SORT_KEYS, utcnow
 from sweeper.studyfile import model_shape, real_token_mfu
 
 SortKey = Literal[TRIAL_SORT_KEYS]  # type: ignore[valid-type]
+FailureKind = Literal[FAILURE_KINDS]  # type: ignore[valid-type]
 # Lax validation turns the query's text into the knob's type ("8" → 8, "true" → True).
 _KNOB_TYPES = {
     name: TypeAdapter(f.annotation)
@@ -104,6 +105,7 @@ def get_study(name: StudyName, store: StoreDep) -> StudyDetail:
 
 @router.get("/{name}/trials", response_model=list[TrialSummary])
 def list_trials(
+    request: Request,
     name: StudyName,
     store: StoreDep,
     response: Response,
@@ -115,7 +117,8 @@ def list_trials(
         list[TrialState] | None, Query(description="keep these states; repeat to give several")
     ] = None,
     failure_kind: Annotated[
-        list[str] | None, Query(description="keep failures of these kinds (oom, timeout, ...)")
+        list[FailureKind] | None,
+        Query(description="keep failures of these kinds (oom, timeout, ...)"),
     ] = None,
     config: Annotated[
         list[str] | None,
@@ -132,7 +135,9 @@ def list_trials(
     offset: Offset = 0,
 ) -> list[TrialSummary]:
     """Trials (default: in number order, 100 per page), without the raw measurement (see
-    /trials/{number}). ``X-Total-Count`` says how many match the filters in all."""
+    /trials/{number}). ``X-Total-Count`` says how many match the filters in all. A filter
+    that is misspelt (``?stat=failed``) or names no failure kind is a 422, not every trial."""
+    _no_unknown_query(request)
     filters: dict[str, Any] = {
         "after": after,
         "states": state,
