@@ -315,6 +315,16 @@ def open_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
             "directory written by save_pretrained or a hub id this machine can reach (set "
             "tokenizer.id if the model's directory has no tokenizer)",
         ) from e
+    if not tokenizer("Some text to train on.", add_special_tokens=False)["input_ids"]:
+        # transformers 5 loads a directory without tokenizer files (config.json and weights
+        # only) as an empty GPT-2 tokenizer: every sample became 0 tokens, and was measured so
+        raise TrialError(
+            "error",
+            f"workload.model.id (or tokenizer.id): {path} has no tokenizer (AutoTokenizer made "
+            f"an empty one of {len(tokenizer)} token(s) that turns text into no tokens); save "
+            f"the run's tokenizer there (tokenizer.save_pretrained('{path}')), or set "
+            "workload.tokenizer.id to the directory or hub id that holds it",
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
