@@ -36,7 +36,12 @@ from sweeper.errors import SweeperError
 from sweeper.knobs import AttnImplementation, CompileMode, Precision
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight_precision import PrecisionJudgement, precision_judgement, precision_slowdown
-from sweeper.preflight_script import script_imports, script_problems, script_python
+from sweeper.preflight_script import (
+    script_imports,
+    script_parses,
+    script_problems,
+    script_python,
+)
 from sweeper.space import Space, TrialConfig
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, ProbeSpec
 
@@ -472,6 +477,11 @@ class _PreflightRun:
                 self.problem(problem)
             if not self.problems:
                 problems, notes = script_imports(self.space.workload.script)
+                if not problems and self.collect:
+                    # doctor: the parse as a trial runs it (a sweep's trials say it themselves,
+                    # and the sweep stops after three alike failures)
+                    problems, more = script_parses(self.space, self.cache_dir)
+                    notes += more
                 for problem in problems:
                     self.problem(problem)
                 for note in notes:

@@ -254,3 +254,125 @@ def script_problems(script: Any) -> list[str]:
                 f"script with the python sweeper runs in ({sys.executable})"
             )
     return problems
+
+
+PARSE_CHECK_S = 120  # the program's imports (torch, transformers, TRL) and its parse
+
+
+def script_parses(space: Any, cache_dir: Path) -> tuple[list[str], list[str]]:
+    """(problems, notes): whether the program's own parser takes the words a trial gives it
+    (the space's command with the knobs as flags, of the baseline or the first config of the
+    search), run in its python as far as its parse and no further
+    (``sweeper.trial.parse_check``): a required argument the command lacks, a flag the parser
+    does not know, a value a TrainingArguments refuses would fail every trial before it trains.
+    Only a program that parses its arguments (argparse, HfArgumentParser, TrlParser) is run;
+    one that gets as far as sweeper's line without a parse stops there."""
+    import subprocess
+    import tempfile
+
+    from sweeper.errors import TrialError
+    from sweeper.trial.failures import classify_output, raised_at
+    from sweeper.trial.parse_check import PARSE_ENV
+    from sweeper.trial.protocol import ChildRequest
+    from sweeper.trial.script import CONFIG_ENV, _unparsed_hint, launch_of
+
+    script = space.workload.script
+    config = (
+        space.baseline.as_config(space.search)
+        if space.baseline is not None
+        else next(space.search.grid(), None)
+    )
+    if config is None:
+        return [], []
+    request = ChildRequest.for_space("trial", space, cache_dir, config=config)
+    try:
+        words, env = launch_of(request)
+    except TrialError:
+        return [], []  # said by the other checks (flag_drops, the launch line's own parser)
+    at = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
+    if at is None or not Path(words[0]).name.startswith("python") or "-m" in words[1:at]:
+        return [], []  # not `python [-u] train.py ...`: a module, a shell script
+    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    program = cwd / words[at]
+    try:
+        source = program.read_text(errors="replace")
+    except OSError:
+        return [], []  # said by script_problems
+    if not re.search(r"ArgumentParser|TrlParser|parse_args", source):
+        return [], []
+    shown = " ".join(words[at:])
+    with tempfile.TemporaryDirectory(prefix="sweeper-parse-") as folder:
+        reached = Path(folder) / "reached"
+        environ = {
+            **os.environ,
+            **env,
+            CONFIG_ENV: json.dumps(config.model_dump()),
+            PARSE_ENV: str(reached),
+        }
+        command = [words[0], "-m", "sweeper.trial.parse_check", *words[at:]]
+        try:
+            run = subprocess.run(
+                command,
+                cwd=cwd,
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=PARSE_CHECK_S,
+                start_new_session=True,
+            )
+        except subprocess.TimeoutExpired:
+            return [], [
+                f"whether your script's parser takes the words a trial gives it ({shown}) was "
+                f"not checked: it did not parse them within {PARSE_CHECK_S} s"
+            ]
+        if reached.is_file():
+            return [], []
+    if run.returncode == 0:
+        return [], [
+            f"your script ({shown}) ran to its end without parsing its arguments or reaching "
+            "sweeper's line, so whether it takes the trial's flags was not checked"
+        ]
+    said = _without_frames(run.stderr, ("parse_check.py", "runpy.py"))
+    kind, message = classify_output(said)
+    raised = raised_at(said, str(cwd.resolve()))
+    where = f" (raised at {raised})" if raised else ""
+    hint = _unparsed_hint(message, script.knobs, script.command)
+    if not hint and "unrecognized arguments" in message and script.knobs != "env":
+        hint = (
+            f"; with workload.script.knobs: {script.knobs} each trial appends the knobs as "
+            "flags in TrainingArguments' names (--per_device_train_batch_size 4 ...), and your "
+            "parser does not take these: add them to it, parse TrainingArguments with "
+            "HfArgumentParser, or set workload.script.knobs: env and take each knob from "
+            "sweeper.trial_config()"
+        )
+    if not hint and "arguments are required" in message:
+        hint = "; add them to workload.script.command"
+    # what went wrong first, the words last: a terminal cuts a long line at its width
+    return [
+        f"workload.script.command: your script stops before it trains (exit {run.returncode}), "
+        f"as every trial would: {message}{where}{hint} (the words a trial gives it: {shown})"
+    ], []
+
+
+def _without_frames(traceback: str, files: tuple[str, ...]) -> str:
+    """``traceback`` without the frames of ``files`` (the parse check's own, which would be
+    named as where the program raised) and the source lines Python showed under them.
+
+    >>> print(_without_frames(
+    ...     '  File "/w/train.py", line 4, in main\\n    parse()\\n'
+    ...     '  File "/s/parse_check.py", line 45, in wrapper\\n    result = method()\\n'
+    ...     "ValueError: no", ("parse_check.py",)))
+      File "/w/train.py", line 4, in main
+        parse()
+    ValueError: no
+    """
+    kept, skipping = [], False
+    for line in traceback.splitlines():
+        if line.startswith('  File "'):
+            skipping = any(f'{os.sep}{name}"' in line for name in files)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept)

@@ -261,8 +261,14 @@ def test_a_script_space_says_which_knobs_run_at_the_commands_values(
     tmp_path: Path, cache_dir: Path
 ) -> None:
     """A knob the space does not list runs at the value the script's command gives it: launch
-    says so before its trials, and doctor, reading the same space, says it too."""
-    (tmp_path / "train.py").write_text("import sweeper\n\nsweeper.callback()\n")
+    says so before its trials, and doctor, reading the same space, says it too. The script's
+    parser needs an argument the command does not give: doctor runs it as far as its parse
+    and says so (it said "can run here", and every trial then exited 2)."""
+    (tmp_path / "train.py").write_text(
+        "import argparse\n\nimport sweeper\n\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--data_file', required=True)\n"
+        "parser.parse_known_args()\nsweeper.callback()\n"
+    )
     space = yaml.safe_load(TINY_SPACE.read_text())
     space["workload"]["engine"] = "script"
     space["workload"]["script"] = {
@@ -274,8 +280,14 @@ def test_a_script_space_says_which_knobs_run_at_the_commands_values(
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump(space))
     result = _doctor("--space", str(path), "--json", "--write-mb", "8", cache_dir=cache_dir)
-    assert result.returncode in (0, 1), result.stderr
-    said = [f["text"] for f in json.loads(result.stdout)["findings"] if f["topic"] == "space"]
+    assert result.returncode == 1, result.stderr
+    findings = json.loads(result.stdout)["findings"]
+    assert any(
+        f["level"] == "problem"
+        and "train.py: error: the following arguments are required: --data_file" in f["text"]
+        for f in findings
+    ), findings
+    said = [f["text"] for f in findings if f["topic"] == "space"]
     assert any(
         text.startswith("from your command: ")
         and "gradient_checkpointing True (--gradient_checkpointing True)" in text

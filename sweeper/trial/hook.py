@@ -47,6 +47,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sweeper.trial.parse_check import PARSE_ENV
 from sweeper.trial.rank import Ranks
 from sweeper.trial.script import CONFIG_ENV, REQUEST_ENV, RESULT_ENV
 
@@ -78,6 +79,7 @@ def callback() -> Any:
     from transformers import TrainerCallback
 
     if not active():
+        _parse_check_ends()
         return TrainerCallback()
     return _the_session().trainer_callback()
 
@@ -99,8 +101,18 @@ def step(
     the list of its micro-batches. ``model`` is needed once (read back, MFU, the checkpoint
     cost); ``optimizer`` and ``loader`` let the trial read back what they ran."""
     if not active():
+        _parse_check_ends()
         return contextlib.nullcontext(_NoStep())
     return _the_session().step(batch, model, optimizer, loader)
+
+
+def _parse_check_ends() -> None:
+    """In ``sweeper doctor``'s parse check (``sweeper.trial.parse_check``) the program got as
+    far as this line without a parse to stop at: it starts, and ends here."""
+    if PARSE_ENV in os.environ:
+        from sweeper.trial.parse_check import stop
+
+        stop("hook")
 
 
 def _the_session() -> _Session:
