@@ -43,7 +43,10 @@ def data_shape(path: Path) -> tuple[str, str, int | None]:
                     ".jsonl line holds one JSON object: fix or drop that line"
                 ) from None
             if not isinstance(record, dict):
-                raise SpaceError(f"{path}:{number}: not a JSON object")
+                raise SpaceError(
+                    f"{path}:{number}: not a JSON object (a {type(record).__name__}, not an "
+                    "object); each .jsonl line holds one JSON object: fix or drop that line"
+                )
             if rows == 1:
                 kind, column = _shape_of(record, f"{path}:{number}")
             _check_record(record, kind, column, f"{path}:{number}")

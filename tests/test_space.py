@@ -319,7 +319,8 @@ def test_init_names_a_bad_record_by_its_line_before_writing(tmp_path: Path) -> N
         '{"messages": [{"role": "user"': r":4: not a JSON object \(Expecting ',' delimiter at "
         r"the end of the line \(a bracket or brace left open\?\)\); each \.jsonl line holds "
         r"one JSON object: fix or drop that line",
-        '["a", "list"]': r":4: not a JSON object$",
+        '["a", "list"]': r":4: not a JSON object \(a list, not an object\); each \.jsonl line "
+        r"holds one JSON object: fix or drop that line$",
         '{"messages": "oops"}': r":4: 'messages' is str \"oops\", not a non-empty list",
         '{"messages": []}': r":4: 'messages' is list \[\], not a non-empty list",
         '{"text": "no chat"}': r":4: 'messages' is missing, not a non-empty list",
