@@ -436,6 +436,12 @@ def print_comparison(comparison: Comparison) -> None:
         f"[bold]{dollars(cheapest.cost_per_run_usd)}/run[/]",
         highlight=False,
     )
+    if cheapest.ties and cheapest.tie_note:  # a front row may read a cent cheaper: say why
+        ties = ", ".join(f"#{t}" for t in cheapest.ties)
+        console.print(
+            f"  ties within the noise with {ties}; {escape(cheapest.tie_note.split('; ')[-1])}",
+            highlight=False,
+        )
     table = Table(title="Pareto front: no other config is both faster and cheaper")
     for column in ("machine", "$/h", "study", "trial", "config", "h/run", "$/run"):
         table.add_column(column)

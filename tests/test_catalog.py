@@ -190,6 +190,10 @@ def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> 
     assert table.returncode == 0, table.stderr
     assert "estimate" in table.stdout and "predicted OOM" in table.stdout
     assert "cheapest that meets them: H100 SXM 80GB" in table.stdout
+    # the recommended trial (#5) ties with #4, which the front shows a few cents cheaper: the
+    # line under "cheapest" says so, as `best` does
+    assert "trial #5: 6.6 h, $16.57/run" in table.stdout
+    assert "ties within the noise with #4; picked for the least peak memory" in table.stdout
 
     unknown = subprocess.run(run + ["--gpu", "b200"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2
