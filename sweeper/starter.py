@@ -151,6 +151,32 @@ def model_reference(model: str) -> str:
     return model
 
 
+def _check_chat_template(model: str, directory: Path, data: Path) -> None:
+    """Chat records need the tokenizer's chat template: a model directory whose tokenizer has
+    none (no chat_template.jinja, none in tokenizer_config.json) is refused here, where the
+    sweep's prepare step would stop on it after init had written the space."""
+    if (directory / "chat_template.jinja").is_file() or (
+        directory / "chat_template.json"
+    ).is_file():
+        return
+    if (directory / "additional_chat_templates").is_dir():
+        return
+    config = directory / "tokenizer_config.json"
+    try:
+        named = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        return  # the prepare step names a broken tokenizer config with transformers' words
+    if named:
+        return
+    raise SpaceError(
+        f"--model {model}: its tokenizer has no chat template ({directory} holds no "
+        f"chat_template.jinja and its tokenizer_config.json names none), and {data} holds chat "
+        "records, which are rendered with it; save the template your run uses with the "
+        "tokenizer (tokenizer.chat_template = ...; tokenizer.save_pretrained(DIR)), or write the "
+        "space by hand with workload.tokenizer.chat_template ('chatml' for ChatML)"
+    )
+
+
 def minimal_space(
     *,
     study: str,
@@ -172,6 +198,8 @@ def minimal_space(
             "has with --samples"
         )
     model_id = model_reference(model)
+    if kind == "messages_field" and Path(model_id).is_dir():
+        _check_chat_template(model, Path(model_id), data)
     field = f"      {kind}: {column}\n" if (kind, column) != ("text_field", "text") else ""
     text = (
         "# Your own fine-tune, written by `sweeper init`. Everything not here has a default\n"

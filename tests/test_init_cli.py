@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO
 
 
@@ -27,3 +29,38 @@ def test_init_without_a_terminal_names_the_missing_option(tmp_path: Path) -> Non
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert "Missing option '--price'" in ran.stderr and "Aborted" not in ran.stderr
     assert not out.exists()
+
+
+@pytest.mark.torch  # transformers writes the tokenizer and the config, as save_pretrained does
+def test_init_refuses_chat_records_for_a_tokenizer_without_a_chat_template(
+    tmp_path: Path,
+) -> None:
+    """A model directory whose tokenizer has no chat template, with chat data: the sweep's
+    prepare step stops on it ('the tokenizer has no chat template'), so init says so before it
+    writes the space, and writes it once the tokenizer carries one."""
+    from transformers import AutoTokenizer, GPT2Config
+
+    from sweeper.trial.corpus import CHATML, train_tokenizer
+
+    model = tmp_path / "model"
+    train_tokenizer(["hello there, how are you?", "fine, thank you."] * 50, 300, model)
+    GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=300).save_pretrained(model)
+    data = tmp_path / "chats.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    data.write_text(json.dumps(chat) + "\n")
+    out = tmp_path / "mine.yaml"
+    command = [sys.executable, "-m", "sweeper.cli", "init", "--model", str(model), "--data",
+               str(data), "--price", "1", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "300"}
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert f"--model {model}: its tokenizer has no chat template" in ran.stderr, ran.stderr
+    assert "workload.tokenizer.chat_template" in ran.stderr
+    assert not out.exists()
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(model)
+    ran = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "messages_field: messages" in out.read_text()
