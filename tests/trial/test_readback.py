@@ -224,3 +224,25 @@ def test_generation_markers_are_recognised() -> None:
     assert has_generation_markers("{%- generation -%}x{%- endgeneration -%}")
     assert not has_generation_markers("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     assert not has_generation_markers(None)
+
+
+@pytest.mark.torch
+def test_a_gpt2_models_compute_dtype_is_read_from_its_conv1d_layers() -> None:
+    """GPT-2's projections are transformers' Conv1D and its only torch Linear is the LM head,
+    which the read-back skips: it found no layer, read precision 'not observed', and failed
+    every trial of a GPT-2 model (arch: gpt2, or a GPT-2 checkpoint) as a mismatch."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from sweeper.trial.engines.readback import ComputeDtype
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    plain = ComputeDtype(model)
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert plain.dtype == torch.float32
+    plain.remove()
+    autocast = ComputeDtype(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=ids, labels=ids)
+    assert autocast.dtype == torch.bfloat16

@@ -61,14 +61,22 @@ class ComputeDtype:
     training forward, which is the autocast dtype that really ran (an fp32 model under bf16
     autocast computes bf16). Not the LM head, which TRL replaces by a fused kernel, nor the
     outer module: Trainer's and accelerate's autocast wrap its forward, so a hook there would
-    run outside it."""
+    run outside it. GPT-2's projections are transformers' Conv1D (a linear layer with its
+    weight transposed), its only torch Linear the LM head: they count as linear here."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        from transformers.pytorch_utils import Conv1D
+
         self.dtype: torch.dtype | None = None
         base = _base(model)
         head = base.get_output_embeddings()
         first = next(
-            (m for m in base.modules() if isinstance(m, torch.nn.Linear) and m is not head), None
+            (
+                m
+                for m in base.modules()
+                if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head
+            ),
+            None,
         )
         self._handle = first.register_forward_hook(self._seen) if first is not None else None
 
