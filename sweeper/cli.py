@@ -35,7 +35,7 @@ from sweeper.console import (
     print_leaderboard,
     print_recommendation,
 )
-from sweeper.errors import CatalogError, SpaceError, SweeperError, Terminated
+from sweeper.errors import CatalogError, SettingsError, SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
     from sweeper.recommend import Constraints
@@ -367,17 +367,13 @@ def serve(
 ) -> None:
     """Serve the REST API and the dashboard."""
     import uvicorn
-    from pydantic import ValidationError
 
     from api.app import create_app
     from sweeper.ports import address_taken
     from sweeper.settings import Settings, resolve_storage
     from sweeper.store import redact
 
-    try:
-        settings = Settings()
-    except ValidationError as e:
-        raise fail(f"invalid SWEEPER_* environment: {e}", 2) from None
+    settings = Settings()
     taken = address_taken(host or settings.host, port or settings.port)
     if taken is not None:
         raise fail(taken, code=3)
@@ -716,7 +712,10 @@ def main() -> None:
     # SIGTERM (docker stop, Kubernetes, and PID 1 in a container, where a signal without a
     # handler is ignored) stops the sweep the same way, with its own exit code
     signal.signal(signal.SIGTERM, _terminate)
-    app()
+    try:
+        app()
+    except SettingsError as e:  # read by whichever command needs the environment
+        raise SystemExit(fail(str(e), 2).exit_code) from None
 
 
 def _terminate(signum: int, frame: object) -> None:

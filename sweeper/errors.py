@@ -3,6 +3,7 @@
     SweeperError
     ├── SpaceError            a space file is missing, not YAML, or fails validation (exit 2)
     ├── CatalogError          a GPU catalog file, or a GPU type asked of it, is wrong (exit 2)
+    ├── SettingsError         a SWEEPER_* environment variable is wrong (exit 2)
     ├── StorageError          the database cannot be reached or its schema is wrong
     │   ├── DatabaseLostError     a sweep's database stayed away past its retry window
     │   └── DiskFullError         the disk under the database is full
@@ -54,6 +55,11 @@ class SpaceError(SweeperError):
 class CatalogError(SweeperError):
     """A GPU catalog cannot be used (``sweeper.catalog``), or names no GPU type asked for; the
     message names the file, the line and the field, or the keys the catalog has."""
+
+
+class SettingsError(SweeperError):
+    """A ``SWEEPER_*`` environment variable cannot be used; the message names each variable
+    and what to write, never its value (a token is a secret)."""
 
 
 class StorageError(SweeperError):

@@ -7,10 +7,12 @@ the space file's ``storage:``, then an embedded SQLite file in the working direc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from sweeper.errors import SettingsError
 
 DEFAULT_STORAGE = "sqlite:///sweeper.db"
 
@@ -56,12 +58,25 @@ class Settings(BaseSettings):
         "by default (the dashboard is same-origin)",
     )
 
+    def __init__(self, **values: Any) -> None:
+        # every command reads the environment through here: a wrong variable is said once, by
+        # its name, not as pydantic's report (which echoes the value: a token is a secret)
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"SWEEPER_{'_'.join(str(part) for part in error['loc']).upper()}: "
+                + error["msg"].removeprefix("Value error, ")
+                for error in e.errors()
+            )
+            raise SettingsError(f"invalid SWEEPER_* environment: {problems}") from None
+
     @field_validator("api_token")
     @classmethod
     def _token_long_enough(cls, token: SecretStr | None) -> SecretStr | None:
         if token is not None and len(token.get_secret_value()) < 16:
             raise ValueError(
-                "SWEEPER_API_TOKEN is shorter than 16 characters; use e.g. "
+                "shorter than 16 characters; use e.g. "
                 "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         return token
@@ -75,7 +90,7 @@ class Settings(BaseSettings):
         for origin in origins if isinstance(origins, list) else []:
             if origin == "*" or not origin.startswith(("http://", "https://")):
                 raise ValueError(
-                    f"SWEEPER_CORS_ORIGINS: {origin!r} is not an explicit origin; list each one "
+                    f"{origin!r} is not an explicit origin; list each one "
                     "as scheme://host[:port], e.g. http://localhost:3000 ('*' is not allowed)"
                 )
         return origins
