@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -21,20 +22,37 @@ ENGINES = ("sft", "trainer", "loop")
 
 
 def data_shape(path: Path) -> tuple[str, str, int | None]:
-    """(``text_field`` or ``messages_field``, the column, the number of records) of a .jsonl
-    file, read from its records: a ``messages`` list of ``{role, content}`` makes chat data.
-    Every record is checked as the prepare step will read it (one JSON object per line, the
-    first record's column in each, a chat a non-empty list of ``{role: str, content: str}``),
-    so a bad line is named here, by its 1-based number, before a space is written. Other
-    formats: plain ``text``, count unknown."""
-    if "".join(path.suffixes).lower() != ".jsonl":
+    """(``text_field`` or ``messages_field``, the column, the number of records) of a .jsonl,
+    .json or .parquet file, read from its records: a ``messages`` list of ``{role, content}``
+    makes chat data. Every record is checked as the prepare step will read it (one JSON object
+    per line, the first record's column in each, a chat a non-empty list of ``{role: str,
+    content: str}``), so a bad record is named here, by its 1-based line (or record, or row),
+    before a space is written. Other formats: plain ``text``, count unknown."""
+    suffix = path.suffix.lower()  # train.v2.jsonl is a .jsonl file
+    if suffix == ".jsonl":
+        records = _jsonl_records(path)
+    elif suffix == ".json":
+        records = _json_records(path)
+    elif suffix == ".parquet":
+        records = _parquet_records(path)
+    else:
         return "text_field", "text", None
     kind, column, rows = "text_field", "text", 0
+    for where, record in records:
+        rows += 1
+        if rows == 1:
+            kind, column = _shape_of(record, where)
+        _check_record(record, kind, column, where)
+    if rows == 0:
+        raise SpaceError(f"{path}: holds no records")
+    return kind, column, rows
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
     with path.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            rows += 1
             try:
                 record = json.loads(line)
             except ValueError as e:
@@ -47,12 +65,42 @@ def data_shape(path: Path) -> tuple[str, str, int | None]:
                     f"{path}:{number}: not a JSON object (a {type(record).__name__}, not an "
                     "object); each .jsonl line holds one JSON object: fix or drop that line"
                 )
-            if rows == 1:
-                kind, column = _shape_of(record, f"{path}:{number}")
-            _check_record(record, kind, column, f"{path}:{number}")
-    if rows == 0:
-        raise SpaceError(f"{path}: holds no records")
-    return kind, column, rows
+            yield f"{path}:{number}", record
+
+
+def _json_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
+    """A .json file as datasets reads it: a list of objects, or one object per line."""
+    try:
+        document = json.loads(path.read_bytes())
+    except ValueError:
+        yield from _jsonl_records(path)  # JSON lines under a .json name
+        return
+    if not isinstance(document, list):
+        raise SpaceError(
+            f"{path}: a JSON {type(document).__name__}, not a list of records; write the "
+            "records as a JSON list, or one JSON object per line (.jsonl)"
+        )
+    for number, record in enumerate(document, start=1):
+        if not isinstance(record, dict):
+            raise SpaceError(
+                f"{path}: record {number} is not a JSON object (a {type(record).__name__}); "
+                "fix or drop that record"
+            )
+        yield f"{path}: record {number}", record
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow's ArrowInvalid and OSError: not a parquet file
+        raise SpaceError(f"{path}: cannot read it as Parquet: {e}") from None
+    number = 0
+    for batch in table.iter_batches():
+        for record in batch.to_pylist():
+            number += 1
+            yield f"{path}: row {number}", record
 
 
 def _shape_of(record: dict[str, object], where: str) -> tuple[str, str]:

@@ -304,6 +304,43 @@ def test_the_minimal_space_needs_no_guess(tmp_path: Path) -> None:
     assert parse_space(text).workload.dataset.text_field == "body"
 
 
+def test_init_reads_json_parquet_and_dotted_jsonl_names_as_the_sweep_reads_them(
+    tmp_path: Path,
+) -> None:
+    """Chat records in a .json list, a .parquet file or train.v2.jsonl: init wrote
+    ``text_field: text`` (or asked for --samples) for each, and the sweep then found no 'text'
+    column; each is read as chat data, counted, and a bad record named by its place."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sweeper.starter import minimal_space
+
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    dotted = tmp_path / "train.v2.jsonl"
+    dotted.write_text(f"{json.dumps(chat)}\n" * 3)
+    listed = tmp_path / "chats.json"
+    listed.write_text(json.dumps([chat] * 4))
+    parquet = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist([chat] * 5), parquet)
+    for data, rows in ((dotted, 3), (listed, 4), (parquet, 5)):
+        text = minimal_space(
+            study="m", model="org/m", data=data, engine="sft", hardware="H", usd_per_hour=1
+        )
+        dataset = parse_space(text).workload
+        assert dataset.dataset.messages_field == "messages", data
+        assert dataset.samples == rows, data
+    listed.write_text(json.dumps([chat, {"messages": "oops"}]))
+    with pytest.raises(SpaceError, match=r"chats.json: record 2: 'messages' is str"):
+        minimal_space(study="m", model="org/m", data=listed, engine="sft", hardware="H",
+                      usd_per_hour=1)  # fmt: skip
+    pq.write_table(pa.Table.from_pylist([chat, {"messages": []}]), parquet)
+    with pytest.raises(SpaceError, match=r"chats.parquet: row 2: 'messages' is list \[\]"):
+        minimal_space(study="m", model="org/m", data=parquet, engine="sft", hardware="H",
+                      usd_per_hour=1)  # fmt: skip
+
+
 def test_init_names_a_bad_record_by_its_line_before_writing(tmp_path: Path) -> None:
     """Every record is read as the prepare step will read it, so `sweeper init` names a bad one
     by its 1-based line (blank lines counted), not the sweep: a line that is not JSON, a chat
