@@ -210,7 +210,7 @@ def open_dataset(path: str, fmt: str, cache_dir: Path, split: str = "train") -> 
 
 
 def _jsonl(path: Path) -> bool:
-    return path.is_file() and "".join(path.suffixes).lower() == ".jsonl"
+    return path.is_file() and path.suffix.lower() == ".jsonl"  # train.v2.jsonl is one too
 
 
 def row_place(path: Path, index: int) -> str:

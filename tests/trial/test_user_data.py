@@ -149,6 +149,10 @@ def test_unreadable_files_say_which_and_how(tmp_path: Path, cache_dir: Path) -> 
     broken.write_text('{"text": "fine"}\n["a list"]\n')
     with pytest.raises(TrialError, match=r"broken.jsonl:2: not a JSON object \(a list, not an"):
         prepare(_space({"path": str(broken)}).workload, cache_dir)
+    dotted = tmp_path / "broken.v2.jsonl"  # a dotted name: pyarrow's 0-based 'row 1' before
+    dotted.write_text(broken.read_text())
+    with pytest.raises(TrialError, match=r"broken.v2.jsonl:2: not a JSON object \(a list, not"):
+        prepare(_space({"path": str(dotted)}).workload, cache_dir)
     (tmp_path / "folder").mkdir()
     with pytest.raises(TrialError, match=r"is a directory but not one datasets' save_to_disk"):
         prepare(_space({"path": str(tmp_path / "folder")}).workload, cache_dir)
