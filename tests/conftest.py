@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +18,15 @@ from typing import Any
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
     _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ["OMP_NUM_THREADS"] = str(max(1, _share))
+# DeepSpeed JIT-builds its CPU all-reduce (deepspeed_shm_comm) into torch's extension folder,
+# ~/.cache/torch_extensions by default: its build file names the venv, so every other checkout's
+# venv that ran a ZeRO test rebuilt it (test_zero: 186 s wall, 82 CPU-s with the build; 29 s
+# built). One folder per venv builds once per venv. A value set outside is kept.
+if "TORCH_EXTENSIONS_DIR" not in os.environ:
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(
+        Path.home() / ".cache" / "torch_extensions"
+        / f"venv-{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}"
+    )  # fmt: skip
 
 import psycopg  # noqa: E402
 import pytest  # noqa: E402

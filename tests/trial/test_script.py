@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -249,27 +250,34 @@ def test_a_script_that_crashes_says_where_and_a_json_config_script_is_told_why(
 def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
-    kind, message = _run_script(
-        tiny_space,
-        tiny_prepared,
-        cache_dir,
-        [sys.executable, "-c", "import time; time.sleep(600)"],
-        timeout_s=15,
-    )
-    assert kind == "timeout" and "15 s" in message
-    # it never reached sweeper's line: the message says so, and what to add (a script that
-    # forgot it trains to its end unmeasured, so its trials end here)
-    assert "your command, which never reached sweeper's line" in message, message
-    assert "callbacks=[sweeper.callback()]" in message
-    # one that reached it and then hung is told apart
-    kind, message = _run_script(
-        tiny_space,
-        tiny_prepared,
-        cache_dir,
-        [sys.executable, "-c", "import sweeper, time; sweeper.callback(); time.sleep(600)"],
-        timeout_s=30,
-    )
-    assert kind == "timeout" and "sweeper's line reached" in message, message
+    # the two trials only wait for their timeouts, each in its own child and trial directory:
+    # run side by side, the test takes the longer timeout (30 s), not the sum (45 s)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        never = pool.submit(
+            _run_script,
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            [sys.executable, "-c", "import time; time.sleep(600)"],
+            timeout_s=15,
+        )
+        # one that reached it and then hung is told apart
+        reached = pool.submit(
+            _run_script,
+            tiny_space,
+            tiny_prepared,
+            cache_dir,
+            [sys.executable, "-c", "import sweeper, time; sweeper.callback(); time.sleep(600)"],
+            timeout_s=30,
+        )
+        kind, message = never.result()
+        assert kind == "timeout" and "15 s" in message
+        # it never reached sweeper's line: the message says so, and what to add (a script that
+        # forgot it trains to its end unmeasured, so its trials end here)
+        assert "your command, which never reached sweeper's line" in message, message
+        assert "callbacks=[sweeper.callback()]" in message
+        kind, message = reached.result()
+        assert kind == "timeout" and "sweeper's line reached" in message, message
 
 
 def test_a_script_that_ignores_a_knob_fails_naming_it(
