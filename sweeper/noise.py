@@ -210,6 +210,33 @@ def overlaps(a_cost: float, a_rel: float, b_cost: float, b_rel: float) -> bool:
     )
 
 
+# a difference in $/run whose whole 95% interval lies within this of 1 does not matter to a
+# bill (``sweeper.verdict``'s "no difference that matters")
+NEGLIGIBLE = 0.02
+
+
+def tie(a_cost: float, a_rel: float, b_cost: float, b_rel: float) -> bool:
+    """Whether two configs' $/run tie: the 95% interval of their ratio (log scale, the two
+    half-widths combined in quadrature) holds 1, or lies within ``NEGLIGIBLE`` of it. The
+    test a knob's effect at the recommended config is read with (``sweeper.verdict``): two
+    intervals that merely overlap may still differ beyond the noise (±20% each, 33% apart),
+    and a recommendation that took such a config as a tie would pick one its own knob table
+    calls dearer.
+
+    >>> tie(1.00, 0.02, 1.025, 0.02), tie(1.00, 0.02, 1.034, 0.02), tie(1.0, 0.2, 1.33, 0.2)
+    (True, False, False)
+    >>> tie(16.52, 0.002, 16.57, 0.002)  # apart beyond the noise, by 0.3%: a bill cannot tell
+    True
+    >>> tie(1.0, 0.0, 1.0, 0.0), tie(1.0, 0.0, 1.03, 0.0)
+    (True, False)
+    """
+    difference = abs(math.log(b_cost) - math.log(a_cost))
+    half = math.hypot(math.log1p(max(a_rel, 0.0)), math.log1p(max(b_rel, 0.0)))
+    # verdict's bounds: low >= 1 - NEGLIGIBLE and high <= 1 + NEGLIGIBLE, either way round
+    negligible = min(math.log1p(NEGLIGIBLE), -math.log1p(-NEGLIGIBLE))
+    return difference <= half or difference + half <= negligible
+
+
 @dataclass(frozen=True)
 class Drift:
     """The reference config measured again moved beyond the noise."""

@@ -35,7 +35,7 @@ from sweeper import caveats
 from sweeper.cost import device_count, hours_figure, money, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.knob_values import as_ran
-from sweeper.noise import overlaps
+from sweeper.noise import tie
 from sweeper.recommendation import Recommendation, cost_text
 from sweeper.scaling import scaling_of
 from sweeper.store import Store, StudyRow, TrialMetrics
@@ -485,13 +485,14 @@ def decide(
 def _pick(
     eligible: list[Candidate], baseline: Candidate | None = None
 ) -> tuple[Candidate, list[Candidate], str | None]:
-    """The winner, the candidates that tie with the cheapest (their $/run intervals overlap
-    its interval), and why the winner was picked among them: the baseline when it ties (no
+    """The winner, the candidates that tie with the cheapest (``noise.tie``: the interval of
+    their $/run ratio to it holds 1 or lies within 2% of it, as the knob table reads an
+    effect), and why the winner was picked among them: the baseline when it ties (no
     measured config beats the user's own beyond the noise: switching buys nothing known),
     else the least peak memory, then the lower $/run."""
     cheapest = min(eligible, key=lambda c: c.key)
     ties = sorted(
-        (c for c in eligible if overlaps(cheapest.cost, cheapest.spread, c.cost, c.spread)),
+        (c for c in eligible if tie(cheapest.cost, cheapest.spread, c.cost, c.spread)),
         key=lambda c: c.key,
     )
     if len(ties) < 2:

@@ -31,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from sweeper.knobs import KNOB
+from sweeper.noise import NEGLIGIBLE  # an effect within it of 1 does not matter to a bill
 from sweeper.recommend import Constraints, StudyFacts, choose, truncates
 from sweeper.store import Store
 from sweeper.store.models import TrialMetrics
@@ -47,8 +48,6 @@ _T95 = (
 # a measurement without its own interval: what one short trial's $/run typically spreads
 DEFAULT_CI95_REL = 0.05
 SHOWN_TRIALS = 20
-# an effect whose whole interval lies within this of 1 does not matter to a bill
-NEGLIGIBLE = 0.02
 
 
 def t95(df: int) -> float:

@@ -117,7 +117,7 @@ def trial_request(
 
 def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
     """The recommendation is the cheapest trial, or, when others tie with the cheapest within
-    the noise (their $/run intervals overlap), the baseline if it is among them, else the tied
+    the noise (sweeper.noise.tie), the baseline if it is among them, else the tied
     one with the least peak memory. ``trials``: rows (or dicts) with number, cost_per_run_usd
     and peak_memory_bytes; returns the chosen one."""
 
