@@ -16,7 +16,7 @@ import yaml
 from sweeper import knobs
 from sweeper.cost import hours_figure, money
 from sweeper.errors import ConflictError
-from sweeper.export_data import PACKING_CODE, data_lines, padded_to_max, sft_data_lines, space_of
+from sweeper.export_data import data_lines, padded_to_max, sft_data_lines, space_of
 from sweeper.job import AdapterSpec, Workload
 from sweeper.recommendation import Recommendation
 from sweeper.trial import accelerate_line
@@ -287,20 +287,12 @@ def _lines(config: dict[str, Any], place: str) -> str:
 
 def _trainer(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
-    length = config["max_seq_length"]
     kwargs = trainer_kwargs(rec, space_yaml)
-    if config["packing"]:
-        data = (
-            f"# pack samples into blocks of {length} tokens (no padding, nothing cut): the sft "
-            f"export does it with SFTConfig(packing=True, max_length={length})\n"
-        )
-        usage = ""
-    else:
-        data = data_lines(config, space_yaml)
-        usage = (
-            "# trainer = Trainer(model=model, args=training_args, train_dataset=dataset, "
-            "data_collator=collate)\n# trainer.train()\n"
-        )
+    data = data_lines(config, space_yaml)  # packed or not, as the trials batched
+    usage = (
+        "# trainer = Trainer(model=model, args=training_args, train_dataset=dataset, "
+        "data_collator=collate)\n# trainer.train()\n"
+    )
     return (
         f"{_header(rec)}\n"
         + _launch_line(config)
@@ -456,22 +448,11 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
     device = _device(space_yaml)
     space = space_of(space_yaml)
-    length = config["max_seq_length"]
     kwargs = knobs.dataloader_arguments(config)
     if device != "cuda":
         kwargs["pin_memory"] = False  # pinning needs a GPU to copy to
-    # a packed stream is an IterableDataset: it keeps its own order, the DataLoader cannot shuffle
-    extra: dict[str, Any] = (
-        {"drop_last": True, "collate_fn": _Raw("PackedBlocks.collate")}
-        if config["packing"]
-        else {"shuffle": True, "drop_last": True, "collate_fn": _Raw("collate")}
-    )
-    where = (
-        f"# packing: samples tokenized whole, concatenated, cut into {length}-token blocks"
-        + PACKING_CODE.format(block=length)
-        if config["packing"]
-        else data_lines(config, space_yaml)
-    )
+    extra: dict[str, Any] = {"shuffle": True, "drop_last": True, "collate_fn": _Raw("collate")}
+    where = data_lines(config, space_yaml)  # packed blocks, or padded/flattened batches
     loading = ""
     if _quantized(config):
         loading = (
@@ -486,7 +467,7 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         "import functools\n"
         "import os\n\n"
         "import torch\n"
-        "from torch.utils.data import DataLoader, IterableDataset\n\n"
+        "from torch.utils.data import DataLoader\n\n"
         + _lines(config, "loader")
         + f"{where}\n"
         + f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"

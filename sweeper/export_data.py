@@ -116,6 +116,41 @@ def tokenize(tokenizer, text, max_length={length}):
     return {{"input_ids": cut["input_ids"] + eos}}
 '''
 
+# packing: each sample whole, closed by its EOS (sweeper.trial.workload's PackedStream)
+_TOKENIZE_WHOLE = '''
+
+def tokenize(tokenizer, text):
+    """One sample as the trials packed it: its token ids (no special tokens added), whole,
+    and the EOS that closes it."""
+    eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    return {{"input_ids": tokenizer(text, add_special_tokens=False)["input_ids"] + eos}}
+'''
+
+_PACK = '''
+
+def pack(rows, block={block}):
+    """Whole samples (each closed by EOS) concatenated and cut into {block}-token blocks, as
+    the trials packed them: no padding, and a long sample continues in the next block
+    instead of being cut. For dataset.map(pack, batched=True): the tokens of each batch of
+    rows that fill no whole block are dropped."""
+    ids = [token for row in rows["input_ids"] for token in row]
+    own = rows["labels"] if "labels" in rows else rows["input_ids"]
+    labels = [token for row in own for token in row]
+    whole = len(ids) // block * block
+    return {{
+        "input_ids": [ids[i : i + block] for i in range(0, whole, block)],
+        "labels": [labels[i : i + block] for i in range(0, whole, block)],
+    }}
+
+
+def collate(rows):
+    """Packed blocks are full: no padding; each block's labels are its own (every token, or
+    the replies only)."""
+    ids = torch.tensor([row["input_ids"] for row in rows], dtype=torch.long)
+    labels = torch.tensor([row["labels"] for row in rows], dtype=torch.long)
+    return {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}}
+'''
+
 # loss: completion: the trials' labels were the tokens starting inside an assistant's reply
 # (sweeper.trial.corpus.render_chat and completion_mask), and the EOS that closes the sample
 _TOKENIZE_REPLIES = '''
@@ -190,31 +225,50 @@ def _padding_why(config: dict[str, Any], space_yaml: str) -> str:
 
 
 def data_lines(config: dict[str, Any], space_yaml: str) -> str:
-    """The unpacked samples and their batches as the trials made them, for the Trainer and
-    DataLoader exports: ``tokenize`` (token ids without special tokens, cut at max_seq_length
-    with the EOS that closes them: sweeper.trial.workload's datasets), ``collate`` (padded as
-    the trial's engine padded, ``Padded``; or padding-free, flattened), the tokenizer and the
-    space's data file tokenized, where the space names them."""
+    """The samples and their batches as the trials made them, for the Trainer and DataLoader
+    exports: ``tokenize`` (token ids without special tokens, cut at max_seq_length with the
+    EOS that closes them: sweeper.trial.workload's datasets; whole when packed), ``collate``
+    (padded as the trial's engine padded, ``Padded``; or padding-free, flattened; or packed
+    blocks, ``pack``), the tokenizer and the space's data file tokenized, where the space
+    names them."""
     length = config["max_seq_length"]
     space = space_of(space_yaml)
     flattened = knobs.code_lines(config, "collate_fn")  # padding-free
+    packed = bool(config.get("packing"))
     lines = [
-        f"# the samples as the trials read them: tokenized, cut at {length} tokens "
-        "(max_seq_length)",
-        "# with the EOS that closes each; "
-        + (
-            "the batches padding-free (see above)"
-            if flattened
-            else _padding_why(config, space_yaml)
-        ),
-        "import torch",
-        "",
+        "# packing: the samples tokenized whole, each closed by its EOS, concatenated and",
+        f"# split into {length}-token blocks (max_seq_length), as the trials packed them",
     ]
+    if not packed:
+        lines = [
+            f"# the samples as the trials read them: tokenized, cut at {length} tokens "
+            "(max_seq_length)",
+            "# with the EOS that closes each; "
+            + (
+                "the batches padding-free (see above)"
+                if flattened
+                else _padding_why(config, space_yaml)
+            ),
+        ]
+    lines += ["import torch", ""]
     replies = _replies(space)
-    code = _TOKENIZE.format(length=length)
+    code = _TOKENIZE_WHOLE.format() if packed else _TOKENIZE.format(length=length)
     if replies:
-        code += _TOKENIZE_REPLIES.format(length=length)[1:]
-    if not flattened:
+        whole = _TOKENIZE_REPLIES.format(length=length)[1:]
+        if packed:  # nothing cut: the sample continues in the next block
+            whole = (
+                whole.replace(f", max_length={length}):", "):")
+                .replace("truncation=True, max_length=max_length - len(eos),\n        ", "")
+                .replace(
+                    "its token ids cut so that\n    with the EOS that closes it they are at "
+                    "most max_length, and",
+                    "its token ids whole\n    with the EOS that closes it, and",
+                )
+            )
+        code += whole
+    if packed:
+        code += _PACK.format(block=length)
+    elif not flattened:
         width = length if padded_to_max(config, space_yaml) else None
         how = (
             f"every row to width={length}\n    tokens (max_seq_length; None: to the batch's "
@@ -226,14 +280,28 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
     lines += code.split("\n")[1:]
     source = None if space is None else _tokenizer_source(space)
     collate = flattened[0] if flattened else "Padded(pad_id=tokenizer.pad_token_id)"
+    packing = ["dataset = dataset.map(pack, batched=True, remove_columns=dataset.column_names)"]
     if source is None:
-        lines += [
-            "",
-            "# tokenizer = AutoTokenizer.from_pretrained(...)  # the tokenizer you train with",
+        yours = (
             "# dataset = [tokenize_replies(tokenizer, messages) for messages in chats]"
             "  # your chat records"
             if replies
-            else "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data",
+            else "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data"
+        )
+        lines += [
+            "",
+            "# tokenizer = AutoTokenizer.from_pretrained(...)  # the tokenizer you train with",
+        ]
+        if packed:
+            lines += [
+                yours.replace(
+                    "# dataset = [", "# dataset = datasets.Dataset.from_list([", 1
+                ).replace("]  #", "])  #", 1),
+                *packing,
+            ]
+            return "\n".join(lines) + "\n"
+        lines += [
+            yours,
             f"collate = {collate}"
             if flattened
             else "collate = Padded(pad_id=0)  # your tokenizer's pad_token_id (the pads are "
@@ -249,10 +317,18 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
         *_template_line(space),
         "if tokenizer.pad_token is None:  # as the trials did",
         "    tokenizer.pad_token = tokenizer.eos_token",
-        f"collate = {collate}",
     ]
+    if not packed:
+        lines.append(f"collate = {collate}")
     spec = space.workload.dataset
     if spec.path is None:
+        if packed:
+            lines += [
+                "# dataset = datasets.Dataset.from_list([tokenize(tokenizer, text) for text "
+                "in texts])  # your training data",
+                *packing,
+            ]
+            return "\n".join(lines) + "\n"
         lines.append(
             "# dataset = [tokenize(tokenizer, text) for text in texts]  # your training data"
         )
@@ -276,6 +352,7 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
         + ("  # the loss on the replies only, as measured" if replies else ""),
         "    remove_columns=dataset.column_names,",
         ")",
+        *(packing if packed else []),
     ]
     return "\n".join(lines) + "\n"
 
@@ -287,31 +364,3 @@ def _replies(space: Space | None) -> bool:
         return False
     spec = space.workload.dataset
     return spec.loss == "completion" and spec.messages_field is not None
-
-
-PACKING_CODE = '''
-
-class PackedBlocks(IterableDataset):
-    """Token id lists (each closed by EOS) concatenated and cut into {block}-token blocks:
-    no padding, and a long sample continues in the next block instead of being cut."""
-
-    def __init__(self, samples, block={block}):
-        self.samples, self.block = samples, block
-
-    def __iter__(self):
-        buffer = []
-        for ids in self.samples:
-            buffer.extend(ids)
-            while len(buffer) >= self.block:
-                yield buffer[: self.block]
-                del buffer[: self.block]
-
-    @staticmethod
-    def collate(rows):
-        """Blocks are full: no padding, every token is a label."""
-        ids = torch.tensor(rows)
-        return {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}}
-
-
-dataset = PackedBlocks(dataset)  # dataset: token id lists of whole samples, each closed by EOS
-'''

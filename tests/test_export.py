@@ -164,8 +164,10 @@ def test_packed_dataloader_snippet_packs_instead_of_cutting(url: str) -> None:
     packed = rec.model_copy(update={"config": rec.config | {"packing": True}})
     text = render(packed, "dataloader", space_yaml)
     assert "truncat" not in text and "cut at" not in text and "packing" in text
+    from datasets import Dataset
+
     samples = [[1] * 700, [2] * 900, [3] * 1500, [4] * 3000] * 4
-    namespace: dict = {"dataset": samples}
+    namespace: dict = {"dataset": Dataset.from_dict({"input_ids": samples})}
     exec(compile(text, "<export>", "exec"), namespace)  # noqa: S102 — our own generated code
     blocks = [row.tolist() for batch in namespace["loader"] for row in batch["input_ids"]]
     assert blocks and all(len(row) == CONFIG["max_seq_length"] for row in blocks)
@@ -269,7 +271,10 @@ def test_scaled_learning_rate_and_packing_are_exported(url: str) -> None:
     )
     kwargs = trainer_kwargs(packed, space_yaml)
     assert kwargs["learning_rate"] == 7.07e-05
-    assert "SFTConfig(packing=True, max_length=1024)" in render(packed, "trainer", space_yaml)
+    trainer = render(packed, "trainer", space_yaml)  # packs as the trials did, itself
+    assert "def pack(rows, block=1024):" in trainer
+    assert "dataset = dataset.map(pack, batched=True" in trainer
+    assert "data_collator=collate" in trainer
 
 
 @pytest.mark.torch

@@ -340,3 +340,56 @@ def test_the_padding_free_trainer_export_runs_as_written(
     assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
     assert int((batch["position_ids"] == 0).sum()) == BATCH  # one start per sample
     assert len(_train(trainer)) == 2
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("loss", ["all", "completion"])
+def test_the_packed_exports_read_the_data_and_pack_it_as_the_trials_did(
+    job: Path, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loss: str
+) -> None:
+    """A packed winner's DataLoader export ended in NameError: 'dataset' (no tokenizer, no
+    data: `dataset = PackedBlocks(dataset)`), and its Trainer export held no data code at all
+    (a comment pointing at the sft export). Both now read the space's file, tokenize each
+    sample whole with its EOS as the trial's dataset does (labels on the replies only under
+    loss: completion), and split the concatenation into full max_seq_length blocks; the
+    Trainer export trains on them as pasted."""
+    from datasets import Dataset
+
+    from sweeper.trial.corpus import render_chat
+    from sweeper.trial.workload import TokenizingDataset
+
+    monkeypatch.chdir(tmp_path)
+    space = yaml.safe_load(_space(job))
+    space["workload"]["dataset"]["loss"] = loss
+    rec, space_yaml = _study(sqlite_url, yaml.safe_dump(space), packing=True)
+    for fmt in ("dataloader", "trainer"):
+        text = render(rec, fmt, space_yaml)
+        assert "truncat" not in text and "cut at" not in text
+        namespace = _exec(text)
+        tokenizer = namespace["tokenizer"]
+        rendered = [render_chat(c, tokenizer, tokenizer.chat_template, True) for c in _texts(40)]
+        columns = {"text": [t for t, _ in rendered]}
+        if loss == "completion":
+            columns["completion_spans"] = [spans for _, spans in rendered]
+        trial_rows = TokenizingDataset(Dataset.from_dict(columns), "text", tokenizer, None)
+        stream_ids, stream_labels = [], []
+        for i in range(40):  # the trial's samples, whole, in the file's order
+            ids, mask = trial_rows[i]
+            stream_ids += ids
+            stream_labels += (
+                ids if mask is None else [t if m else -100 for t, m in zip(ids, mask, strict=True)]
+            )
+        blocks = list(namespace["dataset"])
+        assert len(blocks) == len(stream_ids) // LENGTH > BATCH
+        assert [t for b in blocks for t in b["input_ids"]] == stream_ids[: len(blocks) * LENGTH]
+        assert [t for b in blocks for t in b["labels"]] == stream_labels[: len(blocks) * LENGTH]
+        if loss == "completion":
+            assert -100 in stream_labels
+        batch = namespace["collate"](blocks[:BATCH])
+        assert batch["input_ids"].shape == (BATCH, LENGTH)
+        assert bool((batch["attention_mask"] == 1).all())
+    loader = namespace.get("loader") or _exec(render(rec, "dataloader", space_yaml))["loader"]
+    assert next(iter(loader))["input_ids"].shape == (BATCH, LENGTH)
+    trainer = namespace["trainer"]
+    assert next(iter(trainer.get_train_dataloader()))["labels"].shape == (BATCH, LENGTH)
+    assert len(_train(trainer)) == 2
