@@ -238,6 +238,8 @@ def run_preflight(
     probe and returns the problems in the report. With ``probe_cache``, a probe measured on
     this machine and software within its time to live is reused, not run again."""
     run = _PreflightRun(space, prepared, cache_dir, note, server, collect, probe_cache)
+    if not run.script_runs():
+        return run.report()
     working_attn = run.attention()
     if working_attn is None:
         return run.report()
@@ -356,6 +358,17 @@ class _PreflightRun:
         else:
             self.drop("precision", precision, judgement.message)
 
+    def script_runs(self) -> bool:
+        """A script space's program is there, names sweeper's line and has a python that
+        imports sweeper: checked before any probe, which runs in that python (one without
+        torch, say the system's when the venv is not active, failed every attention probe
+        with "No module named 'torch'" instead of saying which python it was)."""
+        if self.space.workload.script is None:
+            return True
+        for problem in script_problems(self.space.workload.script):
+            self.problem(problem)
+        return not self.problems
+
     def attention(self) -> AttnImplementation | None:
         """Probe each attention implementation; the first that trains, if any."""
         working_attn: AttnImplementation | None = None
@@ -472,20 +485,17 @@ class _PreflightRun:
         missing = self.capabilities.get(f"engine:{engine}")
         if missing is not None:
             self.problem(f"workload.engine: {engine} cannot run here: {missing}")
-        if self.space.workload.script is not None:
-            for problem in script_problems(self.space.workload.script):
+        if self.space.workload.script is not None and not self.problems:
+            problems, notes = script_imports(self.space.workload.script)
+            if not problems and self.collect:
+                # doctor: the parse as a trial runs it (a sweep's trials say it themselves,
+                # and the sweep stops after three alike failures)
+                problems, more = script_parses(self.space, self.cache_dir)
+                notes += more
+            for problem in problems:
                 self.problem(problem)
-            if not self.problems:
-                problems, notes = script_imports(self.space.workload.script)
-                if not problems and self.collect:
-                    # doctor: the parse as a trial runs it (a sweep's trials say it themselves,
-                    # and the sweep stops after three alike failures)
-                    problems, more = script_parses(self.space, self.cache_dir)
-                    notes += more
-                for problem in problems:
-                    self.problem(problem)
-                for note in notes:
-                    self.note(note)
+            for note in notes:
+                self.note(note)
         adapter = self.space.workload.adapter
         missing = None if adapter is None else self.capabilities.get(f"adapter:{adapter.kind}")
         if missing is not None:

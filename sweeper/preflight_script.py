@@ -243,15 +243,24 @@ def script_problems(script: Any) -> list[str]:
     ]
     python = script_python(script)
     if python is not None:
+        # the line (sweeper.trial.hook, with pydantic) and torch: the trials and the
+        # preflight probes run in this python
         check = subprocess.run(
-            [python, "-c", "import sweeper"], cwd=cwd, capture_output=True, text=True, timeout=120
+            [python, "-c", "import sweeper.trial.hook, torch"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if check.returncode != 0:
             said = (check.stderr.strip().splitlines() or ["no output"])[-1]
+            named = re.search(r"No module named '([\w.]+)'", said)
+            what = named.group(1).split(".")[0] if named else "sweeper"
             problems.append(
-                f"workload.script.command: {python} cannot import sweeper ({said}), which the "
-                f"script's one line needs: install sweeper in that environment, or run the "
-                f"script with the python sweeper runs in ({sys.executable})"
+                f"workload.script.command: {python} cannot import {what} ({said}), which the "
+                f"script's one line and its trials need (sweeper's line, and torch to train): "
+                f"install them in that environment, or run the script with the python "
+                f"sweeper runs in ({sys.executable})"
             )
     return problems
 

@@ -257,6 +257,42 @@ def test_doctor_on_a_gpu(cache_dir: Path) -> None:
     assert report["preflight"]["precision_factor"] is not None  # bf16 timed against fp32
 
 
+def test_a_script_whose_python_cannot_run_it_is_said_before_any_probe(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script's python has no sweeper (and no torch): the system's, say, when the venv
+    is not active. Every attention probe ran in it and failed "No module named 'torch'",
+    then doctor said no attention implementation can train here; now the python is named
+    first, with the fix, and nothing is probed in it."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bare = tmp_path / "bare"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120
+    )
+    (tmp_path / "train.py").write_text("import sweeper\n\nsweeper.callback()\n")
+    space = yaml.safe_load(TINY_SPACE.read_text())
+    space["workload"]["engine"] = "script"
+    space["workload"]["script"] = {
+        "command": [str(bare / "bin" / "python"), "train.py"],
+        "cwd": str(tmp_path),
+    }
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    result = _doctor("--space", str(path), "--json", "--write-mb", "8", cache_dir=cache_dir)
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    problems = [f["text"] for f in report["findings"] if f["level"] == "problem"]
+    # sweeper itself where the python finds none; here (run_sweeper puts the repository on
+    # PYTHONPATH, which the script inherits) the first of its own imports that it lacks
+    assert any(
+        re.search(r"bare/bin/python cannot import \w+ \(ModuleNotFoundError", p)
+        and sys.executable in p
+        for p in problems
+    ), problems
+    assert not any("attention implementation" in p for p in problems), problems
+    assert report["preflight"]["probes"] == []
+
+
 def test_a_script_space_says_which_knobs_run_at_the_commands_values(
     tmp_path: Path, cache_dir: Path
 ) -> None:
