@@ -382,13 +382,17 @@ def resolve_chat_template(workload: Workload, tokenizer: Any) -> str:
     )
 
 
+class RecordError(ValueError):
+    """A chat record that is not one (its shape, not the template): the row is what to fix."""
+
+
 def render_chat(
     messages: Any, tokenizer: Any, template: str, spans: bool
 ) -> tuple[str, list[list[int]]]:
     """One chat record as text, and the character spans of the assistant's replies: each
     reply is what rendering the record up to it adds to the prompt before it."""
     if not isinstance(messages, list) or not messages:
-        raise ValueError(
+        raise RecordError(
             f"expected a non-empty list of {{role, content}} messages, got {messages!r:.80}"
         )
     for message in messages:
@@ -397,7 +401,7 @@ def render_chat(
             and isinstance(message.get("role"), str)
             and isinstance(message.get("content"), str)
         ):
-            raise ValueError(f"a message is not {{role: str, content: str}}: {message!r:.80}")
+            raise RecordError(f"a message is not {{role: str, content: str}}: {message!r:.80}")
     text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False)
     found: list[list[int]] = []
     if spans:
@@ -421,7 +425,7 @@ def render_chat(
                 )
             found.append([len(before), len(upto)])
         if not found:
-            raise ValueError("the record has no assistant message, so nothing would be learnt")
+            raise RecordError("the record has no assistant message, so nothing would be learnt")
     return text, found
 
 
@@ -454,10 +458,14 @@ def render_chats(
             try:
                 text, found = render_chat(record, tokenizer, template, loss == "completion")
             except Exception as e:  # noqa: BLE001 - the template's own error, named by row
+                # the template is a fix only where it, not the record's shape, refused
+                template_fix = (
+                    "" if isinstance(e, RecordError) else " (or set tokenizer.chat_template)"
+                )
                 raise TrialError(
                     "error",
                     f"workload.dataset: {row_place(path, index)} cannot be rendered as a chat: "
-                    f"{e}; fix or drop the row (or set tokenizer.chat_template)",
+                    f"{e}; fix or drop the row{template_fix}",
                 ) from e
             texts.append(text)
             spans.append(found)
