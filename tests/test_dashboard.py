@@ -586,6 +586,16 @@ def test_a_study_on_no_gpu_says_once_under_the_offers_why_no_gpu_is_priced(
         store.dispose()
     with TestClient(create_app(sqlite_url)) as client:
         page = client.get("/studies/cpu")
+        # what the page says REST answers for the same limits is what REST answers: the CPU
+        # study meets 24 h (200, its cheapest measured config) though no GPU can be priced;
+        # nothing meets 0.001 h (409). The page once said "a 409 there" for both.
+        for limits, status in (("", 200), ("?max_hours=24&gpus=h100-sxm", 200),
+                               ("?max_hours=0.001", 409)):  # fmt: skip
+            asked = client.get(f"/studies/cpu{limits}")
+            assert asked.status_code == 200, asked.text
+            said = re.search(r"from the REST API( \(a 409 there: nothing meets\))?: <a", asked.text)
+            assert said is not None and bool(said.group(1)) == (status == 409), (limits, said)
+            assert client.get(f"/api/studies/cpu/compare{limits}").status_code == status
     assert page.status_code == 200
     rows = offer_rows(page.text)
     unpriced = [r for r in rows if r["basis"] == "no estimate"]

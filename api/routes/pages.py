@@ -240,6 +240,8 @@ def _offers_asked(
         if table is None
         else offer_view.headline(table, constraints, measured_meets=measured_meets),
         "constrained": constraints.describe() if query.asked else "",
+        # REST's /compare answers 409 only when neither a measured config nor an offer meets
+        "rest_refuses": table is not None and table.cheapest is None and not measured_meets,
         "rest_url": f"/api/studies/{path_segment(name)}/compare"
         + (f"?{urlencode(rest)}" if rest else ""),
         # kept by the trials table's sort and page links, so a click there keeps the limits
