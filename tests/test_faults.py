@@ -527,6 +527,72 @@ def test_sigterm_to_launch_with_workers_interrupts_every_worker_and_leaves_nothi
 
 
 @pytest.mark.torch
+@pytest.mark.postgres
+def test_a_worker_of_launch_workers_killed_mid_trial_is_named_with_the_way_to_resume(
+    tmp_path: Path,
+    postgres_url: str,
+    env: dict[str, str],  # noqa: F811
+    fault_report: Callable[[FaultTally], FaultTally],
+) -> None:
+    """kill -9 of one worker of `launch --workers 2` (the OOM killer does the same): the
+    launcher once ended with 'error: a worker exited -9 (see LOG)', saying neither what
+    killed it nor what became of its trial. It names the signal and the command that runs
+    the lost config again, and that command does: nothing lost, nothing run twice."""
+    beats = env | {"SWEEPER_HEARTBEAT_S": "0.5", "SWEEPER_WORKER_GRACE_S": "4"}
+    space = _slow_space(tmp_path, seconds=20)
+    process = _launch(space, postgres_url, beats, "--workers", "2", "--n-trials", "2")
+    store = Store(postgres_url)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # both workers are training a trial
+            try:
+                running = store.list_trials("tiny", states=["running"])
+            except (StudyNotFoundError, StorageError):
+                running = []
+            if len(running) == 2:
+                break
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"{len(running)} trial(s) running after 180 s"
+            time.sleep(0.3)
+        workers = psutil.Process(process.pid).children()  # the two `launch --join` processes
+        assert len(workers) == 2, workers
+        family = workers[0].children(recursive=True)
+        workers[0].kill()
+        stdout, stderr = process.communicate(timeout=600)
+        said = " ".join(stderr.split())
+        assert process.returncode == 1, stdout + stderr
+        assert "Traceback" not in stdout + stderr
+        assert "worker 0 was killed by SIGKILL (see " in said, said
+        assert "`sweeper launch --study tiny --fill` (with this --storage)" in said, said
+        _, alive = psutil.wait_procs(family, timeout=30)  # its zygote and trial went with it
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        time.sleep(5)  # past the grace period, if the other worker ended before it
+        fill = subprocess.run(
+            [sys.executable, "-m", "sweeper.cli", "launch", "--study", "tiny", "--fill"]
+            + ["--storage", postgres_url],
+            env=beats, cwd=REPO, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert fill.returncode == 0, fill.stderr[-3000:]
+        trials = store.list_trials("tiny")
+        lost = [t for t in trials if t.failure_kind == "lost"]
+        assert len(lost) == 1 and "stopped sending heartbeats" in (lost[0].failure_message or "")
+        # the fill runs the lost config first (then what else the space's budget lacks)
+        assert [t.config for t in trials if t.number == 2] == [lost[0].config]
+        tally = fault_report(
+            tally_study(
+                postgres_url, "tiny", "kill -9 of 1 of `launch --workers 2`, --fill", len(trials)
+            )
+        )
+        assert (tally.complete, tally.lost) == (len(trials) - 1, 1), tally
+        assert (tally.duplicates, tally.duplicate_numbers, tally.stuck) == (0, 0, 0), tally
+    finally:
+        store.dispose()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+@pytest.mark.torch
 def test_a_worker_with_two_devices_runs_two_processes_sharing_them(
     sqlite_url: str,
     env: dict[str, str],  # noqa: F811

@@ -232,9 +232,9 @@ def run_workers(
         )
     failed = []
     try:
-        for log, process in processes:
+        for index, (log, process) in enumerate(processes):
             if process.wait() != 0:
-                failed.append((log, process.returncode))
+                failed.append((index, log, process.returncode))
         for line in budget_use(url, name, [p.pid for _, p in processes]):
             say(line)
     except KeyboardInterrupt as stop:
@@ -250,6 +250,27 @@ def run_workers(
         code = 143 if terminated else 130
         raise FleetError(f"{said}; each worker marked its running trial", code) from None
     if failed:
-        raise FleetError(
-            "; ".join(f"a worker exited {code} (see {log})" for log, code in failed), code=1
-        )
+        said = "; ".join(f"worker {i} {ended(code)} (see {log})" for i, log, code in failed)
+        if any(code < 0 for _, _, code in failed):
+            # killed mid-trial (kill -9, the OOM killer): no handler marked its trial
+            said += (
+                f". A trial a killed worker was running is marked lost (failure kind lost) "
+                f"and its config queued again once the worker has missed its heartbeats: "
+                f"`sweeper launch --study {name} --fill` (with this --storage) runs it and "
+                "any other trial the study lacks"
+            )
+        raise FleetError(said, code=1)
+
+
+def ended(returncode: int) -> str:
+    """How a worker's exit status reads (a negative one is the signal that killed it).
+
+    >>> ended(2), ended(-9), ended(-200)
+    ('exited 2', 'was killed by SIGKILL', 'was killed by signal 200')
+    """
+    if returncode >= 0:
+        return f"exited {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
