@@ -89,6 +89,18 @@ def same_place_worker(url: str, study: str) -> str | None:
     worker = here[0]
     ago = _beat_age_s(worker)
     where = "every visible device" if devices is None else f"CUDA_VISIBLE_DEVICES={devices}"
+    if not process_alive(worker.pid):
+        # just killed (kill -9, the OOM killer): "kill PID" would name a process that is gone
+        left = max(1.0, 3 * settings.heartbeat_s - ago)
+        return (
+            f"study {study!r} already has a live worker on this host using {where} by its "
+            f"heartbeat (pid {worker.pid}, last heartbeat {ago:.0f} s ago), but no process "
+            f"{worker.pid} runs here: if it was killed, it counts as gone once it has missed "
+            f"3 heartbeats (SWEEPER_HEARTBEAT_S={settings.heartbeat_s:g}), in about "
+            f"{left:.0f} s: launch again then, and its running trial is marked lost and run "
+            "again; if it runs in another container under this host name, wait for it, or "
+            "run beside it on purpose with --join"
+        )
     return (
         f"study {study!r} already has a live worker on this host using {where} (pid "
         f"{worker.pid}, last heartbeat {ago:.0f} s ago): a second worker on the same devices "

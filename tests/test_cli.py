@@ -138,13 +138,26 @@ def test_a_second_launch_beside_a_live_worker_refuses_without_join(
     store.migrate()
     store.upsert_study("tiny", **(STUDY_FIELDS | {"space_yaml": TINY_SPACE.read_text()}))
     env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
-    store.register_worker("tiny", "w-1", socket.gethostname(), 4242, None)
+    # a worker killed a moment ago (kill -9): its heartbeat is fresh, its process gone
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    store.register_worker("tiny", "w-0", socket.gethostname(), gone.pid, None)
     try:
         result = _sweeper("launch", "--space", str(TINY_SPACE), "--storage", url, env=env)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         said = " ".join(result.stderr.split())
+        assert f"(pid {gone.pid}, last heartbeat" in said
+        # not "kill PID" of a process that is not there: when to launch again instead
+        assert f"but no process {gone.pid} runs here: if it was killed" in said, said
+        assert "in about" in said and f"kill {gone.pid}" not in said and "--join" in said
+        store.end_worker("w-0")
+        store.register_worker("tiny", "w-1", socket.gethostname(), os.getpid(), None)
+        result = _sweeper("launch", "--space", str(TINY_SPACE), "--storage", url, env=env)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        said = " ".join(result.stderr.split())
         assert "already has a live worker on this host using every visible device" in said
-        assert "(pid 4242" in said and "--join" in said
+        assert f"(pid {os.getpid()}" in said and f"kill {os.getpid()}:" in said
+        assert "--join" in said
         assert store.list_trials("tiny") == []  # it ran nothing
         # another host's worker, or another GPU's, shares nothing with this launch
         store.register_worker("tiny", "w-2", "elsewhere", 1, None)
