@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,7 +91,14 @@ def _json_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
 
 
 def _parquet_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # datasets brings it; an install without the training stack has none
+        raise SpaceError(
+            f"{path}: reading Parquet needs pyarrow, which this python ({sys.executable}) "
+            "does not have; install sweeper with its dependencies here (datasets brings "
+            "pyarrow), or give the data as JSONL"
+        ) from None
 
     try:
         table = pq.ParquetFile(path)

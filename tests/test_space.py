@@ -304,6 +304,7 @@ def test_the_minimal_space_needs_no_guess(tmp_path: Path) -> None:
     assert parse_space(text).workload.dataset.text_field == "body"
 
 
+@pytest.mark.torch  # the training stack's environment: datasets brings pyarrow (step 2's has none)
 def test_init_reads_json_parquet_and_dotted_jsonl_names_as_the_sweep_reads_them(
     tmp_path: Path,
 ) -> None:
@@ -337,6 +338,22 @@ def test_init_reads_json_parquet_and_dotted_jsonl_names_as_the_sweep_reads_them(
                       usd_per_hour=1)  # fmt: skip
     pq.write_table(pa.Table.from_pylist([chat, {"messages": []}]), parquet)
     with pytest.raises(SpaceError, match=r"chats.parquet: row 2: 'messages' is list \[\]"):
+        minimal_space(study="m", model="org/m", data=parquet, engine="sft", hardware="H",
+                      usd_per_hour=1)  # fmt: skip
+
+
+def test_init_of_parquet_without_pyarrow_says_what_to_install(tmp_path: Path) -> None:
+    """The controller's environment (no datasets, so no pyarrow): a .parquet file is a clear
+    error naming what to install, not an ImportError's traceback."""
+    import importlib.util
+
+    from sweeper.starter import minimal_space
+
+    if importlib.util.find_spec("pyarrow") is not None:
+        pytest.skip("pyarrow is installed here: the test above reads the file")
+    parquet = tmp_path / "chats.parquet"
+    parquet.write_bytes(b"PAR1")
+    with pytest.raises(SpaceError, match=r"chats.parquet: reading Parquet needs pyarrow"):
         minimal_space(study="m", model="org/m", data=parquet, engine="sft", hardware="H",
                       usd_per_hour=1)  # fmt: skip
 
