@@ -322,7 +322,8 @@ class ImprovementGridSampler(_CandidateSampler):
     # out of memory) draw among the configs of the cheapest expected trial. Off: the changed
     # first pick reshuffles every later one, and the first compile it saves is smaller than
     # that spread (oom-wall tokens/s 13.5 against 12 trials to 5%, interactions samples/s
-    # 1.26x the summed seconds, 30 paired seeds; bench/RESULTS.md Run 16)
+    # 1.26x the summed seconds, 30 paired seeds; bench/RESULTS.md Run 16); at 200 seeds it
+    # loses trials where feasibility is narrow (qlora-24gb 17.5 / 18 against 15; Run 17)
     cheap_draws = False
     # The options below were measured against the heavy tail of this search on samples/s
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left

@@ -53,7 +53,8 @@ improvement on interactions (11.5 / 21 against 9.5 / 14), noisy's tokens/s (24 a
 costs trials, before the seconds are weighed. Drawing the first pick (and the light pick
 after an out of memory) among the cheapest trials (``ImprovementGridSampler.cheap_draws``)
 lost too (Run 16): oom-wall's tokens/s 13.5 against 12 trials, interactions's samples/s 1.26x
-the summed seconds (30 paired seeds), since a changed first pick reshuffles every later one.
+the summed seconds (30 paired seeds), since a changed first pick reshuffles every later one;
+at 200 paired seeds (Run 17) it fails four rows, qlora-24gb's 17.5 / 18 against 15 trials.
 """
 
 from __future__ import annotations
