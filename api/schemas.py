@@ -48,7 +48,16 @@ class StudySummary(_Response):
         description="lowest $/run among completed trials; null when none completed"
     )
     created_at: UtcDatetime
-    updated_at: UtcDatetime
+    updated_at: UtcDatetime = Field(
+        description="the study's last change: its own (state, settings) or a trial starting "
+        "or finishing"
+    )
+    remeasuring: list[int] = Field(
+        default=[],
+        description="trials being measured again now by the study's live workers (a run on a "
+        "shared machine taken again, a drift reference, the final re-measures of the configs "
+        "that tie with the best): no trial is running meanwhile",
+    )
 
 
 class StudyDetail(StudySummary):

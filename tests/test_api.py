@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 import pytest
@@ -123,6 +124,41 @@ def test_list_studies_counts_trials_per_state(client: TestClient) -> None:
     assert {key: detail[key] for key in study} == study
     assert detail["space_yaml"] == STUDY_FIELDS["space_yaml"]
     assert detail["dataset_stats"] == {"median_tokens": 412, "p90_tokens": 1530}
+
+
+def test_a_remeasure_in_progress_is_shown_where_no_trial_runs(
+    client: TestClient, storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A re-measure runs no trial row: the study page said "0 running" while the machine
+    measured a config again for a minute. The live worker's row says which."""
+    store = Store(storage_url)
+    try:
+        store.register_worker(PLAIN_STUDY, "w-live", "host", 1)
+        store.set_remeasuring("w-live", 0)
+        (plain,) = [s for s in client.get("/api/studies").json() if s["name"] == PLAIN_STUDY]
+        assert plain["remeasuring"] == [0] and plain["trials"]["running"] == 0
+        assert client.get(f"/api/studies/{PLAIN_STUDY}").json()["remeasuring"] == [0]
+        page = client.get(f"/studies/{PLAIN_STUDY}").text
+        assert re.search(r"now measuring #0 again", page), page
+        assert "+1 re-measure" in client.get("/").text
+        # a worker that stopped beating (killed mid re-measure) is not measuring anything
+        monkeypatch.setenv("SWEEPER_WORKER_GRACE_S", "1")
+        with store.engine.begin() as connection:
+            connection.execute(
+                text("UPDATE sweeper_workers SET heartbeat_at = :t"),
+                {"t": datetime(2020, 1, 1, tzinfo=UTC)},
+            )
+        assert client.get(f"/api/studies/{PLAIN_STUDY}").json()["remeasuring"] == []
+        monkeypatch.delenv("SWEEPER_WORKER_GRACE_S")
+        store.beat("w-live")
+        store.set_remeasuring("w-live", None)
+        assert client.get(f"/api/studies/{PLAIN_STUDY}").json()["remeasuring"] == []
+        assert "now measuring" not in client.get(f"/studies/{PLAIN_STUDY}").text
+        store.set_remeasuring("w-live", 0)
+        store.end_worker("w-live")  # a worker that ends clears it
+        assert client.get(f"/api/studies/{PLAIN_STUDY}").json()["remeasuring"] == []
+    finally:
+        store.dispose()
 
 
 def test_trials_in_number_order_without_measurement(client: TestClient) -> None:

@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -526,13 +527,36 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
         TINY_REMEASURE, "  remeasure: {rounds: 0, drift_every: 2, contended_reruns: 1}\n"
     )
     notes = Notes()
-    report = run_sweep(
-        parse_space(text), storage_url=sqlite_url, cache_dir=cache_dir, space_text=text,
-        n_trials=2, observer=notes,  # type: ignore[arg-type]
-    )  # fmt: skip
+    # what a reader (the dashboard) sees while the sweep runs: no trial row is running during a
+    # re-measure, and the worker's row says which trial is being measured again
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        reader = Store(sqlite_url)
+        while not done.wait(0.1):
+            try:
+                seen.update(n for _, totals in reader.list_studies() for n in totals["remeasuring"])
+            except Exception:  # noqa: BLE001  # the tables are not there yet; a locked moment
+                continue
+        reader.dispose()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        report = run_sweep(
+            parse_space(text), storage_url=sqlite_url, cache_dir=cache_dir, space_text=text,
+            n_trials=2, observer=notes,  # type: ignore[arg-type]
+        )  # fmt: skip
+    finally:
+        done.set()
+        watcher.join()
     assert report.completed == 2
     assert report.remeasured == 3  # a rerun of each trial, one drift check
+    assert seen and seen <= {0, 1}, seen
     store = Store(sqlite_url)
+    ((_, totals),) = store.list_studies()
+    assert totals["remeasuring"] == []  # cleared when each re-measure ended
     rows = {t.number: t for t in store.list_trials("tiny", include_measurement=True)}
     for row in rows.values():
         assert row.measurement is not None and row.measurement["contended"], row.measurement

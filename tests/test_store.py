@@ -84,6 +84,30 @@ def test_trials_lifecycle_filters_and_counts(store: Store) -> None:
     assert summary["best_cost_per_run_usd"] == 2.5
 
 
+def test_a_studys_updated_time_follows_its_trials(store: Store) -> None:
+    """The overview's "Updated" moved only when the study row changed (a sweep's start and
+    end), so a sweep running for an hour read "updated an hour ago" throughout."""
+    from datetime import UTC
+
+    store.upsert_study("s", **STUDY_FIELDS)
+    ((_, empty),) = store.list_studies()
+    assert empty["updated_at"] == store.get_study("s").updated_at
+    row_time = store.get_study("s").updated_at
+    store.start_trial("s", 0, {})
+    (started_row,) = store.list_trials("s")
+    started = started_row.started_at
+    ((_, running),) = store.list_studies()
+    finished = store.finish_trial("s", 0, "complete", cost_per_run_usd=1.0).finished_at
+    ((_, done),) = store.list_studies()
+
+    def aware(moment):
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+    assert aware(running["updated_at"]) == aware(started) > aware(row_time)
+    assert aware(done["updated_at"]) == aware(finished) >= aware(started)
+    assert store.get_study("s").updated_at == row_time  # the row itself was not written
+
+
 def test_non_finite_numbers_are_stored_as_null(store: Store) -> None:
     store.upsert_study("s", **STUDY_FIELDS)
     store.start_trial("s", 0, {})

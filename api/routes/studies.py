@@ -62,7 +62,9 @@ def _summary_fields(study: StudyRow, totals: dict[str, Any]) -> dict[str, Any]:
         "trials": {state: 0 for state in TRIAL_STATES} | totals["trials"],
         "best_cost_per_run_usd": totals["best_cost_per_run_usd"],
         "created_at": study.created_at,
-        "updated_at": study.updated_at,
+        # the later of the study row's last change and its last trial's start or finish
+        "updated_at": totals.get("updated_at", study.updated_at),
+        "remeasuring": totals.get("remeasuring", []),
     }
 
 
@@ -70,7 +72,7 @@ def study_summaries(store: Store) -> list[StudySummary]:
     """Every study, oldest first, with trial counts per state and best $/run."""
     return [
         StudySummary.model_validate(_summary_fields(study, totals))
-        for study, totals in store.list_studies()
+        for study, totals in store.list_studies(Settings().worker_grace_s)
     ]
 
 
@@ -78,7 +80,11 @@ def study_detail(store: Store, name: str) -> StudyDetail:
     """One study's summary plus its space file; raises StudyNotFoundError."""
     study = store.get_study(name)
     totals: dict[str, Any] = next(
-        (totals for row, totals in store.list_studies() if row.id == study.id),
+        (
+            totals
+            for row, totals in store.list_studies(Settings().worker_grace_s)
+            if row.id == study.id
+        ),
         {"trials": {}, "best_cost_per_run_usd": None},
     )
     return StudyDetail.model_validate(

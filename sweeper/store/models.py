@@ -165,6 +165,9 @@ class WorkerRow(Base):
         server_default="0",
         doc="device time it used: wall seconds × the devices its trial held (one between trials)",
     )
+    remeasuring: Mapped[int | None] = mapped_column(
+        doc="the number of the trial it is measuring again now (no trial row runs meanwhile)"
+    )
 
 
 class TrialMetrics(Protocol):

@@ -61,6 +61,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def _utc(moment: datetime) -> datetime:
+    """An aware UTC datetime (SQLite hands back naive ones), for comparing."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def redact(url: str) -> str:
     """The URL with its password hidden, for messages and logs."""
     try:
@@ -288,8 +293,9 @@ class Store:
         with self.session() as s:
             return self._study(s, name)
 
-    def list_studies(self) -> list[tuple[StudyRow, dict[str, Any]]]:
-        """Every study with trial counts per state and its best $/run."""
+    def list_studies(self, grace_s: float | None = None) -> list[tuple[StudyRow, dict[str, Any]]]:
+        """Every study with trial counts per state, its best $/run, when it last changed and
+        the trials its live workers (a beat within ``grace_s``, if given) measure again now."""
         with self.session() as s:
             studies = s.scalars(select(StudyRow).order_by(StudyRow.created_at)).all()
             counts = s.execute(
@@ -304,11 +310,40 @@ class Store:
                     .group_by(TrialRow.study_id)
                 ).all()
             )
+            # A sweep writes its study row at its start and end; its trials start and finish
+            # in between, and that is when the study was last updated for a reader.
+            latest = {
+                sid: [t for t in times if t is not None]
+                for sid, *times in s.execute(
+                    select(
+                        TrialRow.study_id,
+                        func.max(TrialRow.started_at),
+                        func.max(TrialRow.finished_at),
+                    ).group_by(TrialRow.study_id)
+                ).all()
+            }
+            live = [WorkerRow.state == "alive", WorkerRow.remeasuring.is_not(None)]
+            if grace_s is not None:
+                live.append(WorkerRow.heartbeat_at >= utcnow() - timedelta(seconds=grace_s))
+            remeasuring = s.execute(
+                select(WorkerRow.study_id, WorkerRow.remeasuring)
+                .where(*live)
+                .order_by(WorkerRow.remeasuring)
+            ).all()
         summaries = []
         for study in studies:
             per_state = {state: n for sid, state, n in counts if sid == study.id}
+            updated = max([study.updated_at, *latest.get(study.id, [])], key=_utc)
             summaries.append(
-                (study, {"trials": per_state, "best_cost_per_run_usd": best.get(study.id)})
+                (
+                    study,
+                    {
+                        "trials": per_state,
+                        "best_cost_per_run_usd": best.get(study.id),
+                        "updated_at": updated,
+                        "remeasuring": [n for sid, n in remeasuring if sid == study.id],
+                    },
+                )
             )
         return summaries
 
@@ -423,7 +458,12 @@ class Store:
 
     def end_worker(self, worker_id: str) -> None:
         with self.session() as s:
-            _update_worker(s, worker_id, state="done", finished_at=utcnow())
+            _update_worker(s, worker_id, state="done", finished_at=utcnow(), remeasuring=None)
+
+    def set_remeasuring(self, worker_id: str, number: int | None) -> None:
+        """``worker_id`` is measuring trial ``number`` again (None: it has finished)."""
+        with self.session() as s:
+            _update_worker(s, worker_id, remeasuring=number)
 
     def list_workers(self, study: str) -> list[tuple[WorkerRow, int]]:
         """Every worker the study ever had, oldest first, with the number of trials it ran."""

@@ -161,7 +161,14 @@ class ChildExecutor:
     def remeasure(
         self, number: int, config: TrialConfig, kind: SampleKind, left_s: float | None
     ) -> Sample | None:
-        measured = self._measure(config, left_s)
+        # no trial row runs meanwhile: the worker's row says what the machine is doing
+        if self.worker_id is not None:
+            self.store.set_remeasuring(self.worker_id, number)
+        try:
+            measured = self._measure(config, left_s)
+        finally:
+            if self.worker_id is not None:
+                self.store.set_remeasuring(self.worker_id, None)
         if measured.measurement is None or measured.projection is None:
             reason = measured.invalid or measured.run.result.failure_message or "no message"
             self.observer.note(
