@@ -38,6 +38,8 @@ from sweeper.console import (
 from sweeper.errors import CatalogError, SettingsError, SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from sweeper.recommend import Constraints
     from sweeper.space import Space
 
@@ -612,6 +614,52 @@ study_app = typer.Typer(
 )
 app.add_typer(study_app, name="study")
 app.add_typer(cluster_app, name="cluster")
+
+
+@study_app.command("list")
+def study_list(
+    storage: StorageOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """List the studies in a storage: state, machine, trials, the cheapest trial's $/run and
+    when each last changed, oldest first."""
+    from sweeper.console import print_study_list
+    from sweeper.settings import Settings
+    from sweeper.store.models import TRIAL_STATES
+
+    store = reading_store(storage)
+    try:
+        store.migrate()
+        studies = store.list_studies(Settings().worker_grace_s)
+    except SweeperError as e:
+        raise fail(with_storage(e, store)) from None
+    finally:
+        store.dispose()
+    rows = [
+        {
+            "name": row.name,
+            "state": row.state,
+            "hardware_name": row.hardware_name,
+            "usd_per_hour": row.usd_per_hour,
+            "trials": {state: totals["trials"].get(state, 0) for state in TRIAL_STATES},
+            "remeasuring": totals["remeasuring"],
+            "n_trials_planned": row.n_trials_planned,
+            "best_cost_per_run_usd": totals["best_cost_per_run_usd"],
+            "updated_at": _utc_text(totals["updated_at"]),
+        }
+        for row, totals in studies
+    ]
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        print_study_list(rows, store.redacted_url)
+
+
+def _utc_text(moment: datetime) -> str:
+    from datetime import UTC
+
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).isoformat()
 
 
 @study_app.command("export")

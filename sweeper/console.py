@@ -248,6 +248,42 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
         )
 
 
+def print_study_list(rows: list[dict[str, Any]], url: str) -> None:
+    """``sweeper study list``: one line per study of the storage at ``url``."""
+    if not rows:
+        console.print(
+            f"no studies in {url} yet: `sweeper launch --space FILE` records one here, "
+            "`sweeper study import FILE` loads a recorded one",
+            highlight=False,
+        )
+        return
+    table = Table(title=f"studies in {url}", title_justify="left")
+    for header in ("study", "state", "hardware", "$/h"):
+        table.add_column(header, justify="right" if header == "$/h" else "left")
+    for header in ("complete", "failed", "running", "planned", "cheapest trial $/run"):
+        table.add_column(header, justify="right")
+    table.add_column("updated (UTC)")
+    for row in rows:
+        trials = row["trials"]
+        running = str(trials["running"])
+        if row["remeasuring"]:
+            running += f" +{len(row['remeasuring'])} re-measure"
+        table.add_row(
+            escape(row["name"]), row["state"], escape(row["hardware_name"]),
+            dollars(row["usd_per_hour"], sign=False), str(trials["complete"]),
+            str(trials["failed"]), running, str(row["n_trials_planned"]),
+            dollars(row["best_cost_per_run_usd"], sign=False),
+            row["updated_at"][:16].replace("T", " "),
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        "the recommendation (which may be another config that ties with the cheapest trial "
+        "within the noise): sweeper best --study NAME",
+        style="dim",
+        highlight=False,
+    )
+
+
 def print_recommendation(rec: Recommendation) -> None:
     config = rec.config
     console.print(

@@ -302,6 +302,34 @@ def test_best_for_unknown_study_exits_1(sqlite_url: str, env: dict[str, str]) ->
     # no database at all: exit 2, and none is created (test_reading_commands_name_the_storage)
 
 
+def test_study_list_names_every_study_of_the_storage(storage_url: str, env: dict[str, str]) -> None:
+    """`sweeper study list`: which studies a storage holds, without a browser or REST."""
+    store = Store(storage_url)
+    store.migrate()
+    try:
+        empty = _sweeper("study", "list", "--storage", storage_url, env=env)
+        assert empty.returncode == 0, empty.stderr
+        assert "no studies in" in empty.stdout and "sweeper launch --space FILE" in empty.stdout
+        _priced_study(store, "on-h100", "H100 SXM 80GB", 2.5, [(512, 0.8), (1024, 1.2)])
+        store.start_trial("on-h100", 2, {"per_device_batch_size": 16})  # running
+        store.register_worker("on-h100", "w", socket.gethostname(), os.getpid())
+        store.set_remeasuring("w", 0)
+    finally:
+        store.dispose()
+    listed = _sweeper("study", "list", "--storage", storage_url, env=env)
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [row for row in listed.stdout.splitlines() if "on-h100" in row]
+    cells = [cell.strip() for cell in re.split(r"[│|]", line) if cell.strip()]
+    assert cells[:9] == [
+        "on-h100", "finished", "H100 SXM 80GB", "2.50", "2", "0", "1 +1 re-measure", "2", "2.00"
+    ], cells  # fmt: skip
+    as_json = _sweeper("study", "list", "--storage", storage_url, "--json", env=env)
+    (row,) = json.loads(as_json.stdout)
+    assert row["trials"] == {"running": 1, "complete": 2, "failed": 0, "pruned": 0}
+    assert row["remeasuring"] == [0] and row["best_cost_per_run_usd"] == pytest.approx(2.0)
+    assert row["updated_at"].endswith("+00:00")
+
+
 def _trial_processes(parent: int) -> list[psutil.Process]:
     """Live children of ``parent`` running ``sweeper.trial`` (the fork server, or a spawned
     prepare/trial child); zombies are gone."""
