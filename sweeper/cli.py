@@ -236,7 +236,10 @@ def _ask(question: str) -> str | None:
     return question if sys.stdin.isatty() else None
 
 
-@app.command()
+@app.command(
+    short_help="Write the minimal space for your own fine-tune (model, data, engine, machine "
+    "and price, the job's size); then sweeper launch --space FILE."
+)
 def init(
     model: Annotated[
         str,
@@ -516,7 +519,10 @@ def best_command(
         print_knob_effects(effects)
 
 
-@app.command()
+@app.command(
+    short_help="Print the recommended config as a TrainingArguments, TRL SFTConfig or "
+    "DataLoader snippet, a launch command, YAML or JSON."
+)
 def export(
     study: Annotated[str, typer.Option("--study", help="study name")],
     fmt: Annotated[
@@ -608,7 +614,7 @@ def doctor(
 
 
 study_app = typer.Typer(
-    help="Recorded sweeps as files: export a study to studies/NAME.json, import one anywhere.",
+    help="Studies: list those in a storage, export one to studies/NAME.json, import one anywhere.",
     no_args_is_help=True,
     context_settings=_CONTEXT,
 )
@@ -616,7 +622,11 @@ app.add_typer(study_app, name="study")
 app.add_typer(cluster_app, name="cluster")
 
 
-@study_app.command("list")
+@study_app.command(
+    "list",
+    short_help="List the studies in a storage: state, machine, trials, the cheapest trial's "
+    "$/run, last change.",
+)
 def study_list(
     storage: StorageOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
@@ -662,7 +672,11 @@ def _utc_text(moment: datetime) -> str:
     return aware.astimezone(UTC).isoformat()
 
 
-@study_app.command("export")
+@study_app.command(
+    "export",
+    short_help="Write a study (every trial's measurement, Optuna's record, the space) to a "
+    "JSON file that `sweeper study import` loads anywhere.",
+)
 def study_export(
     study: Annotated[str, typer.Option("--study", help="study name")],
     out: Annotated[
