@@ -131,11 +131,21 @@ class Recommendation(BaseModel):
 def cost_text(cost: float, ci95_rel: float | None, measurements: int = 1) -> str:
     """A $/run with its 95% interval, as the CLI and the dashboard show it.
 
+    An interval of ±100% or more would reach $0: the figure is said to be too noisy to price.
+
     >>> cost_text(12.5, 0.021, 3), cost_text(12.5, None)
     ('$12.50 ±2.1%/run (3 measurements)', '$12.50/run')
+    >>> cost_text(0.58, 1.3)
+    '$0.58/run (±130%, too noisy to price: measure it again on a calm machine)'
     """
-    interval = f" ±{ci95_rel:.1%}" if ci95_rel else ""
     many = f" ({measurements} measurements)" if measurements > 1 else ""
+    if ci95_rel is not None and ci95_rel >= 1:
+        many = f"{measurements} measurements, " if measurements > 1 else ""
+        return (
+            f"{money(cost)}/run ({many}±{ci95_rel:.0%}, too noisy to price: measure it again "
+            "on a calm machine)"
+        )
+    interval = f" ±{ci95_rel:.1%}" if ci95_rel else ""
     return f"{money(cost)}{interval}/run{many}"
 
 

@@ -161,6 +161,24 @@ def test_a_remeasure_in_progress_is_shown_where_no_trial_runs(
         store.dispose()
 
 
+def test_a_cost_interval_wider_than_the_cost_is_not_shown_as_a_price(
+    sqlite_url: str,
+) -> None:
+    """A ±130% interval reached below $0: the page printed "$2.00/run ±130.0%"."""
+    store = Store(sqlite_url)
+    store.migrate()
+    add_study(store, "noisy")
+    add_complete(store, "noisy", 0, config("sdpa", 8, 1), cost=2.0, it_per_s=1.0)
+    with store.engine.begin() as connection:
+        connection.execute(text("UPDATE sweeper_trials SET cost_ci95_rel = 1.3"))
+    store.dispose()
+    with TestClient(create_app(sqlite_url)) as page_client:
+        page = page_client.get("/studies/noisy").text
+    assert "per run, too noisy to price (±130%)" in page
+    assert "$2.00/run (±130%, too noisy to price: measure it again on a calm machine)" in page
+    assert "±130.0%" not in page
+
+
 def test_trials_in_number_order_without_measurement(client: TestClient) -> None:
     trials = client.get(f"/api/studies/{STUDY_PATH}/trials").json()
     assert [t["number"] for t in trials] == [0, 1, 2, 3, 4]
