@@ -406,7 +406,7 @@ def test_study_page_shows_recommendation_and_trials(page_client: TestClient) -> 
     assert f'href="/studies/{STUDY_PATH}"' in overview
     # the overview's answer is the recommendation's (it put the cheapest single trial's $/run
     # in bold beside it, which a tie within the noise made another figure than `best`'s)
-    assert "<strong>$2.00/run</strong>" in overview and "Cheapest trial $/run" in overview
+    assert "<strong>$2.00/run</strong>" in overview and "Cheapest<br>trial $/run" in overview
     assert "Best $/run" not in overview
 
 

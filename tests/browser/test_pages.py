@@ -194,8 +194,15 @@ def test_the_overview_shows_each_studys_recommendation(
     page: Page, live_server: LiveServer, priced_study: str
 ) -> None:
     """Each study's row says its answer in one line (config, $/run, hours), or that it has
-    none yet: the same answer as its page and GET /best."""
+    none yet: the same answer as its page and GET /best. The table fits a laptop's screen:
+    the one-line config pushed State and Updated out of sight at 1,366 px."""
+    page.set_viewport_size({"width": 1366, "height": 900})
     page.goto(live_server.url("/"))
+    fit = page.evaluate(
+        "[document.querySelector('main table').scrollWidth,"
+        " document.querySelector('main .table-wrap').clientWidth]"
+    )
+    assert fit[0] <= fit[1], fit
     rows = page.locator("main table tbody tr")
     answered = 0
     for index in range(rows.count()):
