@@ -374,6 +374,15 @@ def _axis_values(values: list[Any]) -> tuple[list[float], list[float], list[str]
     )
 
 
+def _tick_text(text: str, most: int = 10) -> str:
+    """A parallel-coordinates tick label that fits between two axes.
+
+    >>> _tick_text("adamw_torch_fused"), _tick_text("sdpa")
+    ('adamw_tor…', 'sdpa')
+    """
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
 def _is_plain_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -415,11 +424,15 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
             {
                 "x": x,
                 "y": y,
-                "text": text,
+                # a long value (adamw_torch_fused) ran over the axis to its left: cut, whole
+                # on hover
+                "text": _tick_text(text),
+                "hovertext": text,
                 "showarrow": False,
                 "xanchor": "right",
                 "xshift": -4,
                 "font": {"size": 11, "color": MUTED},
+                "bgcolor": "rgba(255, 255, 255, 0.8)",
             }
             for y, text in ticks
         ]

@@ -237,6 +237,14 @@ def test_knob_figures_use_completed_trials_and_only_varying_knobs() -> None:
     assert list(cheapest["y"]) == [1.0, 0.0]  # sdpa (2nd of eager, sdpa); the lowest $/run
     labels = [a["text"] for a in figure["layout"]["annotations"]]
     assert labels[:3] == ["attention", "eager", "sdpa"]  # the knob's label, as the tables say
+    # a value too long for the room between two axes is cut, and whole on hover
+    long = figures.parallel_figure(
+        {"rows": [{**parallel["rows"][0], "config": {"optim": "adamw_torch_fused"}}],
+         "knobs": ["optim"]}
+    )  # fmt: skip
+    annotations = long["layout"]["annotations"]
+    (tick,) = [a for a in annotations if a.get("hovertext") == "adamw_torch_fused"]
+    assert tick["text"] == "adamw_tor…"
     assert "$2.50" in labels and "$6.00" in labels
 
     panels = figures.slice_rows(TRIALS)["knobs"]
