@@ -8,6 +8,7 @@ searched, the budget is 12 trials — and the file says so, so it can be edited 
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import sys
@@ -203,6 +204,23 @@ def model_reference(model: str) -> str:
         raise SpaceError(
             f"--model {model}: no such directory on this machine; give the directory "
             "save_pretrained wrote (check the path's spelling), or a hub id (org/name)"
+        )
+    # org/name reads as a hub id, unless "org" is a directory here: then it is a path that is
+    # not there (job/modle beside job/model), which offline would fail only at the sweep
+    beside = path.parent != Path(".") and path.parent.is_dir()
+    if beside:
+        siblings = [p.name for p in path.parent.iterdir() if p.is_dir()]
+        near = difflib.get_close_matches(path.name, siblings, n=1)
+        hint = f" (did you mean {path.parent / near[0]}?)" if near else ""
+        raise SpaceError(
+            f"--model {model}: no such directory{hint}; {path.parent} is a directory here, so "
+            "this reads as a path, not a hub id. Give the directory save_pretrained wrote, or "
+            "a hub id (org/name)"
+        )
+    if model.count("/") > 1:
+        raise SpaceError(
+            f"--model {model}: no such directory on this machine, and a hub id has one slash "
+            "(org/name); give the directory save_pretrained wrote, or a hub id"
         )
     return model
 

@@ -64,3 +64,29 @@ def test_init_refuses_chat_records_for_a_tokenizer_without_a_chat_template(
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "messages_field: messages" in out.read_text()
+
+
+def test_init_refuses_a_misspelt_relative_model_directory(tmp_path: Path) -> None:
+    """`--model job/modle` beside job/model was written as a hub id (exit 0); offline, the
+    sweep's prepare step failed on it much later. "job" is a directory here: it is a path."""
+    (tmp_path / "job" / "model").mkdir(parents=True)
+    (tmp_path / "job" / "model" / "config.json").write_text("{}")
+    data = tmp_path / "job" / "chats.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    data.write_text(json.dumps(chat) + "\n")
+    env = {**os.environ, "COLUMNS": "300", "PYTHONPATH": str(REPO)}
+    for model, said in (
+        ("job/modle", "--model job/modle: no such directory (did you mean job/model?); job is "
+         "a directory here, so this reads as a path, not a hub id"),
+        ("a/b/c", "--model a/b/c: no such directory on this machine, and a hub id has one slash"),
+    ):  # fmt: skip
+        out = tmp_path / "mine.yaml"
+        ran = subprocess.run(
+            [sys.executable, "-m", "sweeper.cli", "init", "--model", model, "--data", str(data),
+             "--price", "1", "--device", "cpu", "--out", str(out)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+            cwd=tmp_path, env=env,
+        )  # fmt: skip
+        assert ran.returncode == 2, ran.stdout + ran.stderr
+        assert said in " ".join(ran.stderr.split()), ran.stderr
+        assert "Traceback" not in ran.stderr and not out.exists()
