@@ -383,4 +383,30 @@ def load_space(path: str | Path, *, runs_here: bool = False) -> Space:
         problem = program_problem(script.command, script.cwd, str(path), lines)
         if problem is not None:
             raise SpaceError(problem)
+    if runs_here:
+        _check_data(space, str(path), lines)
     return space
+
+
+def _check_data(space: Space, source: str, lines: yamllines.Lines) -> None:
+    """A local data file's bad records, said with their lines before anything runs (the
+    prepare step, a child, stops at the first of them half a minute in)."""
+    from sweeper.starter import bad_records
+
+    dataset = space.workload.dataset
+    if dataset.path is None or not Path(dataset.path).expanduser().is_file():
+        return  # a directory, or no such file: the prepare step says it
+    kind, column = (
+        ("messages_field", dataset.messages_field)
+        if dataset.messages_field is not None
+        else ("text_field", dataset.text_field)
+    )
+    problems = bad_records(Path(dataset.path).expanduser(), kind, column)
+    if problems:
+        line = yamllines.line_for(("workload", "dataset", "path"), lines)
+        more = " (the first 5)" if len(problems) == 5 else ""
+        raise SpaceError(
+            f"{source}:{line}: workload.dataset.path: the prepare step would refuse "
+            f"{len(problems)} record{'s' if len(problems) > 1 else ''}{more}:\n  "
+            + "\n  ".join(problems)
+        )

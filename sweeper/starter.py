@@ -50,7 +50,11 @@ def data_shape(path: Path) -> tuple[str, str, int | None]:
     return kind, column, rows
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
+def _jsonl_records(
+    path: Path, errors: list[str] | None = None
+) -> Iterator[tuple[str, dict[str, object]]]:
+    """The records of a .jsonl file with where each is; a line that is no JSON object raises,
+    or with ``errors`` is told there and skipped."""
     with path.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -58,16 +62,49 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
             try:
                 record = json.loads(line)
             except ValueError as e:
-                raise SpaceError(
+                said = (
                     f"{path}:{number}: not a JSON object ({json_line_error(line, e)}); each "
                     ".jsonl line holds one JSON object: fix or drop that line"
-                ) from None
-            if not isinstance(record, dict):
-                raise SpaceError(
+                )
+            else:
+                if isinstance(record, dict):
+                    yield f"{path}:{number}", record
+                    continue
+                said = (
                     f"{path}:{number}: not a JSON object (a {type(record).__name__}, not an "
                     "object); each .jsonl line holds one JSON object: fix or drop that line"
                 )
-            yield f"{path}:{number}", record
+            if errors is None:
+                raise SpaceError(said)
+            errors.append(said)
+
+
+def bad_records(path: Path, kind: str, column: str, most: int = 5) -> list[str]:
+    """Up to ``most`` records of a local data file that the sweep's prepare step would refuse,
+    each with its 1-based line (record, row) and the fix, read as ``data_shape`` reads them:
+    ``launch`` says them at once (the prepare step stops at the first, half a minute in).
+    A .json or .parquet file stops at its first bad record."""
+    problems: list[str] = []
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".jsonl":
+            records = _jsonl_records(path, problems)
+        elif suffix == ".json":
+            records = _json_records(path)
+        elif suffix == ".parquet":
+            records = _parquet_records(path)
+        else:
+            return []
+        for where, record in records:
+            try:
+                _check_record(record, kind, column, where)
+            except SpaceError as e:
+                problems.append(str(e))
+            if len(problems) >= most:
+                break
+    except SpaceError as e:
+        problems.append(str(e))
+    return problems[:most]
 
 
 def _json_records(path: Path) -> Iterator[tuple[str, dict[str, object]]]:
@@ -152,6 +189,19 @@ def _check_record(record: dict[str, object], kind: str, column: str, where: str)
                 f"{where}: message {place} of {column!r} is not {{role: str, content: str}}: "
                 f"{json.dumps(message)[:80]}; fix or drop that line"
             )
+        role = message["role"]
+        # a misspelt role renders as a turn of its own (ChatML) or fails the template, and a
+        # reply under it is not learnt; other roles (Gemma's "model") are the template's
+        near = difflib.get_close_matches(role, ROLES, n=1, cutoff=0.75)
+        if role not in ROLES and near:
+            raise SpaceError(
+                f"{where}: message {place} has role {role!r}; did you mean {near[0]!r}? "
+                "(fix that line)"
+            )
+
+
+# the roles chat templates know by these names
+ROLES = ("system", "user", "assistant", "tool", "developer", "function", "ipython")
 
 
 def _what(value: object) -> str:

@@ -105,27 +105,33 @@ def test_an_endless_space_file_is_refused_unread(tmp_path: Path, env: dict[str, 
     assert "Traceback" not in result.stderr and not db.exists()
 
 
-@pytest.mark.torch  # the data is read by the prepare step, which runs the trial side (datasets)
-def test_bad_data_names_its_line_and_leaves_no_study(tmp_path: Path, env: dict[str, str]) -> None:
+def test_bad_data_names_its_lines_at_once_and_writes_nothing(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """Bad records are said by launch (and doctor) before anything runs, every one of them up
+    to five, exit 2: the prepare step (a child, tests/trial/test_user_data.py) stopped at the
+    first, half a minute in, exit 1."""
     data = tmp_path / "chats.jsonl"
-    data.write_text('{"text": "fine"}\n\n{"text": "cut off\n')
+    chat = '{"messages": [{"role": "%s", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    data.write_text(f'{chat % "user"}\n\n{{"messages": [\n{chat % "usr"}\n{chat % "user"}\n')
     space = tmp_path / "space.yaml"
     text = TINY_SPACE.read_text()
     text = re.sub(r"    generate:\n      samples: 400\n      median_chars: 300\n", "", text)
-    space.write_text(text.replace("  dataset:\n", f"  dataset:\n    path: {data}\n"))
+    field = f"  dataset:\n    path: {data}\n    messages_field: messages\n"
+    space.write_text(text.replace("  dataset:\n", field))
     db = tmp_path / "sweeper.db"
     result = _sweeper("launch", "--space", str(space), "--storage", f"sqlite:///{db}", env=env)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     said = " ".join(result.stderr.split())
-    wanted = "not a JSON object (Invalid control character at the end of the line (a quote left"
+    assert "workload.dataset.path: the prepare step would refuse 2 records" in said, said
+    wanted = "not a JSON object (Expecting value at the end of the line (a bracket or brace left"
     assert f"{data}:3: {wanted} open?))" in said, result.stderr
-    # the file's line, not json's "line 1 column ..." nor pyarrow's 0-based "row 2" after it
-    assert "line 1 column" not in said and " row " not in said, result.stderr
-    store = Store(f"sqlite:///{db}")
-    try:
-        assert store.list_studies() == []  # no failed study row to delete by hand
-    finally:
-        store.dispose()
+    assert f"{data}:4: message 1 has role 'usr'; did you mean 'user'?" in said
+    # the file's line, not json's "line 1 column ..."
+    assert "line 1 column" not in said, result.stderr
+    assert not db.exists()  # nothing written: no study row to delete by hand
+    doctor = _sweeper("doctor", "--space", str(space), env=env)
+    assert doctor.returncode == 2 and f"{data}:4: message 1 has role 'usr'" in doctor.stderr
 
 
 def test_a_second_launch_beside_a_live_worker_refuses_without_join(
