@@ -10,7 +10,10 @@ one config spread with a CV of 3-4.5% while each window claimed ±2%. So the swe
 
 - a measurement taken while the machine was contended counts only when every measurement of
   the config was, and then only the fastest of them, as sharing only ever slows a trial
-  (``Estimate.contended`` then says so);
+  (``Estimate.contended`` then says so). Its interval is at least as wide as the spread of
+  those measurements (slowest ÷ fastest − 1): sharing moved them that far apart, and nothing
+  shows that it spared the fastest. ``Basis`` words which measurements a figure stands on
+  ("fastest of 4 measurements, all on a shared machine"), never "pooled" for one of them;
 - the machine's run-to-run noise is pooled over every config measured more than once
   (``machine_noise``): it is a property of the machine, and pooling gives it degrees of freedom
   that two measurements of one config never would;
@@ -18,7 +21,9 @@ one config spread with a CV of 3-4.5% while each window claimed ±2%. So the swe
   mean's interval uses Student's t with the pooled degrees of freedom when the machine's noise
   decides it.
 
-Two configs tie when their $/run intervals overlap (``overlaps``). A reference config measured
+Two configs tie when the interval of their $/run ratio holds 1 or lies within 2% of it
+(``tie``, what the recommendation and its launch note decide by); the sweep measures again the
+configs whose intervals merely overlap (``overlaps``), a wider net. A reference config measured
 again now and then shows drift (``drift``). Nothing here imports torch: the child calls
 ``contention`` with what it read from /proc and NVML.
 """
@@ -143,9 +148,19 @@ class Estimate:
     tokens_per_s: float | None
     it_per_s: float | None
     ci95_rel: float  # half-width of the $/run's 95% interval, relative (0: unknown)
-    n: int  # measurements pooled
+    n: int  # measurements the figures stand on: 1 (the fastest) when all were contended
     contended: bool  # every measurement was taken on a contended machine
     dropped: int  # measurements left out (contended ones)
+
+    @property
+    def measured(self) -> int:
+        """Measurements taken, counted or not."""
+        return self.n + self.dropped
+
+    @property
+    def basis(self) -> Basis:
+        """Which measurements the figures stand on, in words (``Basis``)."""
+        return Basis(self.measured, self.contended, 0 if self.contended else self.dropped)
 
     @property
     def low(self) -> float:
@@ -159,12 +174,22 @@ class Estimate:
 def pool(samples: Sequence[Sample], noise: Noise = Noise()) -> Estimate:
     """One estimate from a config's measurements (see the module docstring).
 
+    A calm measurement and a contended one: the calm one alone counts.
+
     >>> e = pool([_s(1.0, ci=0.02), _s(1.1, ci=0.02, contended=True)])
     >>> (e.cost_per_run_usd, e.n, e.dropped, round(e.ci95_rel, 3))
     (1.0, 1, 1, 0.02)
+
+    Two contended ones: the faster counts, and its ±2% window cannot be the interval of a figure
+    that sharing moved by 18% between two runs: the interval reaches the slower run.
+
     >>> e = pool([_s(1.3, ci=0.02, contended=True), _s(1.1, ci=0.02, contended=True)])
-    >>> (e.cost_per_run_usd, e.contended)
-    (1.1, True)
+    >>> (e.cost_per_run_usd, e.contended, e.n, e.measured, round(e.ci95_rel, 3))
+    (1.1, True, 1, 2, 0.182)
+    >>> e.basis.text()
+    'fastest of 2 measurements, all on a shared machine'
+
+    Two calm ones, on a machine whose run-to-run noise (3%, 8 df) exceeds their windows':
     >>> e = pool([_s(1.0, ci=0.02), _s(1.02, ci=0.02)], Noise(0.03**2, 8))
     >>> (round(e.cost_per_run_usd, 2), e.n, round(e.ci95_rel, 3))
     (1.01, 2, 0.049)
@@ -181,6 +206,8 @@ def pool(samples: Sequence[Sample], noise: Noise = Noise()) -> Estimate:
         half = t95(noise.df) * math.sqrt(sum(max(s.window_var, noise.rel_var) for s in kept)) / n
     else:
         half = Z95 * math.sqrt(window)
+    if not calm:
+        half = max(half, contended_spread(samples))
     return Estimate(
         cost_per_run_usd=statistics.fmean(s.cost_per_run_usd for s in kept),
         hours_per_run=statistics.fmean(s.hours_per_run for s in kept),
@@ -194,13 +221,114 @@ def pool(samples: Sequence[Sample], noise: Noise = Noise()) -> Estimate:
     )
 
 
+def contended_spread(samples: Sequence[Sample]) -> float:
+    """How far sharing moved a config's measurements apart when every one was contended: the
+    slowest's $/run over the fastest's, less 1 (0 for one measurement, or when any was calm,
+    as then the calm ones decide). The least half-width an honest interval of the fastest
+    has: the calm $/run lies below it by an amount the measurements do not show, and they
+    show that sharing moves a run by this much.
+
+    >>> contended_spread([_s(1.0, contended=True), _s(1.5, contended=True)])
+    0.5
+    >>> contended_spread([_s(1.0), _s(1.5, contended=True)])  # the calm one decides
+    0.0
+    >>> contended_spread([_s(1.0, contended=True)])
+    0.0
+    """
+    costs = [s.cost_per_run_usd for s in samples if math.isfinite(s.cost_per_run_usd)]
+    if len(costs) < 2 or any(not s.contended for s in samples) or min(costs) <= 0:
+        return 0.0
+    return max(costs) / min(costs) - 1
+
+
+@dataclass(frozen=True)
+class Basis:
+    """Which measurements a config's figures stand on (``pool``), as every table and answer
+    words it: how many were taken, whether every one was contended (then the figures are the
+    fastest's alone), and how many contended ones a calm mean left out.
+
+    >>> Basis(4, contended=True).text(), Basis(4, contended=True).mark()
+    ('fastest of 4 measurements, all on a shared machine', 'fastest of 4')
+    >>> Basis(3).text(), Basis(3).mark()
+    ('mean of 3 measurements', '×3')
+    >>> Basis(3, left_out=1).text(), Basis(3, left_out=1).mark()
+    ('mean of 2 measurements (1 more, taken on a shared machine, left out)', '×2 of 3')
+    >>> Basis(2, left_out=1).text()
+    '1 measurement (1 more, taken on a shared machine, left out)'
+    >>> Basis(1, contended=True).text(), Basis().text(), Basis().mark()
+    ('1 measurement, on a shared machine', '1 measurement', '')
+    """
+
+    measured: int = 1  # measurements taken
+    contended: bool = False  # every one on a shared machine: the fastest alone counts
+    left_out: int = 0  # contended measurements a mean of calm ones left out
+
+    def __post_init__(self) -> None:
+        if self.measured < 1:
+            raise ValueError(f"a basis needs at least one measurement, not {self.measured}")
+        if not 0 <= self.left_out < self.measured or (self.contended and self.left_out):
+            raise ValueError(
+                f"{self.left_out} of {self.measured} measurements left out"
+                + (" while every one was contended" if self.contended else "")
+                + ": a mean keeps at least one calm measurement, and a contended basis keeps "
+                "the fastest"
+            )
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample] | Sequence[Mapping[str, Any]]) -> Basis:
+        """From a config's measurements (``Sample`` or their stored JSON: a trial row's
+        ``remeasures``)."""
+        if not samples:
+            raise ValueError("a basis needs at least one measurement")
+        busy = [s.contended if isinstance(s, Sample) else bool(s.get("contended")) for s in samples]
+        every = all(busy)
+        return cls(len(samples), every, 0 if every else sum(busy))
+
+    @classmethod
+    def stored(
+        cls, remeasures: Sequence[Mapping[str, Any]] | None, contended: bool | None
+    ) -> Basis:
+        """From a trial row: its ``remeasures`` (each measurement, when there was more than
+        one) and its ``contended`` flag (a single measurement's)."""
+        return cls.of(remeasures) if remeasures else cls(1, bool(contended))
+
+    @property
+    def counted(self) -> int:
+        """Measurements the figures stand on."""
+        return 1 if self.contended else self.measured - self.left_out
+
+    def text(self) -> str:
+        """What the figures are, in words (see the class docstring)."""
+        if self.contended:
+            if self.measured == 1:
+                return "1 measurement, on a shared machine"
+            return f"fastest of {self.measured} measurements, all on a shared machine"
+        kept = self.counted
+        words = f"mean of {kept} measurements" if kept > 1 else "1 measurement"
+        if self.left_out:
+            words += f" ({self.left_out} more, taken on a shared machine, left out)"
+        return words
+
+    def mark(self) -> str:
+        """A table cell's short form: '' for one calm measurement, '×3' for the mean of 3,
+        '×2 of 3' when contended ones were left out, 'fastest of 4' when all were contended
+        (a single contended measurement: '', the table's own flag says it)."""
+        if self.contended:
+            return f"fastest of {self.measured}" if self.measured > 1 else ""
+        if self.measured == 1:
+            return ""
+        return f"×{self.counted}" + (f" of {self.measured}" if self.left_out else "")
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None and math.isfinite(v)]
     return statistics.fmean(known) if known else None
 
 
 def overlaps(a_cost: float, a_rel: float, b_cost: float, b_rel: float) -> bool:
-    """Whether two $/run intervals overlap: the two configs tie within the noise.
+    """Whether two $/run intervals overlap: measuring the two again may tell them apart, or
+    show that they tie. Not itself a tie: two intervals can overlap while the ratio of the
+    two $/run is beyond the noise (``tie``, what the recommendation reads).
 
     >>> overlaps(1.00, 0.02, 1.03, 0.02), overlaps(1.00, 0.01, 1.03, 0.01)
     (True, False)

@@ -3,6 +3,11 @@ machine was shared, at once, and if still contended, later, after a trial that r
 reference config every ``drift_every`` trials, to see drift; and at the end the configs whose
 $/run intervals overlap the best's, interleaved, until they separate.
 
+Overlapping intervals decide what is measured again (a wide net: configs that may yet turn out
+to tie); what the sweep then says of them is decided as the recommendation decides it
+(``sweeper.noise.tie``: the interval of their $/run ratio holds 1, or lies within 2% of it),
+so that the launch's last note never names a tie that ``sweeper best`` does not.
+
 ``Remeasure`` keeps every measurement of each measured config and pools them into the
 loop's results; what the sampler should learn again it returns, and the loop tells it.
 """
@@ -15,7 +20,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from sweeper.cost import money
-from sweeper.noise import Drift, Estimate, Sample, SampleKind, drift, machine_noise, overlaps, pool
+from sweeper.noise import (
+    Drift,
+    Estimate,
+    Sample,
+    SampleKind,
+    drift,
+    machine_noise,
+    overlaps,
+    pool,
+    tie,
+)
 from sweeper.preflight import PreflightReport
 from sweeper.space import Space, TrialConfig
 from sweeper.sweep.executor import TrialExecutor
@@ -188,10 +203,9 @@ class Remeasure:
             self.observer.note(found.describe(self.results[reference].number))
         return True
 
-    def contenders(self) -> list[TrialConfig]:
-        """The eligible measured configs whose $/run intervals overlap the best's, cheapest
-        first, at most ``remeasure.top`` of them (one alone: nothing to separate)."""
-        feasible = sorted(
+    def _feasible(self) -> list[tuple[float, TrialConfig]]:
+        """The eligible measured configs with their $/run, cheapest first."""
+        return sorted(
             (
                 (o.cost, c)
                 for c, o in self.results.items()
@@ -199,6 +213,11 @@ class Remeasure:
             ),
             key=lambda pair: pair[0],
         )
+
+    def contenders(self) -> list[TrialConfig]:
+        """The eligible measured configs whose $/run intervals overlap the best's, cheapest
+        first, at most ``remeasure.top`` of them (one alone: nothing to separate)."""
+        feasible = self._feasible()
         if not feasible:
             return []
         best_cost, best = feasible[0]
@@ -210,6 +229,40 @@ class Remeasure:
         ]
         return near[: self.policy.top]
 
+    def ties(self) -> list[TrialConfig]:
+        """The eligible measured configs that tie with the cheapest by the recommendation's
+        test (``sweeper.noise.tie``), the cheapest first: those ``sweeper best`` picks among
+        (one alone: no tie)."""
+        feasible = self._feasible()
+        if not feasible:
+            return []
+        best_cost, best = feasible[0]
+        best_spread = self.results[best].spread
+        return [
+            c for cost, c in feasible if tie(best_cost, best_spread, cost, self.results[c].spread)
+        ]
+
+    def _numbers(self, configs: list[TrialConfig]) -> str:
+        return ", ".join(f"#{self.results[c].number}" for c in configs)
+
+    def _standing(self, contenders: list[TrialConfig], *, still: bool, why_stop: str = "") -> str:
+        """What the sweep says of the best configs when it stops measuring them: a tie by the
+        recommendation's test, or, where their intervals still overlap without one, that the
+        cheapest stands all the same; ``why_stop``: why no more rounds."""
+        tied = self.ties()
+        if len(tied) > 1:
+            return (
+                f"{self._numbers(tied)} {'still ' if still else ''}tie within the noise"
+                f"{why_stop}; the recommendation picks the baseline if it is among them, else "
+                "the one with the least peak memory"
+            )
+        return (
+            f"{self._numbers(contenders)}: their $/run intervals {'still ' if still else ''}"
+            f"overlap{why_stop}, but #{self.results[contenders[0]].number} is cheaper beyond "
+            "the noise (the 95% interval of their $/run ratio leaves out 1 and the 2% that "
+            "does not matter, the recommendation's test): it stands as the cheapest"
+        )
+
     def settle(self, charge: Callable[[], None] = lambda: None) -> None:
         """Measure the best configs again, interleaved, until their intervals separate or
         ``remeasure.rounds`` rounds are spent; ``charge`` after each round."""
@@ -218,15 +271,19 @@ class Remeasure:
             contenders = self.contenders()
             if len(contenders) < 2:
                 if done:
-                    self.observer.note(f"after {done} round(s) the best config stands clear")
+                    self._clear(done)
                 return
-            numbers = ", ".join(f"#{self.results[c].number}" for c in contenders)
+            numbers = self._numbers(contenders)
             if self.executor.stop_requested() or self._out_of_time():
                 self.observer.note(
-                    f"{numbers} tie within the noise, and the sweep's time budget leaves no "
-                    "time to measure them again; the recommendation picks the baseline if it "
-                    "is among them, else the one with the least peak memory (a longer "
-                    "--max-minutes or budget.max_device_hours lets the sweep separate them)"
+                    self._standing(
+                        contenders,
+                        still=False,
+                        why_stop=", and the sweep's time budget leaves no time to measure "
+                        "them again",
+                    )
+                    + " (a longer --max-minutes or budget.max_device_hours lets the sweep "
+                    "measure them again)"
                 )
                 return
             self.observer.note(
@@ -241,11 +298,18 @@ class Remeasure:
             charge()
         left = self.contenders()
         if len(left) > 1:
-            self.observer.note(
-                f"{', '.join(f'#{self.results[c].number}' for c in left)} still tie within the "
-                "noise; the recommendation picks the baseline if it is among them, else the "
-                "one with the least peak memory"
-            )
+            self.observer.note(self._standing(left, still=rounds > 0))
+        elif rounds:
+            self._clear(rounds)
+
+    def _clear(self, rounds: int) -> None:
+        """The best config's interval overlaps no other's after ``rounds`` rounds: said, unless
+        it still ties with one by the recommendation's test (a difference under 2%, measured
+        closely: two intervals apart that no bill could tell)."""
+        if len(self.ties()) > 1:
+            self.observer.note(self._standing(self.ties(), still=True))
+        else:
+            self.observer.note(f"after {rounds} round(s) the best config stands clear")
 
     def _out_of_time(self) -> bool:
         return self.time.spent(self.time.left_s())
