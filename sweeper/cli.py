@@ -300,6 +300,12 @@ def init(
         raise fail(str(e), code=2) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
+    if "messages_field:" in text:
+        console.print(
+            "chat records: the loss is taken on every token (loss: all, TRL's default); for the "
+            f"replies only, set workload.dataset.loss: completion in {out}",
+            highlight=False,
+        )
     console.print(
         f"wrote {out} (study {study}). Next:\n  sweeper doctor --space {out}   # can it run "
         f"here, and how long\n  sweeper launch --space {out}\n  sweeper best --study {study}",

@@ -325,10 +325,18 @@ def minimal_space(
     if kind == "messages_field" and Path(model_id).is_dir():
         _check_chat_template(model, Path(model_id), data)
     field = f"      {kind}: {column}\n" if (kind, column) != ("text_field", "text") else ""
+    if kind == "messages_field":
+        # written out: which tokens are labels changes what a step computes, and a user who
+        # trains on the replies only must see the choice, not find "all" in best --json
+        field += (
+            "      loss: all     # every token is a label (TRL's default); completion: the "
+            "replies only (assistant_only_loss)\n"
+        )
     text = (
         "# Your own fine-tune, written by `sweeper init`. Everything not here has a default\n"
         '# (README: "Your own fine-tune"): max_seq_length is read off the data, batch sizes\n'
-        "# 4, 8 and 16 are searched, 12 trials. Add a search: section to search more knobs.\n"
+        "# 4, 8 and 16 are searched (3 trials; n_trials caps a larger search). Add a search:\n"
+        "# section to search more knobs.\n"
         f"study: {study}\n"
         "hardware:\n"
         f"  name: {_scalar(hardware)}          # the machine the real job rents\n"

@@ -64,6 +64,7 @@ def test_init_refuses_chat_records_for_a_tokenizer_without_a_chat_template(
     ran = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "messages_field: messages" in out.read_text()
+    assert "set workload.dataset.loss: completion in" in " ".join(ran.stdout.split())
 
 
 def test_init_refuses_a_misspelt_relative_model_directory(tmp_path: Path) -> None:

@@ -285,6 +285,8 @@ def test_the_minimal_space_needs_no_guess(tmp_path: Path) -> None:
     )  # fmt: skip
     space = parse_space(text)
     assert space.workload.samples == 2 and space.workload.dataset.messages_field == "messages"
+    # which tokens are labels is written out for chat data, with the other choice beside it
+    assert space.workload.dataset.loss == "all" and "completion: the replies only" in text
     assert space.search.max_seq_length == "auto" and space.budget.n_trials == 12
     assert space.search.values("per_device_batch_size") == [4, 8, 16]
     assert list(space.search.grid()) == []  # nothing runs before the data says the lengths
