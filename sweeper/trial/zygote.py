@@ -167,6 +167,26 @@ def _import_for_trials() -> None:
     import sweeper.trial.measure  # noqa: F401
     import sweeper.trial.probe  # noqa: F401
 
+    _import_model_code()
+
+
+def _import_model_code() -> None:
+    """transformers' model-independent model code (modeling_utils, and with it activations,
+    the loading code, torch.distributed.tensor, accelerate's and DeepSpeed's integrations):
+    ``import transformers`` is lazy, so without this every trial forked from a zygote that was
+    not preloaded with its model's code (run_child's fork server in the tests, a model given by
+    its directory) imported it itself: 4-5 CPU-s of each child's ~6 on a tiny model. Skipped
+    where torchao is installed, as the preload skips the model's code (workload.preload): that
+    code imports torchao, which opens CUDA at import, and the zygote could fork nothing. A
+    trial that cannot import it says why itself (a script trial never needs it)."""
+    import contextlib
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is not None:
+        return
+    with contextlib.suppress(Exception):
+        import transformers.modeling_utils  # noqa: F401
+
 
 def main(reply_fd: int) -> None:
     started = time.perf_counter()
