@@ -288,7 +288,7 @@ def _lines(config: dict[str, Any], place: str) -> str:
 def _trainer(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
     kwargs = trainer_kwargs(rec, space_yaml)
-    data = data_lines(config, space_yaml)  # packed or not, as the trials batched
+    data = data_lines(config, space_yaml, rec.loss_labels)  # packed or not, as the trials batched
     usage = (
         "# trainer = Trainer(model=model, args=training_args, train_dataset=dataset, "
         "data_collator=collate)\n# trainer.train()\n"
@@ -330,7 +330,7 @@ def _sft(rec: Recommendation, space_yaml: str) -> str:
         + (f"{note}\n" if note else "")
         + _lines(config, "sft")
         + f"sft_config = {_call('SFTConfig', kwargs, _notes(kwargs, space_yaml))}\n"
-        + sft_data_lines(space_yaml)
+        + sft_data_lines(space_yaml, _replies_only(rec, space_yaml))
         + "# trainer = SFTTrainer(model=model, args=sft_config, train_dataset=dataset, "
         "processing_class=tokenizer)\n# trainer.train()\n"
     )
@@ -452,7 +452,7 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
     if device != "cuda":
         kwargs["pin_memory"] = False  # pinning needs a GPU to copy to
     extra: dict[str, Any] = {"shuffle": True, "drop_last": True, "collate_fn": _Raw("collate")}
-    where = data_lines(config, space_yaml)  # packed blocks, or padded/flattened batches
+    where = data_lines(config, space_yaml, rec.loss_labels)  # packed blocks, or padded/flattened
     loading = ""
     if _quantized(config):
         loading = (

@@ -71,9 +71,12 @@ def _load_lines(space: Space) -> list[str]:
     return [f"dataset = load_dataset({builder!r}, data_files={spec.path!r}, split='train')"]
 
 
-def sft_data_lines(space_yaml: str) -> str:
+def sft_data_lines(space_yaml: str, replies: bool = False) -> str:
     """The tokenizer and the space's data as SFTTrainer takes them: chat records from a
-    'messages' column (renamed from the space's messages_field), plain text from
+    'messages' column (renamed from the space's messages_field) where ``replies``
+    (assistant_only_loss), else, for an sft study, rendered to text with the chat template as
+    the trial handed them to SFTTrainer (which then closes a text with EOS unless it ends
+    with it: a chat record SFTTrainer renders itself gets none); plain text from
     dataset_text_field; the chat template the trials rendered with, where the space set one.
     Without a dataset path in the space, a line to fill in."""
     space = space_of(space_yaml)
@@ -92,7 +95,17 @@ def sft_data_lines(space_yaml: str) -> str:
     lines[0:0] = ["from datasets import load_dataset, load_from_disk"]
     lines += _template_line(space)
     lines += _load_lines(space)
-    if spec.messages_field is not None and spec.messages_field != "messages":
+    if spec.messages_field is not None and not replies and space.workload.engine == "sft":
+        lines += [
+            "dataset = dataset.map(  # rendered as the trials rendered it for SFTTrainer, which "
+            "then",
+            "    # closes each text with its EOS unless it ends with it, as in the trials",
+            "    lambda row: {'text': tokenizer.apply_chat_template("
+            f"row[{spec.messages_field!r}], tokenize=False)}},",
+            "    remove_columns=dataset.column_names,",
+            ")",
+        ]
+    elif spec.messages_field is not None and spec.messages_field != "messages":
         lines.append(
             f"dataset = dataset.rename_column({spec.messages_field!r}, 'messages')"
             "  # SFTTrainer reads chat records from 'messages'"
@@ -151,16 +164,44 @@ def collate(rows):
     return {{"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}}
 '''
 
+# engine: sft: SFTTrainer tokenized the rendered text itself (sweeper.trial.engines.trainer's
+# train_sft; TRL's SFTTrainer._prepare_dataset): it appends the EOS to a text that does not
+# already end with it (a chat text ending in EOS and a newline, as ChatML's, gets a second
+# one), tokenizes it with the tokenizer's special tokens and keeps its first max_length tokens
+_TOKENIZE_SFT = '''
+
+def tokenize(tokenizer, text, max_length={length}):
+    """One sample as SFTTrainer read it in the trials: the EOS appended to the text unless
+    the text already ends with it (one ending in EOS and a newline gets a second one), its
+    token ids with the tokenizer's special tokens, the first max_length (max_seq_length) of
+    them kept: a longer sample loses its end, EOS included."""
+    eos = tokenizer.eos_token
+    if eos is not None and not text.endswith(eos):
+        text += eos
+    return {{"input_ids": tokenizer(text)["input_ids"][:max_length]}}
+'''
+
+_TOKENIZE_SFT_WHOLE = '''
+
+def tokenize(tokenizer, text):
+    """One sample as SFTTrainer packed it in the trials: the EOS appended to the text unless
+    the text already ends with it (one ending in EOS and a newline gets a second one), and
+    its token ids, whole, with the tokenizer's special tokens."""
+    eos = tokenizer.eos_token
+    if eos is not None and not text.endswith(eos):
+        text += eos
+    return {{"input_ids": tokenizer(text)["input_ids"]}}
+'''
+
 # loss: completion: the trials' labels were the tokens starting inside an assistant's reply
 # (sweeper.trial.corpus.render_chat and completion_mask), and the EOS that closes the sample
-_TOKENIZE_REPLIES = '''
+_REPLIES_HEAD = '''
 
-def tokenize_replies(tokenizer, messages, max_length={length}):
+def tokenize_replies(tokenizer, messages{limit}):
     """One chat record as the trials read it, the loss on the assistant's replies only
-    (dataset.loss: completion): rendered with the chat template, its token ids cut so that
-    with the EOS that closes it they are at most max_length, and 'labels' -100 on every token
-    that does not start inside a reply (a reply: what rendering the record up to it adds to
-    the prompt before it); the EOS is a label."""
+    (dataset.loss: completion): rendered with the chat template, {cut}, and 'labels' -100 on
+    every token that does not start inside a reply (a reply: what rendering the record up
+    to it adds to the prompt before it); the EOS is a label."""
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     replies = []
     for i, message in enumerate(messages):
@@ -172,15 +213,47 @@ def tokenize_replies(tokenizer, messages, max_length={length}):
             replies.append((len(before), len(upto)))
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     cut = tokenizer(
-        text, add_special_tokens=False, truncation=True, max_length=max_length - len(eos),
-        return_offsets_mapping=True,
+        text, add_special_tokens=False, {truncation}return_offsets_mapping=True,
     )
     labels = [
         token if any(start <= begin < end for start, end in replies) else -100
         for token, (begin, _) in zip(cut["input_ids"], cut["offset_mapping"])
     ]
-    return {{"input_ids": cut["input_ids"] + eos, "labels": labels + eos}}
 '''
+
+# how tokenize_replies cuts a sample: sweeper's engines (and SFTTrainer padding-free) cut the
+# text's tokens to leave room for the EOS; SFTTrainer unpacked kept the first max_length
+# tokens of the whole sample and its EOS; packed, nothing is cut
+_REPLIES_CUTS = {
+    "cut": (
+        ", max_length={length}",
+        "its token ids cut so that\n    with the EOS that closes it they are at most max_length",
+        "truncation=True, max_length=max_length - len(eos),\n        ",
+        '    return {{"input_ids": cut["input_ids"] + eos, "labels": labels + eos}}\n',
+    ),
+    "keep_start": (
+        ", max_length={length}",
+        "its token ids and\n    the EOS that closes them, the first max_length kept (as SFTTrainer "
+        "cut them)",
+        "",
+        '    return {{\n        "input_ids": (cut["input_ids"] + eos)[:max_length],\n'
+        '        "labels": (labels + eos)[:max_length],\n    }}\n',
+    ),
+    "whole": (
+        "",
+        "its token ids whole\n    with the EOS that closes it",
+        "",
+        '    return {{"input_ids": cut["input_ids"] + eos, "labels": labels + eos}}\n',
+    ),
+}
+
+
+def _tokenize_replies(length: int, how: str) -> str:
+    """The exported ``tokenize_replies``, cutting as ``_REPLIES_CUTS[how]`` says."""
+    limit, cut, truncation, ret = _REPLIES_CUTS[how]
+    head = _REPLIES_HEAD.format(limit=limit.format(length=length), cut=cut, truncation=truncation)
+    return head + ret.format()
+
 
 _PADDED = '''
 
@@ -224,7 +297,7 @@ def _padding_why(config: dict[str, Any], space_yaml: str) -> str:
     return "each batch padded to its longest sample (workload.padding: longest)"
 
 
-def data_lines(config: dict[str, Any], space_yaml: str) -> str:
+def data_lines(config: dict[str, Any], space_yaml: str, loss_labels: str | None = None) -> str:
     """The samples and their batches as the trials made them, for the Trainer and DataLoader
     exports: ``tokenize`` (token ids without special tokens, cut at max_seq_length with the
     EOS that closes them: sweeper.trial.workload's datasets; whole when packed), ``collate``
@@ -235,9 +308,19 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
     space = space_of(space_yaml)
     flattened = knobs.code_lines(config, "collate_fn")  # padding-free
     packed = bool(config.get("packing"))
+    replies = _replies(space, loss_labels)
+    # SFTTrainer tokenized an sft trial's text itself, unless the engine handed it token ids
+    # cut as sweeper's own engines cut them (padding-free)
+    trl = space is not None and space.workload.engine == "sft" and not flattened
+    closed = (
+        "each closed by its EOS unless its text ends with it, as SFTTrainer closed them"
+        if trl
+        else "each closed by its EOS"
+    )
     lines = [
-        "# packing: the samples tokenized whole, each closed by its EOS, concatenated and",
-        f"# split into {length}-token blocks (max_seq_length), as the trials packed them",
+        f"# packing: the samples tokenized whole, {closed},",
+        f"# concatenated and split into {length}-token blocks (max_seq_length), as the trials "
+        "packed them",
     ]
     if not packed:
         lines = [
@@ -250,22 +333,26 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
                 else _padding_why(config, space_yaml)
             ),
         ]
+        if trl:
+            lines[:1] = [
+                f"# the samples as SFTTrainer read them in the trials: its first {length} tokens "
+                "(max_seq_length)",
+                "# kept, "
+                + (
+                    "the EOS that closes each a label"
+                    if replies
+                    else "the EOS appended unless the text ends with it"
+                ),
+            ]
+            lines[-1] = "# " + _padding_why(config, space_yaml)
     lines += ["import torch", ""]
-    replies = _replies(space)
-    code = _TOKENIZE_WHOLE.format() if packed else _TOKENIZE.format(length=length)
+    if trl and not replies:
+        code = _TOKENIZE_SFT_WHOLE.format() if packed else _TOKENIZE_SFT.format(length=length)
+    else:
+        code = _TOKENIZE_WHOLE.format() if packed else _TOKENIZE.format(length=length)
     if replies:
-        whole = _TOKENIZE_REPLIES.format(length=length)[1:]
-        if packed:  # nothing cut: the sample continues in the next block
-            whole = (
-                whole.replace(f", max_length={length}):", "):")
-                .replace("truncation=True, max_length=max_length - len(eos),\n        ", "")
-                .replace(
-                    "its token ids cut so that\n    with the EOS that closes it they are at "
-                    "most max_length, and",
-                    "its token ids whole\n    with the EOS that closes it, and",
-                )
-            )
-        code += whole
+        how = "whole" if packed else "keep_start" if trl else "cut"
+        code += _tokenize_replies(length, how)[1:]
     if packed:
         code += _PACK.format(block=length)
     elif not flattened:
@@ -354,13 +441,20 @@ def data_lines(config: dict[str, Any], space_yaml: str) -> str:
         ")",
         *(packing if packed else []),
     ]
+    if trl and replies and not packed:
+        lines += [
+            "dataset = dataset.filter(  # as SFTTrainer dropped a record cut before its reply",
+            "    lambda row: any(label != -100 for label in row['labels'])",
+            ")",
+        ]
     return "\n".join(lines) + "\n"
 
 
-def _replies(space: Space | None) -> bool:
+def _replies(space: Space | None, loss_labels: str | None = None) -> bool:
     """Whether the trials took the loss on the assistant's replies only (loss: completion,
-    chat records)."""
-    if space is None:
+    chat records), unless they recorded training on every token (``loss_labels``: an sft
+    trial whose chat template has no {% generation %} markers)."""
+    if space is None or loss_labels == "all":
         return False
     spec = space.workload.dataset
     return spec.loss == "completion" and spec.messages_field is not None
