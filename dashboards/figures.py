@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import plotly.graph_objects as go
 
+from sweeper.cost import hours_figure, money
 from sweeper.knob_values import as_ran
 
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies.
@@ -143,6 +144,7 @@ def history_rows(trials: Iterable[TrialLike]) -> list[dict[str, Any]]:
 def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """$/run per completed trial (markers) and the best-so-far line (a step)."""
     numbers = [row["number"] for row in rows]
+    usd = _usd_format(row["cost_per_run_usd"] for row in rows)
     trials_trace = _scatter(
         name="trial $/run",
         x=numbers,
@@ -153,7 +155,7 @@ def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
             [_hours_text(row["hours_per_run"]), config_text(row["config"])] for row in rows
         ],
         hovertemplate=(
-            "trial %{x}<br>$%{y:,.2f} per run, %{customdata[0]}<br><br>%{customdata[1]}"
+            "trial %{x}<br>$%{y:" + usd + "} per run, %{customdata[0]}<br><br>%{customdata[1]}"
             "<extra></extra>"
         ),
     )
@@ -163,7 +165,7 @@ def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
         y=[row["best_so_far_usd"] for row in rows],
         mode="lines",
         line={"color": PALETTE[5], "width": 2, "shape": "hv"},
-        hovertemplate="best so far after trial %{x}: $%{y:,.2f}<extra></extra>",
+        hovertemplate="best so far after trial %{x}: $%{y:" + usd + "}<extra></extra>",
     )
     figure = go.Figure(layout=_layout())
     figure.update_xaxes(title_text="trial number", rangemode="nonnegative")
@@ -174,7 +176,40 @@ def history_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _hours_text(hours: float | None) -> str:
-    return f"{hours:,.1f} h per run" if _finite(hours) else "hours unknown"
+    """'0.013 h per run' (``cost.hours_figure``: a short job's hours are not '0.0')."""
+    if hours is None or not math.isfinite(hours):
+        return "hours unknown"
+    return f"{hours_figure(hours)} h per run"
+
+
+def _usd_format(costs: Iterable[float]) -> str:
+    """The d3 format of a hover's $ figure: cents, or, where the cheapest is below $0.10,
+    enough decimals for its two significant digits, as ``cost.money`` writes it (a sub-cent
+    run read '$0.00' for every trial).
+
+    >>> _usd_format([12.5, 0.31]), _usd_format([0.0013, 0.2]), _usd_format([])
+    (',.2f', ',.4~f', ',.2f')
+    """
+    return _two_figures(costs, decimals=2, below=0.1)
+
+
+def _hours_format(hours: Iterable[float]) -> str:
+    """The d3 format of a hover's hours, as ``cost.hours_figure`` writes them: one decimal,
+    or two significant digits for a short job (48 s read '0.0 h').
+
+    >>> _hours_format([38.0, 2.5]), _hours_format([0.013, 4.0])
+    (',.1f', ',.3~f')
+    """
+    return _two_figures(hours, decimals=1, below=0.95)
+
+
+def _two_figures(values: Iterable[float], *, decimals: int, below: float) -> str:
+    """``decimals`` fixed decimals, or, where the least positive value is below ``below``,
+    as many as its two significant digits need (trailing zeros trimmed)."""
+    least = min((v for v in values if _finite(v) and v > 0), default=below)
+    if least >= below:
+        return f",.{decimals}f"
+    return f",.{max(decimals, 1 - math.floor(math.log10(least)))}~f"
 
 
 # ------------------------------------------------------------------ throughput per trial
@@ -405,7 +440,7 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
             low, high = (min(costs), max(costs)) if costs else (0.0, 1.0)
             span = (high - low) or 1.0
             values = [(c - low) / span for c in costs]
-            ticks = [(0.0, f"${low:,.2f}"), (1.0, f"${high:,.2f}")] if costs else []
+            ticks = [(0.0, money(low)), (1.0, money(high))] if costs else []
         else:
             raw, tickvals, ticktext = _axis_values([row["config"].get(axis) for row in rows])
             low, high = (min(tickvals), max(tickvals)) if tickvals else (0.0, 1.0)
@@ -451,7 +486,7 @@ def parallel_figure(data: dict[str, Any]) -> dict[str, Any]:
         traces.append(
             _scatter(
                 # one "$" per label: plotly reads text with two as LaTeX
-                name=f"up to ${last['cost_per_run_usd']:,.2f}",
+                name=f"up to {money(last['cost_per_run_usd'])}",
                 x=xs,
                 y=ys,
                 mode="lines",
@@ -587,7 +622,9 @@ def slice_figure(data: dict[str, Any]) -> dict[str, Any]:
                 yaxis=axes.yaxis.plotly_name.replace("axis", ""),
                 mode="markers",
                 marker={"color": PALETTE[0], "size": 8, "opacity": 0.6},
-                hovertemplate="trial %{customdata}: %{x}<br>$%{y:,.2f} per run<extra></extra>",
+                hovertemplate="trial %{customdata}: %{x}<br>$%{y:"
+                + _usd_format(p["cost_per_run_usd"] for p in points)
+                + "} per run<extra></extra>",
                 showlegend=False,
             )
         )
@@ -712,6 +749,9 @@ def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
     """$/run against hours/run: each study's trials, and the front (no point is both cheaper
     and faster than a point on it)."""
     traces = []
+    every = [p for entry in data["studies"] for p in entry["points"]]
+    usd = _usd_format(p["cost_per_run_usd"] for p in every)
+    hours = _hours_format(p["hours_per_run"] for p in every)
     for index, entry in enumerate(data["studies"]):
         points = entry["points"]
         if not points:
@@ -726,7 +766,8 @@ def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
                 mode="markers",
                 marker={"color": PALETTE[index % len(PALETTE)], "size": 8, "opacity": 0.55},
                 hovertemplate=(
-                    "trial %{customdata[0]}: %{x:,.1f} h, $%{y:,.2f}<br><br>%{customdata[1]}"
+                    "trial %{customdata[0]}: %{x:" + hours + "} h, $%{y:" + usd + "}<br><br>"
+                    "%{customdata[1]}"
                     "<extra>" + label + "</extra>"
                 ),
             )
@@ -741,7 +782,7 @@ def pareto_figure(data: dict[str, Any]) -> dict[str, Any]:
                 mode="lines+markers",
                 line={"color": INK, "width": 2, "shape": "hv"},
                 marker={"color": INK, "size": 10, "symbol": "diamond-open"},
-                hovertemplate="front: %{x:,.1f} h, $%{y:,.2f}<extra></extra>",
+                hovertemplate="front: %{x:" + hours + "} h, $%{y:" + usd + "}<extra></extra>",
             )
         )
     figure = go.Figure(layout=_layout())

@@ -646,3 +646,31 @@ def test_the_offers_form_reads_limits_as_typed_and_its_examples_hold() -> None:
     assert (typed.max_hours, typed.max_cost_usd, typed.gpus) == (1000.0, 60.0, ("h100-sxm",))
     empty = dashboard_offers.read_query("", None, [""], catalog, "c")
     assert not empty.asked and not empty.errors
+
+
+def test_sub_cent_costs_keep_two_figures_in_legends_ticks_and_hovers() -> None:
+    """Seen on a user walk: a small job's parallel-coordinates legend read "up to $0.00" for
+    every bin; legends, ticks and hovers write a sub-cent $/run as ``cost.money`` does."""
+    cheap = [complete(n, cost, attn="eager" if n % 2 else "sdpa") for n, cost in
+             enumerate((0.0013, 0.0015, 0.0017, 0.0019, 0.0021, 0.0026))]  # fmt: skip
+    parallel = figures.parallel_figure(figures.parallel_rows(cheap))
+    names = [trace["name"] for trace in parallel["data"]]
+    assert "up to $0.0026" in names and not any("$0.00 " in n or n.endswith("$0.00") for n in names)
+    assert all(n.count("$") <= 1 for n in names)  # plotly reads two as LaTeX
+    labels = [a["text"] for a in parallel["layout"]["annotations"]]
+    assert "$0.0013" in labels and "$0.0026" in labels and "$0.00" not in labels
+    history = figures.history_figure(figures.history_rows(cheap))
+    hovers = [trace["hovertemplate"] for trace in history["data"]]
+    assert all("$%{y:,.4~f}" in h for h in hovers), hovers
+    assert history["data"][0]["customdata"][0][0] == "0.00052 h per run"  # not "0.0 h"
+    pareto = figures.pareto_figure(
+        figures.pareto_rows(
+            {"s": [{"hardware_name": "CPU", "trial_number": 0, "config": {},
+                    "hours_per_run": 0.013, "cost_per_run_usd": 0.0013}]},
+            [],
+        )
+    )  # fmt: skip
+    assert "%{x:,.3~f} h, $%{y:,.4~f}" in pareto["data"][0]["hovertemplate"]
+    # dollars keep cents
+    dear = figures.history_figure(figures.history_rows(TRIALS))
+    assert "$%{y:,.2f}" in dear["data"][0]["hovertemplate"]
