@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, computed_fiel
 from sweeper.catalog import Catalog as GpuCatalog
 from sweeper.knob_values import as_ran
 from sweeper.measurement import COLUMN_METRICS
+from sweeper.noise import Basis
 from sweeper.recommend import padding_share
 from sweeper.recommendation import Recommendation
 from sweeper.space import TrialConfig
@@ -136,11 +137,31 @@ class TrialSummary(_MeasuredTrial):
     remeasures: list[dict[str, Any]] | None = Field(
         default=None,
         description="each measurement of the config when it was measured more than once "
-        "(kind: trial, rerun, final or drift); the metric fields then hold their pooled estimate",
+        "(kind: trial, rerun, final or drift); the metric fields then hold their estimate: the "
+        "mean of the calm ones, or, when every one was contended, the fastest's (measured_as)",
     )
     worker_id: str | None = Field(
         default=None, description="the worker (sweep process) that ran it; none before workers"
     )
+
+    @property
+    def basis(self) -> Basis | None:
+        """Which measurements a completed trial's figures stand on (``sweeper.noise.Basis``)."""
+        if self.state != "complete":
+            return None
+        return Basis.stored(self.remeasures, self.contended)
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="which measurements a completed trial's metric fields stand on: '1 "
+        "measurement', 'mean of 3 measurements', 'mean of 2 measurements (1 more, taken on a "
+        "shared machine, left out)' or 'fastest of 4 measurements, all on a shared machine' "
+        "(sharing only slows a run: the fastest counts, and cost_ci95_rel is at least the "
+        "measurements' spread); null for any other trial"
+    )
+    @property
+    def measured_as(self) -> str | None:
+        basis = self.basis
+        return None if basis is None else basis.text()
 
 
 class TrialDetail(TrialSummary):

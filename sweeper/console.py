@@ -18,6 +18,7 @@ from rich.text import Text
 
 from sweeper.cost import hours_figure, money, one_off_text
 from sweeper.knob_values import OWN_LABEL, UNREACHED_LABEL, UNREACHED_WHY, as_ran
+from sweeper.noise import Basis
 
 if TYPE_CHECKING:
     from sweeper.compare import Comparison
@@ -178,7 +179,9 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
         key=lambda t: (t.cost_per_run_usd, t.number),
     )
     rows = []
-    for t in completed[:top]:
+    # which measurements each row's figures stand on (sweeper.noise.Basis)
+    bases = [Basis.stored(t.remeasures, t.contended) for t in completed[:top]]
+    for t, basis in zip(completed[:top], bases, strict=True):
         padding = padding_share(t.tokens_per_s, t.padded_tokens_per_s)
         rows.append({
             "#": str(t.number),
@@ -194,7 +197,7 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
             "$/run": dollars(t.cost_per_run_usd, sign=False),
             "±95%": num(None if t.cost_ci95_rel is None else t.cost_ci95_rel * 100, ".1f")
             + "%"
-            + (f" ×{len(t.remeasures)}" if t.remeasures else "")
+            + (f" {basis.mark()}" if basis.mark() else "")
             + (" [yellow]*[/]" if t.contended else ""),
         })  # fmt: skip
     headers = ["#", "config", "samples/s", "tokens/s", "it/s", "data wait", "padding", "h/run",
@@ -229,8 +232,8 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
             "(sweeper serve)",
             highlight=False,
         )
-    if any(t.remeasures for t in completed[:top]):
-        console.print("  ×N: measured N times, pooled (sweeper.noise)", highlight=False)
+    for legend in basis_legend(bases):
+        console.print(f"  {legend}", highlight=False)
     contended = [f"#{t.number}" for t in completed[:top] if t.contended]
     if contended:
         console.print(
@@ -246,6 +249,31 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
             f"{escape((t.failure_message or '')[:2000])}",
             highlight=False,
         )
+
+
+def basis_legend(bases: list[Basis]) -> list[str]:
+    """What the leaderboard's marks beside ±95% mean, those it shows (``Basis.mark``).
+
+    >>> [line.split(":")[0] for line in basis_legend([Basis(3), Basis(4, contended=True)])]
+    ['×N', 'fastest of N']
+    >>> basis_legend([Basis(), Basis(1, contended=True)])  # one measurement each: no mark
+    []
+    """
+    lines = []
+    if any(b.measured > 1 and not b.contended and not b.left_out for b in bases):
+        lines.append("×N: measured N times; the row is their mean")
+    if any(b.left_out for b in bases):
+        lines.append(
+            "×N of M: measured M times; the row is the mean of the N calm measurements, "
+            "those taken on a shared machine left out"
+        )
+    if any(b.contended and b.measured > 1 for b in bases):
+        lines.append(
+            "fastest of N: measured N times, each on a shared machine; the row is the "
+            "fastest's (sharing only slows a run), its ±95% at least as wide as the "
+            "measurements' spread"
+        )
+    return lines
 
 
 def print_study_list(rows: list[dict[str, Any]], url: str) -> None:
@@ -294,13 +322,7 @@ def print_recommendation(rec: Recommendation) -> None:
             if rec.devices > 1
             else ""
         )
-        + f"): trial #{rec.trial_number}, "
-        + (
-            f"picked among the {len(rec.ties) + 1} that tie within the noise "
-            f"({count(rec.completed_trials, 'trial')} completed)"
-            if rec.ties
-            else f"the cheapest of {count(rec.completed_trials, 'trial')} completed"
-        ),
+        + f"): trial #{rec.trial_number}, {rec.pick_text()}",
         highlight=False,
     )
     for key, value in config.items():  # as YAML writes them, to paste into a space's baseline

@@ -166,6 +166,10 @@ def _header(rec: Recommendation) -> str:
         f"{money(rec.cost_per_run_usd)} per run on {rec.hardware_name} at "
         f"${rec.usd_per_hour:.2f}/h"
     ]
+    if rec.measurements > 1 or rec.contended:  # what those figures are (sweeper.noise.Basis)
+        lines.append(f"# its $/run, with its 95% interval: {rec.interval_text()}")
+    if rec.tie_note:  # picked among configs that tie within the noise, and why this one
+        lines.append(f"# it {rec.tie_note}")
     if rec.keeps_baseline:
         lines.append(f"# this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}")
     elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:

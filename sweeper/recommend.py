@@ -9,10 +9,11 @@
 3. the training-semantics guard: a config whose max_seq_length is below the dataset's coverage
    length (the longest sample, or the space's coverage percentile) truncates, and is left out
    unless truncation is allowed — the answer then says what it left out and why;
-4. the cheapest per run wins, unless other configs tie with it: when their $/run 95%
-   intervals overlap its interval (``sweeper.noise``), the baseline wins if it is among them
-   (nothing beats it beyond the noise), else the one with the least peak memory, then the
-   cheaper; the answer names the ties;
+4. the cheapest per run wins, unless other configs tie with it (``sweeper.noise.tie``: the
+   95% interval of their $/run ratio holds 1 or lies within 2% of it; intervals that merely
+   overlap do not tie): the baseline wins if it is among them (nothing beats it beyond the
+   noise), else the one with the least peak memory, then the cheaper; the answer names the
+   ties, and, when it picks another, the cheapest it passed over;
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
    with what the sweep itself cost (payback in runs); ``sweeper.caveats`` words its warnings.
 
@@ -35,7 +36,7 @@ from sweeper import caveats
 from sweeper.cost import device_count, hours_figure, money, run_cost
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.knob_values import as_ran
-from sweeper.noise import tie
+from sweeper.noise import Basis, tie
 from sweeper.recommendation import Recommendation, cost_text
 from sweeper.scaling import scaling_of
 from sweeper.store import Store, StudyRow, TrialMetrics
@@ -391,7 +392,10 @@ def decide(
         raise
     baseline = _baseline(facts, candidates)
     winner, ties, tie_note = _pick(eligible, baseline)
+    cheapest = min(eligible, key=lambda c: c.key)
+    passed_over = cheapest if ties and cheapest is not winner else None
     t = winner.trial
+    basis = Basis.stored(t.remeasures, t.contended)
     config = _ran(t)
     effective_batch = caveats.effective_batch(config)
     warnings: list[str] = []
@@ -472,10 +476,13 @@ def decide(
         baseline_samples_per_s=None if baseline is None else baseline.trial.samples_per_s,
         baseline_tokens_per_s=None if baseline is None else baseline.trial.tokens_per_s,
         cost_ci95_rel=winner.spread or None,
-        measurements=len(t.remeasures or []) or 1,
+        measurements=basis.measured,
+        measurements_left_out=basis.left_out,
         ties=tuple(c.trial.number for c in ties if c is not winner),
         tie_note=tie_note,
-        contended=bool(t.contended),
+        cheapest_trial_number=None if passed_over is None else passed_over.trial.number,
+        cheapest_cost_per_run_usd=None if passed_over is None else passed_over.cost,
+        contended=basis.contended,
         devices=device_count(config),
         scaling=tuple(scaling_of(c.trial for c in candidates)),
     )
@@ -509,6 +516,7 @@ def _pick(
         )
     others = ", ".join(
         f"#{c.trial.number} ({cost_text(c.cost, c.spread or None)}"
+        + (", the cheapest measured" if c is cheapest else "")
         + (f", {_gb(c.trial.peak_memory_bytes)} peak" if c.trial.peak_memory_bytes else "")
         + ")"
         for c in ties

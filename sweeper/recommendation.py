@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from sweeper.cost import money, one_off_text
+from sweeper.noise import Basis
 from sweeper.scaling import Scaling
 
 
@@ -67,9 +68,17 @@ class Recommendation(BaseModel):
     n_params: int | None = None  # the model's parameters (4-bit weights unpacked)
     trainable_params: int | None = None  # what trains: fewer than n_params with an adapter
     cost_ci95_rel: float | None = None  # half-width of the $/run's 95% interval, relative
-    measurements: int = 1  # of the winning config, pooled (sweeper.noise)
-    ties: tuple[int, ...] = ()  # other trials whose $/run intervals overlap the winner's
+    # the winning config's measurements, all taken (``measured_as`` says which count)
+    measurements: int = 1
+    # contended ones its calm mean left out (0 when every one was contended: the fastest counts)
+    measurements_left_out: int = 0
+    # other trials whose $/run ties with the cheapest's (``sweeper.noise.tie``)
+    ties: tuple[int, ...] = ()
     tie_note: str | None = None  # why the winner was picked among them
+    # when the winner ties with a cheaper config and was picked over it: that config's trial
+    # and $/run (the cheapest measured that the answer could pick)
+    cheapest_trial_number: int | None = None
+    cheapest_cost_per_run_usd: float | None = None
     contended: bool = False  # every measurement of the winner was on a shared machine
     # what the winning trial's loss was taken on ("all" tokens or the assistant's "replies"),
     # and whether the chat template marks the replies ({% generation %}), which TRL's
@@ -97,9 +106,54 @@ class Recommendation(BaseModel):
 
     KEEP_BASELINE: ClassVar[str] = "no config measured so far beats it beyond the noise: keep it"
 
+    @property
+    def basis(self) -> Basis:
+        """Which of the winner's measurements its figures stand on (``sweeper.noise.Basis``)."""
+        return Basis(self.measurements, self.contended, self.measurements_left_out)
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="which of the winner's measurements its throughput and $/run stand on: "
+        "'mean of 3 measurements', or 'fastest of 4 measurements, all on a shared machine' "
+        "(sharing only slows a run, so the fastest counts; its interval is at least the "
+        "measurements' spread)"
+    )
+    @property
+    def measured_as(self) -> str:
+        return self.basis.text()
+
     def interval_text(self) -> str:
-        """'$12.50 ±2.1%/run (3 measurements)': the $/run with its 95% interval."""
-        return cost_text(self.cost_per_run_usd, self.cost_ci95_rel, self.measurements)
+        """'$12.50 ±2.1%/run (mean of 3 measurements)': the $/run with its 95% interval and
+        what it stands on."""
+        return cost_text(self.cost_per_run_usd, self.cost_ci95_rel, self.basis)
+
+    def pick_text(self) -> str:
+        """Why this trial, in a few words: 'the cheapest of 3 completed trials', or, when it
+        ties with a cheaper one and was picked over it, that it is not the cheapest measured,
+        which one is, and that the two tie within the noise (``tie_note`` says why this one).
+
+        >>> rec = Recommendation.model_construct(completed_trials=3, ties=(0,),
+        ...     cheapest_trial_number=0, cheapest_cost_per_run_usd=0.0021)
+        >>> import textwrap; print(textwrap.fill(rec.pick_text(), 80))
+        not the cheapest measured: #0 is, at $0.0021/run, but the two tie within the
+        noise (3 completed trials)
+        >>> rec.model_copy(update={"ties": (), "cheapest_trial_number": None}).pick_text()
+        'the cheapest of 3 completed trials'
+        """
+        completed = f"{self.completed_trials} completed trial" + (
+            "" if self.completed_trials == 1 else "s"
+        )
+        if not self.ties:
+            return f"the cheapest of {completed}"
+        others = ", ".join(f"#{n}" for n in self.ties)
+        if self.cheapest_trial_number is None or self.cheapest_cost_per_run_usd is None:
+            verb = "ties" if len(self.ties) == 1 else "tie"
+            return f"the cheapest of {completed}; {others} {verb} with it within the noise"
+        together = "the two" if len(self.ties) == 1 else f"the {len(self.ties) + 1}"
+        return (
+            f"not the cheapest measured: #{self.cheapest_trial_number} is, at "
+            f"{money(self.cheapest_cost_per_run_usd)}/run, but {together} tie within the noise "
+            f"({completed})"
+        )
 
     def throughput_text(self) -> str:
         """'12,193 tokens/s (1.7 samples/s)' or '17.1 samples/s (12,193 tokens/s)': the
@@ -128,25 +182,29 @@ class Recommendation(BaseModel):
         )
 
 
-def cost_text(cost: float, ci95_rel: float | None, measurements: int = 1) -> str:
-    """A $/run with its 95% interval, as the CLI and the dashboard show it.
+def cost_text(cost: float, ci95_rel: float | None, basis: Basis | None = None) -> str:
+    """A $/run with its 95% interval, as the CLI and the dashboard show it, and which
+    measurements it stands on (``sweeper.noise.Basis``; one calm measurement goes unsaid).
 
     An interval of ±100% or more would reach $0: the figure is said to be too noisy to price.
 
-    >>> cost_text(12.5, 0.021, 3), cost_text(12.5, None)
-    ('$12.50 ±2.1%/run (3 measurements)', '$12.50/run')
+    >>> cost_text(12.5, 0.021, Basis(3)), cost_text(12.5, None)
+    ('$12.50 ±2.1%/run (mean of 3 measurements)', '$12.50/run')
+    >>> cost_text(0.0015, 0.514, Basis(4, contended=True))
+    '$0.0015 ±51.4%/run (fastest of 4 measurements, all on a shared machine)'
     >>> cost_text(0.58, 1.3)
     '$0.58/run (±130%, too noisy to price: measure it again on a calm machine)'
     """
-    many = f" ({measurements} measurements)" if measurements > 1 else ""
+    said = basis is not None and (basis.measured > 1 or basis.contended)
+    words = basis.text() if basis is not None and said else ""
     if ci95_rel is not None and ci95_rel >= 1:
-        many = f"{measurements} measurements, " if measurements > 1 else ""
+        lead = f"{words}, " if words else ""
         return (
-            f"{money(cost)}/run ({many}±{ci95_rel:.0%}, too noisy to price: measure it again "
+            f"{money(cost)}/run ({lead}±{ci95_rel:.0%}, too noisy to price: measure it again "
             "on a calm machine)"
         )
     interval = f" ±{ci95_rel:.1%}" if ci95_rel else ""
-    return f"{money(cost)}{interval}/run{many}"
+    return f"{money(cost)}{interval}/run" + (f" ({words})" if words else "")
 
 
 def param_count(n: int) -> str:

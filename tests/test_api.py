@@ -430,3 +430,33 @@ def test_export_of_a_config_stored_without_a_required_knob_is_409_not_500(
     assert response.status_code == 409, response.text
     assert "was stored without" in response.json()["detail"]
     assert client.get(f"/api/studies/{STUDY_PATH}/export?format=json").status_code == 200
+
+
+def test_each_trial_says_which_measurements_its_figures_stand_on(storage_url: str) -> None:
+    """REST's trials said "the metric fields then hold their pooled estimate" for a config
+    measured several times, whichever ones counted: ``measured_as`` says it, and the winner's
+    ``best`` too, on both databases."""
+    from sweeper.noise import Sample, machine_noise, pool
+
+    url = fill(storage_url)
+    store = Store(url)
+    # trial 1 (the cheapest): measured three times, once while the machine was shared
+    runs = [
+        Sample(kind, 2.0 * f, 0.8 * f, 250.0 / f, None, None, 0.02, contended=busy)  # type: ignore[arg-type]
+        for kind, f, busy in (("trial", 1.0, False), ("rerun", 1.4, True), ("final", 1.02, False))
+    ]
+    store.record_estimates(STUDY, {1: (pool(runs, machine_noise([runs])), runs)})
+    store.dispose()
+    with TestClient(create_app(url)) as client:
+        trials = {t["number"]: t for t in client.get(f"/api/studies/{STUDY_PATH}/trials").json()}
+        best = client.get(f"/api/studies/{STUDY_PATH}/best").json()
+        schema = client.get("/openapi.json").json()
+    assert trials[1]["measured_as"] == (
+        "mean of 2 measurements (1 more, taken on a shared machine, left out)"
+    )
+    assert trials[0]["measured_as"] == "1 measurement"
+    assert trials[2]["measured_as"] is None  # failed: measured nothing
+    assert best["trial_number"] == 1 and best["measured_as"] == trials[1]["measured_as"]
+    assert (best["measurements"], best["measurements_left_out"]) == (3, 1)
+    described = schema["components"]["schemas"]["TrialSummary"]["properties"]["measured_as"]
+    assert "fastest of 4 measurements, all on a shared machine" in described["description"]

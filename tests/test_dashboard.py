@@ -674,3 +674,51 @@ def test_sub_cent_costs_keep_two_figures_in_legends_ticks_and_hovers() -> None:
     # dollars keep cents
     dear = figures.history_figure(figures.history_rows(TRIALS))
     assert "$%{y:,.2f}" in dear["data"][0]["hovertemplate"]
+
+
+def test_the_page_says_what_a_contended_figure_is_and_why_a_tie_pick_is_not_the_cheapest(
+    sqlite_url: str,
+) -> None:
+    """Seen on a user walk: a config measured 4 times, all on a shared machine, showed "×4"
+    with the tooltip "measured 4 times, pooled" (it was the fastest run alone), and a tie pick
+    read "Trial 1, picked among ties" without saying that #0 reads cheaper."""
+    from sweeper.noise import Sample, machine_noise, pool
+
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study(
+        "walk", state="finished", hardware_name="CPU", usd_per_hour=0.1, device="cpu",
+        samples=1000, epochs=1.0, n_trials_planned=3, space_yaml="",
+    )  # fmt: skip
+    for number, cost, peak in ((0, 0.0021, 2_000_000_000), (1, 0.0026, 1_000_000_000),
+                               (2, 0.004, 500_000_000)):  # fmt: skip
+        store.start_trial("walk", number, {"per_device_batch_size": 16 >> number})
+        store.finish_trial(
+            "walk", number, "complete", samples_per_s=0.01 / cost, hours_per_run=cost / 0.1,
+            cost_per_run_usd=cost, cost_ci95_rel=0.2, peak_memory_bytes=peak,
+        )  # fmt: skip
+    runs = [
+        Sample("trial" if i == 0 else "rerun", 0.004 * 6.1 / rate, 0.04 * 6.1 / rate, rate,
+               None, None, 0.23, contended=True, contention="other processes used 1.9 of 2")
+        for i, rate in enumerate((5.45, 6.10, 5.04, 4.03))
+    ]  # fmt: skip
+    store.record_estimates("walk", {2: (pool(runs, machine_noise([runs])), runs)})
+    store.dispose()
+    with TestClient(create_app(sqlite_url)) as client:
+        page = " ".join(client.get("/studies/walk").text.split())
+        trials = {t["number"]: t for t in client.get("/api/studies/walk/trials").json()}
+        best = client.get("/api/studies/walk/best").json()
+    assert (
+        "Trial 1, not the cheapest measured: #0 is, at $0.0021/run, but the two tie within the "
+        "noise (3 completed trials), on CPU"
+    ) in page
+    assert "It ties within the noise with #0" in page and "picked for the least peak memory" in page
+    mark = re.search(r'<span class="muted basis" title="([^"]*)">([^<]*)</span>', page)
+    assert mark is not None and mark.group(2) == "fastest of 4"
+    assert mark.group(1).startswith("fastest of 4 measurements, all on a shared machine: ")
+    assert "pooled" not in page
+    assert trials[2]["measured_as"] == "fastest of 4 measurements, all on a shared machine"
+    assert trials[2]["cost_ci95_rel"] == pytest.approx(6.10 / 4.03 - 1)
+    assert trials[0]["measured_as"] == "1 measurement"
+    assert best["trial_number"] == 1 and best["cheapest_trial_number"] == 0
+    assert best["measured_as"] == "1 measurement"

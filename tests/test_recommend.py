@@ -8,9 +8,11 @@ import re
 import pytest
 
 from sweeper.caveats import knob_caveats
+from sweeper.console import console, print_recommendation
 from sweeper.cost import money
 from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
 from sweeper.recommend import Constraints, best
+from sweeper.recommendation import Recommendation
 from sweeper.space import parse_space
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
@@ -404,6 +406,119 @@ def test_when_the_baseline_ties_the_answer_is_to_keep_it(store: Store) -> None:
     assert r.trial_number == r.baseline_trial_number == 0 and set(r.ties) == {2, 3}
     assert r.tie_note is not None and "picked for being the baseline" in r.tie_note
     assert r.speedup_vs_baseline == 1.0 and r.usd_saved_per_run == 0.0
+
+
+def _printed(recommendation: Recommendation) -> str:
+    """What `sweeper best` prints of ``recommendation``, on one line."""
+    width = console.width
+    console.width = 200
+    try:
+        with console.capture() as captured:
+            print_recommendation(recommendation)
+    finally:
+        console.width = width
+    return " ".join(captured.get().split())
+
+
+def test_a_tie_pick_says_it_is_not_the_cheapest_measured_and_which_is(store: Store) -> None:
+    """Seen on a user walk: `best` recommended #1 ($0.0026/run) over #0 ($0.0021/run) "for
+    the least peak memory"; its first line must say that the answer is not the cheapest
+    measured, which is, and that the two tie within the noise."""
+    _intervals(store, {0: 0.03, 1: 0.03, 2: 0.03, 3: 0.03}, {2: 9_000_000_000, 3: 6_000_000_000})
+    r = best(store, "seed")
+    cheapest = store.get_trial("seed", 2)
+    assert cheapest is not None and cheapest.cost_per_run_usd is not None
+    assert r.trial_number == 3 and r.cheapest_trial_number == 2
+    assert r.cheapest_cost_per_run_usd == pytest.approx(cheapest.cost_per_run_usd)
+    assert r.cheapest_cost_per_run_usd < r.cost_per_run_usd
+    printed = _printed(r)
+    assert (
+        f"trial #3, not the cheapest measured: #2 is, at {money(cheapest.cost_per_run_usd)}/run, "
+        "but the two tie within the noise (4 completed trials)"
+    ) in printed
+    assert "picked for the least peak memory (6.00 GB)" in printed
+    assert r.tie_note is not None and "/run, the cheapest measured, 9.00 GB peak)" in r.tie_note
+    from sweeper.export import _header
+
+    assert f"\n# it {r.tie_note}" in _header(r)  # the pasted config says it too
+    # the cheapest, picked among ties for its memory: it is the cheapest, and says who ties
+    _intervals(store, {}, {2: 5_000_000_000})
+    r = best(store, "seed")
+    assert r.trial_number == 2 and r.ties == (3,) and r.cheapest_trial_number is None
+    assert "trial #2, the cheapest of 4 completed trials; #3 ties with it within the noise" in (
+        _printed(r)
+    )
+    # no tie: as before
+    _intervals(store, {0: 0.01, 1: 0.01, 2: 0.01, 3: 0.01}, {})
+    r = best(store, "seed")
+    assert r.ties == () and r.pick_text() == "the cheapest of 4 completed trials"
+    assert r.cheapest_trial_number is None
+
+
+def test_the_fastest_of_contended_runs_is_never_called_pooled(store: Store) -> None:
+    """Seen on a user walk: trial #0, measured at 5.45, 6.10, 5.04 and 4.03 samples/s, all on
+    a shared machine, read "$0.0015 ±23.0% ×4" (legend: "measured N times, pooled") and `best`
+    "(4 measurements)": the fastest alone, with one window's interval. `best`, REST and the
+    table now say what the figure is, and its interval holds the runs."""
+    from sweeper.console import print_leaderboard
+    from sweeper.noise import Sample, machine_noise, pool
+
+    trial = store.get_trial("seed", 2)
+    assert trial is not None and trial.cost_per_run_usd and trial.hours_per_run
+    cost, hours = trial.cost_per_run_usd, trial.hours_per_run
+
+    def contended(*rates: float, window: float) -> None:
+        runs = [
+            Sample(
+                kind="trial" if i == 0 else "rerun",
+                cost_per_run_usd=cost * 24 / rate,
+                hours_per_run=hours * 24 / rate,
+                samples_per_s=rate,
+                tokens_per_s=None,
+                it_per_s=rate / 8,
+                ci95_rel=window,
+                contended=True,
+                contention="other processes used 1.9 of the 2 CPUs",
+            )
+            for i, rate in enumerate(rates)
+        ]
+        store.record_estimates("seed", {2: (pool(runs, machine_noise([runs])), runs)})
+
+    # the walk's four runs, spread 49%: the fastest cannot be told from the baseline (20
+    # samples/s) within that, so the answer keeps the baseline, and names the tie
+    contended(21.8, 24.0, 20.2, 16.1, window=0.23)
+    r = best(store, "seed")
+    assert r.trial_number == r.baseline_trial_number == 0 and 2 in r.ties
+    width = console.width
+    console.width = 200
+    try:
+        with console.capture() as captured:
+            print_leaderboard(store.url, "seed")
+    finally:
+        console.width = width
+    table = " ".join(captured.get().split())
+    assert "49.1% fastest of 4" in table and "pooled" not in table
+    assert "fastest of N: measured N times, each on a shared machine; the row is the fastest's" in (
+        table
+    )
+    # runs 9% apart, each window ±2%: the fastest stands, and says what it is
+    contended(23.0, 24.0, 22.5, 22.0, window=0.02)
+    r = best(store, "seed")
+    assert r.trial_number == 2 and r.contended and r.measurements == 4
+    assert r.samples_per_s == pytest.approx(24.0)  # the fastest's
+    assert r.cost_ci95_rel == pytest.approx(24.0 / 22.0 - 1)  # not its window's ±2%
+    assert r.measured_as == "fastest of 4 measurements, all on a shared machine"
+    assert r.model_dump(mode="json")["measured_as"] == r.measured_as  # REST says it too
+    assert r.interval_text() == (
+        f"{money(r.cost_per_run_usd)} ±9.1%/run (fastest of 4 measurements, all on a shared "
+        "machine)"
+    )
+    printed = _printed(r)
+    assert "/run (fastest of 4 measurements, all on a shared machine)" in printed
+    assert "(4 measurements)" not in printed
+    from sweeper.export import _header
+
+    assert f"\n# its $/run, with its 95% interval: {r.interval_text()}" in _header(r)
 
 
 def test_configs_apart_beyond_the_noise_do_not_tie(store: Store) -> None:
