@@ -132,6 +132,10 @@ class RichObserver:
     def note(self, message: str) -> None:
         self.progress.console.print(f"[yellow]note:[/] {escape(message)}", highlight=False)
 
+    def planned(self, trials: int) -> None:
+        self.total = self.done + trials
+        self.progress.update(self.task, total=self.total)
+
 
 def num(value: float | None, spec: str) -> str:
     """Format a figure that may be unknown (NULL in the store) as '—'."""

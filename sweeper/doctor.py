@@ -213,6 +213,9 @@ class _Notes:
     def trial_started(self, number: int, config: TrialConfig) -> None:
         pass
 
+    def planned(self, trials: int) -> None:
+        pass
+
     def trial_done(self, row: TrialRow) -> None:
         pass
 

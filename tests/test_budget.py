@@ -108,3 +108,37 @@ def test_a_trial_the_budget_cuts_is_interrupted_and_runs_again_at_the_next_launc
         assert [t.config for t in retried] == [cut.config]  # the cut config, first
     finally:
         store.dispose()
+
+
+@pytest.mark.torch
+def test_a_space_smaller_than_n_trials_plans_what_it_holds(
+    sqlite_url: str, cache_dir: Path
+) -> None:
+    """A space of 2 configs under n_trials 12 (init's default search is 3 batch sizes): the
+    progress read "[1/12, about 21 min left]" and the page "of 12 planned" although the sweep
+    could run 2. The plan is what the space holds, said once."""
+    text = (
+        TINY_SPACE.read_text()
+        .replace("attn_implementation: [sdpa, eager]", "attn_implementation: [eager]")
+        .replace("per_device_batch_size: [2, 4]", "per_device_batch_size: [2]")
+    )
+    planned: list[int] = []
+
+    class Plans(_Notes):
+        def planned(self, trials: int) -> None:
+            planned.append(trials)
+
+    observer = Plans()
+    report = run_sweep(
+        parse_space(text), storage_url=sqlite_url, cache_dir=cache_dir, space_text=text,
+        n_trials=12, observer=observer,
+    )  # fmt: skip
+    assert report.completed == 2
+    assert planned == [2]
+    assert any("the space holds 2 configs not yet measured here: 2 trials, not 12" in n
+               for n in observer.notes), observer.notes  # fmt: skip
+    store = Store(sqlite_url)
+    try:
+        assert store.get_study("tiny").n_trials_planned == 2
+    finally:
+        store.dispose()

@@ -17,6 +17,8 @@ class SweepObserver(Protocol):
     def trial_started(self, number: int, config: TrialConfig) -> None: ...
     def trial_done(self, row: TrialRow) -> None: ...
     def note(self, message: str) -> None: ...
+    def planned(self, trials: int) -> None:
+        """This launch can run only ``trials`` (the space's configs not yet measured)."""
 
 
 class SilentObserver:
@@ -35,4 +37,7 @@ class SilentObserver:
         pass
 
     def note(self, message: str) -> None:
+        pass
+
+    def planned(self, trials: int) -> None:
         pass

@@ -216,10 +216,12 @@ def run_sweep(
         joined = None
         if asked is None and fleet_trials is None:
             joined = live_plan(store, space.study, worker_grace_s)
+        done_before = 0
         if joined is not None:
             planned = n_trials = joined
         else:
-            planned = trials_done(store, space.study) + (fleet_trials or n_trials)
+            done_before = trials_done(store, space.study)
+            planned = done_before + (fleet_trials or n_trials)
         store.upsert_study(
             space.study,
             state="running",
@@ -262,6 +264,18 @@ def run_sweep(
                     seed=worker_seed(space.budget.seed, worker), eligible=eligible,
                     worker_id=member.id,
                 )  # fmt: skip
+                # a space of 3 configs under n_trials 12 plans 3: "of 12 planned" and a
+                # progress of 3/12 read as a sweep cut short
+                left = sum(c not in loop.results for c in loop.runnable)
+                if joined is None and left < (fleet_trials or n_trials):
+                    planned = done_before + left
+                    store.upsert_study(space.study, n_trials_planned=planned)
+                    observer.planned(left)
+                    observer.note(
+                        f"the space holds {left} config{'' if left == 1 else 's'} not yet "
+                        f"measured here: {left} trial{'' if left == 1 else 's'}, not "
+                        f"{fleet_trials or n_trials}"
+                    )
                 plan = None
                 if joined is not None:
                     from optuna.trial import TrialState
