@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import collections
 import json
+import math
 import os
 import re
 import subprocess
@@ -493,6 +494,12 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
         raise TrialError(result.failure_kind or "error", result.failure_message or "failed")
     said = "".join(tail)
     if returncode == 0:
+        reached = progress.read_progress(Path(env[progress.PROGRESS_ENV])) if (
+            progress.PROGRESS_ENV in env
+        ) else None  # fmt: skip
+        ended = _ended_early(reached, request)
+        if ended is not None:
+            raise TrialError("error", f"{' '.join(script.command)} {ended}")
         raise TrialError(
             "error",
             f"{' '.join(script.command)} finished without measuring anything: it never "
@@ -508,6 +515,45 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
         f"your command exited {returncode}: {message}{at}"
         + _unparsed_hint(message, script.knobs, script.command)
         + f" (the command: {' '.join(script.command)})",
+    )
+
+
+def _ended_early(reached: dict[str, Any] | None, request: ChildRequest) -> str | None:
+    """Why a program that reached sweeper's line ended before the recorder was done: its own
+    run (epochs, max_steps) was shorter than burn-in and the timed window. None when the line
+    was never reached (the progress file's last phase is the script's own)."""
+    phase = (reached or {}).get("phase")
+    if phase not in ("script_hook", "burn_in", "window", "finishing"):
+        return None
+    from sweeper.space_trial import TrialSettings
+
+    settings = request.settings or TrialSettings()
+    warmup, measure = settings.warmup, settings.measure
+    fix = (
+        "let the run go on longer (more --num_train_epochs or --max_steps in "
+        "workload.script.command: sweeper ends it once it has measured), or ask for fewer "
+        "steps (trial.warmup.max_steps, trial.measure.min_steps)"
+    )
+    if phase == "script_hook":
+        return (
+            "ended after reaching sweeper's line but before its first optimizer step ended: "
+            f"sweeper needs up to {warmup.max_steps} steps of burn-in and at least "
+            f"{measure.min_steps} timed ones; {fix}"
+        )
+    if phase == "burn_in":
+        done = int((reached or {}).get("step", 0))
+        return (
+            f"ended after {done} optimizer step{'' if done == 1 else 's'}, all of them burn-in "
+            f"(up to {warmup.max_steps}, trial.warmup), before the timed window (at least "
+            f"{measure.min_steps} steps, trial.measure): its own run was shorter than the "
+            f"measurement; {fix}"
+        )
+    burn_in = int((reached or {}).get("steps", 0))
+    needed = max(measure.min_steps, math.ceil(measure.warmup_multiple * burn_in))
+    return (
+        f"ended inside the timed window: after {burn_in} steps of burn-in the window needs at "
+        f"least {needed} (trial.measure.min_steps, and warmup_multiple × the burn-in), and its "
+        f"own run ended first; {fix}"
     )
 
 

@@ -191,6 +191,37 @@ def test_a_script_that_never_calls_the_hook_is_told_the_line_to_add(
     assert "callbacks=[sweeper.callback()]" in message and "sweeper.step(" in message
 
 
+SHORT_RUN = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import sweeper
+model = LlamaForCausalLM(LlamaConfig(
+    vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=2))
+optimizer = torch.optim.AdamW(model.parameters())
+batch = {"input_ids": torch.randint(0, 64, (2, 16))}
+batch["labels"] = batch["input_ids"]
+for _ in range(2):  # the program's own run: two steps, then it ends as a run does
+    with sweeper.step(batch, model=model, optimizer=optimizer):
+        model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
+"""
+
+
+def test_a_script_whose_run_ends_before_the_measurement_is_told_so_not_to_add_the_line(
+    tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A walk's Trainer script (13 steps in its one epoch, burn-in up to 10 and 4 timed) had
+    the line in place and was told it "never reached sweeper's recorder: add the line"."""
+    script = tmp_path / "short.py"
+    script.write_text(SHORT_RUN)
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, [sys.executable, str(script)])
+    assert kind == "error"
+    assert "never reached" not in message and "callbacks=[sweeper.callback()]" not in message
+    assert "ended after 2 optimizer steps, all of them burn-in (up to 4, trial.warmup)" in message
+    assert "before the timed window (at least 3 steps, trial.measure)" in message
+    assert "more --num_train_epochs or --max_steps in workload.script.command" in message
+
+
 def test_a_script_that_crashes_is_classified_from_what_it_raised(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
