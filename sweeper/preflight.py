@@ -223,6 +223,29 @@ class ProbeCache:
             partial.replace(path)
 
 
+def short_run_of(space: Space) -> tuple[str, bool] | None:
+    """A script space's command's own run against what a trial measures, at the space's
+    largest step (the fewest steps): ``sweeper.script_defaults.short_run``."""
+    from sweeper.script_defaults import said, short_run
+
+    script, search = space.workload.script, space.search
+    if script is None:
+        return None
+    # a knob the space does not list runs at the command's value (TrainingArguments' default
+    # when the command is silent: batch 8, no accumulation, one device)
+    own = said(script.command, script.knobs)
+    rows = 1
+    for knob, default in (
+        ("per_device_batch_size", 8), ("gradient_accumulation_steps", 1), ("devices", 1)
+    ):  # fmt: skip
+        values = search.values(knob) or [own.get(knob, (default, ""))[0]]
+        rows *= max(int(v) for v in values)
+    trial = space.trial
+    return short_run(
+        script.command, script.knobs, space.workload.samples, rows, trial.warmup, trial.measure
+    )
+
+
 def run_preflight(
     space: Space,
     prepared: PreparedData,
@@ -367,6 +390,10 @@ class _PreflightRun:
             return True
         for problem in script_problems(self.space.workload.script):
             self.problem(problem)
+        short = short_run_of(self.space)
+        # every trial would end unmeasured (one that may not: a note, prepare.resolve_lengths)
+        if short is not None and short[1]:
+            self.problem(short[0])
         return not self.problems
 
     def attention(self) -> AttnImplementation | None:

@@ -40,6 +40,7 @@ the script sets in its code, is not seen (list the knob in ``search:`` to be sur
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -342,4 +343,74 @@ def epochs_note(command: Sequence[str], form: str, epochs: float) -> str | None:
         f"prices workload.epochs {epochs:g}: each hour and $/run figure is for {epochs:g} "
         f"epoch{'' if epochs == 1 else 's'}; set workload.epochs: {trained:g} if your run "
         f"trains {trained:g}"
+    )
+
+
+def short_run(
+    command: Sequence[str],
+    form: str,
+    samples: int,
+    rows_per_step: int,
+    warmup: Any,
+    measure: Any,
+) -> tuple[str, bool] | None:
+    """Whether the command's own run (``--max_steps``, else ``--num_train_epochs`` of
+    ``samples`` rows, TrainingArguments' 3 when silent) has fewer optimizer steps than a trial
+    of ``rows_per_step`` rows a step (batch × accumulation × devices) measures: (what to say,
+    whether every trial must end first) or None. A trial ends the program once it has
+    measured, but cannot make a run longer than the program makes it. Under ``knobs:
+    flags``/``sft_flags`` only: another program's length is its own.
+
+    >>> from sweeper.space_trial import MeasureSettings, WarmupSettings
+    >>> w, m = WarmupSettings(max_steps=10), MeasureSettings(min_steps=4)
+    >>> short_run(["python", "t.py", "--num_train_epochs", "1"], "flags", 200, 16, w, m)[1]
+    False
+    >>> short_run(["python", "t.py", "--max_steps", "6"], "flags", 200, 16, w, m)[1]
+    True
+    >>> short_run(["python", "t.py"], "flags", 200, 16, w, m) is None  # 3 epochs: 39 steps
+    False
+    >>> short_run(["python", "t.py"], "flags", 2000, 16, w, m) is None
+    True
+    """
+    if form not in ("flags", "sft_flags"):
+        return None
+    flags = flags_of(command)
+    try:
+        max_steps = int(flags.get("max_steps", "-1"))
+        epochs = float(flags.get("num_train_epochs", "3"))
+    except ValueError:
+        return None
+    if max_steps > 0:
+        steps, how = max_steps, f"--max_steps {max_steps}"
+    else:
+        steps = math.ceil(math.ceil(samples / rows_per_step) * epochs)
+        how = (
+            f"{epochs:g} epoch{'' if epochs == 1 else 's'} of {samples} samples at "
+            f"{rows_per_step} rows a step"
+        )
+    at_least = warmup.min_steps + max(
+        measure.min_steps, math.ceil(measure.warmup_multiple * warmup.min_steps)
+    )
+    at_most = warmup.max_steps + max(
+        measure.min_steps, math.ceil(measure.warmup_multiple * warmup.max_steps)
+    )
+    if steps >= at_most:
+        return None
+    fix = (
+        "train longer in workload.script.command (--num_train_epochs, --max_steps: a trial "
+        "ends the program once it has measured) or measure fewer steps (trial.warmup, "
+        "trial.measure)"
+    )
+    if steps < at_least:
+        return (
+            f"workload.script.command: your run trains {steps} optimizer steps ({how}) and a "
+            f"trial needs at least {at_least} (burn-in at least {warmup.min_steps}, then the "
+            f"timed window): every such trial would end before it is measured; {fix}",
+            True,
+        )
+    return (
+        f"your command's own run trains {steps} optimizer steps ({how}); a trial needs "
+        f"{at_least} to {at_most} (burn-in until steady, up to {warmup.max_steps}, then the "
+        f"timed window): one whose burn-in runs long ends before it is measured; {fix}",
+        False,
     )

@@ -233,3 +233,32 @@ def test_a_true_bf16_flag_runs_over_the_launchers_mixed_precision() -> None:
     line = ["accelerate", "launch", "--mixed_precision", "no", "train.py", "--bf16", "True"]
     assert _space(line).search.values("precision") == ["bf16"]
     assert script_defaults.said(line, "flags")["precision"] == ("bf16", "--bf16 True")
+
+
+def test_a_command_whose_own_run_is_shorter_than_a_trial_is_said_before_it_runs() -> None:
+    """A walk's script trained 13 steps (one epoch of 200 samples at 16 rows a step), fewer
+    than burn-in and the window may take: its trial ended unmeasured. The sweep (and doctor)
+    say so beforehand, from the words and the space's largest step; a run that every trial
+    must outlast is a preflight problem."""
+    from sweeper.preflight import short_run_of
+
+    notes: list[str] = []
+
+    class Notes(SweepObserver):
+        def note(self, message: str) -> None:
+            notes.append(message)
+
+    one_epoch = script_space(
+        ["python", "train.py", "--num_train_epochs", "1"],
+        search="  per_device_batch_size: [8, 64]\n",
+    )
+    resolve_lengths(one_epoch, None, Notes())
+    (said,) = [n for n in notes if n.startswith("your command's own run")]
+    assert "trains 16 optimizer steps (1 epoch of 1000 samples at 64 rows a step)" in said
+    assert "a trial needs 10 to 200" in said and "--num_train_epochs, --max_steps" in said
+    assert short_run_of(one_epoch) == (said, False)
+    five = script_space(["python", "train.py", "--max_steps", "5"])
+    said, certain = short_run_of(five) or ("", False)
+    assert certain and "your run trains 5 optimizer steps (--max_steps 5)" in said
+    long_run = script_space(["python", "train.py", "--num_train_epochs", "10"])
+    assert short_run_of(long_run) is None  # 630 steps: burn-in and window fit at their longest

@@ -14,7 +14,7 @@ from typing import Any
 from sweeper import script_defaults, seqlen
 from sweeper.errors import PrepareError
 from sweeper.launcher import ForkServer, run_child
-from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight
+from sweeper.preflight import PROBED_KNOBS, PreflightReport, ProbeCache, run_preflight, short_run_of
 from sweeper.space import Space
 from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -67,6 +67,9 @@ def resolve_lengths(
         epochs = script_defaults.epochs_note(script.command, script.knobs, resolved.workload.epochs)
         if epochs is not None:
             observer.note(epochs)
+        short = short_run_of(resolved)
+        if short is not None and not short[1]:  # one every trial must hit: a preflight problem
+            observer.note(short[0])
     return resolved
 
 
