@@ -282,7 +282,10 @@ def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path
 ) -> None:
     # the two trials only wait for their timeouts, each in its own child and trial directory:
-    # run side by side, the test takes the longer timeout (30 s), not the sum (45 s)
+    # run side by side, the test takes the longer timeout (30 s), not the sum (45 s). The one
+    # that reaches the line imports sweeper's hook first (transformers' trainer_utils, peft):
+    # 47 s at load 8 on 2 cores, past a fixed 30 s, so its timeout grows with the load
+    reach_s = min(180.0, 30.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
     with ThreadPoolExecutor(max_workers=2) as pool:
         never = pool.submit(
             _run_script,
@@ -299,7 +302,7 @@ def test_a_script_that_hangs_is_killed_at_the_trial_timeout(
             tiny_prepared,
             cache_dir,
             [sys.executable, "-c", "import sweeper, time; sweeper.callback(); time.sleep(600)"],
-            timeout_s=30,
+            timeout_s=reach_s,
         )
         kind, message = never.result()
         assert kind == "timeout" and "15 s" in message
