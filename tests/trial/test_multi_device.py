@@ -67,8 +67,12 @@ def _run(
     cache_dir: Path,
     **knobs: Any,
 ) -> ChildRun:
-    """A two-rank trial of ``_request(...)`` run to its end (5 minutes at most)."""
-    return run_forked(_request(space, prepared, cache_dir, **knobs), timeout_s=300)
+    """A two-rank trial of ``_request(...)`` run to its end: 5 minutes at most on a calm
+    machine, more under load (two DeepSpeed ranks were still starting at 300 s at load 12 on
+    2 cores); a trial that works ends when it is done, whatever the bound."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    timeout_s = min(900.0, 300.0 * max(1.0, load))
+    return run_forked(_request(space, prepared, cache_dir, **knobs), timeout_s=timeout_s)
 
 
 def _ok(run: ChildRun) -> dict[str, Any]:
