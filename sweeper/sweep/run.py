@@ -266,15 +266,17 @@ def run_sweep(
                 )  # fmt: skip
                 # a space of 3 configs under n_trials 12 plans 3: "of 12 planned" and a
                 # progress of 3/12 read as a sweep cut short
+                # one launch only: a fleet's workers start and finish trials meanwhile, so the
+                # trials done before this one's preflight are not those its plan was made of
                 left = sum(c not in loop.results for c in loop.runnable)
-                if joined is None and left < (fleet_trials or n_trials):
+                if joined is None and fleet_trials is None and left < n_trials:
                     planned = done_before + left
                     store.upsert_study(space.study, n_trials_planned=planned)
                     observer.planned(left)
                     observer.note(
                         f"the space holds {left} config{'' if left == 1 else 's'} not yet "
                         f"measured here: {left} trial{'' if left == 1 else 's'}, not "
-                        f"{fleet_trials or n_trials}"
+                        f"{n_trials}"
                     )
                 plan = None
                 if joined is not None:
