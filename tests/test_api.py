@@ -143,10 +143,14 @@ def test_a_remeasure_in_progress_is_shown_where_no_trial_runs(
         assert "+1 re-measure" in client.get("/").text
         # a worker that stopped beating (killed mid re-measure) is not measuring anything
         monkeypatch.setenv("SWEEPER_WORKER_GRACE_S", "1")
-        with store.engine.begin() as connection:
+        from sqlalchemy import update
+
+        from sweeper.store.models import WorkerRow
+
+        with store.engine.begin() as connection:  # the column's type writes it (sqlite3's own
+            # datetime adapter is deprecated on Python 3.12+)
             connection.execute(
-                text("UPDATE sweeper_workers SET heartbeat_at = :t"),
-                {"t": datetime(2020, 1, 1, tzinfo=UTC)},
+                update(WorkerRow).values(heartbeat_at=datetime(2020, 1, 1, tzinfo=UTC))
             )
         assert client.get(f"/api/studies/{PLAIN_STUDY}").json()["remeasuring"] == []
         monkeypatch.delenv("SWEEPER_WORKER_GRACE_S")

@@ -6,7 +6,6 @@ Foreign database errors become ``StorageError`` here, with the URL's password hi
 from __future__ import annotations
 
 import difflib
-import fcntl
 import functools
 import inspect
 import math
@@ -24,9 +23,7 @@ from sqlalchemy import (
     ColumnElement,
     Engine,
     Select,
-    create_engine,
     delete,
-    event,
     false,
     func,
     make_url,
@@ -37,19 +34,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, defer, sessionmaker
-from sqlalchemy.pool import NullPool
 
 from sweeper.errors import ConflictError, DiskFullError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample, pooled_run
-from sweeper.store.bounds import SQLITE_BUSY_S, bound_engine
 from sweeper.store.diagnose import disk_full_message, no_tables
+from sweeper.store.engine import MIGRATION_LOCK_ID, make_engine, schema_lock
 from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
 from sweeper.store.retry import disk_full, retried
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Any 64-bit constant: serialises concurrent schema upgrades of one Postgres database.
-_MIGRATION_LOCK_ID = 0x5EE9E4
 # What Store.trial_metrics loads of each trial (the fields of TrialMetrics, in its order).
 METRIC_COLUMNS = tuple(getattr(TrialRow, name) for name in TrialMetrics.__annotations__)
 # Columns trials can be sorted by (REST ?sort=, the dashboard's table headers): the metrics
@@ -92,40 +87,6 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-@contextmanager
-def schema_lock(url: str) -> Iterator[None]:
-    """Hold the lock our migrations take while creating someone else's tables (Optuna's):
-    workers starting together on an empty database would race (CREATE TYPE on Postgres,
-    alembic_version on SQLite). On an SQLite file the lock is an flock beside it."""
-    if not url.startswith("postgresql"):
-        database = make_url(url).database
-        if not database or database == ":memory:":
-            yield
-            return
-        lock = Path(f"{database}.lock")
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        with lock.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-        return
-    engine = create_engine(url, poolclass=NullPool)
-    try:
-        with engine.connect() as connection:
-            connection.execute(text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
-            try:
-                yield
-            finally:
-                connection.execute(
-                    text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID}
-                )
-                connection.commit()
-    finally:
-        engine.dispose()
-
-
 @dataclass(frozen=True)
 class TrialMarks:
     """What the study page marks beside the table (``Store.trial_marks``)."""
@@ -145,7 +106,7 @@ class Store:
         self.url = url
         self.retry_s = retry_s
         try:
-            self.engine: Engine = _make_engine(url)
+            self.engine: Engine = make_engine(url)
         except (ArgumentError, ImportError, SQLAlchemyError) as e:
             raise StorageError(
                 f"invalid storage URL {redact(url)!r}: {e}. Use sqlite:///path/to/file.db or "
@@ -190,7 +151,7 @@ class Store:
             ):
                 if connection.dialect.name == "postgresql":
                     connection.execute(
-                        text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID}
+                        text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID}
                     )
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
@@ -793,27 +754,6 @@ def _config_equals(knob: str, value: Any) -> ColumnElement[bool]:
             return false()
         return element.as_float() == value
     return element.as_string() == str(value)
-
-
-def _make_engine(url: str) -> Engine:
-    parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-            # WAL lets the dashboard read while a sweep writes; FKs make deletes cascade.
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
-        return engine
-    engine = create_engine(url, pool_pre_ping=True)
-    bound_engine(engine)  # connect, keepalive and per-call bounds (sweeper.store.bounds)
-    return engine
 
 
 def _retrying_method(method: Callable[..., Any]) -> Callable[..., Any]:
