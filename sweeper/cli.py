@@ -38,8 +38,6 @@ from sweeper.console import (
 from sweeper.errors import CatalogError, SettingsError, SpaceError, SweeperError, Terminated
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from sweeper.recommend import Constraints
     from sweeper.space import Space
 
@@ -642,6 +640,7 @@ def study_list(
     from sweeper.console import print_study_list
     from sweeper.settings import Settings
     from sweeper.store.models import TRIAL_STATES
+    from sweeper.store.store import as_utc
 
     store = reading_store(storage)
     try:
@@ -661,7 +660,7 @@ def study_list(
             "remeasuring": totals["remeasuring"],
             "n_trials_planned": row.n_trials_planned,
             "best_cost_per_run_usd": totals["best_cost_per_run_usd"],
-            "updated_at": _utc_text(totals["updated_at"]),
+            "updated_at": as_utc(totals["updated_at"]).isoformat(),
         }
         for row, totals in studies
     ]
@@ -669,13 +668,6 @@ def study_list(
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     else:
         print_study_list(rows, store.redacted_url)
-
-
-def _utc_text(moment: datetime) -> str:
-    from datetime import UTC
-
-    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    return aware.astimezone(UTC).isoformat()
 
 
 @study_app.command(

@@ -56,8 +56,8 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _utc(moment: datetime) -> datetime:
-    """An aware UTC datetime (SQLite hands back naive ones), for comparing."""
+def as_utc(moment: datetime) -> datetime:
+    """An aware UTC datetime: SQLite hands back naive ones (stored as UTC), Postgres aware."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
@@ -294,7 +294,7 @@ class Store:
         summaries = []
         for study in studies:
             per_state = {state: n for sid, state, n in counts if sid == study.id}
-            updated = max([study.updated_at, *latest.get(study.id, [])], key=_utc)
+            updated = max([study.updated_at, *latest.get(study.id, [])], key=as_utc)
             summaries.append(
                 (
                     study,

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from sweeper.errors import SweeperError
 from sweeper.store import Store
 from sweeper.store.models import WorkerRow
+from sweeper.store.store import as_utc as _utc
 from sweeper.sweep.clock import SweepClock
 
 _FRESH_S = 1.0  # how long a read of the store stands
@@ -48,11 +49,6 @@ class RunUse:
     used_s: float
     live: int
     workers: tuple[WorkerUse, ...]
-
-
-def _utc(moment: datetime) -> datetime:
-    # SQLite hands back naive datetimes (stored as UTC); Postgres aware ones
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def the_run(workers: Sequence[WorkerRow], worker_id: str | None, now: datetime) -> list[WorkerRow]:
