@@ -189,7 +189,12 @@ def report(
 def overhead_lines(trials: list[dict[str, Any]]) -> list[str]:
     """Where each trial's wall time went: the timed window, and what a GPU minute bought
     outside it (issue 32), with the checkpoint and compile figures' sources."""
-    timed = [t for t in trials if t.get("wall_s") and t.get("measurement")]
+    # a failed trial keeps its log tail as its measurement: only the completed ones were timed
+    timed = [
+        t
+        for t in trials
+        if t.get("state") == "complete" and t.get("wall_s") and t.get("measurement")
+    ]
     if not timed:
         return []
     lines = [
