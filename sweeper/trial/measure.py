@@ -36,6 +36,7 @@ from sweeper.trial.engines.readback import (
     has_generation_markers,
     parameter_share,
     sharded_share,
+    tf32_matmul,
 )
 from sweeper.trial.oneoff import (
     CheckpointCosts,
@@ -238,7 +239,7 @@ def finish(
             "engine": workload.engine,
             # what ran, read back from torch: the optimizer class (fused kernel?), TF32 matmuls
             "optimizer": run.optimizer_name,
-            "tf32_matmul": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32,
+            "tf32_matmul": device.type == "cuda" and tf32_matmul(),
             "effective_batch": config.per_device_batch_size
             * config.gradient_accumulation_steps
             * devices,

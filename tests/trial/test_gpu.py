@@ -237,3 +237,23 @@ def test_a_package_asking_for_cuda_devices_at_import_cannot_poison_the_forks(
         assert server.unfit is not None and "asked the CUDA runtime" in server.unfit
         assert "sitecustomize.py" in server.unfit  # where the call came from
         assert run.inherited_startup_s == 0.0  # spawned
+
+
+def test_tf32_set_by_training_arguments_reads_back(cuda_name: str, tmp_path: Path) -> None:
+    """TrainingArguments(tf32=True) sets TF32 through torch's new fp32_precision API (torch >=
+    2.9); the recorder reads it back without the legacy flag's "mix of APIs" error, which failed
+    a Trainer script trial on an H200 (2026-11-28). In a fresh interpreter: the flags are
+    process-wide."""
+    import subprocess
+    import sys
+
+    code = (
+        "from transformers import TrainingArguments\n"
+        f"TrainingArguments(output_dir={str(tmp_path)!r}, tf32=True, bf16=True)\n"
+        "from sweeper.trial.engines.readback import tf32_matmul\n"
+        "print(tf32_matmul())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stdout + out.stderr

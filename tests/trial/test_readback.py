@@ -246,3 +246,53 @@ def test_a_gpt2_models_compute_dtype_is_read_from_its_conv1d_layers() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=ids, labels=ids)
     assert autocast.dtype == torch.bfloat16
+
+
+# torch's TF32 settings are process-wide: each form is set in a fresh interpreter. The forms a
+# program sets TF32 by: the legacy flags, set_float32_matmul_precision, and torch 2.9's
+# fp32_precision (global, as transformers' TrainingArguments(tf32=...) does, or per backend).
+_TF32_FORMS = {
+    "untouched": ("", False),
+    "legacy on": ("torch.backends.cuda.matmul.allow_tf32 = True", True),
+    "legacy off": ("torch.backends.cuda.matmul.allow_tf32 = False", False),
+    "matmul precision high": ("torch.set_float32_matmul_precision('high')", True),
+    "new API, global on": ("torch.backends.fp32_precision = 'tf32'", True),
+    "new API, global off": ("torch.backends.fp32_precision = 'ieee'", False),
+    "new API, matmul on": ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", True),
+    "legacy on, then the new API off globally": (
+        "torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.fp32_precision = 'ieee'",
+        True,  # the matmul's own setting (tf32, from the legacy flag) wins over the global
+    ),
+}
+
+
+@pytest.mark.parametrize("form", list(_TF32_FORMS))
+def test_tf32_is_read_whichever_api_set_it(form: str) -> None:
+    """On an H200 a user's Trainer script run as a trial failed: TrainingArguments(tf32=True)
+    sets torch.backends.fp32_precision (torch >= 2.9) and the recorder's read of the legacy
+    allow_tf32 raised "mix of the legacy and new APIs". The read must follow every form."""
+    import subprocess
+    import sys
+
+    setter, expected = _TF32_FORMS[form]
+    code = (
+        "import torch\n"
+        f"{setter}\n"
+        "from sweeper.trial.engines.readback import tf32_matmul\n"
+        "try:\n"
+        "    legacy = repr(torch.backends.cuda.matmul.allow_tf32)\n"
+        "except RuntimeError as e:\n"
+        "    legacy = 'raises: ' + str(e)[:60]\n"
+        "print(tf32_matmul(), '|', legacy)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.strip()
+    read, legacy = out.split(" | ")
+    assert read == str(expected), (form, out)
+    if form == "new API, global on":
+        import torch
+
+        if hasattr(torch.backends, "fp32_precision"):
+            # the failure the read avoids is real on this torch: the legacy getter raises
+            assert legacy.startswith("raises"), legacy

@@ -226,8 +226,26 @@ def liger_kernel(run: Running) -> Any:
     return False
 
 
+def tf32_matmul() -> bool:
+    """Whether float32 matmuls on CUDA may run on TF32 tensor cores, read from torch's flags.
+
+    torch 2.9 added ``fp32_precision`` settings beside the legacy ``allow_tf32``. Once a
+    program turns TF32 on through the new API alone (transformers' ``TrainingArguments(tf32=
+    True)`` does on torch >= 2.9, so does a user's script), reading the legacy flag raises
+    "you have used mix of the legacy and new APIs": a user's Trainer script run as a trial
+    failed so on an H200 (2026-11-28). The new API is read instead, the matmul's own setting
+    first, else the global one it inherits; torch before 2.9 has the legacy flag alone."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:
+        return bool(matmul.allow_tf32)
+    if precision == "none":
+        precision = getattr(torch.backends, "fp32_precision", "none")
+    return precision == "tf32"
+
+
 def tf32(run: Running) -> Any:
-    return bool(torch.backends.cuda.matmul.allow_tf32)
+    return tf32_matmul()
 
 
 def compile_mode(run: Running) -> Any:
