@@ -32,7 +32,7 @@ from sweeper import duration
 from sweeper.errors import SweeperError
 from sweeper.hardware import peak_flops
 from sweeper.launcher import ForkServer, run_child
-from sweeper.preflight import PreflightReport, ProbeCache, run_preflight
+from sweeper.preflight import PreflightReport, ProbeCache, run_preflight, short_run_of
 from sweeper.recommendation import param_count
 from sweeper.space import Space, TrialConfig, parse_space
 from sweeper.trial.protocol import ChildRequest, PreparedData
@@ -188,10 +188,25 @@ def diagnose(
     )
     report.findings = findings(space, facts, preflight, disk)
     if space is not None:
-        report.findings += [Finding(level="ok", topic="space", text=said) for said in notes.said]
+        report.findings += space_findings(subject, notes.said)
     if space is not None:  # the space as the sweep will search it (auto: the data's lengths)
         report.findings.append(_duration_finding(subject, facts, disk, phases))
     return report
+
+
+def space_findings(space: Space, said: list[str]) -> list[Finding]:
+    """What the sweep's preparation said of the space, as doctor's findings: a command whose
+    own run may end before a long burn-in is measured is a warning (one that must end so is a
+    preflight problem); the rest say what is."""
+    short = short_run_of(space)
+    return [
+        Finding(
+            level="warning" if short is not None and text == short[0] else "ok",
+            topic="space",
+            text=text,
+        )
+        for text in said
+    ]
 
 
 class _Notes:

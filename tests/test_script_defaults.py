@@ -262,3 +262,10 @@ def test_a_command_whose_own_run_is_shorter_than_a_trial_is_said_before_it_runs(
     assert certain and "your run trains 5 optimizer steps (--max_steps 5)" in said
     long_run = script_space(["python", "train.py", "--num_train_epochs", "10"])
     assert short_run_of(long_run) is None  # 630 steps: burn-in and window fit at their longest
+    # doctor shows the "may end" note as a warning, not a tick; its other notes stay ok
+    from sweeper.doctor import space_findings
+
+    (said,) = [n for n in notes if n.startswith("your command's own run")]
+    other = "the run's learning rate comes from --learning_rate 2e-05"
+    levels = {f.text: f.level for f in space_findings(one_epoch, [*notes, other])}
+    assert levels[said] == "warning" and levels[other] == "ok"
