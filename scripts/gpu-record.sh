@@ -11,7 +11,7 @@
 #
 #   bash scripts/gpu-record.sh run   [--wheelhouse .whl] [--out gpu-record] [--minutes 24]
 #   bash scripts/gpu-record.sh start [same options]   # `run` in the background (setsid)
-#   bash scripts/gpu-record.sh wait  [--out gpu-record] [--seconds 540]
+#   bash scripts/gpu-record.sh wait  [--out gpu-record] [--seconds 540]   # packs $OUT/gpu-record.tgz
 #   bash scripts/gpu-record.sh install [--wheelhouse .whl] [--out gpu-record]  # the first stage
 #     alone, for another bench on the machine (bench/spaces/script-parity-gpu.yaml says which)
 #
@@ -25,8 +25,8 @@
 #
 # `run` is the one command on your own GPU box. `start` + `wait` are for a remote runner whose
 # commands may last only minutes: `wait` returns when the run ends (exit 0, or 1 if it failed)
-# or after --seconds (exit 3: call it again), and when the run has ended and $OUT is set, it
-# packs the folder into $OUT/gpu-record.tgz and copies summary.md there.
+# or after --seconds (exit 3: call it again); where $OUT is set it packs the folder as it is
+# into $OUT/gpu-record.tgz either way (a lease may end first) and copies summary.md there.
 #
 # Prepare the wheelhouse where a registry is reachable (the target's Python version; carry only
 # what the GPU image lacks):
@@ -265,11 +265,14 @@ case "$command" in
     deadline=$(( SECONDS + wait_seconds ))
     while [ ! -s "$out/status" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 5; done
     tail -n 5 "$out/log.txt" 2>/dev/null || true
-    if [ ! -s "$out/status" ]; then echo "still running: call wait again"; exit 3; fi
+    # what is there so far comes back either way: a lease can end before the run does (the
+    # sweep's study.db then holds every trial told so far; its -wal/-shm are left out, so a
+    # trial in flight is not in the copy)
     if [ -n "${OUT:-}" ]; then
       tar czf "$OUT/gpu-record.tgz" --exclude='*.db-*' -C "$out" .
       cp "$out/summary.md" "$OUT/" 2>/dev/null || true
     fi
+    if [ ! -s "$out/status" ]; then echo "still running: call wait again"; exit 3; fi
     [ "$(cat "$out/status")" = done ]
     ;;
   *)

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -286,3 +287,27 @@ def test_gpu_record_script_runs_end_to_end(
     assert "| knob | value | recommended |" in verdicts
     # a CPU has no peak: no MFU, said so (a GPU's line reads 'MFU on real tokens ... goal')
     assert "no MFU (no peak for this device)" in verdicts, verdicts
+
+
+def test_gpu_record_wait_brings_back_what_is_there_while_the_run_goes_on(tmp_path: Path) -> None:
+    """A lease can end before the run: `wait` packs the folder as it is into $OUT each time it
+    returns, running (exit 3) or ended (on the H200 of 2026-11-28 a timed-out wait would have
+    brought back nothing)."""
+    out, returned = tmp_path / "record", tmp_path / "OUT"
+    out.mkdir()
+    returned.mkdir()
+    (out / "log.txt").write_text("[00:00:00] sweep: spaces/h100.yaml for at most 7.0 min\n")
+    (out / "study.db").write_bytes(b"trials so far")
+    (out / "study.db-wal").write_bytes(b"in flight")
+    env = {**os.environ, "OUT": str(returned)}
+    args = ["bash", "scripts/gpu-record.sh", "wait", "--out", str(out), "--seconds", "1"]
+    running = subprocess.run(args, cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+    assert running.returncode == 3 and "still running" in running.stdout, running
+    with tarfile.open(returned / "gpu-record.tgz") as packed:
+        names = {Path(n).name for n in packed.getnames()}
+    assert {"log.txt", "study.db"} <= names and "study.db-wal" not in names
+    (out / "status").write_text("done\n")
+    (out / "summary.md").write_text("# summary\n")
+    ended = subprocess.run(args, cwd=REPO, capture_output=True, text=True, env=env, timeout=60)
+    assert ended.returncode == 0, ended
+    assert (returned / "summary.md").read_text() == "# summary\n"
