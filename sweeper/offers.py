@@ -269,6 +269,27 @@ def _calibration(
     return records
 
 
+def _predicted_elsewhere(study: str, records: Sequence[CalibrationRecord]) -> list[str]:
+    """For a study whose shown config no other GPU measured: each source study's predictions
+    of the configs both measured, against this study's measurement (the H200 study's pick was
+    measured there alone; its six configs predicted from the H100 came within 15%)."""
+    by_source: dict[tuple[str, str], list[CalibrationRecord]] = {}
+    for r in records:
+        if r.target_study == study:
+            by_source.setdefault((r.source_study, r.source_gpu), []).append(r)
+    notes = []
+    for (source, gpu), mine in sorted(by_source.items()):
+        worst = max(mine, key=lambda r: abs(r.error))
+        mean = sum(abs(r.error) for r in mine) / len(mine)
+        configs = "config" if len(mine) == 1 else "configs"
+        notes.append(
+            f"predicted from {source} ({gpu}) for {len(mine)} {configs} measured on both "
+            f"(not this one): mean |error| {mean:.1%}, worst {worst.error:+.1%} "
+            f"(#{worst.target_trial})"
+        )
+    return notes
+
+
 def _key(config: Mapping[str, Any]) -> str:
     return repr(sorted(normalize(config).items(), key=lambda item: item[0]))
 
@@ -358,6 +379,8 @@ def _measured_row(
             f"predicted from {own.source_study} ({own.source_gpu}): "
             f"{own.predicted_samples_per_s:,.1f} samples/s, {own.error:+.1%} off"
         )
+    else:  # this config was not measured elsewhere: how the ones that were came out
+        notes += _predicted_elsewhere(study.name, records)
     efficiency = None
     if count > 1 and figures:
         scaled = next(

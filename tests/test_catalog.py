@@ -425,3 +425,42 @@ def test_a_gpu_measured_today_meets_the_study_it_was_predicted_from(sqlite_url: 
     assert rows["h200-sxm"].basis == "measured" and rows["h100-sxm"].basis == "measured"
     assert rows["h200-sxm"].prediction_error is not None
     assert any(r.target_gpu == "h200-sxm" for r in result.offers.calibration)
+
+
+def test_the_measured_h200_study_shows_the_h100s_predictions_against_it(sqlite_url: str) -> None:
+    """The H200 recorded on 2026-11-28 (studies/h200-llama-1b.json) beside the H100 study its
+    configs were predicted from: each config both measured that the job can use is a
+    calibration record in each direction, within 15%. The H200's pick was measured there
+    alone, so its row says how the configs measured on both came out; the H100's pick was
+    measured on both, so its row shows its own prediction from the H200."""
+    h200 = json.loads((REPO / "studies" / "h200-llama-1b.json").read_text())
+    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"), (h200, "h200-llama-1b"))
+    try:
+        result = compare(store, "h100-llama-1b", offers=True, gpus=["h100-sxm", "h200-sxm"])
+    finally:
+        store.dispose()
+    table = result.offers
+    assert table is not None
+    onto_h200 = [r for r in table.calibration if r.target_gpu == "h200-sxm"]
+    # trial 3 (seq 1024 unpacked) truncates the data: not a config the job can use
+    assert sorted(r.target_trial for r in onto_h200) == [0, 1, 2, 4, 5]
+    # the direction predicted before measuring: within the 15% target; the other one (the
+    # H100 from the H200, computed afterwards) misses it on the padded, uncompiled configs
+    # (-17% to -21%: their non-matmul time did not scale with bandwidth), inside the band the
+    # records set (twice their root mean square error)
+    assert all(abs(r.error) < 0.15 for r in onto_h200)
+    onto_h100 = [r for r in table.calibration if r.target_gpu == "h100-sxm"]
+    assert sorted(r.target_trial for r in onto_h100) == [0, 1, 2, 4, 5]
+    assert max(abs(r.error) for r in onto_h100) < table.band
+    rows = {row.gpu: row for row in table.rows}
+    h200_row, h100_row = rows["h200-sxm"], rows["h100-sxm"]
+    assert h200_row.basis == "measured" and h200_row.trial_number == 6
+    mean = sum(abs(r.error) for r in onto_h200) / 5
+    worst = max(onto_h200, key=lambda r: abs(r.error))
+    assert (
+        "predicted from h100-llama-1b (h100-sxm) for 5 configs measured on both (not this "
+        f"one): mean |error| {mean:.1%}, worst {worst.error:+.1%} (#{worst.target_trial})"
+    ) in h200_row.note
+    assert h100_row.basis == "measured" and "predicted from h200-llama-1b (h200-sxm): " in (
+        h100_row.note
+    )
