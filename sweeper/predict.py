@@ -6,7 +6,8 @@ The model (a roofline split of the measured step; every figure is the trial's ow
     step      = the window's mean optimizer step                    (step_time_mean_s)
     data      = step × data_wait_share        host time: the loader, collation, the feed
     gpu       = step − data
-    compute   = min(gpu, step × MFU ÷ η)      matmul time: the model's FLOPs at η of the peak
+    compute   = min(gpu, step × MFU' ÷ η)     matmul time: the model's FLOPs at η of the peak,
+                                              MFU' counting the padding the GPU computes
     memory    = gpu − compute                 the rest: optimizer, norms, softmax, copies —
                                               memory-bound kernels, and launch gaps
     target    = compute × peak_src ÷ peak_tgt + memory × bandwidth_src ÷ bandwidth_tgt + data
@@ -69,6 +70,9 @@ class Observed:
     tokens_per_s: float
     train_hours: float
     one_time_hours: float
+    # the MFU of what the GPU computed, padding included: the matmul share of the step
+    # (``mfu`` counts real tokens only since issue 36); None: ``mfu`` itself
+    computed_mfu: float | None = None
 
     @classmethod
     def of(
@@ -99,6 +103,7 @@ class Observed:
         peak = measurement.get("peak_memory_reserved_bytes") or measurement.get("peak_memory_bytes")
         one_time_s = part.get("one_time_s")
         return cls(
+            computed_mfu=_computed_mfu(measurement, float(mfu or 0)),
             device_name=device,
             step_s=float(step or 0),
             data_wait_share=min(1.0, max(0.0, float(measurement.get("data_wait_share") or 0.0))),
@@ -160,7 +165,8 @@ def split_step(observed: Observed) -> StepSplit:
     """
     data = observed.step_s * observed.data_wait_share
     gpu = observed.step_s - data
-    compute = min(gpu, observed.step_s * observed.mfu / MATMUL_EFFICIENCY)
+    mfu = observed.mfu if observed.computed_mfu is None else observed.computed_mfu
+    compute = min(gpu, observed.step_s * mfu / MATMUL_EFFICIENCY)
     return StepSplit(compute_s=compute, memory_s=gpu - compute, data_s=data)
 
 
@@ -260,6 +266,29 @@ def error_band(errors: Sequence[float]) -> Band:
         basis=f"{len(found)} calibration records: twice their root mean square error "
         f"({rms:.1%}), at least ±{FLOOR_BAND:.0%}",
     )
+
+
+def _computed_mfu(measurement: Mapping[str, Any], mfu: float) -> float:
+    """The MFU of the tokens the GPU computed, padding included: the matmuls run on every
+    padded row. A measurement recorded since issue 36 (it has ``mean_sample_tokens``) counts
+    real tokens in ``mfu``: scaled by padded ÷ real tokens (the attention term stays at the
+    real length: a little under). One recorded before counted padding already.
+
+    Taken as the matmul share with real tokens alone, a padded config's matmuls (70% of its
+    rows padding on the H200 of 2026-11-28) went to the bandwidth-bound rest: predicted from
+    that H200, the H100 came out 18-21% slow on the three padded configs.
+
+    >>> _computed_mfu({"mean_sample_tokens": 600, "tokens_per_s": 300.0,
+    ...                "padded_tokens_per_s": 1000.0}, 0.08)
+    0.26666666666666666
+    >>> _computed_mfu({"tokens_per_s": 300.0, "padded_tokens_per_s": 1000.0}, 0.26)
+    0.26
+    """
+    real: Any = measurement.get("tokens_per_s")
+    padded: Any = measurement.get("padded_tokens_per_s")
+    if measurement.get("mean_sample_tokens") is None or not (_positive(real) and _positive(padded)):
+        return mfu
+    return mfu * max(1.0, float(padded) / float(real))
 
 
 def _positive(value: Any) -> bool:

@@ -445,13 +445,15 @@ def test_the_measured_h200_study_shows_the_h100s_predictions_against_it(sqlite_u
     # trial 3 (seq 1024 unpacked) truncates the data: not a config the job can use
     assert sorted(r.target_trial for r in onto_h200) == [0, 1, 2, 4, 5]
     # the direction predicted before measuring: within the 15% target; the other one (the
-    # H100 from the H200, computed afterwards) misses it on the padded, uncompiled configs
-    # (-17% to -21%: their non-matmul time did not scale with bandwidth), inside the band the
-    # records set (twice their root mean square error)
+    # H100 from the H200, computed afterwards) misses it on one padded, uncompiled config
+    # (#2, -16%: its non-matmul time did not scale with bandwidth), inside the band the
+    # records set (twice their root mean square error). Before the matmul share counted the
+    # padding the GPU computes (predict._computed_mfu), three missed by 17-21%.
     assert all(abs(r.error) < 0.15 for r in onto_h200)
     onto_h100 = [r for r in table.calibration if r.target_gpu == "h100-sxm"]
     assert sorted(r.target_trial for r in onto_h100) == [0, 1, 2, 4, 5]
     assert max(abs(r.error) for r in onto_h100) < table.band
+    assert sum(abs(r.error) > 0.15 for r in onto_h100) == 1
     rows = {row.gpu: row for row in table.rows}
     h200_row, h100_row = rows["h200-sxm"], rows["h100-sxm"]
     assert h200_row.basis == "measured" and h200_row.trial_number == 6
