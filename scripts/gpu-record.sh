@@ -16,7 +16,9 @@
 #     alone, for another bench on the machine (bench/spaces/script-parity-gpu.yaml says which)
 #
 # Other options (defaults: the H100 record): --space FILE --study NAME --fidelity-configs LIST
-# (bench/trial_quality.py --configs; "none" skips the stage), --skip-tests, --levers-tests-only
+# (bench/trial_quality.py --configs; "none" skips the stage), --gpu KEY (the space as recorded
+# on that catalog GPU, its name and price, under --study: spaces/h100.yaml's levers on an H200
+# with --gpu h200-sxm --study h200-levers), --skip-tests, --levers-tests-only
 # (of the GPU tests, only tests/trial/test_levers_gpu.py), --doctor-plain (doctor
 # without the space: the space's compile probes, max-autotune's ~6 min compile on an H100, are then
 # paid only by a trial that samples them), --skip-doctor (no doctor stage: the sweep's own
@@ -58,6 +60,7 @@ skip_tests=0
 levers_tests_only=0
 doctor_plain=0
 skip_doctor=0
+gpu=
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheelhouse) wheelhouse=$2; shift 2 ;;
@@ -66,6 +69,7 @@ while [ $# -gt 0 ]; do
     --seconds) wait_seconds=$2; shift 2 ;;
     --space) space=$2; shift 2 ;;
     --study) study=$2; shift 2 ;;
+    --gpu) gpu=$2; shift 2 ;;
     --fidelity-configs) fidelity_configs=$2; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
     --levers-tests-only) levers_tests_only=1; shift ;;
@@ -222,6 +226,12 @@ run_all() {
   local started=$SECONDS
   log "run: budget $minutes min, wheelhouse $wheelhouse, python $("$py" --version 2>&1)"
   stage_install
+  if [ -n "$gpu" ]; then  # the space as recorded on that GPU (its name and price): sweeper's
+    # catalog and PyYAML are there once installed
+    "$py" scripts/rehearse_space.py "$space" --gpu-twin "$gpu" "$study" "$out/space.yaml" \
+      | tee -a "$out/log.txt"
+    space=$out/space.yaml
+  fi
   stage_doctor
   stage_tests
   # in seconds, less 20 s for the export and the summary; the fidelity stage takes two trials
@@ -255,6 +265,7 @@ case "$command" in
     rm -f "$out/status"
     setsid nohup bash "$0" run --wheelhouse "$wheelhouse" --out "$out" --minutes "$minutes" \
       --space "$space" --study "$study" --fidelity-configs "$fidelity_configs" \
+      $( [ -n "$gpu" ] && echo --gpu "$gpu" ) \
       $( [ "$skip_tests" = 1 ] && echo --skip-tests ) $( [ "$doctor_plain" = 1 ] && echo --doctor-plain ) \
       $( [ "$skip_doctor" = 1 ] && echo --skip-doctor ) \
       $( [ "$levers_tests_only" = 1 ] && echo --levers-tests-only ) \

@@ -52,17 +52,47 @@ def cpu_twin(space: dict[str, Any]) -> dict[str, Any]:
     return twin
 
 
+def gpu_twin(space: dict[str, Any], gpu: str, study: str) -> dict[str, Any]:
+    """The space as recorded on another GPU of the catalog (``gpu``: its key in
+    sweeper/gpus.yaml), under the study name ``study``: the catalog's name and price, every
+    other line as it is. A lease draws the GPU kind; ``scripts/gpu-record.sh --gpu`` records
+    the H100's levers space on an H200 so, priced as what ran."""
+    from sweeper.catalog import load_catalog
+
+    gpus = load_catalog().gpus
+    if gpu not in gpus:
+        raise SystemExit(f"error: --gpu {gpu!r} is not in the catalog; one of: {', '.join(gpus)}")
+    twin = copy.deepcopy(space)
+    twin["study"] = study
+    hardware = twin.setdefault("hardware", {})
+    hardware["name"] = gpus[gpu].name
+    hardware["usd_per_hour"] = gpus[gpu].price.usd_per_hour
+    return twin
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("space", type=Path, help="the GPU space file")
     parser.add_argument("--minutes", type=float, default=4.0, help="launch's --max-minutes")
     parser.add_argument("--keep", type=Path, help="folder for the twin and its study")
+    parser.add_argument(
+        "--gpu-twin",
+        nargs=3,
+        metavar=("GPU", "STUDY", "OUT"),
+        help="write the space as recorded on catalog GPU GPU under study STUDY to OUT, and stop "
+        "(no rehearsal): what scripts/gpu-record.sh --gpu runs",
+    )
     args = parser.parse_args()
     try:
         space = yaml.safe_load(args.space.read_text())
     except (OSError, yaml.YAMLError) as e:
         print(f"error: {args.space}: {e}", file=sys.stderr)
         return 2
+    if args.gpu_twin:
+        gpu, study, out = args.gpu_twin
+        Path(out).write_text(yaml.safe_dump(gpu_twin(space, gpu, study), sort_keys=False))
+        print(f"{out}: {args.space} on {gpu}, study {study}")
+        return 0
     folder = args.keep or Path(tempfile.mkdtemp(prefix="rehearsal-"))
     folder.mkdir(parents=True, exist_ok=True)
     twin_path = folder / f"{args.space.stem}-cpu.yaml"

@@ -226,6 +226,9 @@ def test_gpu_record_script_runs_end_to_end(
             "tiny",
             "--fidelity-configs",
             "best,baseline",
+            # recorded as on an H200 of the catalog (its name and price): --gpu's twin
+            "--gpu",
+            "h200-sxm",
         ],
         cwd=REPO,
         capture_output=True,
@@ -250,7 +253,9 @@ def test_gpu_record_script_runs_end_to_end(
     planned = {i["metadata"]["name"].lower() for i in report["install"]}
     assert "torch" not in planned and "sweeper" in planned
     doctor = json.loads((out / "doctor.json").read_text())
-    assert doctor["exit_code"] == 0 and doctor["space"] == str(space), doctor
+    twin = out / "space.yaml"
+    assert f"{twin}: {space} on h200-sxm, study tiny" in log, log
+    assert doctor["exit_code"] == 0 and doctor["space"] == str(twin), doctor
     # the levers' packages installed (liger-kernel without triton cannot import on a CPU
     # torch); preflight drops the CUDA levers for the device, not for a missing package
     assert "install: torchao 0.18.0 imports" in log, log
@@ -269,6 +274,8 @@ def test_gpu_record_script_runs_end_to_end(
     assert "tests: exit 0;" in log and "error" not in gpu_tests.splitlines()[-1], gpu_tests[-3000:]
     study = json.loads((out / "tiny.json").read_text())
     assert study["format"] == "sweeper-study" and study["trials"]
+    assert study["study"]["hardware_name"] == "H200 SXM 141GB"
+    assert study["study"]["usd_per_hour"] == 3.5
     fidelity = (out / "fidelity.md").read_text()
     assert "Fidelity: trial vs a run 10x longer" in fidelity
     table = fidelity.split("Fidelity: trial vs a run 10x longer")[1].split("###")[0]
