@@ -140,9 +140,16 @@ def offer_table(
     wanted = _wanted(catalog, gpus, offers)
     measured = {s.name: _gpu_of(catalog, s) for s in studies}
     sources = [s for s in studies if measured[s.name] is not None and s.candidates]
-    sources.sort(key=lambda s: s.name != anchor)  # the anchor first, when it can be one
+    sources.sort(key=lambda s: (s.name != anchor, s.name))  # the anchor first: ties go to it
     records = _calibration(sources, measured, catalog, measurement_of)
     band = predict.error_band([r.error for r in records])
+    if records:  # which GPUs it was learnt on: it is printed on every estimate
+        pairs = sorted({" and ".join(sorted((r.source_gpu, r.target_gpu))) for r in records})
+        band = predict.Band(
+            rel=band.rel,
+            records=band.records,
+            basis=f"{band.basis}; measured on {', '.join(pairs)} only (each config both ways)",
+        )
     rows: list[OfferRow] = []
     measured_keys: set[tuple[str, int]] = set()
     scalings: dict[str, list[Scaling]] = {}
@@ -159,20 +166,23 @@ def offer_table(
         "nothing of this workload was measured on a GPU of the catalog: measure it on one "
         "(a study of the same workload), then every other is estimated from it"
     )
-    source = sources[0] if sources else None
+    rows = [
+        _cheaper_elsewhere(r, sources, measured, catalog, measurement_of, constraints, band)
+        for r in rows
+    ]
     singles: dict[str, OfferRow] = {r.gpu: r for r in rows if r.gpu is not None and r.count == 1}
     for key, counts in wanted.items():
         if 1 in counts and (key, 1) not in measured_keys:
             row = (
-                _estimate_row(source, measured, key, catalog, measurement_of, constraints, band)
-                if source is not None
+                _estimate_row(sources, measured, key, catalog, measurement_of, constraints, band)
+                if sources
                 else _row_without(key, catalog, "no estimate", why_not)
             )
             rows.append(row)
             singles[key] = row
-        elif key not in singles and source is not None:
+        elif key not in singles and sources:
             singles[key] = _estimate_row(
-                source, measured, key, catalog, measurement_of, constraints, band
+                sources, measured, key, catalog, measurement_of, constraints, band
             )
     cheapest = _cheapest(rows)
     for key, counts in wanted.items():
@@ -440,7 +450,7 @@ def _with_seen_scaling(
 
 
 def _estimate_row(
-    source: MeasuredStudy,
+    sources: Sequence[MeasuredStudy],
     measured: Mapping[str, str | None],
     key: str,
     catalog: Catalog,
@@ -448,49 +458,56 @@ def _estimate_row(
     constraints: Constraints,
     band: predict.Band,
 ) -> OfferRow:
-    src_key = measured[source.name]
-    assert src_key is not None
+    """``key``'s estimate: the cheapest of every source study's cheapest configs
+    (``RUNNERS_UP`` each) scaled from the GPU it was measured on, so the answer does not
+    depend on which study of the workload the user named (a walk asked the same question of
+    the H100 and the H200 study and was told two cheapest GPUs)."""
     target = catalog.gpus[key]
     price = target.price.usd_per_hour
-    best: tuple[Candidate, predict.Prediction] | None = None
+    best: tuple[MeasuredStudy, Candidate, predict.Prediction] | None = None
     ooms: list[predict.Prediction] = []
     why = ""
-    for candidate in _one_device(source.candidates)[:RUNNERS_UP]:
-        try:
-            guess = predict.predict(
-                _observed(source, candidate, measurement_of),
-                catalog.gpus[src_key],
-                target,
-                band=band.rel,
-            )
-        except predict.Unpredictable as e:
-            why = str(e)
-            continue
-        if guess.fit == "oom" or not _headroom_ok(guess, constraints):
-            ooms.append(guess)
-            continue
-        if best is None or _rank(guess, price, band.rel, constraints) < _rank(
-            best[1], price, band.rel, constraints
-        ):
-            best = (candidate, guess)
+    for source in sources:
+        src_key = measured[source.name]
+        assert src_key is not None
+        for candidate in _one_device(source.candidates)[:RUNNERS_UP]:
+            try:
+                guess = predict.predict(
+                    _observed(source, candidate, measurement_of),
+                    catalog.gpus[src_key],
+                    target,
+                    band=band.rel,
+                )
+            except predict.Unpredictable as e:
+                why = str(e)
+                continue
+            if guess.fit == "oom" or not _headroom_ok(guess, constraints):
+                ooms.append(guess)
+                continue
+            if best is None or _rank(guess, price, band.rel, constraints) < _rank(
+                best[2], price, band.rel, constraints
+            ):
+                best = (source, candidate, guess)
     if best is None:
+        on = ", ".join(sorted({str(measured[s.name]) for s in sources}))
         if ooms:
             least = min(ooms, key=lambda p: p.memory_needed_bytes)
             return _row_without(
                 key,
                 catalog,
                 "predicted OOM",
-                f"none of the {len(ooms)} cheapest configs measured on {src_key} fits: the "
+                f"none of the {len(ooms)} cheapest configs measured on {on} fits: the "
                 f"smallest needs {least.memory_needed_bytes / 1e9:,.1f} GB (its peak + "
                 f"{predict.CONTEXT_BYTES / 1e9:g} GB for the CUDA context), the GPU has "
                 f"{target.memory_gb:g} GB; measure smaller batches or gradient checkpointing",
             )
         return _row_without(key, catalog, "no estimate", why or "no config to scale")
-    candidate, guess = best
+    source, candidate, guess = best
     cost = guess.hours_per_run * price
     notes = [
-        f"estimated from {source.name} trial #{candidate.trial.number} on {src_key} "
-        f"(±{band.rel:.0%}): {guess.speedup:.2f}× its speed, predicted MFU {guess.mfu:.0%}"
+        f"estimated from {source.name} trial #{candidate.trial.number} on "
+        f"{measured[source.name]} (±{band.rel:.0%}): {guess.speedup:.2f}× its speed, "
+        f"predicted MFU {guess.mfu:.0%}"
     ]
     if guess.fit == "tight":
         notes.append(
@@ -513,6 +530,36 @@ def _estimate_row(
         meets=_meets(guess.hours_per_run, cost, band.rel, constraints),
         note="; ".join(notes),
     )
+
+
+def _cheaper_elsewhere(
+    row: OfferRow,
+    sources: Sequence[MeasuredStudy],
+    measured: Mapping[str, str | None],
+    catalog: Catalog,
+    measurement_of: MeasurementOf,
+    constraints: Constraints,
+    band: predict.Band,
+) -> OfferRow:
+    """A measured GPU's row, with a note where a config measured on another GPU is estimated
+    cheaper on this one beyond the band (the H200's packed seq-512 pick, priced on the H100,
+    against the H100's own measured best): measure it there."""
+    if row.gpu is None or row.cost_per_run_usd is None or row.count != 1:
+        return row
+    others = [s for s in sources if measured[s.name] != row.gpu]
+    if not others:
+        return row
+    guess = _estimate_row(others, measured, row.gpu, catalog, measurement_of, constraints, band)
+    if guess.cost_per_run_usd is None or guess.cost_per_run_usd * (1 + band.rel) >= (
+        row.cost_per_run_usd
+    ):
+        return row
+    note = (
+        f"cheaper here by estimate: {guess.study} trial #{guess.trial_number}'s config, "
+        f"${guess.cost_per_run_usd:,.2f}/run ±{band.rel:.0%} (measured on "
+        f"{measured[str(guess.study)]}); measure it on this GPU"
+    )
+    return row.model_copy(update={"note": "; ".join(n for n in (row.note, note) if n)})
 
 
 def _rank(

@@ -19,7 +19,7 @@ from sweeper.catalog import SHIPPED, load_catalog, parse_catalog
 from sweeper.compare import compare, same_workload
 from sweeper.errors import CatalogError
 from sweeper.hardware import peak_flops
-from sweeper.offers import MeasuredStudy, offer_table
+from sweeper.offers import MeasuredStudy, OfferTable, offer_table
 from sweeper.predict import Observed, predict
 from sweeper.recommend import Constraints, StudyFacts, decide
 from sweeper.space import parse_space
@@ -277,6 +277,9 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
             assert refused.status_code == 422, refused.text
         unknown = client.get("/api/studies/h100/compare?gpus=b200").text
         assert "'b200' is not in the shipped catalog" in unknown
+        # a price for one study means nothing across GPUs: refused, not silently ignored
+        repriced = client.get("/api/studies/h100/compare", params={"usd_per_hour": 1.8})
+        assert repriced.status_code == 422 and "re-prices one study" in repriced.text
         assert str(SHIPPED) not in unknown  # the server's install path is not the client's business
         page = client.get("/studies/h100")
         assert page.status_code == 200
@@ -466,3 +469,33 @@ def test_the_measured_h200_study_shows_the_h100s_predictions_against_it(sqlite_u
     assert h100_row.basis == "measured" and "predicted from h200-llama-1b (h200-sxm): " in (
         h100_row.note
     )
+
+
+def test_the_answer_does_not_depend_on_which_study_of_the_job_is_named(sqlite_url: str) -> None:
+    """A walk asked for the cheapest GPU naming the H100 study, then the H200 study, and got
+    two answers: estimates were scaled from the named study alone. Every measured study is a
+    source now: the same rows, figures and cheapest either way. And the H100's own measured
+    best is not the whole story: the H200's packed seq-512 config is estimated cheaper on the
+    H100 beyond the band, and its row says to measure it there."""
+    h200 = json.loads((REPO / "studies" / "h200-llama-1b.json").read_text())
+    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"), (h200, "h200-llama-1b"))
+    try:
+        tables = [
+            compare(store, name, offers=True).offers for name in ("h100-llama-1b", "h200-llama-1b")
+        ]
+    finally:
+        store.dispose()
+    assert tables[0] is not None and tables[1] is not None
+
+    def answer(table: OfferTable) -> list[tuple]:
+        return [(r.gpu, r.basis, r.study, r.trial_number, r.cost_per_run_usd) for r in table.rows]
+
+    assert answer(tables[0]) == answer(tables[1])
+    cheapest = [t.cheapest for t in tables]
+    assert cheapest[0] is not None and cheapest[0] == cheapest[1]
+    rows = {r.gpu: r for r in tables[0].rows}
+    assert rows["h100-pcie"].basis == "estimate" and rows["h100-pcie"].study == "h200-llama-1b"
+    h100 = rows["h100-sxm"]
+    assert h100.basis == "measured" and h100.study == "h100-llama-1b"
+    assert "cheaper here by estimate: h200-llama-1b trial #6's config" in h100.note
+    assert "measure it on this GPU" in h100.note

@@ -325,7 +325,16 @@ def compare_hardware(
     option and the Pareto front of $ against hours; and ``offers``: the job on every GPU type
     of the catalog (the space's ``hardware.catalog``, else the shipped one), measured where a
     study ran on it, else estimated with an error band, and the cheapest that meets
-    ``max_hours`` and ``max_cost_usd``. ``usd_per_hour`` is ignored here."""
+    ``max_hours`` and ``max_cost_usd``. ``usd_per_hour`` re-prices one study: refused here,
+    as the CLI refuses ``--usd-per-hour`` with ``--across-hardware`` (it was ignored, and the
+    answer came back unchanged with 200)."""
+    if constraints.usd_per_hour is not None:
+        raise HTTPException(
+            status_code=422,
+            detail="usd_per_hour re-prices one study (/studies/NAME/best?usd_per_hour=...); "
+            "here each GPU is priced at its study's or the catalog's $/h: drop it, or change "
+            "the price in the catalog (the space's hardware.catalog)",
+        )
     return compare.compare(store, name, constraints, offers=True, gpus=gpus)
 
 
