@@ -346,6 +346,65 @@ def epochs_note(command: Sequence[str], form: str, epochs: float) -> str | None:
     )
 
 
+def checkpoint_note(command: Sequence[str], form: str, save_steps: int | None) -> str | None:
+    """What to say when the command saves checkpoints otherwise than the space prices them
+    (``workload.checkpoint.save_steps``): ``--save_strategy no`` against a priced save, or
+    ``--save_steps`` at another interval. From the words only, under ``knobs: flags``/
+    ``sft_flags``; a command silent on both saves at its program's default (TrainingArguments'
+    every 500 steps), which the words cannot tell. A walk's script said ``--save_strategy
+    no`` and $/run still counted a save every 500 steps.
+
+    >>> checkpoint_note(["python", "t.py", "--save_strategy", "no"], "flags", 500)[:62]
+    'your command saves no checkpoint (--save_strategy no), and the'
+    >>> checkpoint_note(["python", "t.py", "--save_strategy", "no"], "flags", None) is None
+    True
+    >>> "set workload.checkpoint.save_steps: 200" in checkpoint_note(
+    ...     ["t.py", "--save_steps=200"], "sft_flags", 500)
+    True
+    >>> checkpoint_note(["t.py", "--save_steps", "500"], "flags", 500) is None
+    True
+    >>> checkpoint_note(["t.py", "--save_strategy", "epoch"], "flags", 500)[:61]
+    'your command saves a checkpoint each epoch (--save_strategy e'
+    """
+    if form not in ("flags", "sft_flags"):
+        return None
+    flags = flags_of(command)
+    strategy = flags.get("save_strategy", "steps").lower()
+    priced = (
+        "prices no save (workload.checkpoint.save_steps: null)"
+        if save_steps is None
+        else f"prices a save every {save_steps} optimizer steps (workload.checkpoint.save_steps)"
+    )
+    if strategy == "no":
+        if save_steps is None:
+            return None
+        return (
+            f"your command saves no checkpoint (--save_strategy no), and the space {priced}: "
+            "each $/run counts saves your run never makes; set workload.checkpoint.save_steps: "
+            "null if it saves none"
+        )
+    if strategy == "epoch":
+        return (
+            f"your command saves a checkpoint each epoch (--save_strategy epoch), and the space "
+            f"{priced}: set workload.checkpoint.save_steps to your steps per epoch to price "
+            "what it saves"
+        )
+    given = flags.get("save_steps")
+    if given is None:
+        return None
+    try:
+        every = int(float(given))
+    except ValueError:
+        return None
+    if every <= 0 or every == save_steps:
+        return None
+    return (
+        f"your command saves a checkpoint every {every} optimizer steps (--save_steps "
+        f"{given}), and the space {priced}: set workload.checkpoint.save_steps: {every} to "
+        "price what your run saves"
+    )
+
+
 def short_run(
     command: Sequence[str],
     form: str,

@@ -347,7 +347,10 @@ def minimal_space(
         "  dataset:\n"
         f"    path: {_scalar(str(data.expanduser().resolve()))}\n"
         + field.replace("      ", "    ")
-        + f"  engine: {engine}                 # sft: TRL's SFTTrainer; trainer; loop (your own)\n"
+        + f"  engine: {engine}                 # sweeper builds the run: sft (TRL's SFTTrainer),\n"
+        + "  #   trainer (transformers' Trainer) or loop (a plain PyTorch loop); to sweep your\n"
+        + "  #   own train.py instead: engine: script (README: 'Your own training script as\n"
+        + "  #   the trial')\n"
         f"  samples: {samples}              # samples in one epoch of the real job\n"
         f"  epochs: {epochs:g}\n"
         "budget:\n"

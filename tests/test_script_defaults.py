@@ -269,3 +269,22 @@ def test_a_command_whose_own_run_is_shorter_than_a_trial_is_said_before_it_runs(
     other = "the run's learning rate comes from --learning_rate 2e-05"
     levels = {f.text: f.level for f in space_findings(one_epoch, [*notes, other])}
     assert levels[said] == "warning" and levels[other] == "ok"
+
+
+def test_a_command_that_saves_otherwise_than_the_space_prices_is_said() -> None:
+    """A walk's script said --save_strategy no while $/run counted a checkpoint every 500
+    steps: the sweep (and doctor, from the same notes) says so, and how to price what runs."""
+    notes: list[str] = []
+
+    class Notes(SweepObserver):
+        def note(self, message: str) -> None:
+            notes.append(message)
+
+    never = script_space(["python", "train.py", "--save_strategy", "no"])
+    assert never.workload.checkpoint.save_steps is not None  # the space prices saves
+    resolve_lengths(never, None, Notes())
+    (said,) = [n for n in notes if "checkpoint" in n]
+    assert "--save_strategy no" in said and "save_steps: null" in said
+    notes.clear()
+    resolve_lengths(script_space(["python", "train.py", "--save_steps", "50"]), None, Notes())
+    assert any("set workload.checkpoint.save_steps: 50" in n for n in notes), notes

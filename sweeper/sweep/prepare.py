@@ -67,6 +67,11 @@ def resolve_lengths(
         epochs = script_defaults.epochs_note(script.command, script.knobs, resolved.workload.epochs)
         if epochs is not None:
             observer.note(epochs)
+        saves = script_defaults.checkpoint_note(
+            script.command, script.knobs, resolved.workload.checkpoint.save_steps
+        )
+        if saves is not None:
+            observer.note(saves)
         short = short_run_of(resolved)
         if short is not None and not short[1]:  # one every trial must hit: a preflight problem
             observer.note(short[0])
