@@ -10,6 +10,7 @@ to it) and each knob with a caveat (``sweeper.knobs``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,12 +24,43 @@ def contention(trial: TrialMetrics) -> list[str]:
     """A warning when every measurement of ``trial`` was taken on a shared machine."""
     if not trial.contended:
         return []
-    reasons = sorted({s.get("contention") or "" for s in trial.remeasures or []} - {""})
+    reasons = _merged([s.get("contention") or "" for s in trial.remeasures or []])
     return [
         "every measurement of this config was taken while the machine was shared"
         + (f" ({'; '.join(reasons)})" if reasons else "")
         + ": its numbers may be low; measure again on a quiet machine"
     ]
+
+
+_OTHERS_CPU = re.compile(r"other processes used ([\d.]+) of the (\S+) CPUs")
+
+
+def _merged(said: Iterable[str]) -> list[str]:
+    """Each measurement's contention reasons, said once: the CPU others used as a range
+    across the measurements (a walk read "other processes used 1.3 of the 2 CPUs; other
+    processes used 1.4 of the 2 CPUs").
+
+    >>> _merged(["other processes used 1.3 of the 2 CPUs",
+    ...          "other processes used 1.4 of the 2 CPUs; the hypervisor stole 9% of CPU time"])
+    ['other processes used 1.3-1.4 of the 2 CPUs', 'the hypervisor stole 9% of CPU time']
+    >>> _merged(["other processes used 1.3 of the 2 CPUs"] * 2)
+    ['other processes used 1.3 of the 2 CPUs']
+    """
+    used: dict[str, list[float]] = {}
+    rest: list[str] = []
+    for text in said:
+        for part in filter(None, (p.strip() for p in text.split(";"))):
+            match = _OTHERS_CPU.fullmatch(part)
+            if match:
+                used.setdefault(match.group(2), []).append(float(match.group(1)))
+            elif part not in rest:
+                rest.append(part)
+    merged = []
+    for cpus, values in used.items():
+        low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+        figure = low if low == high else f"{low}-{high}"
+        merged.append(f"other processes used {figure} of the {cpus} CPUs")
+    return merged + sorted(rest)
 
 
 def drift_warnings(trials: Iterable[TrialMetrics]) -> list[str]:

@@ -407,11 +407,16 @@ def serve(
     uvicorn.run(application, host=bind_host, port=bind_port, log_level="warning")
 
 
-def _above_zero(value: float | None) -> float | None:
+_EXAMPLES = {"--usd-per-hour": "2.50", "--max-hours": "24", "--max-cost": "60"}
+
+
+def _above_zero(param: typer.CallbackParam, value: float | None) -> float | None:
     """A price or a limit: a finite number above 0 (0 would re-price nothing, or rule out
     every config; REST answers 422 to the same)."""
     if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"{value:g} is not a number above 0; give e.g. 2.50")
+        name = max(param.opts, key=len) if param.opts else ""
+        example = _EXAMPLES.get(name, "2.50")
+        raise typer.BadParameter(f"{value:g} is not a number above 0; give e.g. {example}")
     return value
 
 

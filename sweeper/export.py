@@ -264,9 +264,11 @@ def _adapter_lines(
     """The LoRA adapter the trial trained (``sweeper.trial.workload.with_adapter``): a
     quantized base prepared for k-bit training; in the plain loop, a checkpointed model's
     embedding output made to require grads (Trainer does that itself)."""
-    lines = ["from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training", ""]
+    quantized = _quantized(config)
+    kbit = ", prepare_model_for_kbit_training" if quantized else ""
+    lines = [f"from peft import LoraConfig, get_peft_model{kbit}", ""]
     checkpointing = bool(config.get("gradient_checkpointing"))
-    if _quantized(config):
+    if quantized:
         lines.append(
             "model = prepare_model_for_kbit_training(model, use_gradient_checkpointing="
             f"{checkpointing})"

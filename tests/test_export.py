@@ -312,6 +312,10 @@ def test_lora_and_quantization_are_loaded_as_measured(url: str) -> None:
     }  # fmt: skip
     LoraConfig(**lora)
     assert _call_kwargs(text, "SFTConfig")["assistant_only_loss"] is True
+    # a plain LoRA (no quantization) neither prepares nor imports k-bit training
+    lora_only = render(rec, "sft", space_yaml)
+    assert "from peft import LoraConfig, get_peft_model\n" in lora_only
+    assert "prepare_model_for_kbit_training" not in lora_only
     # the full fine-tune of the same study loads no adapter and no quantization
     plain = render(rec, "trainer", CPU_SPACE)
     assert "LoraConfig" not in plain and "BitsAndBytesConfig" not in plain

@@ -49,7 +49,9 @@ def test_the_cli_refuses_a_price_or_limit_that_is_not_above_zero(
 ) -> None:
     ran = run_sweeper("best", "--study", "small", "--storage", small.url, option, value)
     assert ran.returncode == 2, ran.stdout + ran.stderr
-    assert f"{value} is not a number above 0; give e.g. 2.50" in " ".join(ran.stderr.split())
+    example = {"--usd-per-hour": "2.50", "--max-hours": "24", "--max-cost": "60"}[option]
+    said = " ".join(ran.stderr.split())
+    assert f"{value} is not a number above 0; give e.g. {example}" in said
     assert "Traceback" not in ran.stderr
 
 

@@ -156,10 +156,17 @@ class Store:
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
         except SQLAlchemyError as e:
+            said = str(getattr(e, "orig", None) or e).strip()
+            # psycopg's own text often ends asking whether the server is running: end it once
+            said = said if said.endswith((".", "?", "!")) else f"{said}."
+            check = (
+                "Check the URL (user, host, port, database)."
+                if "server running" in said
+                else "Check that the server is running and the URL (user, host, port, "
+                "database) is right."
+            )
             raise StorageError(
-                f"cannot reach or migrate the database at {redact(self.url)}: "
-                f"{str(getattr(e, 'orig', None) or e).strip()}. Is the server running and the "
-                "URL right?"
+                f"cannot reach or migrate the database at {redact(self.url)}: {said} {check}"
             ) from e
 
     def dispose(self) -> None:
