@@ -493,7 +493,12 @@ def best_command(
         typer.Option("--catalog", help="GPU catalog to price from (implies --across-hardware)"),
     ] = None,
     gpus: Annotated[
-        list[str] | None, typer.Option("--gpu", help="a catalog GPU type to show (repeatable)")
+        list[str] | None,
+        typer.Option(
+            "--gpu",
+            help="a catalog GPU type to show (repeatable); N x key for N of them "
+            "(--gpu '2x h100-sxm' --gpu '4x a100-40gb')",
+        ),
     ] = None,
 ) -> None:
     """Print the recommended (cheapest per run) config of a study, within the constraints."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sweeper.catalog import load_catalog
+from sweeper.catalog import load_catalog, parse_offer
 from sweeper.errors import NoResultError, NothingMeetsError, SpaceError
 from sweeper.knob_values import as_ran
 from sweeper.offers import MeasuredStudy, OfferTable, offer_table
@@ -248,12 +248,22 @@ def _offer_table(
         trial = store.get_trial(study, number)
         return None if trial is None else trial.measurement
 
+    # a GPU asked as "N x key" (2x h100-sxm) is that offer beside the key's one-GPU row, as
+    # the space's hardware.compare lists them: a walk could not ask 2x H100 against 4x A100
+    keys: list[str] | None = None
+    if gpus:
+        keys = []
+        for text in gpus:
+            count, key = parse_offer(text)
+            keys.append(key)
+            if count > 1:
+                compare_with.append(f"{count}x {key}")
     return offer_table(
         measured,
         anchor=anchor.name,
         catalog=load_catalog(catalog),
         measurement_of=measurement_of,
         constraints=dataclasses.replace(constraints, usd_per_hour=None),
-        gpus=gpus or None,  # none named: all
-        offers=compare_with,
+        gpus=list(dict.fromkeys(keys)) if keys else None,  # none named: all
+        offers=list(dict.fromkeys(compare_with)),
     )

@@ -277,6 +277,19 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
             assert refused.status_code == 422, refused.text
         unknown = client.get("/api/studies/h100/compare?gpus=b200").text
         assert "'b200' is not in the shipped catalog" in unknown
+        # seed 000's question, 2x H100 against 4x A100 40GB, asked in the query (it took a
+        # hardware.compare in the stored space): each beside its one-GPU row, never measured
+        many = client.get(
+            "/api/studies/h100/compare",
+            params={"gpus": ["2x h100-sxm", "4x a100-40gb"], "max_hours": 24},
+        )
+        assert many.status_code == 200, many.text
+        shown = {(r["gpu"], r["count"]): r for r in many.json()["offers"]["rows"]}
+        assert set(shown) == {("h100-sxm", 1), ("h100-sxm", 2), ("a100-40gb", 1), ("a100-40gb", 4)}
+        assert shown[("a100-40gb", 4)]["usd_per_hour"] == pytest.approx(4.8)
+        assert shown[("h100-sxm", 2)]["basis"] != "measured"
+        bad = client.get("/api/studies/h100/compare", params={"gpus": "0x h100-sxm"})
+        assert bad.status_code == 422, bad.text
         # a price for one study means nothing across GPUs: refused, not silently ignored
         repriced = client.get("/api/studies/h100/compare", params={"usd_per_hour": 1.8})
         assert repriced.status_code == 422 and "re-prices one study" in repriced.text

@@ -26,7 +26,7 @@ from api.schemas import (
 )
 from api.security import WriteAccess
 from sweeper import compare, control, importance, recommend, verdict
-from sweeper.catalog import KEY_PATTERN
+from sweeper.catalog import OFFER_PATTERN
 from sweeper.errors import FAILURE_KINDS, ConflictError
 from sweeper.export import MEDIA_TYPES, ExportFormat, render
 from sweeper.settings import Settings
@@ -317,8 +317,11 @@ def compare_hardware(
     store: StoreDep,
     constraints: ConstraintsDep,
     gpus: Annotated[
-        list[Annotated[str, Query(pattern=KEY_PATTERN)]] | None,
-        Query(description="catalog GPU types to price the job on (repeat it); default: all"),
+        list[Annotated[str, Query(pattern=OFFER_PATTERN)]] | None,
+        Query(
+            description="catalog GPU types to price the job on (repeat it), each a key or "
+            "N x key for N of them (2x h100-sxm, priced as N × its $/h); default: all"
+        ),
     ] = None,
 ) -> compare.Comparison:
     """Every study of the same workload (other hardware at its own price): the cheapest
