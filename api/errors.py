@@ -34,6 +34,7 @@ from sweeper.errors import (
     CatalogError,
     ConflictError,
     NoResultError,
+    NothingMeetsError,
     SpaceError,
     StorageError,
     StudyNotFoundError,
@@ -91,6 +92,10 @@ async def _sweeper_error(request: Request, exc: Exception) -> Response:
         fallback = exc.fallback
         body["fix"] = exc.fix
         body["fallback"] = None if fallback is None else fallback.model_dump(mode="json")  # type: ignore[attr-defined]
+    if isinstance(exc, NothingMeetsError) and exc.offers is not None:
+        # the table still says how far each offer is from the limits (the study page keeps
+        # it too): a walk's 409 had only the sentence
+        body["offers"] = exc.offers.model_dump(mode="json")  # type: ignore[attr-defined]
     return JSONResponse(body, status_code=status_code)
 
 

@@ -33,9 +33,17 @@ from sweeper.console import (
     print_doctor,
     print_knob_effects,
     print_leaderboard,
+    print_offers,
     print_recommendation,
 )
-from sweeper.errors import CatalogError, SettingsError, SpaceError, SweeperError, Terminated
+from sweeper.errors import (
+    CatalogError,
+    NothingMeetsError,
+    SettingsError,
+    SpaceError,
+    SweeperError,
+    Terminated,
+)
 
 if TYPE_CHECKING:
     from sweeper.recommend import Constraints
@@ -520,6 +528,10 @@ def best_command(
         )
         effects = None if across_hardware else study_knob_effects(store, study, constraints)
     except SweeperError as e:  # a wrong catalog or GPU type is the user's input: exit 2
+        offers = getattr(e, "offers", None)
+        if isinstance(e, NothingMeetsError) and offers is not None and not as_json:
+            # the table says how far each offer is from the limits, as the study page does
+            print_offers(offers, constraints.describe())
         raise fail(with_storage(e, store), 2 if isinstance(e, CatalogError) else 1) from None
     finally:
         store.dispose()

@@ -512,3 +512,25 @@ def test_the_answer_does_not_depend_on_which_study_of_the_job_is_named(sqlite_ur
     assert h100.basis == "measured" and h100.study == "h100-llama-1b"
     assert "cheaper here by estimate: h200-llama-1b trial #6's config" in h100.note
     assert "measure it on this GPU" in h100.note
+
+
+def test_when_nothing_meets_the_limits_the_table_still_comes_back(sqlite_url: str) -> None:
+    """A limit no GPU meets (at most $5 a run): the CLI exits 1 saying so and the REST API
+    answers 409, both with the table that says how far each offer is (a walk got the
+    sentence alone from both; the study page kept the table)."""
+    _store_with(sqlite_url, (_h100(), "h100")).dispose()
+    env = os.environ | {"SWEEPER_STORAGE": sqlite_url, "COLUMNS": "200"}
+    run = [sys.executable, "-m", "sweeper.cli", "best", "--study", "h100", "--across-hardware"]
+    ran = subprocess.run([*run, "--max-cost", "5"], capture_output=True, text=True, env=env)
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    assert "every GPU for this job (at most $5.00" in ran.stdout
+    assert "no GPU offer meets the constraints" in ran.stdout
+    assert "H100 SXM 80GB" in ran.stdout and "Traceback" not in ran.stderr
+    with TestClient(create_app(sqlite_url)) as client:
+        refused = client.get("/api/studies/h100/compare", params={"max_cost_usd": 5})
+    assert refused.status_code == 409
+    body = refused.json()
+    assert "eligible trial" in body["detail"]
+    assert body["offers"]["cheapest"] is None
+    assert {r["gpu"] for r in body["offers"]["rows"]} >= {"h100-sxm", "h200-sxm"}
+    assert all(r["meets"] in ("no", None) for r in body["offers"]["rows"])
