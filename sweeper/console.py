@@ -491,11 +491,17 @@ def print_comparison(comparison: Comparison) -> None:
         if comparison.offers is not None:
             print_offers(comparison.offers, comparison.constraints)
         return
+    # a pick among configs that tie within the noise (for memory, say) is the recommendation,
+    # not the cheapest measured: the line says which is, as `best` does (a walk read "#3"
+    # here and a cheaper #1 in the front below)
+    passed_over = cheapest.ties and cheapest.cheapest_trial_number is not None
     console.print(
-        f"\n[bold]cheapest[/] across {len(comparison.per_study)} machine(s): "
+        f"\n[bold]{'recommended' if passed_over else 'cheapest'}[/] across "
+        f"{len(comparison.per_study)} machine(s): "
         f"{cheapest.hardware_name} (${cheapest.usd_per_hour:.2f}/h, study {cheapest.study}), "
         f"trial #{cheapest.trial_number}: {hours_cell(cheapest.hours_per_run)} h, "
-        f"[bold]{dollars(cheapest.cost_per_run_usd)}/run[/]",
+        f"[bold]{dollars(cheapest.cost_per_run_usd)}/run[/]"
+        + (f"; {escape(cheapest.pick_text())}" if passed_over else ""),
         highlight=False,
     )
     if cheapest.ties and cheapest.tie_note:  # a front row may read a cent cheaper: say why

@@ -441,6 +441,21 @@ def test_a_tie_pick_says_it_is_not_the_cheapest_measured_and_which_is(store: Sto
     from sweeper.export import _header
 
     assert f"\n# it {r.tie_note}" in _header(r)  # the pasted config says it too
+    # across hardware the same pick is "recommended", with the cheapest named, not "cheapest"
+    # above a front whose one point is the cheaper #2 (a walk's CPU study read so)
+    from sweeper.compare import compare
+    from sweeper.console import print_comparison
+
+    width = console.width
+    console.width = 200
+    try:
+        with console.capture() as captured:
+            print_comparison(compare(store, "seed"))
+    finally:
+        console.width = width
+    header = " ".join(captured.get().split())
+    assert "recommended across 1 machine(s):" in header and "trial #3" in header
+    assert f"not the cheapest measured: #2 is, at {money(cheapest.cost_per_run_usd)}/run" in header
     # the cheapest, picked among ties for its memory: it is the cheapest, and says who ties
     _intervals(store, {}, {2: 5_000_000_000})
     r = best(store, "seed")
