@@ -244,8 +244,11 @@ def _calibration(
     catalog: Catalog,
     measurement_of: MeasurementOf,
 ) -> list[CalibrationRecord]:
-    """Every config two studies on different GPU types both measured, predicted from one."""
+    """Every config two studies on different GPU types both measured, predicted from one;
+    once per GPU pair and config, however many studies hold it (a study imported twice under
+    two names doubled a walk's records, and the band's count with them)."""
     records = []
+    seen: set[tuple[str, str, str]] = set()
     for source in sources:
         for target in sources:
             src_key, tgt_key = measured[source.name], measured[target.name]
@@ -253,9 +256,13 @@ def _calibration(
                 continue
             theirs = {_key(c.trial.config): c for c in _one_device(target.candidates)}
             for candidate in _one_device(source.candidates):
-                other = theirs.get(_key(candidate.trial.config))
+                config_key = _key(candidate.trial.config)
+                other = theirs.get(config_key)
                 if other is None or not other.trial.samples_per_s:
                     continue
+                if (src_key, tgt_key, config_key) in seen:
+                    continue
+                seen.add((src_key, tgt_key, config_key))
                 try:
                     observed = _observed(source, candidate, measurement_of)
                     guess = predict.predict(

@@ -534,3 +534,18 @@ def test_when_nothing_meets_the_limits_the_table_still_comes_back(sqlite_url: st
     assert body["offers"]["cheapest"] is None
     assert {r["gpu"] for r in body["offers"]["rows"]} >= {"h100-sxm", "h200-sxm"}
     assert all(r["meets"] in ("no", None) for r in body["offers"]["rows"])
+
+
+def test_a_study_imported_twice_does_not_double_the_calibration(sqlite_url: str) -> None:
+    """The README's re-import under a new name made a walk's H100 count twice: 20
+    calibration records from 10 pairs. A GPU pair's config counts once."""
+    h200 = json.loads((REPO / "studies" / "h200-llama-1b.json").read_text())
+    store = _store_with(
+        sqlite_url, (_h100(), "h100-llama-1b"), (_h100(), "h100-copy"), (h200, "h200-llama-1b")
+    )
+    try:
+        table = compare(store, "h100-llama-1b", offers=True).offers
+    finally:
+        store.dispose()
+    assert table is not None and len(table.calibration) == 10
+    assert "10 calibration records" in table.band_basis
