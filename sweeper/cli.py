@@ -7,7 +7,6 @@ inside the commands, so ``sweeper --help`` is instant and ``import sweeper.cli``
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -17,7 +16,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from sweeper.cli_common import StorageOption, fail, reading_store, with_storage
+from sweeper.cli_common import (
+    AllowTruncationOption,
+    MaxCostOption,
+    MaxHoursOption,
+    MinHeadroomOption,
+    StorageOption,
+    UsdPerHourOption,
+    fail,
+    reading_store,
+    with_storage,
+)
 from sweeper.cli_sweep import (
     NO_TRIAL_COMPLETED,
     launch_workers,
@@ -413,50 +422,6 @@ def serve(
         highlight=False,
     )
     uvicorn.run(application, host=bind_host, port=bind_port, log_level="warning")
-
-
-_EXAMPLES = {"--usd-per-hour": "2.50", "--max-hours": "24", "--max-cost": "60"}
-
-
-def _above_zero(param: typer.CallbackParam, value: float | None) -> float | None:
-    """A price or a limit: a finite number above 0 (0 would re-price nothing, or rule out
-    every config; REST answers 422 to the same)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        name = max(param.opts, key=len) if param.opts else ""
-        example = _EXAMPLES.get(name, "2.50")
-        raise typer.BadParameter(f"{value:g} is not a number above 0; give e.g. {example}")
-    return value
-
-
-UsdPerHourOption = Annotated[
-    float | None,
-    typer.Option("--usd-per-hour", callback=_above_zero, help="re-price at this $/h"),
-]
-MaxHoursOption = Annotated[
-    float | None,
-    typer.Option(
-        "--max-hours", callback=_above_zero, help="the run must finish within this many hours"
-    ),
-]
-MaxCostOption = Annotated[
-    float | None,
-    typer.Option("--max-cost", callback=_above_zero, help="the run must cost at most ($)"),
-]
-MinHeadroomOption = Annotated[
-    float | None,
-    typer.Option(
-        "--min-headroom",
-        min=0.0,
-        max=0.99,
-        help="share of device memory that must stay free at peak, e.g. 0.1",
-    ),
-]
-AllowTruncationOption = Annotated[
-    bool,
-    typer.Option(
-        "--allow-truncation", help="consider configs whose max_seq_length truncates the data"
-    ),
-]
 
 
 def _constraints(

@@ -1,8 +1,10 @@
-"""What the commands share: the ``--storage`` option, failing with a message and an exit code
-(never a traceback), and opening a storage to read without creating it."""
+"""What the commands share: the ``--storage`` option, the constraint options of `best` and
+`export` (a price or a limit above 0), failing with a message and an exit code (never a
+traceback), and opening a storage to read without creating it."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -59,3 +61,47 @@ def with_storage(error: SweeperError, store: Store) -> str:
     if isinstance(error, StudyNotFoundError):
         return str(error).replace("in this storage", f"in {store.redacted_url}", 1)
     return str(error)
+
+
+_EXAMPLES = {"--usd-per-hour": "2.50", "--max-hours": "24", "--max-cost": "60"}
+
+
+def _above_zero(param: typer.CallbackParam, value: float | None) -> float | None:
+    """A price or a limit: a finite number above 0 (0 would re-price nothing, or rule out
+    every config; REST answers 422 to the same)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        name = max(param.opts, key=len) if param.opts else ""
+        example = _EXAMPLES.get(name, "2.50")
+        raise typer.BadParameter(f"{value:g} is not a number above 0; give e.g. {example}")
+    return value
+
+
+UsdPerHourOption = Annotated[
+    float | None,
+    typer.Option("--usd-per-hour", callback=_above_zero, help="re-price at this $/h"),
+]
+MaxHoursOption = Annotated[
+    float | None,
+    typer.Option(
+        "--max-hours", callback=_above_zero, help="the run must finish within this many hours"
+    ),
+]
+MaxCostOption = Annotated[
+    float | None,
+    typer.Option("--max-cost", callback=_above_zero, help="the run must cost at most ($)"),
+]
+MinHeadroomOption = Annotated[
+    float | None,
+    typer.Option(
+        "--min-headroom",
+        min=0.0,
+        max=0.99,
+        help="share of device memory that must stay free at peak, e.g. 0.1",
+    ),
+]
+AllowTruncationOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-truncation", help="consider configs whose max_seq_length truncates the data"
+    ),
+]
