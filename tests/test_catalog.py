@@ -28,6 +28,7 @@ from sweeper.studyfile import import_study, read_study_file
 from tests.helpers import REPO
 
 H100_STUDY = REPO / "studies" / "h100-llama-1b.json"  # recorded on an H100 SXM, 2026-11-25
+H200_STUDY = REPO / "studies" / "h200-llama-1b.json"  # recorded on an H200, 2026-11-28
 
 
 def test_the_shipped_catalog_agrees_with_the_mfu_table_and_dates_every_figure() -> None:
@@ -144,6 +145,10 @@ def _store_with(url: str, *documents: tuple[dict, str]) -> Store:
 
 def _h100() -> dict:
     return json.loads(H100_STUDY.read_text())
+
+
+def _h200() -> dict:
+    return json.loads(H200_STUDY.read_text())
 
 
 def test_a_study_measured_on_no_gpu_says_once_why_no_gpu_is_priced(sqlite_url: str) -> None:
@@ -449,8 +454,7 @@ def test_the_measured_h200_study_shows_the_h100s_predictions_against_it(sqlite_u
     calibration record in each direction, within 15%. The H200's pick was measured there
     alone, so its row says how the configs measured on both came out; the H100's pick was
     measured on both, so its row shows its own prediction from the H200."""
-    h200 = json.loads((REPO / "studies" / "h200-llama-1b.json").read_text())
-    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"), (h200, "h200-llama-1b"))
+    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"), (_h200(), "h200-llama-1b"))
     try:
         result = compare(store, "h100-llama-1b", offers=True, gpus=["h100-sxm", "h200-sxm"])
     finally:
@@ -490,8 +494,7 @@ def test_the_answer_does_not_depend_on_which_study_of_the_job_is_named(sqlite_ur
     source now: the same rows, figures and cheapest either way. And the H100's own measured
     best is not the whole story: the H200's packed seq-512 config is estimated cheaper on the
     H100 beyond the band, and its row says to measure it there."""
-    h200 = json.loads((REPO / "studies" / "h200-llama-1b.json").read_text())
-    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"), (h200, "h200-llama-1b"))
+    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"), (_h200(), "h200-llama-1b"))
     try:
         tables = [
             compare(store, name, offers=True).offers for name in ("h100-llama-1b", "h200-llama-1b")
@@ -539,9 +542,8 @@ def test_when_nothing_meets_the_limits_the_table_still_comes_back(sqlite_url: st
 def test_a_study_imported_twice_does_not_double_the_calibration(sqlite_url: str) -> None:
     """The README's re-import under a new name made a walk's H100 count twice: 20
     calibration records from 10 pairs. A GPU pair's config counts once."""
-    h200 = json.loads((REPO / "studies" / "h200-llama-1b.json").read_text())
     store = _store_with(
-        sqlite_url, (_h100(), "h100-llama-1b"), (_h100(), "h100-copy"), (h200, "h200-llama-1b")
+        sqlite_url, (_h100(), "h100-llama-1b"), (_h100(), "h100-copy"), (_h200(), "h200-llama-1b")
     )
     try:
         table = compare(store, "h100-llama-1b", offers=True).offers
