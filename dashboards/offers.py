@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sweeper.cost import hours_figure, money
-from sweeper.offers import OfferRow, OfferTable, priced_gpus, shared_notes
+from sweeper.offers import OfferRow, OfferTable, priced_gpus, shared_notes, standing
 from sweeper.recommend import Constraints
 
 
@@ -136,38 +136,7 @@ class MarkedRow:
     note: str  # the row's note, or the mark of a note several rows share (said under the table)
 
 
-UNPRICED = {
-    "needs a multi-GPU measurement": "unknown until measured",
-    "predicted OOM": "does not fit",
-}
-
-
-def mark(row: OfferRow, constraints: Constraints) -> tuple[str, str]:
-    """(status, words) for one row against the constraints.
-
-    >>> r = OfferRow(gpu="x", name="X", usd_per_hour=2, basis="estimate", hours_per_run=30,
-    ...     cost_per_run_usd=60, band=0.25, meets="no")
-    >>> mark(r, Constraints(max_hours=24, max_cost_usd=50))
-    ('over', 'over 24 h and $50.00')
-    >>> mark(r.model_copy(update={"meets": "within its band"}), Constraints(max_hours=31))
-    ('band', 'meets at its figure; over 31 h at +25%')
-    """
-    hours, cost = row.hours_per_run, row.cost_per_run_usd
-    if hours is None or cost is None or row.meets is None:
-        return "unpriced", UNPRICED.get(row.basis, "not priced")
-    if row.meets == "yes":
-        return "meets", "meets"
-    limits = []
-    if row.meets == "within its band":
-        hours, cost = hours * (1 + (row.band or 0.0)), cost * (1 + (row.band or 0.0))
-    if constraints.max_hours is not None and hours > constraints.max_hours:
-        limits.append(f"{constraints.max_hours:g} h")
-    if constraints.max_cost_usd is not None and cost > constraints.max_cost_usd:
-        limits.append(money(constraints.max_cost_usd))
-    over = "over " + " and ".join(limits) if limits else f"does not meet {constraints.describe()}"
-    if row.meets == "within its band":
-        return "band", f"meets at its figure; {over} at +{row.band or 0:.0%}"
-    return "over", over
+mark = standing  # the same words as the CLI's "meets" column (sweeper.offers.standing)
 
 
 def marked_rows(table: OfferTable, constraints: Constraints) -> list[MarkedRow]:

@@ -88,14 +88,36 @@ def device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
     return None
 
 
-def ran_warnings(measured: Mapping[str, Any]) -> list[str]:
+_AVOID = "padding_free (or TRL's bfd packing) with a kernel that separates samples avoids it"
+
+
+def ran_warnings(measured: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> list[str]:
     """What the winning trial's own record says against it: packed rows that attended across
-    their samples (whatever the baseline packed)."""
+    their samples (whatever the baseline packed). A packed trial recorded before sweeper
+    checked (``cross_sample_attention`` absent: the H100 study of 2026-11-25) with sweeper's
+    wrapped packing is said to have probably done so, not left silent.
+
+    >>> ran_warnings({"packing": True}, {"packing": True, "packing_strategy": "wrapped"})[0][:58]
+    'its packed rows probably attended across sample boundaries'
+    >>> ran_warnings({"packing": True, "cross_sample_attention": False}, {"packing": True})
+    []
+    """
     if measured.get("cross_sample_attention"):
         return [
             "its packed rows attended across sample boundaries (measured: a mask of ones, no "
-            "per-sample position ids): each sample sees the end of the one before it. "
-            "padding_free (or TRL's bfd packing) with a kernel that separates samples avoids it"
+            "per-sample position ids): each sample sees the end of the one before it. " + _AVOID
+        ]
+    config = config or {}
+    if (
+        measured.get("packing")
+        and "cross_sample_attention" not in measured
+        and config.get("packing_strategy", "wrapped") == "wrapped"
+        and not config.get("padding_free")
+    ):
+        return [
+            "its packed rows probably attended across sample boundaries: the trial was "
+            "recorded before sweeper checked (sweeper's wrapped packing uses a mask of ones); "
+            "measure it again to know. " + _AVOID
         ]
     return []
 

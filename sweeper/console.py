@@ -553,7 +553,7 @@ def print_offers(offers: OfferTable, constraints: str) -> None:
             hours_cell(row.hours_per_run) + (band if row.hours_per_run is not None else ""),
             dollars(row.cost_per_run_usd, sign=False)
             + (band if row.cost_per_run_usd is not None else ""),
-            row.meets or "",
+            row.standing or row.meets or "",  # the page's words, both ends of a band
             "" if row.config is None else f"#{row.trial_number} {describe_dict(row.config)}",
             marks.get(row.note) or escape(row.note),
         )

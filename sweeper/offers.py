@@ -45,7 +45,10 @@ RUNNERS_UP = 5  # configs scaled per GPU type: the recommended one and the next 
 Basis = Literal[
     "measured", "estimate", "predicted OOM", "needs a multi-GPU measurement", "no estimate"
 ]
-Meets = Literal["yes", "within its band", "no"]
+# yes: at the figure and at its band's bad end; "within its band": at the figure only;
+# "at its band's good end": not at the figure, only if the estimate is that much too slow;
+# no: not even there (a measured row has no band: yes or no)
+Meets = Literal["yes", "within its band", "at its band's good end", "no"]
 
 
 class OfferRow(BaseModel):
@@ -69,6 +72,10 @@ class OfferRow(BaseModel):
     predicted_samples_per_s: float | None = None  # measured rows: the model's figure
     prediction_error: float | None = None  # predicted ÷ measured − 1
     scaling_efficiency: float | None = None  # measured N-device rows: against one device
+    standing: str = ""  # ``meets`` in words, both ends of the band ("" without limits)
+    # an estimate for a GPU a study did measure (another config, estimated cheaper there):
+    # that study, whose row is the GPU's measured best
+    gpu_measured_in: str | None = None
     note: str = ""
 
 
@@ -112,6 +119,11 @@ class MeasuredStudy:
     recommendation: Recommendation | None  # under the constraints; None: none meets them
     candidates: Sequence[Candidate]  # its non-truncating completed trials, cheapest first
 
+
+_NOT_ASKED = (
+    "the named study's own machine ({study}), shown as the measured reference though not among "
+    "the GPUs asked"
+)
 
 MeasurementOf = Callable[[str, int], Mapping[str, Any] | None]
 
@@ -161,16 +173,29 @@ def offer_table(
             scalings[key] = scaling_of(c.trial for c in study.candidates)
         if study.name == anchor or (key is not None and key in wanted):
             for n in ran_on:
-                rows.append(_measured_row(study, key, catalog, records, constraints, n))
+                row = _measured_row(study, key, catalog, records, constraints, n)
+                if key is not None and n not in wanted.get(key, ()):
+                    row = row.model_copy(  # a walk read it as an answer to its --gpu list
+                        update={
+                            "note": "; ".join(
+                                x for x in (_NOT_ASKED.format(study=study.name), row.note) if x
+                            )
+                        }
+                    )
+                rows.append(row)
+    rows = _one_row_per_gpu(rows, anchor)
     why_not = (
         "nothing of this workload was measured on a GPU of the catalog: measure it on one "
         "(a study of the same workload), then every other is estimated from it"
     )
-    rows = [
-        _cheaper_elsewhere(r, sources, measured, catalog, measurement_of, constraints, band)
-        for r in rows
-    ]
+    cheaper_here: list[OfferRow] = []
+    for i, row in enumerate(rows):
+        rows[i], found = _cheaper_elsewhere(
+            row, sources, measured, catalog, measurement_of, constraints, band
+        )
+        cheaper_here += found
     singles: dict[str, OfferRow] = {r.gpu: r for r in rows if r.gpu is not None and r.count == 1}
+    rows += cheaper_here  # after singles: an N-GPU row scales the GPU's measured figure
     for key, counts in wanted.items():
         if 1 in counts and (key, 1) not in measured_keys:
             row = (
@@ -191,6 +216,8 @@ def offer_table(
             row = _multi_row(key, count, catalog, singles.get(key), cheapest, constraints)
             rows.append(_with_seen_scaling(row, seen, catalog, scalings))
     rows.sort(key=_order)
+    rows = [r.model_copy(update={"standing": standing(r, constraints)[1]}) for r in rows]
+    cheapest = _cheapest(rows)  # the same offer (an N-GPU row has no price), as it now reads
     return OfferTable(
         catalog="sweeper/gpus.yaml (shipped)" if catalog.path == str(SHIPPED) else catalog.path,
         rows=rows,
@@ -312,7 +339,14 @@ def _key(config: Mapping[str, Any]) -> str:
 
 
 def _meets(hours: float, cost: float, band: float, constraints: Constraints) -> Meets:
-    """Whether the constraints hold at the figure (and at its band's bad end)."""
+    """Whether the constraints hold at the figure, and at either end of its band (a walk
+    found the labels one-sided: an estimate 5% over the deadline with a ±17% band read "no",
+    as one twice over it does).
+
+    >>> c = Constraints(max_hours=24)
+    >>> [_meets(h, 0.0, 0.17, c) for h in (20.0, 23.0, 25.0, 40.0)]
+    ['yes', 'within its band', "at its band's good end", 'no']
+    """
 
     def within(h: float, c: float) -> bool:
         return (constraints.max_hours is None or h <= constraints.max_hours) and (
@@ -320,8 +354,48 @@ def _meets(hours: float, cost: float, band: float, constraints: Constraints) -> 
         )
 
     if not within(hours, cost):
-        return "no"
+        good = max(0.0, 1 - band)
+        return "at its band's good end" if band and within(hours * good, cost * good) else "no"
     return "yes" if within(hours * (1 + band), cost * (1 + band)) else "within its band"
+
+
+UNPRICED = {
+    "needs a multi-GPU measurement": "unknown until measured",
+    "predicted OOM": "does not fit",
+}
+
+
+def standing(row: OfferRow, constraints: Constraints) -> tuple[str, str]:
+    """(status, words) for one row against the constraints.
+
+    >>> r = OfferRow(gpu="x", name="X", usd_per_hour=2, basis="estimate", hours_per_run=30,
+    ...     cost_per_run_usd=60, band=0.25, meets="no")
+    >>> standing(r, Constraints(max_hours=24, max_cost_usd=50))
+    ('over', 'over 24 h and $50.00')
+    >>> standing(r.model_copy(update={"meets": "within its band"}), Constraints(max_hours=31))
+    ('band', 'meets at its figure; over 31 h at +25%')
+    >>> good_end = r.model_copy(update={"meets": "at its band's good end"})
+    >>> standing(good_end, Constraints(max_hours=24))
+    ('over', 'over 24 h at its figure; meets at -25%')
+    """
+    hours, cost = row.hours_per_run, row.cost_per_run_usd
+    if hours is None or cost is None or row.meets is None:
+        return "unpriced", UNPRICED.get(row.basis, "not priced")
+    if row.meets == "yes":
+        return "meets", "meets"
+    limits = []
+    if row.meets == "within its band":
+        hours, cost = hours * (1 + (row.band or 0.0)), cost * (1 + (row.band or 0.0))
+    if constraints.max_hours is not None and hours > constraints.max_hours:
+        limits.append(f"{constraints.max_hours:g} h")
+    if constraints.max_cost_usd is not None and cost > constraints.max_cost_usd:
+        limits.append(money(constraints.max_cost_usd))
+    over = "over " + " and ".join(limits) if limits else f"does not meet {constraints.describe()}"
+    if row.meets == "within its band":
+        return "band", f"meets at its figure; {over} at +{row.band or 0:.0%}"
+    if row.meets == "at its band's good end":
+        return "over", f"{over} at its figure; meets at -{row.band or 0:.0%}"
+    return "over", over
 
 
 def _one_device(candidates: Iterable[Candidate]) -> list[Candidate]:
@@ -431,6 +505,33 @@ def _measured_row(
     )
 
 
+def _one_row_per_gpu(rows: Sequence[OfferRow], anchor: str) -> list[OfferRow]:
+    """One measured row per catalog GPU and device count: the cheapest of the studies that
+    measured it (the named study's on a tie), the others named in its note. A walk imported
+    the H100 study twice, under two names, and was shown two H100 rows."""
+    groups: dict[tuple[str, int], list[OfferRow]] = {}
+    kept: list[OfferRow] = []
+    for row in rows:
+        if row.gpu is None or row.cost_per_run_usd is None:
+            kept.append(row)
+        else:
+            groups.setdefault((row.gpu, row.count), []).append(row)
+    for same in groups.values():
+        same.sort(key=lambda r: (r.cost_per_run_usd or 0.0, r.study != anchor, r.study or ""))
+        best, rest = same[0], same[1:]
+        if rest:
+            also = ", ".join(
+                f"{r.study} (the same trial's figures)"
+                if (r.trial_number, r.samples_per_s) == (best.trial_number, best.samples_per_s)
+                else f"{r.study} (#{r.trial_number}, {money(r.cost_per_run_usd or 0.0)}/run)"
+                for r in rest
+            )
+            note = f"also measured on this GPU in {also}"
+            best = best.model_copy(update={"note": "; ".join(n for n in (best.note, note) if n)})
+        kept.append(best)
+    return kept
+
+
 def _with_seen_scaling(
     row: OfferRow,
     seen: Sequence[Scaling],
@@ -473,6 +574,7 @@ def _estimate_row(
     price = target.price.usd_per_hour
     best: tuple[MeasuredStudy, Candidate, predict.Prediction] | None = None
     ooms: list[predict.Prediction] = []
+    oom_configs: set[tuple[str, str]] = set()  # a study imported twice counts once
     why = ""
     for source in sources:
         src_key = measured[source.name]
@@ -490,6 +592,7 @@ def _estimate_row(
                 continue
             if guess.fit == "oom" or not _headroom_ok(guess, constraints):
                 ooms.append(guess)
+                oom_configs.add((src_key, _key(candidate.trial.config)))
                 continue
             if best is None or _rank(guess, price, band.rel, constraints) < _rank(
                 best[2], price, band.rel, constraints
@@ -503,7 +606,7 @@ def _estimate_row(
                 key,
                 catalog,
                 "predicted OOM",
-                f"none of the {len(ooms)} cheapest configs measured on {on} fits: the "
+                f"none of the {len(oom_configs)} cheapest configs measured on {on} fits: the "
                 f"smallest needs {least.memory_needed_bytes / 1e9:,.1f} GB (its peak + "
                 f"{predict.CONTEXT_BYTES / 1e9:g} GB for the CUDA context), the GPU has "
                 f"{target.memory_gb:g} GB; measure smaller batches or gradient checkpointing",
@@ -547,26 +650,35 @@ def _cheaper_elsewhere(
     measurement_of: MeasurementOf,
     constraints: Constraints,
     band: predict.Band,
-) -> OfferRow:
-    """A measured GPU's row, with a note where a config measured on another GPU is estimated
-    cheaper on this one beyond the band (the H200's packed seq-512 pick, priced on the H100,
-    against the H100's own measured best): measure it there."""
+) -> tuple[OfferRow, list[OfferRow]]:
+    """A measured GPU's row, and where a config measured on another GPU is estimated cheaper
+    on this one beyond the band (the H200's packed seq-512 pick, priced on the H100, against
+    the H100's own measured best), that estimate as a row of its own: an offer the cheapest
+    is chosen among (a walk saw it as a note, and the "cheapest that meets" ignored it)."""
     if row.gpu is None or row.cost_per_run_usd is None or row.count != 1:
-        return row
+        return row, []
     others = [s for s in sources if measured[s.name] != row.gpu]
     if not others:
-        return row
+        return row, []
     guess = _estimate_row(others, measured, row.gpu, catalog, measurement_of, constraints, band)
     if guess.cost_per_run_usd is None or guess.cost_per_run_usd * (1 + band.rel) >= (
         row.cost_per_run_usd
     ):
-        return row
+        return row, []
     note = (
         f"cheaper here by estimate: {guess.study} trial #{guess.trial_number}'s config, "
         f"${guess.cost_per_run_usd:,.2f}/run ±{band.rel:.0%} (measured on "
-        f"{measured[str(guess.study)]}); measure it on this GPU"
+        f"{measured[str(guess.study)]}; its own row); measure it on this GPU"
     )
-    return row.model_copy(update={"note": "; ".join(n for n in (row.note, note) if n)})
+    other = guess.model_copy(
+        update={
+            "note": f"{guess.note}; not yet measured here: this GPU's measured best is "
+            f"{row.study} #{row.trial_number} at {money(row.cost_per_run_usd)}/run; "
+            "measure this config on it before the run",
+            "gpu_measured_in": row.study,
+        }
+    )
+    return row.model_copy(update={"note": "; ".join(n for n in (row.note, note) if n)}), [other]
 
 
 def _rank(
@@ -574,7 +686,8 @@ def _rank(
 ) -> tuple[int, float]:
     """Configs that meet the constraints first (at the figure), then the cheaper."""
     cost = guess.hours_per_run * price
-    return (_meets(guess.hours_per_run, cost, band, constraints) == "no", cost)
+    meets = _meets(guess.hours_per_run, cost, band, constraints)
+    return (meets not in ("yes", "within its band"), cost)
 
 
 def _headroom_ok(guess: predict.Prediction, constraints: Constraints) -> bool:
@@ -668,10 +781,19 @@ def _too_close(cheapest: OfferRow | None, rows: Sequence[OfferRow]) -> str:
         f"{r.name} ({money(r.cost_per_run_usd or 0.0)}, {r.basis})"
         for r in close[:3]  # cheapest first
     )
+    if cheapest.gpu_measured_in:  # the GPU was measured, not this config on it
+        act = (
+            f"measure {cheapest.study} trial #{cheapest.trial_number}'s config on "
+            f"{cheapest.name} before the run: queue it in {cheapest.gpu_measured_in} (`POST "
+            f"/api/studies/{cheapest.gpu_measured_in}/trials` with its config), and the next "
+            f"`sweeper launch --study {cheapest.gpu_measured_in}` there measures it"
+        )
+    else:
+        act = f"measure {cheapest.name} (a short sweep on one) before renting it for the run"
     return (
-        f"{cheapest.name} is an estimate, and {named} lie within its band: the table cannot "
-        f"tell them apart; measure {cheapest.name} (a short sweep on one) before renting it "
-        "for the run"
+        f"{cheapest.name} is an estimate, and {named} {'lie' if len(close) > 1 else 'lies'} "
+        "within its band: the table cannot "
+        f"tell them apart; {act}"
     )
 
 

@@ -579,7 +579,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             # read off the trial that ran (sweeper.measurement.Measurement)
             "warnings": (
                 *recommendation.warnings,
-                *caveats.ran_warnings(measured),
+                *caveats.ran_warnings(measured, winner.config if winner is not None else None),
                 *caveats.program_run_warnings(
                     measured,
                     epochs=facts.epochs,

@@ -185,7 +185,11 @@ def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> 
     h200 = rows["H200 SXM 141GB"]
     assert (h200["basis"], h200["band"], h200["meets"]) == ("estimate", 0.25, "yes")
     assert 4.6 < h200["hours_per_run"] < 6.6  # faster than the H100's measured 6.6 h
-    assert rows["A100 SXM 40GB"]["meets"] == "no"  # ~15 h: past the 12 h deadline
+    # ~15 h: past the 12 h deadline at its figure, inside it at -25%: two-sided (a walk
+    # found "no" said alike of an estimate just over a limit and of one twice over it)
+    a100 = rows["A100 SXM 40GB"]
+    assert a100["meets"] == "at its band's good end" and 12 < a100["hours_per_run"] < 16
+    assert a100["standing"] == "over 12 h at its figure; meets at -25%"
     assert rows["GeForce RTX 4090 24GB"]["basis"] == "predicted OOM"
     assert offers["cheapest"]["name"] == "H100 SXM 80GB"
     assert offers["caveat"] == ""  # measured, and the others' bands lie above it
@@ -269,7 +273,9 @@ def test_the_rest_api_prices_a_set_of_gpu_types(storage_url: str) -> None:
         l40s, h100, h200 = offers["rows"]
         assert (l40s["basis"], h100["basis"], h200["basis"]) == ("estimate", "measured", "estimate")
         assert l40s["hours_per_run"] > 12 and l40s["meets"] == "no"  # ~16.6 h: past 12 h
-        assert h200["cost_per_run_usd"] > 20 and h200["meets"] == "no"  # $3.50/h x ~6.1 h
+        # $3.50/h x ~6.1 h: over $20 at its figure, under it at -25%
+        assert h200["cost_per_run_usd"] > 20 and h200["meets"] == "at its band's good end"
+        assert h200["standing"] == "over $20.00 at its figure; meets at -25%"
         assert offers["cheapest"]["gpu"] == "h100-sxm"
         # without a deadline the L40S's estimate is the cheapest, but the H100's measured
         # $16.57 lies inside its ±25%: said, with what to do
@@ -515,6 +521,23 @@ def test_the_answer_does_not_depend_on_which_study_of_the_job_is_named(sqlite_ur
     assert h100.basis == "measured" and h100.study == "h100-llama-1b"
     assert "cheaper here by estimate: h200-llama-1b trial #6's config" in h100.note
     assert "measure it on this GPU" in h100.note
+    # ... and that estimate is an offer of its own, which the cheapest is chosen among (a
+    # walk saw it as a note while "the cheapest that meets" was the H100 PCIe's $13.99)
+    on_h100 = [r for r in tables[0].rows if r.gpu == "h100-sxm"]
+    assert [r.basis for r in on_h100] == ["estimate", "measured"]  # cheapest first
+    other = on_h100[0]
+    assert (other.study, other.trial_number, other.gpu_measured_in) == (
+        "h200-llama-1b",
+        6,
+        "h100-llama-1b",
+    )
+    assert other.cost_per_run_usd is not None and h100.cost_per_run_usd is not None
+    assert other.cost_per_run_usd * (1 + tables[0].band) < h100.cost_per_run_usd
+    assert "not yet measured here: this GPU's measured best is h100-llama-1b #5" in other.note
+    assert cheapest[0] == other  # $12.79 by estimate, under the H100 PCIe's $13.99
+    # what to do is to measure that config on the GPU the user has, not to rent one
+    assert "measure h200-llama-1b trial #6's config on H100 SXM 80GB" in tables[0].caveat
+    assert "POST /api/studies/h100-llama-1b/trials" in tables[0].caveat
 
 
 def test_when_nothing_meets_the_limits_the_table_still_comes_back(sqlite_url: str) -> None:
@@ -551,3 +574,45 @@ def test_a_study_imported_twice_does_not_double_the_calibration(sqlite_url: str)
         store.dispose()
     assert table is not None and len(table.calibration) == 10
     assert "10 calibration records" in table.band_basis
+    # ... nor show the GPU twice: one measured row, the copy named in its note
+    measured = [r for r in table.rows if r.gpu == "h100-sxm" and r.basis == "measured"]
+    assert len(measured) == 1 and measured[0].study == "h100-llama-1b"
+    assert "also measured on this GPU in h100-copy (the same trial's figures)" in (measured[0].note)
+    oom = next(r for r in table.rows if r.gpu == "rtx-4090")
+    assert oom.basis == "predicted OOM" and "none of the 10 cheapest configs" in oom.note
+
+
+def test_the_named_studys_gpu_when_not_asked_is_labelled_the_reference(sqlite_url: str) -> None:
+    """`--gpu a100-40gb`: the named study's own H100 row is still shown, as the measured
+    reference, and now says that it was not asked for (a walk read it as an answer)."""
+    store = _store_with(sqlite_url, (_h100(), "h100-llama-1b"))
+    try:
+        table = compare(store, "h100-llama-1b", offers=True, gpus=["a100-40gb"]).offers
+        asked = compare(store, "h100-llama-1b", offers=True, gpus=["h100-sxm"]).offers
+    finally:
+        store.dispose()
+    assert table is not None and asked is not None
+    rows = {r.gpu: r for r in table.rows}
+    assert set(rows) == {"h100-sxm", "a100-40gb"}
+    assert rows["h100-sxm"].note.startswith(
+        "the named study's own machine (h100-llama-1b), shown as the measured reference "
+        "though not among the GPUs asked"
+    )
+    assert "not among the GPUs asked" not in asked.rows[0].note
+
+
+def test_a_packed_winner_recorded_before_the_check_is_warned_about() -> None:
+    """The H100 study's packed winner (#5, wrapped, sdpa) was recorded before sweeper wrote
+    down whether its rows attended across samples: its recommendation said nothing, while
+    the H200's, recorded after, warned. Both warn now, the older one as probable."""
+    from sweeper.caveats import ran_warnings
+
+    for document, number, words in (
+        (_h100(), 5, "its packed rows probably attended across sample boundaries"),
+        (_h200(), 6, "its packed rows attended across sample boundaries (measured"),
+    ):
+        trial = next(t for t in document["trials"] if t["number"] == number)
+        said = ran_warnings(trial["measurement"], trial["config"])
+        assert len(said) == 1 and said[0].startswith(words)
+    unpacked = next(t for t in _h100()["trials"] if not t["config"].get("packing"))
+    assert ran_warnings(unpacked["measurement"], unpacked["config"]) == []

@@ -494,7 +494,8 @@ def test_the_offers_form_marks_each_gpu_and_names_the_cheapest_that_meets(
         assert [(r["gpu"], r["basis"], r["mark"]) for r in rows] == [
             ("H100 SXM 80GB", "measured", "meets"),
             ("A100 SXM 40GB", "estimate ±25%", "over 10 h and $17.00"),  # ~15 h, $17.94
-            ("H200 SXM 141GB", "estimate ±25%", "over $17.00"),  # ~6.1 h, $21.31
+            # ~6.1 h, $21.31: over at its figure, $15.98 at -25%: said both ways
+            ("H200 SXM 141GB", "estimate ±25%", "over $17.00 at its figure; meets at -25%"),
             ("2× H100 SXM 80GB", "needs a multi-GPU measurement", "unknown until measured"),
             ("4× A100 SXM 40GB", "needs a multi-GPU measurement", "unknown until measured"),
         ]
@@ -640,7 +641,7 @@ def test_the_offers_form_reads_limits_as_typed_and_its_examples_hold() -> None:
     """dashboards/offers.py's examples (pytest collects doctests under sweeper/ only), and the
     limits a user types: '$60', '1,000', spaces; an empty field is no limit."""
     examples = doctest.testmod(dashboard_offers)
-    assert examples.attempted >= 5 and examples.failed == 0
+    assert examples.attempted >= 3 and examples.failed == 0  # `standing` moved to sweeper.offers
     catalog = {"h100-sxm": "H100 SXM 80GB"}
     typed = dashboard_offers.read_query(" 1,000 ", "$60", ["h100-sxm", "h100-sxm"], catalog, "c")
     assert (typed.max_hours, typed.max_cost_usd, typed.gpus) == (1000.0, 60.0, ("h100-sxm",))
