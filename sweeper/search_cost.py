@@ -16,6 +16,12 @@ start-up took 202 s, an ordinary trial about a minute).
   Before, a trial started when the time left held the longest trial so far, whatever its
   compile mode: after a long trial (a max-autotune compile, a cold first start-up) the
   sweep stopped with ordinary trials' time left.
+- **At least its own steps' time** (``step_seconds_needed``): a config whose optimizer step
+  holds many more rows than those measured needs its burn-in and window at the slowest
+  rows/s measured for its shape, plus its mode's least overhead. The H200 lease of
+  2026-11-28 started a bs32 x 8 trial with 49 s left, as its mode's longest trial had taken
+  15 s; its steps needed about 65 s, and the budget cut it (49 s of a 475 s lease). It
+  needs a trial's it/s, so the replay tables (per-mode trial times, no it/s) are unchanged.
 - **A mode never measured is not put off** (``counted_log_seconds``): its first trial tells
   the model its effect on every config, information its time buys.
 - **Only the seconds beyond the incumbent's count** (``pick``): a config whose trial is
@@ -61,11 +67,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.special
 from optuna.trial import FrozenTrial
+
+from sweeper.space_trial import MeasureSettings, WarmupSettings
 
 # user attr: the seconds the trial took, start-up and compile included (without it, the time
 # from ask to tell)
@@ -161,6 +170,75 @@ def fit_seconds(
         else:
             out.append(longest[mode])
     return np.array(out)
+
+
+def steps_floor_s(step_s: float, warmup: WarmupSettings, measure: MeasureSettings) -> float:
+    """The least time a trial's own steps take at ``step_s`` seconds an optimizer step, as
+    ``sweeper.trial.recipe`` runs them: the burn-in's ``min_steps`` (its ``max_seconds`` may
+    end it after fewer, never before one), then a window of at least ``measure.min_steps``,
+    ``warmup_multiple`` × the burn-in and ``min_seconds``, the last two cut at
+    ``max_seconds``, the first never.
+
+    >>> w, m = WarmupSettings(min_steps=3, max_steps=60), MeasureSettings(min_steps=10,
+    ...     min_seconds=10, max_seconds=60)
+    >>> steps_floor_s(0.2, w, m), steps_floor_s(4.0, w, m)  # 3 + 12 steps at 4 s
+    (10.6, 60.0)
+    >>> steps_floor_s(30.0, w, m)  # 3 + 10: the cap cuts the multiple, not min_steps
+    390.0
+    """
+    burn_in = max(1, min(warmup.min_steps, math.ceil(warmup.max_seconds / step_s)))
+    wanted = max(measure.min_steps, math.ceil(measure.warmup_multiple * burn_in)) * step_s
+    window = max(
+        measure.min_steps * step_s, min(max(wanted, measure.min_seconds), measure.max_seconds)
+    )
+    return round(burn_in * step_s + window, 6)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRef:
+    """A measured trial, as the step-aware bound reads it: its config's shape, how fast its
+    optimizer steps went, and how long the whole trial took."""
+
+    compile_mode: Any
+    max_seq_length: int | None
+    packing: bool
+    rows_per_step: int  # per device: batch × accumulation
+    step_s: float  # 1 / it/s
+    trial_s: float
+
+
+def step_seconds_needed(
+    *,
+    compile_mode: Any,
+    max_seq_length: int | None,
+    packing: bool,
+    rows_per_step: int,
+    refs: Sequence[StepRef],
+    warmup: WarmupSettings,
+    measure: MeasureSettings,
+) -> float | None:
+    """What a config's trial needs at least, from its step's size (the H200 lease of
+    2026-11-28 lost its trial #8, 49 s of a 475 s lease, to the budget: bs32 × 8
+    accumulation steps, 8-32x the rows of any earlier step, expected to take what the
+    longest uncompiled trial had, 15 s). Its step time: its rows per step at the slowest
+    rows/s measured on the same ``max_seq_length`` and packing (else the same length, else
+    any, scaled by length): slowest, not median, as ``fit_seconds`` takes the longest, since
+    a trial the budget cuts is all seconds lost. Its overhead (start-up, compile): the least
+    a measured trial of its compile mode took beyond its own steps. None: no measured trial
+    of its mode, or none with a speed (``fit_seconds`` alone then)."""
+    own = [r for r in refs if r.compile_mode == compile_mode]
+    if not own:
+        return None
+    overhead = max(0.0, min(r.trial_s - steps_floor_s(r.step_s, warmup, measure) for r in own))
+    same = [r for r in refs if (r.max_seq_length, r.packing) == (max_seq_length, packing)]
+    same = same or [r for r in refs if r.max_seq_length == max_seq_length]
+
+    def rows_s(r: StepRef) -> float:  # rows/s, scaled to this length where it differs
+        scale = (r.max_seq_length or 1) / (max_seq_length or 1) if r not in same else 1.0
+        return r.rows_per_step / r.step_s * scale
+
+    slowest = min(rows_s(r) for r in (same or refs))
+    return overhead + steps_floor_s(rows_per_step / slowest, warmup, measure)
 
 
 def counted_log_seconds(

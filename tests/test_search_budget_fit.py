@@ -16,6 +16,7 @@ import optuna
 import pytest
 
 from sweeper import search_cost
+from sweeper.noise import Sample
 from sweeper.preflight import PreflightReport
 from sweeper.search import ImprovementGridSampler
 from sweeper.search_cost import SECONDS_ATTR
@@ -260,3 +261,138 @@ def test_the_replay_bench_cuts_a_trial_at_its_budget() -> None:
         )
         assert 0 < replayed.spent_s <= 900.0 and replayed.finished >= 3
         assert "time budget is spent" in replayed.stop_reason
+
+
+# the H200 lease of 2026-11-28 (spaces/h200-llama-1b.yaml's trial section): 3 burn-in steps
+# at least, then a window of at least 10 steps, 4x the burn-in and 10 s, cut at 60 s
+H200_TRIAL = """trial:
+  warmup: {min_steps: 3, max_steps: 60, max_seconds: 900}
+  measure: {min_steps: 10, min_seconds: 10, max_seconds: 60, target_ci: 0.02}
+  timeout_s: 1800
+  preflight: false
+"""
+STEPS_SEARCH = """search:
+  sampler: bayes
+  per_device_batch_size: [8, 32]
+  gradient_accumulation_steps: [1, 8]
+  max_seq_length: [512]
+  packing: [true]
+  compile_mode: [none]
+  num_workers: [0, 2]
+"""
+ROWS_PER_S = 60.0  # packed rows of 512 tokens a second, whatever the batch
+START_S = 3.0  # the fork server's start-up, as the H200's uncompiled trials had it
+
+
+class _StepTable(_ClockedTable):
+    """Trials whose time is their steps' (``search_cost.steps_floor_s``) at one speed, and
+    which report it (it/s), as a launched trial does; bigger steps are cheaper per run."""
+
+    def __init__(self, clock: _Clock, space: Space) -> None:
+        super().__init__(clock)
+        self.trial = space.trial
+
+    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
+        self.ran.append(config)
+        rows = config.per_device_batch_size * config.gradient_accumulation_steps
+        step_s = rows / ROWS_PER_S
+        seconds = START_S + search_cost.steps_floor_s(step_s, self.trial.warmup, self.trial.measure)
+        if left_s is not None and seconds > left_s:
+            self.clock.now_s += left_s
+            self.cut.append(config)
+            return Outcome(number=trial.number, failure_kind="interrupted")
+        self.clock.now_s += seconds
+        trial.set_user_attr(SECONDS_ATTR, seconds)
+        cost = 100.0 / rows**0.1 + (config.num_workers == 0)
+        sample = Sample(
+            kind="trial", cost_per_run_usd=cost, hours_per_run=cost / 3.5,
+            samples_per_s=ROWS_PER_S, tokens_per_s=None, it_per_s=1.0 / step_s, ci95_rel=0.01,
+        )  # fmt: skip
+        return Outcome(number=trial.number, cost=cost, sample=sample)
+
+
+def test_a_trial_of_big_steps_is_not_started_where_only_small_ones_fit() -> None:
+    """The H200 lease lost its trial #8 (49 s of a 475 s lease) to the budget: bs32 x 8
+    accumulation steps, 8-32x the rows of any step before it, started with 49 s left because
+    the longest uncompiled trial had taken 15 s. A trial needs at least its steps' time: 3
+    burn-in steps and a window of 12 at 4.3 s a step is 64 s. With the small-step trials
+    measured (13-15 s each) and 40 s left, the big-step config is not run; one that fits is,
+    and nothing is cut."""
+    space = parse_space(
+        tiny_space_without_baseline().split("search:\n", 1)[0] + STEPS_SEARCH + H200_TRIAL
+    )
+    clock = _Clock()
+    table = _StepTable(clock, space)
+    loop = SearchLoop(
+        space, optuna.create_study(direction="minimize"), table, PreflightReport(),
+        SilentObserver(), seed=0, now=clock,
+    )  # fmt: skip
+    for batch, workers in ((8, 0), (32, 0), (8, 2)):
+        loop.study.enqueue_trial(
+            {"per_device_batch_size": batch, "gradient_accumulation_steps": 1,
+             "num_workers": workers}
+        )  # fmt: skip
+    assert loop.run(3)["run"] == 3
+    took = [t.user_attrs[SECONDS_ATTR] for t in loop.study.trials]
+    assert max(took) < 16  # what the mode-only rule expects of any uncompiled trial
+    big = TrialConfig.model_validate(
+        table.ran[0].model_dump() | {"per_device_batch_size": 32, "gradient_accumulation_steps": 8}
+    )
+    counts = loop.run(5, deadline=clock() + 40)
+    assert table.cut == [], "a trial was started that the budget cut"
+    assert big not in table.ran
+    # the configs that fit still ran (up to 64 rows a step: 19 s at most)
+    assert counts["run"] >= 1
+    assert all(c.per_device_batch_size * c.gradient_accumulation_steps <= 64 for c in table.ran)
+    assert "no config left whose trial fits" in loop.stop_reason, loop.stop_reason
+    floor = search_cost.steps_floor_s(256 / ROWS_PER_S, space.trial.warmup, space.trial.measure)
+    assert floor == pytest.approx(15 * 256 / ROWS_PER_S)  # 3 + 12 steps of 4.3 s
+    # without speeds (the replay tables: per-mode trial times, no it/s), the rule is the
+    # mode's longest trial, as before (test_bayes_picks_the_best_config_that_can_finish...)
+
+
+def test_the_h200_leases_cut_trial_would_not_have_started() -> None:
+    """The recorded study (studies/h200-llama-1b.json): its trials 0-7 as the loop read them
+    when it proposed #8 (bs32 x 8, seq 512, packed, uncompiled), which started 48.7 s before
+    the budget's end and was cut there. The mode's longest trial said 15 s; its steps, at the
+    slowest rows/s measured on packed 512-token rows (#7's), say 65 s."""
+    import datetime as dt
+    import json
+
+    from sweeper.space_trial import MeasureSettings, WarmupSettings
+
+    study = json.loads((BENCH.parent / "studies" / "h200-llama-1b.json").read_text())
+    refs, took = [], []
+    for frozen, trial in zip(study["optuna"]["trials"], study["trials"], strict=True):
+        if trial["state"] != "complete":
+            continue
+        seconds = (
+            dt.datetime.fromisoformat(frozen["datetime_complete"])
+            - dt.datetime.fromisoformat(frozen["datetime_start"])
+        ).total_seconds()
+        config = trial["config"]
+        took.append((config["compile_mode"], seconds))
+        refs.append(
+            search_cost.StepRef(
+                compile_mode=config["compile_mode"],
+                max_seq_length=config["max_seq_length"],
+                packing=config["packing"],
+                rows_per_step=config["per_device_batch_size"]
+                * config["gradient_accumulation_steps"],
+                step_s=1.0 / trial["it_per_s"],
+                trial_s=seconds,
+            )
+        )
+    cut = study["trials"][8]
+    assert (
+        cut["failure_kind"] == "interrupted" and cut["config"]["gradient_accumulation_steps"] == 8
+    )
+    had = 48.7  # the seconds it ran before the budget cut it
+    assert search_cost.fit_seconds(["none"], took).tolist()[0] < 15 < had  # the rule then
+    warmup = WarmupSettings(min_steps=3, max_steps=60, max_seconds=900)  # the space's
+    measure = MeasureSettings(min_steps=10, min_seconds=10, max_seconds=60, target_ci=0.02)
+    needs = search_cost.step_seconds_needed(
+        compile_mode="none", max_seq_length=512, packing=True, rows_per_step=256, refs=refs,
+        warmup=warmup, measure=measure,
+    )  # fmt: skip
+    assert needs is not None and 60 < needs < 70 and needs > had

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from sweeper import knobs, search_cost
 from sweeper.noise import Sample
@@ -120,6 +121,18 @@ class SearchLoop:
         devices = {c.devices for c in self.runnable}
         self._one_devices = next(iter(devices)) if len(devices) == 1 else 1
         self._mode_devices = {(c.compile_mode, c.devices) for c in self.runnable}
+        # the step's shape of a config the sampler names by its parameters: a knob the space
+        # lists once is no parameter (the step-aware floor of ``_fit_to_time``)
+        first = self.runnable[0] if self.runnable else None
+        self._one_shape: dict[str, Any] = {
+            k: getattr(first, k, None)
+            for k in (
+                "per_device_batch_size",
+                "gradient_accumulation_steps",
+                "max_seq_length",
+                "packing",
+            )
+        }
         self.time = TimeBudget(now=now)
         self._plan: Callable[[], str | None] | None = None
         self.remeasure = Remeasure(
@@ -231,11 +244,12 @@ class SearchLoop:
     def _fit_to_time(self, left_s: float | None) -> str | None:
         """Near the end of the time budget, leave out the configs whose trial would not finish
         in the time left (the longest trial of its compile mode so far, the sweep's cold first
-        trial aside: ``search_cost.fit_seconds``; a trial on N devices has the device time
-        left ÷ N): ``bayes`` picks the best config that can finish, the other samplers'
-        proposals that cannot are not run. Why to stop: no config left can finish. Nothing
-        is left out before a trial has run, or while every config fits (the picks are then
-        exactly those without a budget)."""
+        trial aside: ``search_cost.fit_seconds``; at least its own steps at the slowest
+        speed measured for its shape: ``search_cost.step_seconds_needed``; a trial on N
+        devices has the device time left ÷ N): ``bayes`` picks the best config that can
+        finish, the other samplers' proposals that cannot are not run. Why to stop: no
+        config left can finish. Nothing is left out before a trial has run, or while every
+        config fits (the picks are then exactly those without a budget)."""
         self.does_not_fit.expected = None
         sampler = self.study.sampler
         if isinstance(sampler, ImprovementGridSampler):
@@ -258,17 +272,41 @@ class SearchLoop:
                 lefts[devices] = self.time.left_s(count) or 0.0
             return needs[mode], lefts[devices]
 
+        refs = self._step_refs(trials)
+        by_shape: dict[tuple[Any, ...], float | None] = {}
+
+        def by_steps(mode: Any, seq: Any, packing: Any, rows: int) -> float:
+            """The step-aware floor (``search_cost.step_seconds_needed``); 0: none known."""
+            shape = (mode, seq, bool(packing), rows)
+            if shape not in by_shape:
+                by_shape[shape] = search_cost.step_seconds_needed(
+                    compile_mode=mode,
+                    max_seq_length=seq if isinstance(seq, int) else None,
+                    packing=bool(packing),
+                    rows_per_step=rows,
+                    refs=refs,
+                    warmup=self.space.trial.warmup,
+                    measure=self.space.trial.measure,
+                )
+            return by_shape[shape] or 0.0
+
         def expected(config: TrialConfig) -> tuple[float, float]:
-            return need_left(config.compile_mode, config.devices)
+            need, has = need_left(config.compile_mode, config.devices)
+            rows = config.per_device_batch_size * config.gradient_accumulation_steps
+            floor = by_steps(config.compile_mode, config.max_seq_length, config.packing, rows)
+            return max(need, floor), has
 
         def fits_params(params: Mapping[str, Any]) -> bool:
-            need, has = need_left(
-                params.get("compile_mode", self._one_mode),
-                params.get("devices", self._one_devices),
-            )
-            return need <= has
+            mode = params.get("compile_mode", self._one_mode)
+            need, has = need_left(mode, params.get("devices", self._one_devices))
+            knob = {k: params.get(k, v) for k, v in self._one_shape.items()}
+            rows = int(knob["per_device_batch_size"]) * int(knob["gradient_accumulation_steps"])
+            floor = by_steps(mode, knob["max_seq_length"], knob["packing"], rows)
+            return max(need, floor) <= has
 
-        if all(n <= h for n, h in (need_left(m, d) for m, d in self._mode_devices)):
+        if all(n <= h for n, h in (need_left(m, d) for m, d in self._mode_devices)) and all(
+            n <= h for n, h in map(expected, self.runnable)
+        ):
             return None  # plenty left: every config can finish
         left = [c for c in self.runnable if c not in self.results]
         if not any(n <= s for n, s in map(expected, left)):
@@ -276,7 +314,7 @@ class SearchLoop:
             need, has = expected(cheapest)
             expectation = (
                 f"the cheapest expected takes ~{need:.0f} s (compile mode "
-                f"{cheapest.compile_mode}, from the longest trials so far)"
+                f"{cheapest.compile_mode}, from the longest trials so far and its step's size)"
             )
             device_left = self.time.device_left_s()
             if device_left is not None and device_left / cheapest.devices <= has:
@@ -291,6 +329,28 @@ class SearchLoop:
         if isinstance(sampler, ImprovementGridSampler):
             sampler.fits = fits_params
         return None
+
+    def _step_refs(self, trials: Sequence[FrozenTrial]) -> list[search_cost.StepRef]:
+        """The measured trials with a speed, for the step-aware floor of a trial's time."""
+        seconds = {t.number: search_cost.trial_seconds(t) for t in trials}
+        refs = []
+        for config, outcome in self.results.items():
+            sample, took = outcome.sample, seconds.get(outcome.number)
+            if sample is None or not sample.it_per_s or not took or outcome.predicted:
+                continue
+            refs.append(
+                search_cost.StepRef(
+                    compile_mode=config.compile_mode,
+                    max_seq_length=config.max_seq_length
+                    if isinstance(config.max_seq_length, int)
+                    else None,
+                    packing=bool(config.packing),
+                    rows_per_step=config.per_device_batch_size * config.gradient_accumulation_steps,
+                    step_s=1.0 / sample.it_per_s,
+                    trial_s=took,
+                )
+            )
+        return refs
 
     def _propose(self) -> tuple[optuna.Trial, TrialConfig]:
         """Ask; the config to run for the proposal (a known config's knob that cannot run here

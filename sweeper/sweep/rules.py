@@ -127,10 +127,11 @@ class OomDominated:
 class DoesNotFit:
     """Near the end of a time budget, a config whose trial is expected to take longer than
     the time left (``sweeper.search_cost.fit_seconds``: its compile mode's longest trial so
-    far) would be cut by the budget: seconds paid, nothing measured. ``bayes`` does not
-    propose one (``ImprovementGridSampler.fits``); this rule stops the other samplers'
-    proposals. ``expected`` is set by the loop before each ask: the seconds a config needs
-    and the seconds it has (None: every config fits)."""
+    far; ``step_seconds_needed``: at least its own steps' time) would be cut by the budget:
+    seconds paid, nothing measured. ``bayes`` does not propose one
+    (``ImprovementGridSampler.fits``); this rule stops the other samplers' proposals.
+    ``expected`` is set by the loop before each ask: the seconds a config needs and the
+    seconds it has (None: every config fits)."""
 
     def __init__(self) -> None:
         self.expected: Callable[[TrialConfig], tuple[float, float]] | None = None
@@ -143,7 +144,8 @@ class DoesNotFit:
             return None
         return NoTime(
             f"not run: its trial is expected to take ~{needs:.0f} s (compile mode "
-            f"{config.compile_mode}, from the longest trials so far) and the sweep's time "
+            f"{config.compile_mode}, from the longest trials so far and its step's size) and "
+            "the sweep's time "
             f"budget has {left:.0f} s left: the budget would cut it"
         )
 
