@@ -614,7 +614,7 @@ def print_sweep_summary(report: SweepReport) -> None:
 
 def print_knob_effects(effects: KnobEffects) -> None:
     """What each knob the study varied is worth at the recommended config (``sweeper.verdict``)."""
-    if not effects.effects and not effects.untold:
+    if not effects.effects and not effects.untold and not effects.shared:
         return
     console.print(f"\n[bold]what each knob is worth here[/] (at trial #{effects.winner})")
     for effect in sorted(effects.effects, key=lambda e: -abs(math.log(e.ratio))):
@@ -625,3 +625,7 @@ def print_knob_effects(effects: KnobEffects) -> None:
             f"model): {escape(', '.join(effects.untold))}",
             highlight=False,
         )
+    if effects.shared:
+        from sweeper.verdict import shared_words
+
+        console.print(f"  {escape(shared_words(effects))}", highlight=False)

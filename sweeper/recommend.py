@@ -400,6 +400,11 @@ def decide(
     effective_batch = caveats.effective_batch(config)
     warnings: list[str] = []
     warnings += caveats.contention(t)
+    warnings += caveats.rivals_contended(
+        t.number,
+        sorted(c.trial.number for c in eligible if c is not winner and c.trial.contended),
+        len(eligible),
+    )
     warnings += caveats.drift_warnings(c.trial for c in candidates)
     if winner.truncated is not None:
         share = winner.truncated[1]

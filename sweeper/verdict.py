@@ -180,11 +180,19 @@ class KnobEffects(BaseModel):
     # varied knobs with a value the study cannot compare with the winner's: no pair of trials
     # differs in it alone and too few trials for the model
     untold: tuple[str, ...] = ()
+    # trials left out: every measurement of them was taken on a shared machine, so their
+    # $/run is only a bound (sharing slows a run), not a figure to compare (a walk was told
+    # "accumulation 2: 6.50x, leave it at 1" from one; side by side it was 1.24x)
+    shared: tuple[int, ...] = ()
 
 
 def knob_effects(trials: Sequence[TrialMetrics], winner: TrialMetrics) -> KnobEffects:
-    """Every varied knob's other measured values against the winner's (see the module)."""
+    """Every varied knob's other measured values against the winner's (see the module).
+    A trial measured only on a shared machine (``contended``) is left out, the winner aside,
+    and named in ``shared``."""
     usable = _usable(trials)
+    shared = tuple(sorted(t.number for t in usable if t.contended and t is not winner))
+    usable = [t for t in usable if not t.contended or t is winner]
     if winner not in usable:
         usable.append(winner)
     table = _Table.of(usable)
@@ -207,7 +215,22 @@ def knob_effects(trials: Sequence[TrialMetrics], winner: TrialMetrics) -> KnobEf
                 continue
             verdict, words = _words(effect)
             effects.append(effect.model_copy(update={"verdict": verdict, "words": words}))
-    return KnobEffects(winner=winner.number, effects=tuple(effects), untold=tuple(untold))
+    return KnobEffects(
+        winner=winner.number, effects=tuple(effects), untold=tuple(untold), shared=shared
+    )
+
+
+def shared_words(effects: KnobEffects) -> str:
+    """The line under the table for ``effects.shared`` ("" without any)."""
+    if not effects.shared:
+        return ""
+    named = ", ".join(f"#{n}" for n in effects.shared[:12])
+    more = f" and {len(effects.shared) - 12} more" if len(effects.shared) > 12 else ""
+    return (
+        f"left out: {named}{more}, measured only while the machine was shared (a shared "
+        "machine only slows a run: their $/run is a bound, not a figure to compare); measured "
+        "again on a quiet machine, they count"
+    )
 
 
 def _label(knob: str) -> str:
@@ -384,4 +407,6 @@ def markdown_table(effects: KnobEffects) -> str:
         lines.append(
             f"\nNot told apart (no pair, too few trials to model): {', '.join(effects.untold)}"
         )
+    if effects.shared:
+        lines.append(f"\n{shared_words(effects).capitalize()}")
     return "\n".join(lines)

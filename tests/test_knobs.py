@@ -251,7 +251,7 @@ def test_the_issue_36_levers_get_a_verdict_at_the_winner() -> None:
         config = knobs.normalize(base | change)
         return SimpleNamespace(
             number=number, state="complete", config=config, cost_per_run_usd=cost,
-            cost_ci95_rel=0.01,
+            cost_ci95_rel=0.01, contended=False,
         )  # fmt: skip
 
     winner = trial(0, 10.0, padding_free=True)

@@ -587,3 +587,42 @@ def test_caveats_skip_knobs_the_winner_leaves_inactive() -> None:
     strategy = next(line for line in warned if line.startswith("packing_strategy"))
     assert strategy.startswith("packing_strategy is wrapped, not set in the baseline: ")
     assert not any("None" in line.split(":")[0] for line in warned)
+
+
+def test_rivals_measured_only_on_a_shared_machine_are_warned_about_by_cli_and_rest(
+    store: Store,
+) -> None:
+    """A walk's `best` picked bs1 (33.9 samples/s, calm) over bs8 x 2, measured only under
+    load at 6.0 samples/s (45.6 calm), and said nothing on the CLI or REST (`"warnings": []`)
+    while the page warned. Both say it now, naming the rivals."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from sweeper.noise import Sample, machine_noise, pool
+
+    for number in (1, 3):  # slowed to a quarter by the load, every measurement
+        trial = store.get_trial("seed", number)
+        assert trial is not None and trial.cost_per_run_usd and trial.hours_per_run
+        runs = [
+            Sample(
+                kind="trial",
+                cost_per_run_usd=trial.cost_per_run_usd * 4,
+                hours_per_run=trial.hours_per_run * 4,
+                samples_per_s=(trial.samples_per_s or 1.0) / 4,
+                tokens_per_s=None,
+                it_per_s=(trial.it_per_s or 1.0) / 4,
+                ci95_rel=0.05,
+                contended=True,
+                contention="other processes used 1.9 of the 2 CPUs",
+            )
+        ]
+        store.record_estimates("seed", {number: (pool(runs, machine_noise([runs])), runs)})
+    r = best(store, "seed")
+    assert r.trial_number == 2 and not r.contended
+    said = [w for w in r.warnings if "measured only while the machine was shared" in w]
+    assert len(said) == 1 and "(#1, #3)" in said[0] and "cheaper than #2" in said[0]
+    with TestClient(create_app(store.url)) as client:
+        answer = client.get("/api/studies/seed/best")
+    assert answer.status_code == 200
+    assert said[0] in answer.json()["warnings"]
+    assert "(#1, #3)" in _printed(r)

@@ -26,10 +26,13 @@ from tests.helpers import REPO
 CPU_DEMO = REPO / "studies" / "cpu-demo.json"  # 8 trials recorded on this project's CPU demo
 
 
-def _trial(number: int, config: dict[str, Any], cost: float, ci: float = 0.01) -> Any:
+def _trial(
+    number: int, config: dict[str, Any], cost: float, ci: float = 0.01, contended: bool = False
+) -> Any:
     return SimpleNamespace(
-        number=number, state="complete", config=config, cost_per_run_usd=cost, cost_ci95_rel=ci
-    )
+        number=number, state="complete", config=config, cost_per_run_usd=cost,
+        cost_ci95_rel=ci, contended=contended,
+    )  # fmt: skip
 
 
 def _recorded() -> tuple[list[Any], dict[int, Any]]:
@@ -195,3 +198,24 @@ def test_the_verdict_table_for_results_has_one_row_per_effect_largest_first(
         row = next(r for r in rows if f"| {effect.ratio:.2f}× |" in r)
         assert row.rstrip().endswith(f"| {effect.verdict} |")
         assert f"{effect.low:.2f}–{effect.high:.2f}" in row
+
+
+def test_a_trial_measured_only_on_a_shared_machine_is_no_evidence_against_a_knob() -> None:
+    """A walk was told "grad. accumulation 2 instead of 1: 6.50x $/run ... leave it at 1"
+    from a trial measured only while the machine was shared (side by side, calm: 1.24x).
+    Sharing only slows a run: such a trial is left out of the pairs and the model, and
+    named; measured calm, it counts."""
+    base = {"per_device_batch_size": 1, "gradient_accumulation_steps": 1, "num_workers": 1}
+    winner = _trial(6, base, 10.0)
+    slowed = _trial(3, base | {"gradient_accumulation_steps": 2}, 65.0, contended=True)
+    other = _trial(2, base | {"num_workers": 0}, 12.0)
+    effects = knob_effects([winner, slowed, other], winner)
+    assert effects.shared == (3,)
+    assert {e.knob for e in effects.effects} == {"num_workers"}
+    assert not any("accumulation" in u for u in effects.untold)  # no longer varied: named
+    assert "#3, measured only while the machine was shared" in markdown_table(effects)
+    calm = _trial(3, slowed.config, 12.4)  # the same config measured on a quiet machine
+    (ga,) = [
+        e for e in knob_effects([winner, calm, other], winner).effects if e.knob.startswith("grad")
+    ]
+    assert ga.ratio == pytest.approx(1.24) and ga.basis == "at the winner"
