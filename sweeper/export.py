@@ -1,5 +1,6 @@
 """The recommended config, written the way users paste it: TrainingArguments, SFTConfig, a
-DataLoader with its training loop, YAML, JSON.
+DataLoader with its training loop, YAML, JSON; for a study of the user's own script
+(``engine: script``), its command and the DataLoader keywords its trials ran.
 
 Every knob reaches the snippets through ``sweeper.knobs`` (``trainer_arguments``,
 ``sft_arguments``, ``dataloader_arguments``) — the same functions the trial engines build their
@@ -9,6 +10,7 @@ Every knob reaches the snippets through ``sweeper.knobs`` (``trainer_arguments``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import yaml
@@ -86,6 +88,9 @@ def trainer_kwargs(rec: Recommendation, space_yaml: str) -> dict[str, Any]:
             kwargs["save_steps"] = space.workload.checkpoint.save_steps  # what $/run counted
         if space.workload.engine != "loop":
             kwargs["logging_steps"] = space.workload.logging_steps
+        if space.workload.script is None:
+            # sweeper's engines dropped a short last batch (a script's Trainer ran its own)
+            kwargs["dataloader_drop_last"] = True
         if space.workload.engine == "script":
             # a script's trials ran its own learning rate and logging (sweeper passes neither):
             # the space's defaults would be a value nothing ran; what the space says stays
@@ -299,7 +304,7 @@ def _trainer(rec: Recommendation, space_yaml: str) -> str:
         "# trainer = Trainer(model=model, args=training_args, train_dataset=dataset, "
         "data_collator=collate)\n# trainer.train()\n"
     )
-    return (
+    return _once(
         f"{_header(rec)}\n"
         + _launch_line(config)
         + "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n\n"
@@ -327,7 +332,7 @@ def _sft(rec: Recommendation, space_yaml: str) -> str:
     config = full_config(rec, space_yaml)
     note = loss_note(rec, space_yaml)
     kwargs = sft_kwargs(rec, space_yaml)
-    return (
+    return _once(
         f"{_header(rec)}\n"
         + _launch_line(config)
         + "from transformers import AutoModelForCausalLM\n"
@@ -450,14 +455,28 @@ def _data_parallel_lines(strategy: str | None, device: str) -> list[str]:
     return []
 
 
+def _loader_kwargs(config: dict[str, Any], space_yaml: str) -> dict[str, Any]:
+    """The DataLoader keywords of the config's knobs, as the trials ran them."""
+    kwargs = knobs.dataloader_arguments(config)
+    if _device(space_yaml) != "cuda":
+        kwargs["pin_memory"] = False  # pinning needs a GPU to copy to
+    return kwargs
+
+
 def _dataloader(rec: Recommendation, space_yaml: str) -> str:
+    """sweeper's own engines: the data as they read it, their DataLoader and the loop's
+    side of the knobs (``loop_lines``). A script's trials ran the script's own data code:
+    ``_script_dataloader``."""
     config = full_config(rec, space_yaml)
     device = _device(space_yaml)
     space = space_of(space_yaml)
-    kwargs = knobs.dataloader_arguments(config)
-    if device != "cuda":
-        kwargs["pin_memory"] = False  # pinning needs a GPU to copy to
+    if space is not None and space.workload.script is not None:
+        return _script_dataloader(rec, config, space_yaml)
+    kwargs = _loader_kwargs(config, space_yaml)
+    # the loop engine's DataLoader dropped a short last batch, and the Trainer engines ran
+    # dataloader_drop_last=True (sweeper.trial.workload.build_loader, engines.trainer)
     extra: dict[str, Any] = {"shuffle": True, "drop_last": True, "collate_fn": _Raw("collate")}
+    arguments = {"dataset": _Raw("dataset"), **kwargs, **extra}
     where = data_lines(config, space_yaml, rec.loss_labels)  # packed blocks, or padded/flattened
     loading = ""
     if _quantized(config):
@@ -467,7 +486,7 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
             "MODEL_ID,\n#     quantization_config=quantization, device_map={'': 0}), then "
             "prepare(model)\n\n"
         )
-    return (
+    return _once(
         f"{_header(rec)}\n"
         "import contextlib\n"
         "import functools\n"
@@ -476,7 +495,7 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
         "from torch.utils.data import DataLoader\n\n"
         + _lines(config, "loader")
         + f"{where}\n"
-        + f"loader = {_call('DataLoader', {'dataset': _Raw('dataset'), **kwargs, **extra})}\n\n"
+        + f"loader = {_call('DataLoader', arguments, _LOADER_NOTES)}\n\n"
         + loading
         + loop_lines(
             config,
@@ -486,6 +505,99 @@ def _dataloader(rec: Recommendation, space_yaml: str) -> str:
             epochs=None if space is None else _epochs(space.workload),
         )
     )
+
+
+_LOADER_NOTES = {"drop_last": "as the trials' DataLoader dropped a short last batch"}
+
+
+def _script_dataloader(rec: Recommendation, config: dict[str, Any], space_yaml: str) -> str:
+    """``engine: script``: only the DataLoader keywords the trials ran, for the script's own
+    ``DataLoader(...)`` call. Its dataset, tokenizing, collate, shuffle and drop_last were
+    measured as the script has them; sweeper's data code (``data_lines``) would be another
+    pipeline at another speed, so none is written here."""
+    kwargs = _loader_kwargs(config, space_yaml)
+    notes = {name: "your script's own value, as it ran" for name in rec.own_values}
+    unreached = [
+        keyword
+        for name in rec.unreached
+        for keyword in knobs.KNOB[name].dataloader(config[name])
+        if name in config and config[name] is not None
+    ]
+    for keyword in unreached:  # the config's value never ran: the script's own did, unseen
+        kwargs.pop(keyword, None)
+    named = {
+        keyword: note
+        for name, note in notes.items()
+        if name in config and config[name] is not None
+        for keyword in knobs.KNOB[name].dataloader(config[name])
+    }
+    lines = [
+        _header(rec),
+        "# the DataLoader keywords your script's trials ran: pass them to your own DataLoader,",
+        "#     loader = DataLoader(dataset, **loader_kwargs, ...)",
+        "# keeping your dataset, collate_fn, shuffle and drop_last as your script has them: its",
+        "# own data code is what was measured (sweeper adds none, which would run at another",
+        "# speed). The other knobs (accumulation, sequence length, precision, ...) and your",
+        f"# command: sweeper export --study {rec.study} --format command",
+    ]
+    if unreached:
+        lines.append(
+            f"# not here: {', '.join(unreached)}, never given to your script (not a flag, and it "
+            "never called sweeper.trial_config()): the trials ran its own value, unseen"
+        )
+    lines.append(f"loader_kwargs = {_call('dict', kwargs, named)}")
+    return "\n".join(lines) + "\n"
+
+
+def _once(text: str) -> str:
+    """``text`` with each top-level one-line import kept at its first place only: the model,
+    data and loop parts of an export each import what they use.
+
+    >>> _once("import torch\\nx = 1\\nimport torch\\n    import torch\\n")
+    'import torch\\nx = 1\\n    import torch\\n'
+    """
+    seen: set[str] = set()
+    kept = []
+    for line in text.split("\n"):
+        if line.startswith(("import ", "from ")) and not line.endswith("("):
+            if line in seen:
+                continue
+            seen.add(line)
+        kept.append(line)
+    return "\n".join(kept)
+
+
+PAGE_LABELS: dict[ExportFormat, str] = {
+    "command": "command",
+    "dataloader": "DataLoader keywords",
+    "trainer": "TrainingArguments",
+    "sft": "SFTConfig",
+    "yaml": "YAML",
+}
+
+
+def page_formats(
+    space_yaml: str, program_run: Mapping[str, Any] | None = None
+) -> tuple[ExportFormat, ...]:
+    """The exports that apply to a study, the first the one to paste: for sweeper's own
+    engines TrainingArguments, SFTConfig and YAML; for a script of the user's, its command,
+    then the TrainingArguments (SFTConfig too, where its knobs are SFTConfig's flags) of a
+    Trainer script, or the DataLoader keywords of a loop of its own. Which one the script is,
+    its recorder said: a Trainer's reports its run (``program_run``: num_train_epochs, after
+    TrainingArguments' defaults), a loop's ``sweeper.step`` no epochs.
+
+    >>> page_formats("")  # no space to read: sweeper's own engines
+    ('trainer', 'sft', 'yaml')
+    """
+    space = space_of(space_yaml)
+    script = None if space is None else space.workload.script
+    if script is None:
+        return ("trainer", "sft", "yaml")
+    if (program_run or {}).get("num_train_epochs") is None:
+        return ("command", "dataloader", "yaml")
+    if script.knobs == "sft_flags":
+        return ("command", "sft", "trainer", "yaml")
+    return ("command", "trainer", "yaml")
 
 
 def _command(rec: Recommendation, space_yaml: str) -> str:

@@ -723,3 +723,45 @@ def test_the_page_says_what_a_contended_figure_is_and_why_a_tie_pick_is_not_the_
     assert trials[0]["measured_as"] == "1 measurement"
     assert best["trial_number"] == 1 and best["cheapest_trial_number"] == 0
     assert best["measured_as"] == "1 measurement"
+
+
+def test_the_copy_buttons_are_the_forms_that_apply_to_the_studys_program(
+    sqlite_url: str,
+) -> None:
+    """Walk 002, defect 5: a plain-loop script's page offered only TrainingArguments,
+    SFTConfig and YAML. A script's page offers its command first, then the DataLoader
+    keywords of a loop (the TrainingArguments of a Trainer script); a built-in engine's
+    study keeps TrainingArguments, SFTConfig and YAML."""
+    from tests.test_export_script import seed_script_studies
+
+    seed_script_studies(sqlite_url)
+    with TestClient(create_app(sqlite_url)) as client:
+        pages = {
+            name: client.get(f"/studies/{name}").text
+            for name in ("loop-script", "trainer-script", "builtin")
+        }
+
+    def buttons(page: str) -> list[str]:
+        return re.findall(r'<button type="button" class="copy" data-copy="[^"]+">([^<]+)<', page)
+
+    assert buttons(pages["loop-script"]) == [
+        "Copy command",
+        "Copy DataLoader keywords",
+        "Copy YAML",
+    ]
+    assert buttons(pages["trainer-script"]) == [
+        "Copy command",
+        "Copy TrainingArguments",
+        "Copy YAML",
+    ]
+    assert buttons(pages["builtin"]) == ["Copy TrainingArguments", "Copy SFTConfig", "Copy YAML"]
+    texts = {
+        fmt: html.unescape(text)
+        for fmt, text in re.findall(
+            r'<pre id="export-(\w+)">(.*?)</pre>', pages["loop-script"], re.S
+        )
+    }
+    assert texts["command"].rstrip().endswith("python train_sw.py --epochs 5")
+    assert "loader_kwargs = dict(" in texts["dataloader"] and "DataLoader(" in texts["dataloader"]
+    assert "dataset.map" not in texts["dataloader"]
+    assert 'href="/api/studies/loop-script/export?format=command"' in pages["loop-script"]

@@ -22,7 +22,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from dashboards import offers as offer_view
 from sweeper import compare, importance, recommend, verdict
 from sweeper.errors import ConflictError, NoResultError, NothingMeetsError, SweeperError
-from sweeper.export import render
+from sweeper.export import PAGE_LABELS, page_formats, render
 from sweeper.knob_values import OWN_LABEL, UNREACHED_LABEL, UNREACHED_WHY, as_ran
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
@@ -128,7 +128,7 @@ def study_page(
         )
     except NoResultError as e:
         best, no_best = None, e
-    exports: dict[str, str] = {}
+    exports: dict[str, tuple[str, str]] = {}
     effects = None
     if best is not None:
         # the same cache entry as REST's /knob-effects without constraints
@@ -141,7 +141,7 @@ def study_page(
         # rendered once per state of the study (the three took 180 ms at 10,000 trials: each
         # reads the stored space), cached beside the recommendation they come from
         exports = cache.get(
-            store, name, ("page-exports",), lambda: _exports(best, study.space_yaml)
+            store, name, ("page-exports",), lambda: _exports(store, best, study.space_yaml)
         )
     # running; measured only while the machine was shared (the page warns once, above the
     # figures); and numbers with no row: Optuna numbers the proposals, and one that repeated a
@@ -272,13 +272,19 @@ def _offers(store: Store, name: str) -> OfferTable | None:
         return None
 
 
-def _exports(best: BestConfig, space_yaml: str) -> dict[str, str]:
-    exports = {}
-    for fmt in ("trainer", "sft", "yaml"):
+def _exports(store: Store, best: BestConfig, space_yaml: str) -> dict[str, tuple[str, str]]:
+    """The copy buttons' texts, format → (label, text), in the order the page offers them:
+    the forms that apply to the study (``page_formats``; a script's, as its winner's recorder
+    said what the script is)."""
+    trial = store.get_trial(best.study, best.trial_number)
+    program_run = None if trial is None else (trial.measurement or {}).get("program_run")
+    exports: dict[str, tuple[str, str]] = {}
+    for fmt in page_formats(space_yaml, program_run):
         try:
-            exports[fmt] = render(best, fmt, space_yaml)
+            text = render(best, fmt, space_yaml)
         except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
-            exports[fmt] = f"# cannot export this config: {e!r}"
+            text = f"# cannot export this config: {e!r}"
+        exports[fmt] = (PAGE_LABELS[fmt], text)
     return exports
 
 

@@ -351,7 +351,9 @@ def export_best(
     store: StoreDep,
     fmt: Annotated[ExportFormat, Query(alias="format")] = "trainer",
 ) -> PlainTextResponse:
-    """The recommended config as a TrainingArguments or DataLoader snippet, YAML or JSON."""
+    """The recommended config as a TrainingArguments, SFTConfig or DataLoader snippet, YAML or
+    JSON; for a study of your own script, its command (format=command) or the DataLoader
+    keywords its trials ran (format=dataloader)."""
     recommendation = recommend.best(store, name)
     text = render(recommendation, fmt, store.get_study(name).space_yaml)
     return PlainTextResponse(text, media_type=MEDIA_TYPES[fmt])

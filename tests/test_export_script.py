@@ -1,0 +1,146 @@
+"""A study of the user's own script (``engine: script``) exports what its trials ran, and no
+data pipeline of sweeper's: its DataLoader form is the keywords the trials' DataLoader took,
+which build a real torch DataLoader; the exports of sweeper's own engines import each module
+once and drop the short last batch as their trials did (walk 002, defect 5)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from sweeper.export import page_formats, render, trainer_kwargs
+from sweeper.measurement import ProgramRun, sample_measurement
+from sweeper.store import Store
+from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
+from tests.test_export import _recommendation
+
+CPU_SPACE = TINY_SPACE.read_text()
+LOOP_SCRIPT = (
+    "  engine: script\n  script: {command: [python, train_sw.py, --epochs, '5'], knobs: env}\n"
+)
+SFT_SCRIPT = "  engine: script\n  script: {command: [python, sft.py], knobs: sft_flags}\n"
+CONFIG = tiny_config(
+    per_device_batch_size=8,
+    gradient_accumulation_steps=2,
+    num_workers=2,
+    prefetch_factor=4,
+    persistent_workers=True,
+    max_seq_length=64,
+).model_dump()
+# what a loop's sweeper.step(..., loader=) reports: the rows of an epoch, no epochs
+LOOP_RUN = ProgramRun(train_rows=300)
+# what a Trainer's sweeper.callback() reports: its run after TrainingArguments' defaults
+TRAINER_RUN = ProgramRun(num_train_epochs=3.0, max_steps=-1, planned_steps=120, train_rows=300)
+
+
+def with_script(script: str) -> str:
+    return CPU_SPACE.replace("  samples: 10000\n", f"  samples: 10000\n{script}")
+
+
+def seed_script_studies(url: str) -> None:
+    """A loop script's study, the same with a knob that never reached the script, a Trainer
+    script's, an SFT script's and a study of sweeper's own engine, one trial each."""
+    store = Store(url)
+    store.migrate()
+    for name, space_yaml, run, unreached in (
+        ("loop-script", with_script(LOOP_SCRIPT), LOOP_RUN, None),
+        ("unreached", with_script(LOOP_SCRIPT), LOOP_RUN, ["prefetch_factor"]),
+        ("trainer-script", with_script(LOOP_SCRIPT), TRAINER_RUN, None),
+        ("sft-script", with_script(SFT_SCRIPT), TRAINER_RUN, None),
+        ("builtin", CPU_SPACE, None, None),
+    ):
+        store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+        store.start_trial(name, 0, CONFIG)
+        measured = sample_measurement(program_run=run, unreached=unreached)
+        store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                           hours_per_run=10.0, cost_per_run_usd=25.0,
+                           measurement=measured.model_dump())  # fmt: skip
+    store.dispose()
+
+
+@pytest.fixture
+def url(sqlite_url: str) -> str:
+    seed_script_studies(sqlite_url)
+    return sqlite_url
+
+
+@pytest.mark.torch
+def test_a_script_studys_dataloader_export_is_the_keywords_its_trials_ran(url: str) -> None:
+    """No tokenizing, padding, shuffling or drop_last of sweeper's: the script's own data code
+    was measured. What is left builds a real DataLoader with the measured knobs."""
+    from torch.utils.data import DataLoader
+
+    rec, space_yaml = _recommendation(url, "loop-script")
+    text = render(rec, "dataloader", space_yaml)
+    for pipeline in ("dataset.map", "tokenize", "Padded", "collate", "drop_last", "shuffle"):
+        assert f"{pipeline}=" not in text and f"{pipeline}(" not in text, pipeline
+    assert not re.search(r"^(import|from) ", text, re.M)  # nothing to import: literals
+    assert "--format command" in text  # where the rest of the config is
+    namespace: dict = {}
+    exec(compile(text, "<export>", "exec"), namespace)  # noqa: S102 — our own generated code
+    kwargs = namespace["loader_kwargs"]
+    assert kwargs == {
+        "batch_size": 8,
+        "num_workers": 2,
+        "prefetch_factor": 4,
+        "persistent_workers": True,
+        "pin_memory": False,
+    }
+    loader = DataLoader(list(range(20)), **kwargs)  # the user's own call, with the keywords
+    assert loader.batch_size == 8 and loader.num_workers == 2 and loader.prefetch_factor == 4
+    assert loader.persistent_workers is True and loader.drop_last is False
+    assert [len(batch) for batch in loader] == [8, 8, 4]  # the user's own drop_last (none)
+
+
+@pytest.mark.torch
+def test_a_knob_that_never_reached_the_script_is_not_exported_as_what_ran(url: str) -> None:
+    from torch.utils.data import DataLoader
+
+    rec, space_yaml = _recommendation(url, "unreached")
+    text = render(rec, "dataloader", space_yaml)
+    namespace: dict = {}
+    exec(compile(text, "<export>", "exec"), namespace)  # noqa: S102 — our own generated code
+    assert "prefetch_factor" not in namespace["loader_kwargs"]
+    assert "# not here: prefetch_factor, never given to your script" in text
+    assert DataLoader(list(range(4)), **namespace["loader_kwargs"]).batch_size == 8
+
+
+def test_sweepers_own_engines_export_one_import_each_and_the_trials_drop_last(url: str) -> None:
+    """The DataLoader export imported torch twice; its drop_last=True is what the loop
+    engine's DataLoader and the Trainer engines' dataloader_drop_last ran."""
+    rec, space_yaml = _recommendation(url, "builtin")
+    quantized = rec.model_copy(update={"config": rec.config | {"quantization": "4bit"}})
+    for fmt in ("dataloader", "trainer", "sft"):
+        text = render(quantized, fmt, space_yaml)
+        ast.parse(text)
+        imports = [line for line in text.splitlines() if re.match(r"(import|from) \S", line)]
+        assert len(imports) == len(set(imports)), (fmt, imports)
+        assert "import torch" in imports, fmt
+    loader = render(rec, "dataloader", space_yaml)
+    assert "drop_last=True,  # as the trials' DataLoader dropped a short last batch" in loader
+    assert trainer_kwargs(rec, space_yaml)["dataloader_drop_last"] is True
+    script, script_yaml = _recommendation(url, "trainer-script")  # its Trainer ran its own
+    assert "dataloader_drop_last" not in trainer_kwargs(script, script_yaml)
+
+
+def test_the_forms_offered_are_those_of_the_studys_program(url: str) -> None:
+    """A loop of the user's own has no TrainingArguments or SFTConfig; a Trainer script has,
+    as its recorder said (its program_run's epochs); the command first for any script."""
+    forms = {}
+    store = Store(url)
+    try:
+        for name in ("loop-script", "trainer-script", "sft-script", "builtin"):
+            trial = store.get_trial(name, 0)
+            assert trial is not None
+            measured = trial.measurement or {}
+            forms[name] = page_formats(store.get_study(name).space_yaml, measured["program_run"])
+    finally:
+        store.dispose()
+    assert forms == {
+        "loop-script": ("command", "dataloader", "yaml"),
+        "trainer-script": ("command", "trainer", "yaml"),
+        "sft-script": ("command", "sft", "trainer", "yaml"),
+        "builtin": ("trainer", "sft", "yaml"),
+    }
