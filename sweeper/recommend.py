@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -569,6 +570,31 @@ def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | Non
     return min(matches, key=lambda c: c.trial.number) if matches else None
 
 
+def _mismatched(store: Store, study: str) -> list[str]:
+    """What the trials that failed as ``mismatch`` say against the pick: the knobs the
+    program did not run as asked were never measured at the values it ignored, so the pick
+    is only among the configs that ran as asked (a walk's script ignored its batch size and
+    workers: 7 of 8 trials failed so, and `best` named the one survivor without a word)."""
+    failed = [t.number for t in store.trial_metrics(study, states=["failed"])
+              if t.failure_kind == "mismatch"]  # fmt: skip
+    if not failed:
+        return []
+    knobs: dict[str, None] = {}
+    for number in failed[:50]:
+        row = store.get_trial(study, number)
+        for knob in re.findall(r"(\w+): asked ", (row.failure_message if row else "") or ""):
+            knobs.setdefault(knob, None)
+    said = ", ".join(knobs) or "some knobs"
+    numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")
+    return [
+        f"{len(failed)} trial(s) failed because the program did not run the config as asked "
+        f"({numbers}: {said}): the values it ignored were never measured, so this pick is "
+        "only among the configs that ran as asked; make the program take those knobs from "
+        "sweeper (`sweeper.trial_config()`, or the flags or environment of `knobs:`) and "
+        "launch again"
+    ]
+
+
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
@@ -585,6 +611,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             "warnings": (
                 *recommendation.warnings,
                 *caveats.ran_warnings(measured, winner.config if winner is not None else None),
+                *_mismatched(store, study),
                 *caveats.program_run_warnings(
                     measured,
                     epochs=facts.epochs,

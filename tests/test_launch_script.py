@@ -243,3 +243,65 @@ def test_the_exit_status_counts_the_studys_trials_not_only_this_workers(
     assert "none of them completed; the study's 1 completed trial" in said, said
     assert outcome(url, _report(trials_run=1, completed=1, failed=0), None, 60.0) == ("", 0)
     store.dispose()
+
+
+def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path: Path) -> None:
+    """A walk's script with sweeper's line alone (its DataLoader's batch size and workers its
+    own) failed 7 of 8 trials as mismatch: each trial asking another batch size paid its
+    start-up to fail alike, and `best` named the one config that ran as asked without a
+    word. Two trials asking two other values that ran the same one now stop the sweep, with
+    what to do; `best` says which knobs were never measured."""
+    from sweeper.recommend import best
+    from sweeper.space import parse_space
+    from sweeper.sweep.outcome import Outcome
+    from sweeper.sweep.stopping import Stopping, TimeBudget
+    from sweeper.trial.engines.readback import SCRIPT_FIX
+
+    def message(asked: int, workers: int) -> str:  # readback.check's words for the script
+        return (
+            "the script engine did not run the config as asked (read back from what trained): "
+            f"per_device_batch_size: asked {asked}, ran 1; num_workers: asked {workers}, ran 0"
+            + SCRIPT_FIX
+        )
+
+    assert "sweeper.trial_config()" in SCRIPT_FIX
+    stopping = Stopping(parse_space(TINY_SPACE.read_text()), [], TimeBudget())
+    first = Outcome(number=0, failure_kind="mismatch", message=message(8, 2))
+    assert stopping.after_trial(first) is None  # one trial: maybe that value only
+    assert stopping.after_trial(Outcome(number=1, cost=1.0)) is None  # bs1 w0: ran as asked
+    why = stopping.after_trial(Outcome(number=2, failure_kind="mismatch", message=message(4, 0)))
+    assert why is not None and why.startswith(
+        "your program ran per_device_batch_size 1 whatever was asked (asked 8 in #0, asked 4 "
+        "in #2): it does not take it from sweeper"
+    ), why
+    assert "read per_device_batch_size from `sweeper.trial_config()`" in why
+    assert "or list only 1 for it in search:" in why
+    # an out of memory is the config's own doing: the search learns from it, no stop
+    again = Stopping(parse_space(TINY_SPACE.read_text()), [], TimeBudget())
+    for n in range(4):
+        assert again.after_trial(Outcome(number=n, failure_kind="oom", message="asked")) is None
+
+    store = _store(tmp_path)
+    try:
+        for number, asked in ((0, 8), (2, 4)):
+            store.start_trial("s", number, {"per_device_batch_size": asked}, "me")
+            store.finish_trial(
+                "s", number, "failed", failure_kind="mismatch", failure_message=message(asked, 2)
+            )
+        store.start_trial("s", 1, {"per_device_batch_size": 1}, "me")
+        store.finish_trial(
+            "s", 1, "complete", it_per_s=2.0, samples_per_s=2.0, hours_per_run=1.0,
+            cost_per_run_usd=2.5,
+        )  # fmt: skip
+        said = [w for w in best(store, "s").warnings if "did not run the config as asked" in w]
+    finally:
+        store.dispose()
+    assert len(said) == 1, said
+    assert (
+        "2 trial(s) failed because the program did not run the config as asked (#0, #2: "
+        in (said[0])
+    )
+    assert (
+        "per_device_batch_size, num_workers): the values it ignored were never measured"
+        in (said[0])
+    )

@@ -36,6 +36,10 @@ def failure_signature(message: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "<n>", message)
 
 
+# "per_device_batch_size: asked 8, ran 1" in a mismatch's message (readback.check)
+_ASKED_RAN = re.compile(r"(\w+): asked ([^,;]+), ran ([^;.]+)")
+
+
 def device_hours_limit(budget: Budget, usd_per_hour: float) -> float | None:
     """The space's limits on device time, in device-hours: ``budget.max_device_hours``, and
     ``budget.max_usd`` at ``usd_per_hour`` (one device's price); None: neither is set. A
@@ -183,13 +187,43 @@ class Stopping:
         # the signatures of this sweep's last trials in a row that failed as "error" while the
         # study had nothing measured (``_failing_alike``)
         self.alike: list[str] = []
+        # (knob, value that ran) → {value asked: first trial}, from ``mismatch`` failures
+        self.ignored: dict[tuple[str, str], dict[str, int]] = {}
 
     def after_trial(self, outcome: Outcome) -> str | None:
         """Count one more measured trial, which gave ``outcome``; why to stop now, if so."""
         self.measured += 1
         return (
-            self._failing_alike(outcome) or self._out_of_patience(outcome) or self._not_worth_it()
+            self._failing_alike(outcome)
+            or self._ignoring_a_knob(outcome)
+            or self._out_of_patience(outcome)
+            or self._not_worth_it()
         )
+
+    def _ignoring_a_knob(self, outcome: Outcome) -> str | None:
+        """Whether the program ran one value of a knob whatever value was asked (two trials
+        asked two other values, and both ran that one): every further trial that asks
+        another fails as ``mismatch``, paying its start-up (a walk's script with the line
+        alone, its DataLoader's batch size and workers its own: 7 of 8 trials). Said with
+        what to do; the trials so far are kept."""
+        if outcome.failure_kind != "mismatch":
+            return None
+        for knob, asked, ran in _ASKED_RAN.findall(outcome.message or ""):
+            if asked == ran:
+                continue
+            seen = self.ignored.setdefault((knob, ran), {})
+            seen.setdefault(asked, outcome.number)
+            if len(seen) >= 2:
+                trials = ", ".join(f"asked {a} in #{n}" for a, n in list(seen.items())[:3])
+                return (
+                    f"your program ran {knob} {ran} whatever was asked ({trials}): it does "
+                    "not take it from sweeper, so every trial asking another value fails "
+                    f"alike. Make it read {knob} from `sweeper.trial_config()` (or the flags "
+                    "or environment the space's `knobs:` passes) where it sets it, or list "
+                    f"only {ran} for it in search:; then launch again (the trials run so far "
+                    "are kept)"
+                )
+        return None
 
     def _failing_alike(self, outcome: Outcome) -> str | None:
         """Whether the last ``SAME_FAILURE_STOP`` trials, with nothing measured in the study,

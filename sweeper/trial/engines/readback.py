@@ -609,9 +609,20 @@ def check(engine: str, run: Running, config: Mapping[str, Any]) -> dict[str, Any
         raise TrialError(
             "mismatch",
             f"the {engine} engine did not run the config as asked (read back from what "
-            f"trained): {'; '.join(result.mismatches)}",
+            f"trained): {'; '.join(result.mismatches)}"
+            + (SCRIPT_FIX if engine == "script" else ""),
         )
     return result.effective
+
+
+# what a user whose script ignores a knob does (a walk read the mismatch and did not know)
+SCRIPT_FIX = (
+    ". Your program set these itself: where it sets each (its DataLoader, its Trainer's "
+    "arguments), take sweeper's value instead: `cfg = sweeper.trial_config()`, then e.g. "
+    "`DataLoader(..., batch_size=cfg['per_device_batch_size'], "
+    "num_workers=cfg['num_workers'])`, or the flags or environment the space's `knobs:` "
+    "passes; or list only the value it uses in search:"
+)
 
 
 _GENERATION = re.compile(r"{%-?\s*generation\s*-?%}")
