@@ -34,10 +34,12 @@ process group (the program ignored the launch) fails the trial as a mismatch.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -169,8 +171,18 @@ class _Session:
         # the knobs that never reached the program (sweeper.trial.script.unreached)
         self.unreached: list[str] = []
         self._loss_hook: Any = None
+        self.written = False  # the trial's result is written (a measurement or a failure)
         self._previous_hook = sys.excepthook
         sys.excepthook = self._crashed  # an exception in the program: a classified failure
+        # a program whose own run ends inside the timed window (its loop, its epochs) is
+        # measured from the steps timed, or failed with their counts, as it exits. By then
+        # threading has shut down and a module that registers a threading exit function at
+        # import refuses to load: the thread pools' are loaded now (the checkpoint save at the
+        # measurement's end imports deepspeed, where installed, which imports them)
+        import concurrent.futures.process
+        import concurrent.futures.thread  # noqa: F401
+
+        atexit.register(self._program_ended)
 
     # -- the program's end -------------------------------------------------------------------
 
@@ -178,26 +190,34 @@ class _Session:
         partial = self.result_path.with_suffix(".partial")
         partial.write_text(result.model_dump_json())
         partial.replace(self.result_path)
+        self.written = True
 
     def _crashed(
         self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
         with contextlib.suppress(Exception):
-            self._write_failure(exc)
+            self._write_failure(exc, where=True)
         self._previous_hook(kind, exc, tb)
 
-    def _write_failure(self, exc: BaseException) -> tuple[str, str]:
-        """The trial's result: ``exc`` classified as the built-in engines' failures are."""
-        from sweeper.trial.failures import classify
+    def _write_failure(self, exc: BaseException, *, where: bool = False) -> tuple[str, str]:
+        """The trial's result: ``exc`` classified as the built-in engines' failures are;
+        ``where``: an exception of the program's own, whose message then says where in the
+        program it was raised (a verdict of sweeper's names no line: its own code raised it)."""
+        from sweeper.errors import TrialError
+        from sweeper.trial.failures import classify, raised_at
         from sweeper.trial.protocol import ChildResult
 
         failure, message = classify(exc)
+        told = "".join(traceback.format_exception(exc))
+        raised = raised_at(told, os.getcwd()) if where and not isinstance(exc, TrialError) else None
+        if raised is not None:
+            message = f"{message} (raised at {raised})"
         self._write(
             ChildResult(
                 status="failed",
                 failure_kind=failure,
                 failure_message=message,
-                traceback="".join(traceback.format_exception(exc))[-20000:],
+                traceback=told[-20000:],
             )
         )
         return failure, message
@@ -220,6 +240,80 @@ class _Session:
 
     def _done(self) -> None:
         """The recorder is done: measure the rest, write the result, end the program."""
+        self._write_measurement()
+        self._end_program()
+
+    def _end_program(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # the measurement is written; the rest of the program (saving, evaluation) is not
+        # the trial's
+        _end_children()
+        os._exit(0)
+
+    def _run_ended(self, *, end_program: bool) -> None:
+        """The program's own run ended (its loop at exit, its Trainer's ``train()``) with the
+        timed window open: the window is closed at its last step and kept when it holds the
+        steps it needs, as a capped window is, with the interval reached and a note in the
+        trial's log; otherwise the trial fails with the window's own counts. Burn-in and
+        earlier endings are left to the trial's side (``sweeper.trial.script._ended_early``)."""
+        from sweeper.errors import TrialError
+        from sweeper.trial.failures import classify
+        from sweeper.trial.recipe import ci95_rel
+        from sweeper.trial.script import ended_in_window, kept_in_window
+
+        if self.written or self.ctx is None or self.ctx.recorder.phase != "window":
+            return
+        recorder = self.ctx.recorder
+        script = self.request.workload.script
+        command = " ".join(script.command) if script is not None else "your program"
+        try:
+            if self.ranks is None:
+                kept = recorder.end_early()
+            else:  # the ranks would have to agree on it, and the program may have ended them
+                recorder.settle_window()
+                kept = False
+            times = recorder.recording.window_times
+            seconds, interval = math.fsum(times), ci95_rel(times)
+            if not kept:
+                self._fail(
+                    "error",
+                    ended_in_window(
+                        command,
+                        recorder.measure,
+                        burn_in=len(recorder.recording.burn_in),
+                        timed=len(times),
+                        needed=recorder.min_window_steps,
+                        seconds=seconds,
+                        interval=interval,
+                        devices=1 if self.ranks is None else self.ranks.world,
+                    ),
+                )
+            said = kept_in_window(recorder.measure, timed=len(times), seconds=seconds,
+                                  interval=interval)  # fmt: skip
+            print(said, file=sys.stderr)
+            self._write_measurement()
+        except TrialError as exc:  # a verdict on what was measured (a loss that is not finite)
+            self._abort(exc)
+        except Exception as exc:  # noqa: BLE001 - every failure here is the trial's result
+            _, message = classify(exc)
+            self._abort(
+                TrialError(
+                    "error",
+                    f"{command} ended inside the timed window, and sweeper could not finish "
+                    f"the measurement as the program ended ({message}); let the run go on "
+                    "longer, so that the window closes while it trains",
+                )
+            )
+        if end_program:
+            self._end_program()
+
+    def _program_ended(self) -> None:
+        # at the interpreter's exit the program's own exit status stands (the trial keeps a
+        # measurement only from a program that exits 0)
+        self._run_ended(end_program=False)
+
+    def _write_measurement(self) -> None:
         from sweeper.trial.engines import EngineRun, optimizer_name
         from sweeper.trial.measure import finish
         from sweeper.trial.protocol import ChildResult
@@ -249,12 +343,6 @@ class _Session:
         if "phases_s" in payload:
             payload["phases_s"]["imports"] = None  # the program's own start-up, not told apart
         self._write(ChildResult(status="ok", payload=payload))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # the measurement is written; the rest of the program (saving, evaluation) is not
-        # the trial's
-        _end_children()
-        os._exit(0)
 
     def _finish_group(self, run: Any) -> dict[str, Any]:
         """Every rank's figures to rank 0, which measures the group as the built-in engines'
@@ -468,6 +556,10 @@ class _Session:
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 session._step_end()
+
+            def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                # its run (epochs, max_steps) ended before the window did
+                session._run_ended(end_program=True)
 
         return SweeperCallback()
 

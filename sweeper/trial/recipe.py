@@ -365,6 +365,38 @@ class Recorder:
             if self.on_phase is not None:
                 self.on_phase("finishing")
 
+    @property
+    def min_window_steps(self) -> int:
+        """The steps the window needs: ``measure.min_steps``, and ``warmup_multiple`` × the
+        burn-in once burn-in has ended."""
+        return self._min_window_steps
+
+    def settle_window(self) -> None:
+        """Synchronize and read every window step's time (the program's run ended inside the
+        window: nothing more will come)."""
+        self.timer.sync()
+        self._resolve(wait=True)
+
+    def end_early(self) -> bool:
+        """Close a window the program's own run ended inside: True, and done as a capped window
+        is (the interval reached is the one kept), when it holds the steps it needs
+        (``min_window_steps``); False, and left as it is, when it does not. Its time is its
+        steps' own, up to the last step's end: what the program did after its loop is not in it.
+        """
+        if self.phase != "window":
+            raise RuntimeError(f"end_early() in phase {self.phase}")
+        self.settle_window()
+        steps = self.recording.window
+        if len(steps) < self._min_window_steps:
+            return False
+        self.recording.window_s = math.fsum(s.time_s for s in steps)
+        if self.watch is not None:
+            self.recording.host = self.watch.stop()
+        self.phase = "done"
+        if self.on_phase is not None:
+            self.on_phase("finishing")
+        return True
+
     def _agreed(self, verdict: bool) -> bool:
         return verdict if self.agree is None else self.agree(verdict)
 

@@ -44,7 +44,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeper import knobs
 from sweeper.errors import TrialError
@@ -52,6 +52,9 @@ from sweeper.trial import accelerate_line, progress
 from sweeper.trial.failures import classify_output, raised_at
 from sweeper.trial.lifeline import die_with_parent
 from sweeper.trial.protocol import ChildRequest, ChildResult
+
+if TYPE_CHECKING:
+    from sweeper.space_trial import MeasureSettings
 
 REQUEST_ENV = "SWEEPER_SCRIPT_REQUEST"  # the trial's request (JSON file); the hook reads it
 RESULT_ENV = "SWEEPER_SCRIPT_RESULT"  # where the hook writes its ChildResult
@@ -487,11 +490,15 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
         sys.stderr.flush()
         tail.append(raw.decode("utf-8", "replace"))
     returncode = process.wait()
-    if result_path.exists():
-        result = ChildResult.model_validate_json(result_path.read_text())
-        if result.status == "ok":
-            return result.payload
+    result = ChildResult.model_validate_json(result_path.read_text()) if (
+        result_path.exists()
+    ) else None  # fmt: skip
+    if result is not None and result.status != "ok":
         raise TrialError(result.failure_kind or "error", result.failure_message or "failed")
+    # a measurement kept at the program's own end (its run ended inside the window) stands
+    # only if the program then exited as a finished run does; sweeper's own end exits 0
+    if result is not None and returncode == 0:
+        return result.payload
     said = "".join(tail)
     if returncode == 0:
         reached = progress.read_progress(Path(env[progress.PROGRESS_ENV])) if (
@@ -518,6 +525,13 @@ def run_script(request: ChildRequest, request_path: Path) -> Any:
     )
 
 
+_RUN_LONGER = (
+    "let the run go on longer (more --num_train_epochs or --max_steps in "
+    "workload.script.command: sweeper ends it once it has measured)"
+)
+_LONGER = f"{_RUN_LONGER}, or ask for fewer steps (trial.warmup.max_steps, trial.measure.min_steps)"
+
+
 def _ended_early(reached: dict[str, Any] | None, request: ChildRequest) -> str | None:
     """Why a program that reached sweeper's line ended before the recorder was done: its own
     run (epochs, max_steps) was shorter than burn-in and the timed window. None when the line
@@ -529,11 +543,7 @@ def _ended_early(reached: dict[str, Any] | None, request: ChildRequest) -> str |
 
     settings = request.settings or TrialSettings()
     warmup, measure = settings.warmup, settings.measure
-    fix = (
-        "let the run go on longer (more --num_train_epochs or --max_steps in "
-        "workload.script.command: sweeper ends it once it has measured), or ask for fewer "
-        "steps (trial.warmup.max_steps, trial.measure.min_steps)"
-    )
+    fix = _LONGER
     if phase == "script_hook":
         return (
             "ended after reaching sweeper's line but before its first optimizer step ended: "
@@ -548,12 +558,73 @@ def _ended_early(reached: dict[str, Any] | None, request: ChildRequest) -> str |
             f"{measure.min_steps} steps, trial.measure): its own run was shorter than the "
             f"measurement; {fix}"
         )
+    # the hook writes a window's end itself (kept, or failed with its counts) at the program's
+    # exit; here it could not: the program left through os._exit or a signal
     burn_in = int((reached or {}).get("steps", 0))
     needed = max(measure.min_steps, math.ceil(measure.warmup_multiple * burn_in))
     return (
-        f"ended inside the timed window: after {burn_in} steps of burn-in the window needs at "
-        f"least {needed} (trial.measure.min_steps, and warmup_multiple × the burn-in), and its "
-        f"own run ended first; {fix}"
+        f"ended inside the timed window (after {burn_in} steps of burn-in; the window needs at "
+        f"least {needed}) without running Python's exit handlers (os._exit, or a signal), so "
+        f"sweeper could not count or keep the steps it timed; end the program by returning "
+        f"from it or sys.exit, or {fix}"
+    )
+
+
+def ended_in_window(
+    command: str,
+    measure: MeasureSettings,
+    *,
+    burn_in: int,
+    timed: int,
+    needed: int,
+    seconds: float,
+    interval: float,
+    devices: int = 1,
+) -> str:
+    """Why a trial whose program ended inside the timed window is not kept, with the window's
+    own counts (steps timed and needed, seconds, the interval reached), as its log shows them.
+
+    >>> from sweeper.space_trial import MeasureSettings
+    >>> ended_in_window("python train.py", MeasureSettings(min_steps=5), burn_in=6, timed=10,
+    ...                 needed=24, seconds=0.3, interval=0.05)[16:98]
+    'ended inside the timed window after 10 timed steps (0.3 s, interval reached ±5.0%)'
+    """
+    reached = f"±{interval:.1%}" if math.isfinite(interval) else "none yet"
+    said = (
+        f"{command} ended inside the timed window after {timed} timed "
+        f"step{'' if timed == 1 else 's'} ({seconds:.3g} s, interval reached {reached})"
+    )
+    if devices > 1:
+        return (
+            f"{said}: on {devices} devices sweeper keeps a window only when its own rule ends "
+            f"it (the ranks agree on it together); {_LONGER}"
+        )
+    return (
+        f"{said}: the window needs at least {needed} steps (trial.measure.min_steps "
+        f"{measure.min_steps}, and warmup_multiple {measure.warmup_multiple:g} × the {burn_in} "
+        f"burn-in step{'' if burn_in == 1 else 's'}); {_RUN_LONGER}, or ask for fewer steps "
+        "(trial.warmup.max_steps, trial.measure.min_steps, trial.measure.warmup_multiple)"
+    )
+
+
+def kept_in_window(measure: MeasureSettings, *, timed: int, seconds: float, interval: float) -> str:
+    """The note of a trial kept although its program ended inside the timed window: what the
+    window had not reached yet (the interval, min_seconds), as a capped window reports it.
+
+    >>> from sweeper.space_trial import MeasureSettings
+    >>> kept_in_window(MeasureSettings(), timed=294, seconds=9.3, interval=0.034)[52:123]
+    'after 294 timed steps (9.3 s), before the interval reached ±2.0% (trial'
+    """
+    short = []
+    if not interval <= measure.target_ci:
+        short.append(f"the interval reached ±{measure.target_ci:.1%} (trial.measure.target_ci)")
+    if seconds < measure.min_seconds:
+        short.append(f"{measure.min_seconds:g} s (trial.measure.min_seconds)")
+    return (
+        f"sweeper: your program ended inside the timed window after {timed} timed steps "
+        f"({seconds:.3g} s), before {' and '.join(short) or 'the window closed'}; the "
+        f"measurement is kept as a capped window's is, with the interval it reached: "
+        f"±{interval:.1%}"
     )
 
 

@@ -108,6 +108,33 @@ def test_window_stops_at_its_caps_and_reports_the_interval_it_reached() -> None:
     )
 
 
+def test_a_run_that_ends_inside_the_window_keeps_it_only_with_the_steps_it_needs() -> None:
+    """The program's own run ended first (``end_early``): a window of at least
+    ``min_window_steps`` is kept as a capped one is, its time its steps' own; a shorter one is
+    not closed, and its counts are there to say so."""
+
+    def fed(steps: int, multiple: float) -> tuple[Recorder, FakeClock]:
+        clock = FakeClock()
+        recorder = _recorder(clock, measure={"warmup_multiple": multiple})
+        recorder.start()
+        for seconds in [0.2] * 6 + [0.1, 0.3] * steps:  # burn-in: 6 steps; never within ±2%
+            recorder.batch(rows=4, real_tokens=300, padded_tokens=400, data_wait_s=0.0)
+            clock.t += seconds
+            assert not recorder.step_end()
+        clock.t += 30.0  # what the program did after its loop (saving, printing)
+        return recorder, clock
+
+    recorder, _ = fed(20, multiple=4.0)  # 40 window steps, 24 needed
+    assert recorder.min_window_steps == 24 and recorder.end_early() and recorder.done
+    summary = recorder.recording.summary()
+    assert summary["measured_steps"] == 40 and not summary["ci_met"]
+    assert summary["window_s"] == pytest.approx(8.0) and summary["it_per_s"] == pytest.approx(5)
+    assert summary["throughput_ci95_rel"] > 0.02  # the interval reached, as is
+    recorder, _ = fed(5, multiple=4.0)  # 10 window steps, 24 needed
+    assert not recorder.end_early() and recorder.phase == "window"
+    assert len(recorder.recording.window_times) == 10 and recorder.min_window_steps == 24
+
+
 def test_burn_in_is_capped_by_steps_and_seconds_and_says_it_never_settled() -> None:
     clock = FakeClock()
     recorder = _recorder(clock, warmup={"max_steps": 7})
