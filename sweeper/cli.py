@@ -295,8 +295,10 @@ def init(
     """Write the minimal space for your own fine-tune: your model, your data, the engine, the
     machine and its price, the job's size; everything else defaulted (max_seq_length from
     the data). Then: sweeper launch --space FILE."""
-    from sweeper.starter import ENGINES, minimal_space, study_name
+    from sweeper.starter import ENGINES, OWN_SCRIPT, minimal_space, study_name
 
+    if engine == "script":
+        raise fail(OWN_SCRIPT, code=2)
     if engine not in ENGINES:
         raise fail(f"--engine {engine}: use one of {', '.join(ENGINES)}", code=2)
     if device not in ("auto", "cuda", "cpu"):

@@ -22,6 +22,18 @@ from sweeper.space import parse_space
 
 ENGINES = ("sft", "trainer", "loop")
 
+# init writes a space for an engine sweeper builds; the user's own script is a command and a
+# line in it, which init cannot write for them
+OWN_SCRIPT = (
+    "--engine script: init writes a space for an engine sweeper builds (sft, trainer, loop); "
+    "to sweep your own train.py, write one with --engine loop, then in it set "
+    "workload.engine: script and workload.script.command: [python, train.py, ...], and add "
+    "sweeper's one line to your script (callbacks=[sweeper.callback()] in Trainer(...), or "
+    "`with sweeper.step(batch, model=model, optimizer=optimizer):` in your own loop). README: "
+    "'Your own training script as the trial'; examples/trainer/space.yaml and "
+    "examples/amp_loop/space.yaml are both, ready to copy"
+)
+
 
 def data_shape(path: Path) -> tuple[str, str, int | None]:
     """(``text_field`` or ``messages_field``, the column, the number of records) of a .jsonl,

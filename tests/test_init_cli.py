@@ -31,6 +31,28 @@ def test_init_without_a_terminal_names_the_missing_option(tmp_path: Path) -> Non
     assert not out.exists()
 
 
+def test_init_for_ones_own_script_says_how_to_sweep_it(tmp_path: Path) -> None:
+    """A walk's `init --engine script` got only 'use one of sft, trainer, loop'."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"text": "hello"}) + "\n")
+    out = tmp_path / "mine.yaml"
+    ran = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "init", "--model", "org/m", "--data", str(data),
+         "--price", "1", "--engine", "script", "--out", str(out)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    said = " ".join((ran.stdout + ran.stderr).split())
+    assert ran.returncode == 2, said
+    assert "Traceback" not in said and not out.exists()
+    assert "write one with --engine loop, then in it set workload.engine: script and " in said
+    assert "workload.script.command: [python, train.py, ...]" in said
+    assert "callbacks=[sweeper.callback()]" in said and "sweeper.step(batch" in said
+    assert "README: 'Your own training script as the trial'" in said
+    for example in ("examples/trainer/space.yaml", "examples/amp_loop/space.yaml"):
+        assert example in said and (REPO / example).is_file()
+
+
 @pytest.mark.torch  # transformers writes the tokenizer and the config, as save_pretrained does
 def test_init_refuses_chat_records_for_a_tokenizer_without_a_chat_template(
     tmp_path: Path,
