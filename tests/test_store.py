@@ -267,3 +267,44 @@ def test_trial_metrics_are_the_list_trials_fields_in_number_order(store: Store) 
     assert rows[2].projection == {"train_hours": 1.5} and rows[0].failure_kind == "oom"
     complete = store.trial_metrics("s", states=["complete"])
     assert [(r.number, r.cost_per_run_usd) for r in complete] == [(1, 4.0), (2, 3.0)]
+
+
+@pytest.mark.postgres
+def test_two_workers_creating_one_new_study_at_once_both_go_on(postgres_url: str) -> None:
+    """Two workers of `launch --workers 2` create the same new study: the second's insert
+    waits on the first's unique name, then fails with the duplicate key once the first
+    commits. Under load a worker of the CI's SIGTERM test died so ("duplicate key value
+    violates unique constraint sweeper_studies_name_key"), and its launch with it. The one
+    that loses the race now updates the row the other made. Made deterministic: the first
+    insert is held open (flushed, not committed) while the other upserts."""
+    import threading
+    import time
+
+    from sweeper.store.models import StudyRow
+    from sweeper.store.store import utcnow
+
+    store = Store(postgres_url)
+    store.migrate()
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            store.upsert_study("race", **(STUDY_FIELDS | {"usd_per_hour": 7.0}))
+        except BaseException as e:  # reported to the test
+            errors.append(e)
+
+    try:
+        with store.session() as s:
+            now = utcnow()
+            s.add(StudyRow(name="race", created_at=now, updated_at=now, **STUDY_FIELDS))
+            s.flush()  # the name is taken, not yet committed
+            other = threading.Thread(target=second)
+            other.start()
+            time.sleep(1.0)  # its SELECT saw no row; its INSERT waits on ours
+            assert other.is_alive()
+        other.join(timeout=30)
+        assert not other.is_alive()
+        assert errors == [], errors
+        assert store.get_study("race").usd_per_hour == 7.0  # the loser's fields, updated
+    finally:
+        store.dispose()

@@ -175,19 +175,29 @@ class Store:
     # ------------------------------------------------------------------ studies
 
     def upsert_study(self, name: str, **fields: Any) -> StudyRow:
-        """Create the study row, or update it when a sweep is resumed."""
-        with self.session() as s:
-            row = s.scalar(select(StudyRow).where(StudyRow.name == name))
-            now = utcnow()
-            if row is None:
-                row = StudyRow(name=name, created_at=now, updated_at=now, **fields)
-                s.add(row)
-            else:
-                for key, value in fields.items():
-                    setattr(row, key, value)
-                row.updated_at = now
-            s.flush()
-            return row
+        """Create the study row, or update it when a sweep is resumed. Two workers of one
+        ``launch --workers`` (or two machines) that create the same new study at once: the
+        one whose insert loses to the other's updates the row the other made (the unique
+        name decides; under load a worker of the CI's `launch --workers 2` test failed with
+        the database's duplicate key error, and its launch with it)."""
+        for attempt in range(2):
+            try:
+                with self.session() as s:
+                    row = s.scalar(select(StudyRow).where(StudyRow.name == name))
+                    now = utcnow()
+                    if row is None:
+                        row = StudyRow(name=name, created_at=now, updated_at=now, **fields)
+                        s.add(row)
+                    else:
+                        for key, value in fields.items():
+                            setattr(row, key, value)
+                        row.updated_at = now
+                    s.flush()
+                    return row
+            except StorageError as e:
+                if attempt or not isinstance(e.__cause__, IntegrityError):
+                    raise
+        raise AssertionError("unreachable")  # (the second attempt returns or raises)
 
     def set_study_state(self, name: str, state: str) -> None:
         with self.session() as s:
