@@ -587,7 +587,8 @@ def _mismatched(store: Store, study: str) -> list[str]:
     said = ", ".join(knobs) or "some knobs"
     numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")
     return [
-        f"{len(failed)} trial(s) failed because the program did not run the config as asked "
+        f"{len(failed)} trial{'' if len(failed) == 1 else 's'} failed because the program "
+        "did not run the config as asked "
         f"({numbers}: {said}): the values it ignored were never measured, so this pick is "
         "only among the configs that ran as asked; make the program take those knobs from "
         "sweeper (`sweeper.trial_config()`, or the flags or environment of `knobs:`) and "
