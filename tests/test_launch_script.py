@@ -245,6 +245,7 @@ def test_the_exit_status_counts_the_studys_trials_not_only_this_workers(
     store.dispose()
 
 
+@pytest.mark.torch  # readback's words for the script (sweeper.trial.engines imports torch)
 def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path: Path) -> None:
     """A walk's script with sweeper's line alone (its DataLoader's batch size and workers its
     own) failed 7 of 8 trials as mismatch: each trial asking another batch size paid its
