@@ -123,6 +123,11 @@ def ran_warnings(measured: Mapping[str, Any], config: Mapping[str, Any] | None =
     >>> ran_warnings({"packing": True, "cross_sample_attention": False}, {"packing": True})
     []
     """
+    if measured.get("ended_in_window"):  # said beside any other (a re-walk found it in a log)
+        return [
+            str(measured["ended_in_window"]),
+            *ran_warnings({k: v for k, v in measured.items() if k != "ended_in_window"}, config),
+        ]
     if measured.get("cross_sample_attention"):
         return [
             "its packed rows attended across sample boundaries (measured: a mask of ones, no "

@@ -457,6 +457,12 @@ class Measurement(_Strict):
         "while the config says fp32. The config as it ran is the config overlaid with these "
         "(sweeper.knob_values.as_ran); None: none differ, or not recorded",
     )
+    ended_in_window: str | None = Field(
+        default=None,
+        description="engine: script: the program's own run ended inside the timed window, with "
+        "the steps it needs: kept as a capped window is, and this says what it had not reached "
+        "(the interval, min_seconds); None: the window closed as usual",
+    )
     unreached: list[str] | None = Field(
         default=None,
         description="engine: script: the knobs that never reached the program (not among its "

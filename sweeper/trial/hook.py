@@ -170,6 +170,7 @@ class _Session:
         self.program_run: dict[str, Any] | None = None
         # the knobs that never reached the program (sweeper.trial.script.unreached)
         self.unreached: list[str] = []
+        self.ended_note: str | None = None  # the program's run ended inside the window, kept
         self._loss_hook: Any = None
         self.written = False  # the trial's result is written (a measurement or a failure)
         self._previous_hook = sys.excepthook
@@ -292,6 +293,7 @@ class _Session:
             said = kept_in_window(recorder.measure, timed=len(times), seconds=seconds,
                                   interval=interval)  # fmt: skip
             print(said, file=sys.stderr)
+            self.ended_note = said.removeprefix("sweeper: ")  # recorded with the measurement
             self._write_measurement()
         except TrialError as exc:  # a verdict on what was measured (a loss that is not finite)
             self._abort(exc)
@@ -331,6 +333,7 @@ class _Session:
                 "own_values": self.own_values,
                 "program_run": self.program_run,
                 "unreached": self.unreached,
+                "ended_in_window": self.ended_note,
                 "communication_s": None
                 if self.communication is None
                 else self.communication.per_step_s(),

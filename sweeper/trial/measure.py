@@ -255,6 +255,7 @@ def finish(
             "own_values": run.notes.get("own_values") or None,
             "program_run": run.notes.get("program_run"),
             "unreached": run.notes.get("unreached") or None,
+            "ended_in_window": run.notes.get("ended_in_window"),
             "loss_labels": ctx.loss_labels,
             "reply_markers": None
             if request.prepared.chat_template is None

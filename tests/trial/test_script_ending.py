@@ -106,6 +106,12 @@ def test_a_run_that_ends_inside_a_long_enough_window_is_kept_with_the_interval_r
         f"interval it reached: ±{measured.throughput_ci95_rel:.1%}"
     )
     assert note in run.log_tail, run.log_tail[-3000:]
+    # and recorded with the measurement, which `best` warns with (a re-walk found it only in
+    # the trial's log, which is kept for failed trials)
+    assert measured.ended_in_window == note.removeprefix("sweeper: ")
+    from sweeper.caveats import ran_warnings
+
+    assert ran_warnings(measured.model_dump(), None)[0] == measured.ended_in_window
 
     # a program that then exits with a failure of its own is not measured: its status stands
     run = _run(
