@@ -299,8 +299,7 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
         store.dispose()
     assert len(said) == 1, said
     assert (
-        "2 trials failed because the program did not run the config as asked (#0, #2: "
-        in (said[0])
+        "2 trials failed because the program did not run the config as asked (#0, #2: " in (said[0])
     )
     assert (
         "per_device_batch_size, num_workers): the values it ignored were never measured"
