@@ -123,29 +123,26 @@ def ran_warnings(measured: Mapping[str, Any], config: Mapping[str, Any] | None =
     >>> ran_warnings({"packing": True, "cross_sample_attention": False}, {"packing": True})
     []
     """
-    if measured.get("ended_in_window"):  # said beside any other (a re-walk found it in a log)
-        return [
-            str(measured["ended_in_window"]),
-            *ran_warnings({k: v for k, v in measured.items() if k != "ended_in_window"}, config),
-        ]
+    # a run kept although it ended inside the window (a re-walk found it in a log only)
+    said = [str(measured["ended_in_window"])] if measured.get("ended_in_window") else []
+    config = config or {}
     if measured.get("cross_sample_attention"):
-        return [
+        said.append(
             "its packed rows attended across sample boundaries (measured: a mask of ones, no "
             "per-sample position ids): each sample sees the end of the one before it. " + _AVOID
-        ]
-    config = config or {}
-    if (
+        )
+    elif (
         measured.get("packing")
         and "cross_sample_attention" not in measured
         and config.get("packing_strategy", "wrapped") == "wrapped"
         and not config.get("padding_free")
     ):
-        return [
+        said.append(
             "its packed rows probably attended across sample boundaries: the trial was "
             "recorded before sweeper checked (sweeper's wrapped packing uses a mask of ones); "
             "measure it again to know. " + _AVOID
-        ]
-    return []
+        )
+    return said
 
 
 def program_run_warnings(

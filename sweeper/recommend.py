@@ -575,14 +575,13 @@ def _mismatched(store: Store, study: str) -> list[str]:
     program did not run as asked were never measured at the values it ignored, so the pick
     is only among the configs that ran as asked (a walk's script ignored its batch size and
     workers: 7 of 8 trials failed so, and `best` named the one survivor without a word)."""
-    failed = [t.number for t in store.trial_metrics(study, states=["failed"])
-              if t.failure_kind == "mismatch"]  # fmt: skip
-    if not failed:
+    rows = store.list_trials(study, states=["failed"], failure_kinds=["mismatch"])
+    if not rows:
         return []
+    failed = [row.number for row in rows]  # one read, messages included (not one per trial)
     knobs: dict[str, None] = {}
-    for number in failed[:50]:
-        row = store.get_trial(study, number)
-        for knob in re.findall(r"(\w+): asked ", (row.failure_message if row else "") or ""):
+    for row in rows:
+        for knob in re.findall(r"(\w+): asked ", row.failure_message or ""):
             knobs.setdefault(knob, None)
     said = ", ".join(knobs) or "some knobs"
     numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")

@@ -79,16 +79,22 @@ class _ClockedTable:
     def claim(self, number: int, config: TrialConfig) -> int | None:
         return None
 
+    def seconds(self, config: TrialConfig) -> float:
+        return TRIAL_S[config.compile_mode]
+
+    def outcome(self, number: int, config: TrialConfig) -> Outcome:
+        return Outcome(number=number, cost=_cost(config))
+
     def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
         self.ran.append(config)
-        seconds = TRIAL_S[config.compile_mode]
+        seconds = self.seconds(config)
         if left_s is not None and seconds > left_s:
             self.clock.now_s += left_s
             self.cut.append(config)
             return Outcome(number=trial.number, failure_kind="interrupted")
         self.clock.now_s += seconds
         trial.set_user_attr(SECONDS_ATTR, seconds)
-        return Outcome(number=trial.number, cost=_cost(config))
+        return self.outcome(trial.number, config)
 
 
 def _loop(sampler: str, seed: int = 0) -> tuple[SearchLoop, _ClockedTable, _Clock]:
@@ -292,23 +298,22 @@ class _StepTable(_ClockedTable):
         super().__init__(clock)
         self.trial = space.trial
 
-    def execute(self, trial: optuna.Trial, config: TrialConfig, left_s: float | None) -> Outcome:
-        self.ran.append(config)
+    def _step_s(self, config: TrialConfig) -> float:
+        return config.per_device_batch_size * config.gradient_accumulation_steps / ROWS_PER_S
+
+    def seconds(self, config: TrialConfig) -> float:
+        step_s = self._step_s(config)
+        return START_S + search_cost.steps_floor_s(step_s, self.trial.warmup, self.trial.measure)
+
+    def outcome(self, number: int, config: TrialConfig) -> Outcome:
         rows = config.per_device_batch_size * config.gradient_accumulation_steps
-        step_s = rows / ROWS_PER_S
-        seconds = START_S + search_cost.steps_floor_s(step_s, self.trial.warmup, self.trial.measure)
-        if left_s is not None and seconds > left_s:
-            self.clock.now_s += left_s
-            self.cut.append(config)
-            return Outcome(number=trial.number, failure_kind="interrupted")
-        self.clock.now_s += seconds
-        trial.set_user_attr(SECONDS_ATTR, seconds)
         cost = 100.0 / rows**0.1 + (config.num_workers == 0)
         sample = Sample(
             kind="trial", cost_per_run_usd=cost, hours_per_run=cost / 3.5,
-            samples_per_s=ROWS_PER_S, tokens_per_s=None, it_per_s=1.0 / step_s, ci95_rel=0.01,
+            samples_per_s=ROWS_PER_S, tokens_per_s=None, it_per_s=1.0 / self._step_s(config),
+            ci95_rel=0.01,
         )  # fmt: skip
-        return Outcome(number=trial.number, cost=cost, sample=sample)
+        return Outcome(number=number, cost=cost, sample=sample)
 
 
 def test_a_trial_of_big_steps_is_not_started_where_only_small_ones_fit() -> None:
