@@ -519,11 +519,13 @@ def best_command(
 def export(
     study: Annotated[str, typer.Option("--study", help="study name")],
     fmt: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--format", help="trainer | sft | dataloader | yaml | json | command | accelerate"
+            "--format",
+            help="trainer | sft | dataloader | yaml | json | command | accelerate; default: "
+            "the study's own (trainer for sweeper's engines; for a script of yours, its command)",
         ),
-    ] = "trainer",
+    ] = None,
     storage: StorageOption = None,
     max_hours: MaxHoursOption = None,
     max_cost: MaxCostOption = None,
@@ -532,10 +534,10 @@ def export(
 ) -> None:
     """Print the recommended config as a TrainingArguments, TRL SFTConfig or DataLoader snippet,
     YAML or JSON."""
-    from sweeper.export import FORMATS, render
+    from sweeper.export import FORMATS, page_formats, render
     from sweeper.recommend import best
 
-    if fmt not in FORMATS:
+    if fmt is not None and fmt not in FORMATS:
         raise fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", code=2)
     constraints = _constraints(max_hours, max_cost, min_headroom, allow_truncation)
     store = reading_store(storage)
@@ -543,6 +545,15 @@ def export(
         store.migrate()
         recommendation = best(store, study, constraints)
         space_yaml = store.get_study(study).space_yaml
+        if fmt is None:  # the study's own first form: what its program is, as its trial ran
+            winner = store.get_trial(study, recommendation.trial_number)
+            ran = None if winner is None else (winner.measurement or {}).get("program_run")
+            forms = page_formats(space_yaml, ran)
+            fmt = forms[0]
+            if forms[0] != "trainer":
+                err_console.print(
+                    f"as --format {fmt} (this study's own; also {', '.join(forms[1:])}, json)"
+                )
     except SweeperError as e:
         raise fail(with_storage(e, store)) from None
     finally:

@@ -576,26 +576,43 @@ PAGE_LABELS: dict[ExportFormat, str] = {
 }
 
 
+def page_label(fmt: ExportFormat, space_yaml: str) -> str:
+    """The copy button's name of ``fmt``: a script's DataLoader export is the keywords alone,
+    sweeper's loop engine's the DataLoader with its training loop."""
+    space = space_of(space_yaml)
+    if fmt == "dataloader" and (space is None or space.workload.script is None):
+        return "DataLoader and loop"
+    return PAGE_LABELS[fmt]
+
+
 def page_formats(
     space_yaml: str, program_run: Mapping[str, Any] | None = None
 ) -> tuple[ExportFormat, ...]:
     """The exports that apply to a study, the first the one to paste: for sweeper's own
-    engines TrainingArguments, SFTConfig and YAML; for a script of the user's, its command,
-    then the TrainingArguments (SFTConfig too, where its knobs are SFTConfig's flags) of a
-    Trainer script, or the DataLoader keywords of a loop of its own. Which one the script is,
-    its recorder said: a Trainer's reports its run (``program_run``: num_train_epochs, after
-    TrainingArguments' defaults), a loop's ``sweeper.step`` no epochs.
+    engines TrainingArguments, SFTConfig and YAML (the engine's own first: SFTConfig for
+    ``sft``, the DataLoader and loop for ``loop``); for a script of the user's, its command,
+    then the TrainingArguments (SFTConfig first, where its knobs are SFTConfig's flags or its
+    Trainer ran an SFTConfig: ``program_run``'s arguments) of a Trainer script, or the
+    DataLoader keywords of a loop of its own. Which one the script is, its recorder said: a
+    Trainer's reports its run (``program_run``: num_train_epochs, after TrainingArguments'
+    defaults), a loop's ``sweeper.step`` no epochs.
 
     >>> page_formats("")  # no space to read: sweeper's own engines
     ('trainer', 'sft', 'yaml')
     """
     space = space_of(space_yaml)
     script = None if space is None else space.workload.script
-    if script is None:
+    if script is None:  # the engine's own arguments first: what its trials ran
+        engine = None if space is None else space.workload.engine
+        if engine == "sft":
+            return ("sft", "trainer", "yaml")
+        if engine == "loop":
+            return ("dataloader", "trainer", "sft", "yaml")
         return ("trainer", "sft", "yaml")
     if (program_run or {}).get("num_train_epochs") is None:
         return ("command", "dataloader", "yaml")
-    if script.knobs == "sft_flags":
+    # SFTConfig's flags, or an SFTTrainer script whatever its knobs form (its recorder said)
+    if script.knobs == "sft_flags" or (program_run or {}).get("arguments") == "SFTConfig":
         return ("command", "sft", "trainer", "yaml")
     return ("command", "trainer", "yaml")
 

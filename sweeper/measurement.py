@@ -212,6 +212,12 @@ class ProgramRun(_Strict):
     train_rows: int | None = Field(
         default=None, description="rows of the program's training set (None: no len, streamed)"
     )
+    arguments: str | None = Field(
+        default=None,
+        description="the class of the arguments its Trainer ran: SFTConfig for TRL's (or a "
+        "subclass of it), else the class's own name (TrainingArguments); None: a loop, or a "
+        "record older than this field",
+    )
 
 
 class Measurement(_Strict):

@@ -754,7 +754,13 @@ def test_the_copy_buttons_are_the_forms_that_apply_to_the_studys_program(
         "Copy TrainingArguments",
         "Copy YAML",
     ]
-    assert buttons(pages["builtin"]) == ["Copy TrainingArguments", "Copy SFTConfig", "Copy YAML"]
+    # sweeper's loop engine: its DataLoader and loop first, as its trials ran them
+    assert buttons(pages["builtin"]) == [
+        "Copy DataLoader and loop",
+        "Copy TrainingArguments",
+        "Copy SFTConfig",
+        "Copy YAML",
+    ]
     texts = {
         fmt: html.unescape(text)
         for fmt, text in re.findall(

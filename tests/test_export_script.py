@@ -33,6 +33,8 @@ CONFIG = tiny_config(
 LOOP_RUN = ProgramRun(train_rows=300)
 # what a Trainer's sweeper.callback() reports: its run after TrainingArguments' defaults
 TRAINER_RUN = ProgramRun(num_train_epochs=3.0, max_steps=-1, planned_steps=120, train_rows=300)
+# an SFTTrainer script's (its arguments an SFTConfig), whatever its knobs form
+SFT_RUN = TRAINER_RUN.model_copy(update={"arguments": "SFTConfig"})
 
 
 def with_script(script: str) -> str:
@@ -49,7 +51,20 @@ def seed_script_studies(url: str) -> None:
         ("unreached", with_script(LOOP_SCRIPT), LOOP_RUN, ["prefetch_factor"]),
         ("trainer-script", with_script(LOOP_SCRIPT), TRAINER_RUN, None),
         ("sft-script", with_script(SFT_SCRIPT), TRAINER_RUN, None),
+        ("sft-env-script", with_script(LOOP_SCRIPT), SFT_RUN, None),
         ("builtin", CPU_SPACE, None, None),
+        (
+            "sft-engine",
+            CPU_SPACE.replace("  epochs: 1\n", "  epochs: 1\n  engine: sft\n"),
+            None,
+            None,
+        ),
+        (
+            "trainer-engine",
+            CPU_SPACE.replace("  epochs: 1\n", "  epochs: 1\n  engine: trainer\n"),
+            None,
+            None,
+        ),
     ):
         store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
         store.start_trial(name, 0, CONFIG)
@@ -129,9 +144,11 @@ def test_the_forms_offered_are_those_of_the_studys_program(url: str) -> None:
     """A loop of the user's own has no TrainingArguments or SFTConfig; a Trainer script has,
     as its recorder said (its program_run's epochs); the command first for any script."""
     forms = {}
+    names = ("loop-script", "trainer-script", "sft-script", "sft-env-script", "builtin",
+             "sft-engine", "trainer-engine")  # fmt: skip
     store = Store(url)
     try:
-        for name in ("loop-script", "trainer-script", "sft-script", "builtin"):
+        for name in names:
             trial = store.get_trial(name, 0)
             assert trial is not None
             measured = trial.measurement or {}
@@ -142,5 +159,33 @@ def test_the_forms_offered_are_those_of_the_studys_program(url: str) -> None:
         "loop-script": ("command", "dataloader", "yaml"),
         "trainer-script": ("command", "trainer", "yaml"),
         "sft-script": ("command", "sft", "trainer", "yaml"),
-        "builtin": ("trainer", "sft", "yaml"),
+        # knobs: env, but its Trainer ran an SFTConfig (walk 002's leftover: it was offered
+        # TrainingArguments only)
+        "sft-env-script": ("command", "sft", "trainer", "yaml"),
+        # sweeper's engines: the engine's own arguments first
+        "builtin": ("dataloader", "trainer", "sft", "yaml"),
+        "sft-engine": ("sft", "trainer", "yaml"),
+        "trainer-engine": ("trainer", "sft", "yaml"),
     }
+
+
+def test_export_without_a_format_gives_the_studys_own_form(url: str) -> None:
+    """`sweeper export --study S` gave TrainingArguments whatever the study trained with: a
+    loop script's user got a Trainer's arguments, an SFT engine's user TrainingArguments.
+    Without --format it is the study's own first form, and says so on stderr."""
+    from tests.helpers import run_sweeper
+
+    outputs = {}
+    for name in ("loop-script", "sft-env-script", "sft-engine", "trainer-engine"):
+        done = run_sweeper("export", "--study", name, "--storage", url)
+        assert done.returncode == 0, done.stderr
+        outputs[name] = done
+    assert outputs["loop-script"].stdout.rstrip().endswith("python train_sw.py --epochs 5")
+    assert "as --format command (this study's own; also dataloader, yaml, json)" in " ".join(
+        outputs["loop-script"].stderr.split()
+    )
+    assert outputs["sft-env-script"].stdout.rstrip().endswith("python train_sw.py --epochs 5")
+    assert "also sft, trainer, yaml" in outputs["sft-env-script"].stderr
+    assert "sft_config = SFTConfig(" in outputs["sft-engine"].stdout
+    assert "TrainingArguments(" in outputs["trainer-engine"].stdout
+    assert outputs["trainer-engine"].stderr == ""  # the form it always gave, unannounced

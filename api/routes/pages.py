@@ -22,7 +22,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from dashboards import offers as offer_view
 from sweeper import compare, importance, recommend, verdict
 from sweeper.errors import ConflictError, NoResultError, NothingMeetsError, SweeperError
-from sweeper.export import PAGE_LABELS, page_formats, render
+from sweeper.export import page_formats, page_label, render
 from sweeper.knob_values import OWN_LABEL, UNREACHED_LABEL, UNREACHED_WHY, as_ran
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
@@ -284,7 +284,7 @@ def _exports(store: Store, best: BestConfig, space_yaml: str) -> dict[str, tuple
             text = render(best, fmt, space_yaml)
         except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema
             text = f"# cannot export this config: {e!r}"
-        exports[fmt] = (PAGE_LABELS[fmt], text)
+        exports[fmt] = (page_label(fmt, space_yaml), text)
     return exports
 
 

@@ -593,7 +593,22 @@ def _program_run(args: Any, state: Any, loader: Any) -> dict[str, Any] | None:
         "max_steps": max_steps,
         "planned_steps": int(planned) if isinstance(planned, int) and planned > 0 else None,
         "train_rows": _rows(loader),
+        "arguments": _arguments(args),
     }
+
+
+def _arguments(args: Any) -> str:
+    """The class of the program's TrainingArguments by the name its export takes: SFTConfig
+    for TRL's or any subclass of it (an SFTTrainer script whatever its knobs form), else the
+    class's own name.
+
+    >>> class SFTConfig: pass
+    >>> class MyConfig(SFTConfig): pass
+    >>> _arguments(MyConfig()), _arguments(object())
+    ('SFTConfig', 'object')
+    """
+    classes = type(args).__mro__
+    return "SFTConfig" if any(c.__name__ == "SFTConfig" for c in classes) else classes[0].__name__
 
 
 def _rows(loader: Any) -> int | None:

@@ -639,6 +639,16 @@ def test_an_env_scripts_own_sftconfig_values_are_read_back_and_recorded(
                           cache_dir=cache_dir)  # fmt: skip
     assert printed.returncode == 0, printed.stdout + printed.stderr
     assert "precision: bf16  # your script's own" in printed.stdout, printed.stdout
+    # its Trainer ran an SFTConfig, read from the running object: knobs: env says nothing of
+    # it, yet its export is SFTConfig's (walk 002's leftover: TrainingArguments only)
+    assert measured.program_run is not None and measured.program_run.arguments == "SFTConfig"
+    exported = run_sweeper("export", "--study", "trl-env", "--storage", sqlite_url,
+                           cache_dir=cache_dir)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    assert "also sft, trainer, yaml" in exported.stderr, exported.stderr
+    sft = run_sweeper("export", "--study", "trl-env", "--storage", sqlite_url, "--format", "sft",
+                      cache_dir=cache_dir)  # fmt: skip
+    assert sft.returncode == 0 and "SFTConfig(" in sft.stdout, sft.stderr
 
 
 def test_an_sftconfig_script_given_trainingarguments_flags_is_told_to_use_sft_flags(
