@@ -12,7 +12,8 @@
 4. the cheapest per run wins, unless other configs tie with it (``sweeper.noise.tie``: the
    95% interval of their $/run ratio holds 1 or lies within 2% of it; intervals that merely
    overlap do not tie): the baseline wins if it is among them (nothing beats it beyond the
-   noise), else the one with the least peak memory, then the cheaper; the answer names the
+   noise), else the one with the least peak memory among those within 5% of the cheapest's
+   figure, then the cheaper; the answer names the
    ties, and, when it picks another, the cheapest it passed over;
 5. it is compared with the baseline (speedup, $ saved, effective batch and learning rate) and
    with what the sweep itself cost (payback in runs); ``sweeper.caveats`` words its warnings.
@@ -495,6 +496,10 @@ def decide(
     return recommendation, eligible
 
 
+# how much dearer by its figure a tied config may be and still win for its lower peak memory
+MEMORY_TRADE = 0.05
+
+
 def _pick(
     eligible: list[Candidate], baseline: Candidate | None = None
 ) -> tuple[Candidate, list[Candidate], str | None]:
@@ -502,7 +507,9 @@ def _pick(
     their $/run ratio to it holds 1 or lies within 2% of it, as the knob table reads an
     effect), and why the winner was picked among them: the baseline when it ties (no
     measured config beats the user's own beyond the noise: switching buys nothing known),
-    else the least peak memory, then the lower $/run."""
+    else the least peak memory among the ties whose $/run figure is within ``MEMORY_TRADE``
+    of the cheapest's, then the lower $/run. Wide intervals can tie configs far apart by their
+    figures; the figure is still the best guess, so memory does not buy more than 5% of it."""
     cheapest = min(eligible, key=lambda c: c.key)
     ties = sorted(
         (c for c in eligible if tie(cheapest.cost, cheapest.spread, c.cost, c.spread)),
@@ -510,11 +517,15 @@ def _pick(
     )
     if len(ties) < 2:
         return cheapest, [], None
+    # memory is worth a little of the figure, not any of it: a tie of wide (contended)
+    # intervals held configs 1.8x the cheapest's figure, and the least memory among them won
+    # on a CPU with 98% headroom (a re-walk's N3)
+    close = [c for c in ties if c.cost <= cheapest.cost * (1 + MEMORY_TRADE)]
     if baseline is not None and baseline in ties:
         winner = baseline
     else:
         winner = min(
-            ties,
+            close,
             key=lambda c: (
                 c.trial.peak_memory_bytes if c.trial.peak_memory_bytes is not None else math.inf,
                 *c.key,
@@ -530,10 +541,26 @@ def _pick(
     )
     if winner is baseline:
         why = "being the baseline: no config measured so far beats it beyond the noise"
-    elif winner.trial.peak_memory_bytes is not None:
+    elif winner is not cheapest and winner.trial.peak_memory_bytes is not None:
         why = f"the least peak memory ({_gb(winner.trial.peak_memory_bytes)})"
+        if len(close) < len(ties):
+            why += f" among those within {MEMORY_TRADE:.0%} of the cheapest's figure"
     else:
         why = "the lowest $/run"
+    lighter = [
+        c
+        for c in ties
+        if c not in close
+        and c.trial.peak_memory_bytes is not None
+        and c.trial.peak_memory_bytes < (winner.trial.peak_memory_bytes or math.inf)
+    ]
+    if lighter and winner is not baseline:
+        names = ", ".join(f"#{c.trial.number} ({c.cost / cheapest.cost:.2f}x)" for c in lighter)
+        why += (
+            f"; {names} {'needs' if len(lighter) == 1 else 'need'} less memory but "
+            f"{'costs' if len(lighter) == 1 else 'cost'} more by its figure than the "
+            f"{MEMORY_TRADE:.0%} less memory may buy"
+        )
     return winner, ties, f"ties within the noise with {others}; picked for {why}"
 
 

@@ -117,9 +117,9 @@ def trial_request(
 
 def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
     """The recommendation is the cheapest trial, or, when others tie with the cheapest within
-    the noise (sweeper.noise.tie), the baseline if it is among them, else the tied
-    one with the least peak memory. ``trials``: rows (or dicts) with number, cost_per_run_usd
-    and peak_memory_bytes; returns the chosen one."""
+    the noise (sweeper.noise.tie), the baseline if it is among them, else the tied one with
+    the least peak memory among those within 5% of the cheapest's figure. ``trials``: rows
+    (or dicts) with number, cost_per_run_usd and peak_memory_bytes; returns the chosen one."""
 
     def get(t: Any, key: str) -> Any:
         return t[key] if isinstance(t, dict) else getattr(t, key)
@@ -135,6 +135,9 @@ def assert_cheapest_or_tied(recommendation: Any, trials: Sequence[Any]) -> Any:
             chosen_peak = get(chosen, "peak_memory_bytes") or 0
             assert chosen_peak <= (get(cheapest, "peak_memory_bytes") or 0)
             assert "least peak memory" in recommendation.tie_note
+            # memory buys at most recommend.MEMORY_TRADE of the cheapest's figure
+            cheapest_cost = get(cheapest, "cost_per_run_usd")
+            assert get(chosen, "cost_per_run_usd") <= cheapest_cost * 1.05 + 1e-12
     return chosen
 
 

@@ -691,7 +691,8 @@ def test_the_page_says_what_a_contended_figure_is_and_why_a_tie_pick_is_not_the_
         "walk", state="finished", hardware_name="CPU", usd_per_hour=0.1, device="cpu",
         samples=1000, epochs=1.0, n_trials_planned=3, space_yaml="",
     )  # fmt: skip
-    for number, cost, peak in ((0, 0.0021, 2_000_000_000), (1, 0.0026, 1_000_000_000),
+    # #1 within 5% of #0's figure: less memory may buy that much (not more: test_recommend)
+    for number, cost, peak in ((0, 0.0021, 2_000_000_000), (1, 0.0022, 1_000_000_000),
                                (2, 0.004, 500_000_000)):  # fmt: skip
         store.start_trial("walk", number, {"per_device_batch_size": 16 >> number})
         store.finish_trial(

@@ -408,6 +408,28 @@ def test_when_the_baseline_ties_the_answer_is_to_keep_it(store: Store) -> None:
     assert r.speedup_vs_baseline == 1.0 and r.usd_saved_per_run == 0.0
 
 
+def test_wide_ties_do_not_trade_a_much_dearer_figure_for_memory(store: Store) -> None:
+    """A re-walk's N3: every trial contended, the wide intervals tied 5 configs, and the least
+    peak memory among them won at 1.8x the cheapest's figure, on a CPU with 98% headroom.
+    Memory buys at most 5% of the figure: #1 (36% dearer by its figure, least memory) is not
+    taken; #3 (3.4% dearer, less memory than #2) is."""
+    store.upsert_study("seed", **(STUDY_FIELDS | {"baseline": _config(16, 1)}))  # unmeasured
+    peaks = {1: 2_000_000_000, 2: 9_000_000_000, 3: 6_000_000_000}
+    _intervals(store, {0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5}, peaks)
+    r = best(store, "seed")
+    assert r.baseline_trial_number is None
+    assert r.trial_number == 3 and set(r.ties) == {0, 1, 2}, r.tie_note
+    assert r.tie_note is not None and "picked for the least peak memory (6.00 GB) among those " \
+        "within 5% of the cheapest's figure" in r.tie_note  # fmt: skip
+    assert "#1 (1.36x) needs less memory but costs more by its figure" in r.tie_note
+    # without a close one of less memory: the cheapest, and why the lighter one lost
+    store.finish_trial("seed", 3, "complete", peak_memory_bytes=12_000_000_000)
+    r = best(store, "seed")
+    assert r.trial_number == 2 and set(r.ties) == {0, 1, 3}
+    assert r.tie_note is not None
+    assert "picked for the lowest $/run; #1 (1.36x) needs less memory" in r.tie_note
+
+
 def _printed(recommendation: Recommendation) -> str:
     """What `sweeper best` prints of ``recommendation``, on one line."""
     width = console.width

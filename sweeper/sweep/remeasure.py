@@ -254,7 +254,7 @@ class Remeasure:
             return (
                 f"{self._numbers(tied)} {'still ' if still else ''}tie within the noise"
                 f"{why_stop}; the recommendation picks the baseline if it is among them, else "
-                "the one with the least peak memory"
+                "the one with the least peak memory among those within 5% of the cheapest"
             )
         return (
             f"{self._numbers(contenders)}: their $/run intervals {'still ' if still else ''}"
