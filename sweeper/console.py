@@ -398,7 +398,7 @@ def _print_versus_baseline(rec: Recommendation) -> None:
     """The recommendation against the baseline, and what the sweep cost."""
     if rec.keeps_baseline:
         console.print(
-            f"  this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}",
+            f"  this is your baseline (trial #{rec.trial_number}): {rec.keep_baseline_text}",
             highlight=False,
         )
     elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:

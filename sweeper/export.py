@@ -176,7 +176,9 @@ def _header(rec: Recommendation) -> str:
     if rec.tie_note:  # picked among configs that tie within the noise, and why this one
         lines.append(f"# it {rec.tie_note}")
     if rec.keeps_baseline:
-        lines.append(f"# this is your baseline (trial #{rec.trial_number}): {rec.KEEP_BASELINE}")
+        lines.append(
+            f"# this is your baseline (trial #{rec.trial_number}): {rec.keep_baseline_text}"
+        )
     elif rec.speedup_vs_baseline is not None and rec.usd_saved_per_run is not None:
         lines.append(
             f"# vs your baseline (trial #{rec.baseline_trial_number}): "

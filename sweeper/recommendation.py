@@ -107,6 +107,18 @@ class Recommendation(BaseModel):
     KEEP_BASELINE: ClassVar[str] = "no config measured so far beats it beyond the noise: keep it"
 
     @property
+    def keep_baseline_text(self) -> str:
+        """Why the answer is the baseline: nothing beat it, or nothing else completed to be
+        compared with it (a re-walk's N2: every other trial failed, as a mismatch, and "keep
+        it" read as if the baseline had been compared)."""
+        if self.completed_trials <= 1:
+            return (
+                "no other config completed, so nothing has been compared with it yet (the "
+                "other trials failed or have not run): it stands only until another is measured"
+            )
+        return self.KEEP_BASELINE
+
+    @property
     def basis(self) -> Basis:
         """Which of the winner's measurements its figures stand on (``sweeper.noise.Basis``)."""
         return Basis(self.measurements, self.contended, self.measurements_left_out)

@@ -648,3 +648,22 @@ def test_rivals_measured_only_on_a_shared_machine_are_warned_about_by_cli_and_re
     assert answer.status_code == 200
     assert said[0] in answer.json()["warnings"]
     assert "(#1, #3)" in _printed(r)
+
+
+def test_a_baseline_alone_is_not_said_to_have_beaten_anything(store: Store) -> None:
+    """A re-walk's N2: every other trial failed (as a mismatch), and the baseline's answer read
+    "no config measured so far beats it beyond the noise: keep it", as if compared."""
+    store.upsert_study("alone", **(STUDY_FIELDS | {"baseline": _config(2, 8)}))
+    store.start_trial("alone", 0, _config(2, 8))
+    store.finish_trial("alone", 0, "complete", it_per_s=1.25, samples_per_s=20.0,
+                       hours_per_run=25.0, cost_per_run_usd=62.5)  # fmt: skip
+    store.start_trial("alone", 1, _config(8, 1))
+    store.finish_trial("alone", 1, "failed", failure_message="mismatch: asked 8, ran 2")
+    r = best(store, "alone")
+    assert r.keeps_baseline and r.completed_trials == 1
+    assert r.keep_baseline_text.startswith("no other config completed, so nothing has been ")
+    printed = _printed(r)
+    assert "this is your baseline (trial #0): no other config completed" in printed
+    assert "beats it beyond the noise" not in printed
+    r = best(store, "seed")  # compared with three others: the words it always had
+    assert r.keep_baseline_text == r.KEEP_BASELINE
