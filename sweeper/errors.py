@@ -21,6 +21,9 @@ A failed trial is data: the launcher returns a ``TrialFailure`` record rather th
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 # Kinds a failed trial is classified into; stored as text and shown in the dashboard.
 FAILURE_KINDS = (
     "oom",  # device or host out of memory
@@ -36,6 +39,47 @@ FAILURE_KINDS = (
     "lost",  # its worker died (kill -9, a lost machine): no heartbeat within the grace period
     "error",  # anything else: the message says what
 )
+
+
+# "per_device_batch_size: asked 8, ran 1" in a mismatch's message (``asked_ran`` writes it):
+# the values as Python writes them (8, 0.5, 1e-05, True, 'sdpa'), a sentence's full stop not one
+_VALUE = r"('(?:[^'\\]|\\.)*'|[-+\w]+(?:\.\w+)*)"
+_ASKED_RAN = re.compile(rf"(\w+): asked {_VALUE}, ran {_VALUE}")
+
+
+def asked_ran(knob: str, asked: Any, ran: Any) -> str:
+    """One knob of a ``mismatch`` failure's message, as ``asked_and_ran`` reads it back.
+
+    >>> asked_ran("attn_implementation", "sdpa", "eager")
+    "attn_implementation: asked 'sdpa', ran 'eager'"
+    """
+    return f"{knob}: asked {asked!r}, ran {ran!r}"
+
+
+def asked_and_ran(message: str) -> list[tuple[str, str, str]]:
+    """(knob, asked, ran) of each ``asked_ran`` in a mismatch's message, the values as
+    written.
+
+    >>> asked_and_ran("did not run it as asked: per_device_batch_size: asked 8, ran 1; "
+    ...               "learning_rate: asked 0.5, ran 1e-05; attn_implementation: asked 'sdpa', "
+    ...               "ran 'eager'. Make your script read them")
+    [('per_device_batch_size', '8', '1'), ('learning_rate', '0.5', '1e-05'), \
+('attn_implementation', "'sdpa'", "'eager'")]
+    >>> asked_and_ran("devices: asked 2, ran 1: rank 0 reached its first step alone")
+    [('devices', '2', '1')]
+    """
+    return _ASKED_RAN.findall(message)
+
+
+def mismatched_knobs(message: str) -> list[str]:
+    """The knobs a mismatch's message names: those ``asked_ran`` wrote, and a max_seq_length
+    whose batches were wider than asked ("max_seq_length: asked 256, a batch was 300 ...").
+
+    >>> mismatched_knobs("max_seq_length: asked 256, a batch was 300 tokens wide; "
+    ...                  "num_workers: asked 2, ran 0")
+    ['max_seq_length', 'num_workers']
+    """
+    return re.findall(r"(\w+): asked ", message)
 
 
 class SweeperError(Exception):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,7 +35,7 @@ from pydantic import BaseModel
 
 from sweeper import caveats
 from sweeper.cost import device_count, hours_figure, money, run_cost
-from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError
+from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError, mismatched_knobs
 from sweeper.knob_values import as_ran
 from sweeper.noise import Basis, tie
 from sweeper.recommendation import Recommendation, cost_text
@@ -608,7 +607,7 @@ def _mismatched(store: Store, study: str) -> list[str]:
     failed = [row.number for row in rows]  # one read, messages included (not one per trial)
     knobs: dict[str, None] = {}
     for row in rows:
-        for knob in re.findall(r"(\w+): asked ", row.failure_message or ""):
+        for knob in mismatched_knobs(row.failure_message or ""):
             knobs.setdefault(knob, None)
     said = ", ".join(knobs) or "some knobs"
     numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")

@@ -185,6 +185,12 @@ class KnobEffects(BaseModel):
     # "accumulation 2: 6.50x, leave it at 1" from one; side by side it was 1.24x)
     shared: tuple[int, ...] = ()
 
+    @property
+    def shared_sentence(self) -> str:
+        """``shared_words`` as a sentence of its own, for the page ("" without any)."""
+        words = shared_words(self)
+        return f"{words[:1].upper()}{words[1:]}." if words else ""
+
 
 def knob_effects(trials: Sequence[TrialMetrics], winner: TrialMetrics) -> KnobEffects:
     """Every varied knob's other measured values against the winner's (see the module).

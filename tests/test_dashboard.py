@@ -715,6 +715,12 @@ def test_the_page_says_what_a_contended_figure_is_and_why_a_tie_pick_is_not_the_
         "noise (3 completed trials), on CPU"
     ) in page
     assert "It ties within the noise with #0" in page and "picked for the least peak memory" in page
+    # the knob table's line on the trial left out: the words verdict.shared_words has
+    assert (
+        'id="knob-effects-shared">Left out: #2, measured only while the machine was shared (a '
+        "shared machine only slows a run: their $/run is a bound, not a figure to compare); "
+        "measured again on a quiet machine, they count.</p>"
+    ) in page
     mark = re.search(r'<span class="muted basis" title="([^"]*)">([^<]*)</span>', page)
     assert mark is not None and mark.group(2) == "fastest of 4"
     assert mark.group(1).startswith("fastest of 4 measurements, all on a shared machine: ")

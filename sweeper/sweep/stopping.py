@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from sweeper.errors import asked_and_ran
 from sweeper.space import Space
 from sweeper.space_budget import Budget
 from sweeper.sweep.outcome import Outcome
@@ -34,10 +35,6 @@ def failure_signature(message: str) -> str:
     message = re.sub(r"/tmp/\S*", "<tmp>", message)
     message = re.sub(r"0x[0-9a-fA-F]+", "<addr>", message)
     return re.sub(r"\d+(\.\d+)?", "<n>", message)
-
-
-# "per_device_batch_size: asked 8, ran 1" in a mismatch's message (readback.check)
-_ASKED_RAN = re.compile(r"(\w+): asked ([^,;]+), ran ([^;.]+)")
 
 
 def device_hours_limit(budget: Budget, usd_per_hour: float) -> float | None:
@@ -208,7 +205,7 @@ class Stopping:
         what to do; the trials so far are kept."""
         if outcome.failure_kind != "mismatch":
             return None
-        for knob, asked, ran in _ASKED_RAN.findall(outcome.message or ""):
+        for knob, asked, ran in asked_and_ran(outcome.message or ""):
             if asked == ran:
                 continue
             seen = self.ignored.setdefault((knob, ran), {})

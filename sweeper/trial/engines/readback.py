@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 
 from sweeper import knobs
-from sweeper.errors import TrialError
+from sweeper.errors import TrialError, asked_ran
 
 Reader = Callable[["Running"], Any]
 
@@ -598,7 +598,7 @@ def read(engine: str, run: Running, config: Mapping[str, Any]) -> Readback:
             )
             continue
         if asked is not None and value != asked and not isinstance(value, Unobserved):
-            result.mismatches.append(f"{knob.name}: asked {asked!r}, ran {value!r}")
+            result.mismatches.append(asked_ran(knob.name, asked, value))
     return result
 
 
