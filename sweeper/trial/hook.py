@@ -271,9 +271,13 @@ class _Session:
         try:
             if self.ranks is None:
                 kept = recorder.end_early()
-            else:  # the ranks would have to agree on it, and the program may have ended them
+            else:
+                # data parallel: every rank's run ends at the same step, each in this call
+                # (its Trainer's on_train_end, its loop's exit, or the destroy_process_group
+                # before it); one rank short of the window's steps fails them all
                 recorder.settle_window()
-                kept = False
+                short = len(recorder.recording.window) < recorder.min_window_steps
+                kept = not self.ranks.agree(short) and recorder.end_early()
             times = recorder.recording.window_times
             seconds, interval = math.fsum(times), ci95_rel(times)
             if not kept:
@@ -287,7 +291,6 @@ class _Session:
                         needed=recorder.min_window_steps,
                         seconds=seconds,
                         interval=interval,
-                        devices=1 if self.ranks is None else self.ranks.world,
                     ),
                 )
             said = kept_in_window(recorder.measure, timed=len(times), seconds=seconds,
@@ -309,6 +312,21 @@ class _Session:
             )
         if end_program:
             self._end_program()
+
+    def _before_group_ends(self) -> None:
+        """A loop that ends its run with ``torch.distributed.destroy_process_group()`` (as
+        torch's own examples do) ends the ranks' exchanges with it: its run's end inside the
+        window is settled before the group goes, not at the interpreter's exit."""
+        import torch.distributed as dist
+
+        destroy = dist.destroy_process_group
+
+        def destroy_process_group(group: Any = None) -> None:
+            if group is None:  # the default group, and with it every group of this run
+                self._run_ended(end_program=False)
+            destroy(group)
+
+        dist.destroy_process_group = destroy_process_group
 
     def _program_ended(self) -> None:
         # at the interpreter's exit the program's own exit status stands (the trial keeps a
@@ -404,6 +422,7 @@ class _Session:
             if problem is not None:
                 self._fail("mismatch", problem)
             agree = self.ranks.agree
+            self._before_group_ends()
         self.ctx = TrialContext(
             request=request,
             device=device,

@@ -579,7 +579,6 @@ def ended_in_window(
     needed: int,
     seconds: float,
     interval: float,
-    devices: int = 1,
 ) -> str:
     """Why a trial whose program ended inside the timed window is not kept, with the window's
     own counts (steps timed and needed, seconds, the interval reached), as its log shows them.
@@ -594,11 +593,6 @@ def ended_in_window(
         f"{command} ended inside the timed window after {timed} timed "
         f"step{'' if timed == 1 else 's'} ({seconds:.3g} s, interval reached {reached})"
     )
-    if devices > 1:
-        return (
-            f"{said}: on {devices} devices sweeper keeps a window only when its own rule ends "
-            f"it (the ranks agree on it together); {_LONGER}"
-        )
     return (
         f"{said}: the window needs at least {needed} steps (trial.measure.min_steps "
         f"{measure.min_steps}, and warmup_multiple {measure.warmup_multiple:g} × the {burn_in} "

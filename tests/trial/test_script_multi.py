@@ -217,3 +217,73 @@ def test_preflight_drops_several_devices_for_accelerate_deepspeed(
     assert "devices" not in drops(["accelerate", "launch", "--num_processes", "2", "train.py"])
     assert "devices" not in drops([TORCHRUN, "--nproc-per-node", "2", "train.py"])
     assert "devices" not in drops(["python", "train.py"])
+
+
+DDP_LOOP = """
+import sys, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from transformers import AutoModelForCausalLM
+import sweeper
+steps, destroy = int(sys.argv[2]), sys.argv[3] == "destroy"
+dist.init_process_group("gloo")
+model = DistributedDataParallel(AutoModelForCausalLM.from_pretrained(sys.argv[1]))
+optimizer = torch.optim.AdamW(model.parameters())
+torch.manual_seed(dist.get_rank())
+batch = {"input_ids": torch.randint(0, 100, (2, 16))}
+batch["labels"] = batch["input_ids"]
+for _ in range(steps):  # the program's own run, which ends as a run does
+    with sweeper.step(batch, model=model, optimizer=optimizer):
+        model(**batch).loss.backward(); optimizer.step(); optimizer.zero_grad()
+print(f"done {steps} steps", file=sys.stderr)
+if destroy:  # as torch's own DDP examples end
+    dist.destroy_process_group()
+"""
+
+
+def test_a_run_on_two_devices_that_ends_inside_the_window_is_kept_or_failed_as_on_one(
+    run_forked: SessionForkServer,
+    job: Path,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """A re-walk's leftover: on several devices a run that ended inside the window was never
+    kept ("sweeper keeps a window only when its own rule ends it"), however many steps it
+    timed. The ranks now agree at the run's end, before a destroy_process_group() ends their
+    exchanges: kept when every rank holds the window's steps, failed with the counts when not.
+    """
+    from sweeper.measurement import parse_measurement
+    from tests.trial.test_script_ending import OPEN_WINDOW, WARMUP
+
+    script = tmp_path / "ddp_loop.py"
+    script.write_text(DDP_LOOP)
+
+    def run(steps: int, end: str, warmup_multiple: float) -> Any:
+        command = [sys.executable, str(script), str(job / "model"), str(steps), end]
+        request = _request(tiny_space, tiny_prepared, cache_dir, command)
+        settings = request.settings
+        assert settings is not None
+        measure = settings.measure.model_copy(
+            update=OPEN_WINDOW | {"warmup_multiple": warmup_multiple}
+        )
+        warmup = settings.warmup.model_copy(update=WARMUP)
+        request = request.model_copy(
+            update={"settings": settings.model_copy(update={"measure": measure, "warmup": warmup})}
+        )
+        return run_forked(request, timeout_s=300)
+
+    kept = run(30, "destroy", 1)
+    payload = _ok(kept)
+    measured = parse_measurement(payload)
+    assert measured.devices == 2 and measured.warmup_steps == 4
+    assert measured.measured_steps == 30 - 4  # every step each rank timed
+    assert measured.ended_in_window is not None
+    assert measured.ended_in_window.startswith("your program ended inside the timed window")
+    assert [r["rank"] for r in payload["ranks"]] == [0, 1]
+    short = run(6, "exit", 4)  # settled at the interpreter's exit, the group still there
+    assert short.result.status == "failed" and short.result.failure_kind == "error", short.result
+    message = short.result.failure_message or ""
+    assert "ended inside the timed window after 2 timed steps (" in message, message
+    assert "the window needs at least 16 steps" in message, message
