@@ -34,11 +34,13 @@ if TYPE_CHECKING:
 
 def make_console(stderr: bool = False) -> Console:
     """A terminal's console; piped to a file or CI (no terminal, no COLUMNS), lines are not
-    wrapped at rich's default 80 columns mid-sentence and tables get room for the config."""
-    made = Console(stderr=stderr)
+    wrapped at rich's default 80 columns mid-sentence and tables get room for the config.
+    No emoji codes: a path and its 1-based line, "chats.jsonl:100: ...", printed as
+    "chats.jsonl💯 ..." (a walk's bad record on line 100; rich's escape() leaves them)."""
+    made = Console(stderr=stderr, emoji=False)
     if made.is_terminal or os.environ.get("COLUMNS"):
         return made
-    return Console(stderr=stderr, width=160, soft_wrap=True)
+    return Console(stderr=stderr, width=160, soft_wrap=True, emoji=False)
 
 
 console = make_console()

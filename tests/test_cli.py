@@ -132,6 +132,16 @@ def test_bad_data_names_its_lines_at_once_and_writes_nothing(
     assert not db.exists()  # nothing written: no study row to delete by hand
     doctor = _sweeper("doctor", "--space", str(space), env=env)
     assert doctor.returncode == 2 and f"{data}:4: message 1 has role 'usr'" in doctor.stderr
+    # line 100 (and 1234): said as ":100:", not rich's emoji code for it (a walk read
+    # "chats.jsonl💯 'messages' is missing")
+    good = chat % "user"
+    data.write_text("\n".join([good] * 99 + ['{"text": "no messages"}'] + [good] * 1133
+                               + ['{"text": "none"}']) + "\n")  # fmt: skip
+    result = _sweeper("launch", "--space", str(space), "--storage", f"sqlite:///{db}", env=env)
+    assert result.returncode == 2, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"{data}:100: " in said and f"{data}:1234: " in said, result.stderr
+    assert "\U0001f4af" not in result.stderr and not db.exists()
 
 
 def test_a_second_launch_beside_a_live_worker_refuses_without_join(
