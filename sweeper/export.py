@@ -637,7 +637,9 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
     # none here either (a flag would override what it sets itself, and what ran)
     own = rec.own_values
     flagged = {name: value for name, value in config.items() if name not in own}
-    flags = knobs.command_flags(accelerate_line.flag_config(script, flagged), script.knobs)
+    from sweeper.trial.script import script_flags  # as a trial gave them
+
+    flags = script_flags(script, flagged)
     command = list(script.command)
     launched: tuple[str, ...] = ()
     if accelerate_line.is_line(command):  # the launch says devices, precision, compile, DP

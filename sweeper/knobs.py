@@ -28,7 +28,7 @@ keywords say every value, defaults included: SFTConfig's defaults are not Traini
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -667,6 +667,38 @@ def flag_problems(config: Mapping[str, Any], form: str) -> list[str]:
                     "the search"
                 )
     return problems
+
+
+# knobs whose flag is the user's own parser's (a dataclass of theirs beside TrainingArguments),
+# not TrainingArguments': a trial gives the flag its value when the command already says it,
+# so the script evidently takes it (a walk's train.py cut at its own --max_seq_length 1536
+# while the trials recorded sweeper's 2432, and "truncates 0.0%")
+OWN_PARSER_FLAGS: dict[str, tuple[str, ...]] = {"max_seq_length": ("max_seq_length", "max_length")}
+
+
+def said_flags(
+    config: Mapping[str, Any], command: Sequence[str], given: Sequence[str]
+) -> list[str]:
+    """Flags for ``OWN_PARSER_FLAGS``' knobs that ``command`` already says (``--name value``
+    or ``--name=value``), with the config's values; none already in ``given`` (the knobs
+    form's own flags, ``command_flags``).
+
+    >>> said_flags({"max_seq_length": 2048}, ["python", "t.py", "--max_seq_length=512"], [])
+    ['--max_seq_length', '2048']
+    >>> said_flags({"max_seq_length": 2048}, ["python", "t.py", "--max_length", "512"],
+    ...            ["--max_length", "2048"]), said_flags({"max_seq_length": 2048}, ["t.py"], [])
+    ([], [])
+    """
+    words: list[str] = []
+    for knob, names in OWN_PARSER_FLAGS.items():
+        value = config.get(knob)
+        if value is None:
+            continue
+        for name in names:
+            flag = f"--{name}"
+            if flag not in given and any(w == flag or w.startswith(f"{flag}=") for w in command):
+                words += [flag, str(value)]
+    return words
 
 
 def command_flags(config: Mapping[str, Any], form: str) -> list[str]:

@@ -621,6 +621,29 @@ def _mismatched(store: Store, study: str) -> list[str]:
     ]
 
 
+def _unknown_cut(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """No truncation shares where the program cut its rows at a length of its own, unseen
+    (``max_seq_length`` among ``Measurement.unreached``): the config's length never ran, so
+    what it cuts is not the config's (a walk's script kept its own 1536 and the answer said
+    "truncates 0.0%" of 2432)."""
+    if "max_seq_length" not in (measured.get("unreached") or ()):
+        return {}
+    return {"truncated_samples_share": None, "truncated_tokens_share": None}
+
+
+def _own_cut(measured: Mapping[str, Any]) -> list[str]:
+    """The warning beside ``_unknown_cut``."""
+    if "max_seq_length" not in (measured.get("unreached") or ()):
+        return []
+    return [
+        "your script cut its rows at a length of its own, which sweeper never saw (no flag of "
+        "the trials gave it max_seq_length, and it never called sweeper.trial_config()): what "
+        "the run truncates is not known, and the length shown is not what ran. Give the "
+        "length on the command (--max_seq_length N, which the trials then set), or read it "
+        "from sweeper.trial_config()"
+    ]
+
+
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
@@ -632,12 +655,14 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
         update={
             "loss_labels": measured.get("loss_labels"),
             "unreached": tuple(measured.get("unreached") or ()),
+            **_unknown_cut(measured),
             "reply_markers": measured.get("reply_markers"),
             # read off the trial that ran (sweeper.measurement.Measurement)
             "warnings": (
                 *recommendation.warnings,
                 *caveats.ran_warnings(measured, winner.config if winner is not None else None),
                 *_mismatched(store, study),
+                *_own_cut(measured),
                 *caveats.program_run_warnings(
                     measured,
                     epochs=facts.epochs,

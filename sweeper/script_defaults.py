@@ -230,6 +230,10 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
             found[knob.name] = (value, why)
             continue
         value = _from_flags(knob, flags)
+        own = _own_parser_flag(knob, flags) if value is None else None
+        if own is not None:  # a flag of the script's own parser (--max_seq_length 1536)
+            found[knob.name] = own
+            continue
         # the launch's precision counts only where the arguments' bf16 and fp16 are False
         # (TrainingArguments reads ACCELERATE_MIXED_PRECISION, then either flag over it)
         if value is None or (knob.name in launch and not _overrides_launch(knob.name, value)):
@@ -254,6 +258,26 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
             continue
         found[name] = (value, shown)
     return found
+
+
+def _own_parser_flag(knob: knobs.Knob, flags: Mapping[str, str]) -> tuple[Any, str] | None:
+    """The value a flag of the script's own parser gives ``knob`` (``knobs.OWN_PARSER_FLAGS``:
+    ``--max_seq_length 1536`` of a dataclass of the user's), with its words; None when the
+    command says none, or one that is no value of the knob.
+
+    >>> _own_parser_flag(knobs.KNOB["max_seq_length"], {"max_seq_length": "1536"})
+    (1536, '--max_seq_length 1536')
+    >>> _own_parser_flag(knobs.KNOB["max_seq_length"], {"max_seq_length": "4"}) is None
+    True
+    """
+    for name in knobs.OWN_PARSER_FLAGS.get(knob.name, ()):
+        if name in flags:
+            try:
+                value = TypeAdapter(knob.value_type).validate_python(int(flags[name]))
+            except (ValueError, ValidationError):
+                return None
+            return value, f"--{name} {flags[name]}"
+    return None
 
 
 def _overrides_launch(name: str, value: Any) -> bool:

@@ -265,25 +265,34 @@ def launch_of(request: ChildRequest, port: int | None = None) -> tuple[list[str]
     if notes:
         env[NOTE_ENV] = "\n".join(notes)
     try:
-        flags = knobs.command_flags(
-            accelerate_line.flag_config(script, request.config.model_dump()), script.knobs
-        )
+        flags = script_flags(script, request.config.model_dump())
     except ValueError as e:  # a value the knobs form cannot say (knobs.flag_problems)
         raise TrialError("unsupported", f"workload.script.knobs {script.knobs}: {e}") from e
     return [*command, *flags], env
 
 
+def script_flags(script: Any, config: dict[str, Any]) -> list[str]:
+    """The flags a trial appends to the script's command: its knobs form's
+    (``knobs.command_flags``), and, under ``flags``/``sft_flags``, those of its own parser
+    that its command already says (``knobs.said_flags``: a ``--max_seq_length`` of its own).
+    A ValueError: a value the form cannot say."""
+    flags = knobs.command_flags(accelerate_line.flag_config(script, config), script.knobs)
+    if script.knobs == "env":
+        return flags
+    return flags + knobs.said_flags(config, list(script.command), flags)
+
+
 def carried(config: dict[str, Any], script: Any) -> set[str]:
     """The knobs the trial's command is given as flags or as its accelerate launch's options
     (the rest reach the program only through ``sweeper.trial_config()``)."""
-    flags = knobs.command_flags(accelerate_line.flag_config(script, config), script.knobs)
-    passed = {flag.removeprefix("--") for flag in flags[::2]}
+    passed = {flag.removeprefix("--") for flag in script_flags(script, config)[::2]}
     names = {
         knob.name
         for knob in knobs.KNOBS
         if (value := config.get(knob.name)) is not None
         and {*knob.trainer(value), *knob.sft(value)} & passed
     }
+    names |= {knob for knob, said in knobs.OWN_PARSER_FLAGS.items() if set(said) & passed}
     return names | (
         set(accelerate_line.OWNED) if accelerate_line.is_line(script.command) else set()
     )

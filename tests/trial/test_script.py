@@ -668,3 +668,63 @@ def test_an_sftconfig_script_given_trainingarguments_flags_is_told_to_use_sft_fl
     assert "max_seq_length: asked 64, a batch was" in message, message
     assert "your script's arguments are TRL's SFTConfig" in message
     assert "set workload.script.knobs: sft_flags" in message
+
+
+def test_a_length_flag_of_the_scripts_own_parser_is_given_or_said_unknown(
+    job: Path, tmp_path: Path, sqlite_url: str, cache_dir: Path
+) -> None:
+    """A walk's HfArgumentParser script cut its rows at its own --max_seq_length (a dataclass
+    of its own beside TrainingArguments) and never read sweeper's: the trials recorded
+    sweeper's length and `best` said "truncates 0.0%" where 2% were cut. Now a length flag
+    the command already says is one the script takes: each trial gives it the config's length
+    (the last flag wins), and read back it ran. Without the flag in the command the length
+    never reached the script: `best` says what it cuts is not known, instead of a figure."""
+    source = (REPO / "examples/trainer/train.py").read_text()
+    taken = (
+        "    trial = sweeper.trial_config()  # None outside a sweeper trial\n"
+        "    if trial is not None:  # the knobs that are not TrainingArguments\n"
+        '        script.max_length = trial["max_seq_length"]\n'
+        '        script.attn_implementation = trial["attn_implementation"]\n'
+    )
+    assert taken in source
+    script = tmp_path / "train_own_length.py"
+    script.write_text(source.replace(taken, ""))  # its own --max_length (and sdpa) only
+    shown = {}
+    for name, words in (("said", ["--max_length", "16"]), ("unsaid", [])):
+        one = {"per_device_batch_size": [2], "gradient_accumulation_steps": [1]}
+        space_path = _example_space("trainer", job, tmp_path, attn_implementation=["sdpa"], **one)
+        space = yaml.safe_load(space_path.read_text())
+        command = space["workload"]["script"]["command"]
+        command[1] = str(script)
+        space["workload"]["script"]["command"] = command + words
+        space["study"] = name
+        space_path.write_text(yaml.safe_dump(space))
+        launch = run_sweeper("launch", "--space", str(space_path), "--storage", sqlite_url,
+                             cache_dir=cache_dir, timeout=900)  # fmt: skip
+        assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+        store = Store(sqlite_url)
+        try:
+            (trial,) = store.list_trials(name, include_measurement=True)
+        finally:
+            store.dispose()
+        assert trial.state == "complete", trial.failure_message
+        shown[name] = (
+            parse_measurement(trial.measurement or {}),
+            json.loads(
+                run_sweeper(
+                    "best", "--study", name, "--storage", sqlite_url, "--json", cache_dir=cache_dir
+                ).stdout  # fmt: skip
+            ),
+        )
+    measured, answer = shown["said"]
+    assert "max_seq_length" not in (measured.unreached or ())  # given as --max_length 128, and ran
+    assert answer["config"]["max_seq_length"] == 128
+    # its rows were not cut at the command's own 16: the trial's --max_length 128 came last
+    assert measured.tokens_per_s / measured.samples_per_s > 16
+    assert answer["truncated_tokens_share"] is not None
+    assert not any(w.startswith("your script cut its rows") for w in answer["warnings"])
+    measured, answer = shown["unsaid"]
+    assert "max_seq_length" in (measured.unreached or ())
+    assert answer["truncated_tokens_share"] is None and answer["truncated_samples_share"] is None
+    assert any(w.startswith("your script cut its rows at a length of its own") for w in
+               answer["warnings"]), answer["warnings"]  # fmt: skip
