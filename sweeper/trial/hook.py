@@ -561,12 +561,49 @@ class _Session:
 
     # -- a Trainer ---------------------------------------------------------------------------
 
+    def _check_trainers(self, made_at: str) -> None:
+        """A Trainer whose train() starts without the callback ``sweeper.callback()`` made
+        fails the trial there: no step of it would reach the recorder, so the trial would
+        train the program's whole run to fail at its end (a walk's script made the callback
+        and gave the Trainer its own logging callback only: three trials trained all their
+        epochs, then were told to run longer)."""
+        from transformers import Trainer
+
+        if getattr(Trainer.train, "sweeper_checks", False):
+            return
+        train = Trainer.train
+        session = self
+
+        def checked_train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            handler = getattr(trainer, "callback_handler", None)
+            given = getattr(handler, "callbacks", None)
+            if given is not None and not any(
+                getattr(c, "sweeper_session", None) is session for c in given
+            ):
+                where = f" (at {made_at})" if made_at else ""
+                session._fail(
+                    "error",
+                    f"sweeper.callback() was made{where}, but the {type(trainer).__name__} "
+                    "that trains was not given it, so the trial cannot see one step of it: "
+                    "pass it as Trainer(..., callbacks=[sweeper.callback()]) (beside your "
+                    "own callbacks), or trainer.add_callback(sweeper.callback()) before "
+                    "train()",
+                )
+            return train(trainer, *args, **kwargs)
+
+        checked_train.sweeper_checks = True  # type: ignore[attr-defined]
+        checked_train.__wrapped__ = train  # type: ignore[attr-defined]
+        setattr(Trainer, "train", checked_train)  # noqa: B010 - a method, patched for the trial
+
     def trainer_callback(self) -> Any:
         from transformers import TrainerCallback
 
         session = self
+        self._check_trainers(_caller())
 
         class SweeperCallback(TrainerCallback):  # type: ignore[misc]
+            sweeper_session = session  # what the Trainer's train() looks for (_check_trainers)
+
             def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 session.args = args
                 session.program_run = _program_run(args, state, kwargs.get("train_dataloader"))
@@ -584,6 +621,16 @@ class _Session:
                 session._run_ended(end_program=True)
 
         return SweeperCallback()
+
+
+def _caller() -> str:
+    """'train.py:42' of the user's code that called into sweeper (the first frame outside
+    sweeper's own package), or "" when there is none."""
+    package = str(Path(__file__).resolve().parents[1])
+    for frame in reversed(traceback.extract_stack()):
+        if not str(Path(frame.filename).resolve()).startswith(package):
+            return f"{Path(frame.filename).name}:{frame.lineno}"
+    return ""
 
 
 class _Step:

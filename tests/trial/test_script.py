@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -191,6 +192,40 @@ def test_a_script_that_never_calls_the_hook_is_told_the_line_to_add(
     assert "callbacks=[sweeper.callback()]" in message and "sweeper.step(" in message
 
 
+def test_a_callback_made_but_not_given_to_the_trainer_fails_at_train_not_at_the_runs_end(
+    job: Path, tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, tmp_path: Path
+) -> None:
+    """A walk's script made `sweeper_cb = sweeper.callback()` and gave its Trainer its own
+    logging callback only: each trial trained the whole 3-epoch run, then failed with "let
+    the run go on longer". It fails as train() starts, naming where the callback was made."""
+    source = (REPO / "examples/trainer/train.py").read_text()
+    line = "        callbacks=[sweeper.callback()],  # sweeper's one line\n"
+    assert line in source
+    made = source.replace(line, "        callbacks=[],\n").replace(
+        "    trainer = Trainer(\n",
+        "    sweeper_cb = sweeper.callback()\n    trainer = Trainer(\n",
+        1,
+    )
+    script = tmp_path / "train_unused_callback.py"
+    script.write_text(made)
+    at = made.splitlines().index("    sweeper_cb = sweeper.callback()") + 1
+    command = [
+        sys.executable, str(script), "--model_name_or_path", str(job / "model"),
+        "--data_file", str(job / "chats.jsonl"), "--output_dir", str(tmp_path / "out"),
+        "--report_to", "none", "--save_strategy", "no", "--use_cpu", "True",
+        "--num_train_epochs", "50",  # a long run: the trial must not train it
+    ]  # fmt: skip
+    started = time.monotonic()
+    kind, message = _run_script(tiny_space, tiny_prepared, cache_dir, command)
+    assert kind == "error", message
+    assert message.startswith(
+        f"sweeper.callback() was made (at {script.name}:{at}), but the Trainer that trains was "
+        "not given it"
+    ), message
+    assert "callbacks=[sweeper.callback()]" in message and "let the run go on" not in message
+    assert time.monotonic() - started < 240  # not 50 epochs
+
+
 SHORT_RUN = """
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -332,6 +367,7 @@ def test_a_script_that_ignores_a_knob_fails_naming_it(
 _OWN_CUT = '''
 """A user's Trainer script with its own cut (256 tokens) and collator; no trial_config()."""
 import sys
+import time
 
 import torch
 from datasets import load_dataset
