@@ -153,7 +153,8 @@ def sweep_and_report(
 
 
 # ``launch``/``worker``'s exit status when the study ends this run without a completed trial
-# (each failed, or none could run): ``sweeper launch && sweeper best`` stops at the launch
+# (each failed, or none could run), or the sweep stopped on a defect of the user's program (it
+# ignores a knob): ``sweeper launch && sweeper best`` stops at the launch
 NO_TRIAL_COMPLETED = 3
 
 
@@ -198,6 +199,14 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
             else ""
         )  # fmt: skip
     )
+    if report.program_defect:  # the trials that completed stand, but the sweep did not end
+        return (
+            f"the sweep stopped early on a defect of your program ({ran}): {report.stop_reason}."
+            f" The {complete} completed trial{' makes' if complete == 1 else 's make'} the "
+            f"recommendation above, among the values your program ran (exit {NO_TRIAL_COMPLETED}"
+            ": the sweep did not search what the space lists)",
+            NO_TRIAL_COMPLETED,
+        )
     if complete:
         if report.trials_run and report.completed == 0:
             return (

@@ -277,10 +277,12 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
     ), why
     assert "read per_device_batch_size from `sweeper.trial_config()`" in why
     assert "or list only 1 for it in search:" in why
+    assert stopping.program_defect  # the sweep exits 3 though #1 completed (below)
     # an out of memory is the config's own doing: the search learns from it, no stop
     again = Stopping(parse_space(TINY_SPACE.read_text()), [], TimeBudget())
     for n in range(4):
         assert again.after_trial(Outcome(number=n, failure_kind="oom", message="asked")) is None
+    assert not again.program_defect
 
     store = _store(tmp_path)
     try:
@@ -297,6 +299,11 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
         said = [w for w in best(store, "s").warnings if "did not run the config as asked" in w]
     finally:
         store.dispose()
+    # a walk's CI read exit 0 from a sweep stopped so: it says so, and exits 3
+    stopped = _report(trials_run=3, completed=1, program_defect=True, stop_reason=why)
+    line, code = outcome(f"sqlite:///{tmp_path / 'o.db'}", stopped, None, 60.0)
+    assert code == 3 and line.startswith("the sweep stopped early on a defect of your program")
+    assert "The 1 completed trial makes the recommendation above" in line and "(exit 3" in line
     assert len(said) == 1, said
     assert (
         "2 trials failed because the program did not run the config as asked (#0, #2: " in (said[0])

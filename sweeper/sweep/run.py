@@ -109,6 +109,8 @@ class SweepReport:
     workers: int = 1  # workers of the run that shared the budget
     worker_id: str = ""  # this worker's (its trials' worker_id): the exit status counts them
     stopped: bool = False  # a stop was requested (REST): the user ended it, not the trials
+    # it stopped on a defect of the user's program (it ignores a knob): exit non-zero
+    program_defect: bool = False
 
 
 def study_fields(
@@ -336,6 +338,7 @@ def run_sweep(
             workers=1 if use is None else len(use.workers),
             worker_id=member.id,
             stopped=loop.stopped,
+            program_defect=loop.stopping.program_defect,
         )
     finally:
         servers.close()

@@ -186,6 +186,9 @@ class Stopping:
         self.alike: list[str] = []
         # (knob, value that ran) → {value asked: first trial}, from ``mismatch`` failures
         self.ignored: dict[tuple[str, str], dict[str, int]] = {}
+        # the stop was the program's defect (it ignores a knob), not the search's end: the
+        # sweep exits non-zero even with completed trials (``cli_sweep.outcome``)
+        self.program_defect = False
 
     def after_trial(self, outcome: Outcome) -> str | None:
         """Count one more measured trial, which gave ``outcome``; why to stop now, if so."""
@@ -211,6 +214,7 @@ class Stopping:
             seen = self.ignored.setdefault((knob, ran), {})
             seen.setdefault(asked, outcome.number)
             if len(seen) >= 2:
+                self.program_defect = True
                 trials = ", ".join(f"asked {a} in #{n}" for a, n in list(seen.items())[:3])
                 return (
                     f"your program ran {knob} {ran} whatever was asked ({trials}): it does "
