@@ -276,9 +276,27 @@ def init(
     engine: Annotated[
         str,
         typer.Option(
-            "--engine", help="sft (TRL's SFTTrainer), trainer (transformers.Trainer) or loop"
+            "--engine",
+            help="sft (TRL's SFTTrainer), trainer (transformers.Trainer), loop, or script (your "
+            "own program: --command)",
         ),
     ] = "sft",
+    command: Annotated[
+        str | None,
+        typer.Option(
+            "--command",
+            help="--engine script: your run's command line, e.g. 'python train.py "
+            "--output_dir out' (an accelerate launch or torchrun line too)",
+        ),
+    ] = None,
+    knobs_form: Annotated[
+        str,
+        typer.Option(
+            "--knobs",
+            help="--engine script: how the knobs reach it: flags (TrainingArguments flags), "
+            "sft_flags (SFTConfig's too) or env (sweeper.trial_config())",
+        ),
+    ] = "flags",
     samples: Annotated[
         int | None,
         typer.Option(
@@ -295,12 +313,30 @@ def init(
     """Write the minimal space for your own fine-tune: your model, your data, the engine, the
     machine and its price, the job's size; everything else defaulted (max_seq_length from
     the data). Then: sweeper launch --space FILE."""
-    from sweeper.starter import ENGINES, OWN_SCRIPT, minimal_space, study_name
+    import shlex
 
+    from sweeper.starter import ENGINES, OWN_SCRIPT, SCRIPT_LINE, minimal_space, study_name
+
+    words: list[str] = []
     if engine == "script":
-        raise fail(OWN_SCRIPT, code=2)
-    if engine not in ENGINES:
-        raise fail(f"--engine {engine}: use one of {', '.join(ENGINES)}", code=2)
+        if not command:
+            raise fail(OWN_SCRIPT, code=2)
+        try:
+            words = shlex.split(command)
+        except ValueError as e:  # a quote left open
+            raise fail(
+                f"--command {command!r}: {e}; quote it as your shell would", code=2
+            ) from None
+        if knobs_form not in ("flags", "sft_flags", "env"):
+            raise fail(f"--knobs {knobs_form}: use flags, sft_flags or env", code=2)
+    elif command is not None:
+        raise fail(
+            f"--command is your own program's (--engine script); --engine {engine} builds the "
+            "run itself: leave --command out, or say --engine script",
+            code=2,
+        )
+    elif engine not in ENGINES:
+        raise fail(f"--engine {engine}: use one of {', '.join(ENGINES)}, or script", code=2)
     if device not in ("auto", "cuda", "cpu"):
         raise fail(f"--device {device}: use auto, cuda or cpu", code=2)
     if not data.is_file():
@@ -312,6 +348,7 @@ def init(
         text = minimal_space(
             study=study, model=model, data=data, engine=engine, hardware=hardware,
             usd_per_hour=price, samples=samples, epochs=epochs, device=device,
+            command=words, knobs=knobs_form,
         )  # fmt: skip
     except SpaceError as e:
         raise fail(str(e), code=2) from None
@@ -323,6 +360,8 @@ def init(
             f"replies only, set workload.dataset.loss: completion in {out}",
             highlight=False,
         )
+    if engine == "script":
+        console.print(escape(f"your command is the trial: {SCRIPT_LINE}"), highlight=False)
     console.print(
         f"wrote {out} (study {study}). Next:\n  sweeper doctor --space {out}   # can it run "
         f"here, and how long\n  sweeper launch --space {out}\n  sweeper best --study {study}",

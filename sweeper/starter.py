@@ -12,7 +12,7 @@ import difflib
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import yaml
@@ -22,16 +22,21 @@ from sweeper.space import parse_space
 
 ENGINES = ("sft", "trainer", "loop")
 
-# init writes a space for an engine sweeper builds; the user's own script is a command and a
-# line in it, which init cannot write for them
+# the user's own script: its command (``init --command``), and the line in it, which init
+# cannot write for them
 OWN_SCRIPT = (
-    "--engine script: init writes a space for an engine sweeper builds (sft, trainer, loop); "
-    "to sweep your own train.py, write one with --engine loop, then in it set "
-    "workload.engine: script and workload.script.command: [python, train.py, ...], and add "
-    "sweeper's one line to your script (callbacks=[sweeper.callback()] in Trainer(...), or "
-    "`with sweeper.step(batch, model=model, optimizer=optimizer):` in your own loop). README: "
-    "'Your own training script as the trial'; examples/trainer/space.yaml and "
-    "examples/amp_loop/space.yaml are both, ready to copy"
+    "--engine script needs your run's own command: --command 'python train.py --model_name_or_path "
+    "... --output_dir out' (an accelerate launch or torchrun line works too), and --knobs flags "
+    "(a TrainingArguments script: HfArgumentParser; the default), sft_flags (TRL's SFTConfig) "
+    "or env (your script reads sweeper.trial_config()). README: 'Your own training script as "
+    "the trial'; examples/trainer/space.yaml and examples/amp_loop/space.yaml are both, "
+    "ready to copy"
+)
+# sweeper's one line, as the sweep needs it in the user's script
+SCRIPT_LINE = (
+    "add sweeper's one line to your script: callbacks=[sweeper.callback()] in Trainer(...) "
+    "(SFTTrainer too), or `with sweeper.step(batch, model=model, optimizer=optimizer):` "
+    "around each optimizer step of your own loop"
 )
 
 
@@ -324,8 +329,11 @@ def minimal_space(
     samples: int | None = None,
     epochs: float = 1.0,
     device: str = "auto",
+    command: Sequence[str] = (),
+    knobs: str = "flags",
 ) -> str:
-    """The text of the minimal space (validated before it is returned)."""
+    """The text of the minimal space (validated before it is returned); ``engine`` script:
+    the user's ``command`` and how the knobs reach it (``knobs``)."""
     kind, column, rows = data_shape(data)
     samples = samples or rows
     if not samples:
@@ -359,17 +367,37 @@ def minimal_space(
         "  dataset:\n"
         f"    path: {_scalar(str(data.expanduser().resolve()))}\n"
         + field.replace("      ", "    ")
-        + f"  engine: {engine}                 # sweeper builds the run: sft (TRL's SFTTrainer),\n"
-        + "  #   trainer (transformers' Trainer) or loop (a plain PyTorch loop); to sweep your\n"
-        + "  #   own train.py instead: engine: script (README: 'Your own training script as\n"
-        + "  #   the trial')\n"
-        f"  samples: {samples}              # samples in one epoch of the real job\n"
+        + (_script_lines(command, knobs) if engine == "script" else _engine_lines(engine))
+        + f"  samples: {samples}              # samples in one epoch of the real job\n"
         f"  epochs: {epochs:g}\n"
         "budget:\n"
         "  n_trials: 12\n"
     )
     parse_space(text, source="the space sweeper init writes")  # never write a broken file
     return text
+
+
+def _engine_lines(engine: str) -> str:
+    return (
+        f"  engine: {engine}                 # sweeper builds the run: sft (TRL's SFTTrainer),\n"
+        "  #   trainer (transformers' Trainer) or loop (a plain PyTorch loop); to sweep your\n"
+        "  #   own train.py instead: engine: script (README: 'Your own training script as\n"
+        "  #   the trial')\n"
+    )
+
+
+def _script_lines(command: Sequence[str], knobs: str) -> str:
+    """The space's engine: script, its command as a list of words, and its knobs form."""
+    words = ", ".join(_scalar(word) for word in command)
+    return (
+        "  engine: script                # your own program is the trial (README: 'Your own\n"
+        "  #   training script as the trial'); it needs sweeper's one line\n"
+        "  script:\n"
+        f"    command: [{words}]\n"
+        f"    cwd: {_scalar(str(Path.cwd()))}   # where it runs, wherever sweeper is launched\n"
+        f"    knobs: {knobs}             # flags: TrainingArguments flags appended; sft_flags:\n"
+        "    #   SFTConfig's too; env: none (your script reads sweeper.trial_config())\n"
+    )
 
 
 def _scalar(value: str) -> str:

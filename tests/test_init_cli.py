@@ -31,26 +31,53 @@ def test_init_without_a_terminal_names_the_missing_option(tmp_path: Path) -> Non
     assert not out.exists()
 
 
-def test_init_for_ones_own_script_says_how_to_sweep_it(tmp_path: Path) -> None:
-    """A walk's `init --engine script` got only 'use one of sft, trainer, loop'."""
+def _init(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    ran = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "init", *args],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "400", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    return ran, " ".join((ran.stdout + ran.stderr).split())
+
+
+def test_init_writes_the_space_of_ones_own_script_from_its_command(tmp_path: Path) -> None:
+    """A walk's `init --engine script` was refused, pointed at --engine loop (for a Trainer
+    script): init has the model, the data and the price, and now the command too."""
+    from sweeper.space import load_space
+
     data = tmp_path / "chats.jsonl"
     data.write_text(json.dumps({"text": "hello"}) + "\n")
-    out = tmp_path / "mine.yaml"
-    ran = subprocess.run(
-        [sys.executable, "-m", "sweeper.cli", "init", "--model", "org/m", "--data", str(data),
-         "--price", "1", "--engine", "script", "--out", str(out)],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={**os.environ, "COLUMNS": "400"},
-    )  # fmt: skip
-    said = " ".join((ran.stdout + ran.stderr).split())
-    assert ran.returncode == 2, said
-    assert "Traceback" not in said and not out.exists()
-    assert "write one with --engine loop, then in it set workload.engine: script and " in said
-    assert "workload.script.command: [python, train.py, ...]" in said
-    assert "callbacks=[sweeper.callback()]" in said and "sweeper.step(batch" in said
+    base = ["--model", "org/m", "--data", str(data), "--price", "1", "--engine", "script"]
+    out = tmp_path / "spaces" / "mine.yaml"
+    ran, said = _init(tmp_path, *base, "--out", str(out))  # no command: said how
+    assert ran.returncode == 2 and "Traceback" not in said and not out.exists(), said
+    assert "--engine script needs your run's own command: --command 'python train.py" in said
     assert "README: 'Your own training script as the trial'" in said
     for example in ("examples/trainer/space.yaml", "examples/amp_loop/space.yaml"):
         assert example in said and (REPO / example).is_file()
+    command = "python train.py --model_name_or_path org/m --output_dir 'my out' --bf16 True"
+    ran, said = _init(tmp_path, *base, "--command", command, "--knobs", "sft_flags",
+                      "--out", str(out))  # fmt: skip
+    assert ran.returncode == 0, said
+    assert "add sweeper's one line to your script: callbacks=[sweeper.callback()] in" in said
+    space = load_space(out)
+    script = space.workload.script
+    assert space.workload.engine == "script" and script is not None
+    assert script.command == ["python", "train.py", "--model_name_or_path", "org/m",
+                              "--output_dir", "my out", "--bf16", "True"]  # fmt: skip
+    assert script.knobs == "sft_flags" and script.cwd == str(tmp_path)  # runs where it was said
+    assert space.search.values("precision") == ["bf16"]  # from the command's words
+    for wrong, words in (
+        (["--knobs", "argv"], "--knobs argv: use flags, sft_flags or env"),
+        (["--command", "python 'train.py"], '--command "python \'train.py": No closing quotation'),
+    ):
+        ran, said = _init(tmp_path, *base, "--command", "python t.py", *wrong, "--out",
+                          str(tmp_path / "x.yaml"))  # fmt: skip
+        assert ran.returncode == 2 and words in said and "Traceback" not in said, said
+    ran, said = _init(tmp_path, "--model", "org/m", "--data", str(data), "--price", "1",
+                      "--command", "python t.py", "--out", str(tmp_path / "x.yaml"))  # fmt: skip
+    assert ran.returncode == 2 and "--command is your own program's (--engine script)" in said
+    assert not (tmp_path / "x.yaml").exists()
 
 
 @pytest.mark.torch  # transformers writes the tokenizer and the config, as save_pretrained does
