@@ -621,6 +621,28 @@ def _mismatched(store: Store, study: str) -> list[str]:
     ]
 
 
+def _why_none(store: Store, study: str) -> str:
+    """What the study's trials are, when none completed, and what to do: ": 1 interrupted;
+    `sweeper launch --study NAME` resumes it" (a walk's Ctrl-C left a study whose `best` said
+    only "has no completed trial yet")."""
+    from collections import Counter
+
+    rows = store.list_trials(study)
+    if not rows:
+        return f": none has run; `sweeper launch --study {study}` runs it"
+    said = Counter(
+        r.failure_kind if r.state == "failed" and r.failure_kind else r.state for r in rows
+    )
+    counts = ", ".join(f"{n} {what}" for what, n in said.most_common())
+    todo = []
+    if said.get("interrupted") or said.get("lost") or said.get("running"):
+        todo.append(f"`sweeper launch --study {study}` resumes it, running what did not finish")
+    if any(r.state == "failed" and r.failure_kind != "interrupted" for r in rows):
+        todo.append("each failure's message is on the study page (`sweeper serve`) and in the "
+                    "launch's output: fix what it says, then launch again")  # fmt: skip
+    return f" ({counts})" + (f": {'; '.join(todo)}" if todo else "")
+
+
 def _unknown_cut(measured: Mapping[str, Any]) -> dict[str, Any]:
     """No truncation shares where the program cut its rows at a length of its own, unseen
     (``max_seq_length`` among ``Measurement.unreached``): the config's length never ran, so
@@ -647,7 +669,12 @@ def _own_cut(measured: Mapping[str, Any]) -> list[str]:
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
-    recommendation = choose(facts, store.trial_metrics(study, states=["complete"]), constraints)
+    try:
+        recommendation = choose(facts, store.trial_metrics(study, states=["complete"]), constraints)
+    except NoResultError as e:
+        if not str(e).endswith("has no completed trial yet"):
+            raise
+        raise NoResultError(f"{e}{_why_none(store, study)}") from None
     winner = store.get_trial(study, recommendation.trial_number)
     measured = (winner.measurement if winner is not None else None) or {}
     n_params, trainable = measured.get("n_params"), measured.get("trainable_params")

@@ -667,3 +667,20 @@ def test_a_baseline_alone_is_not_said_to_have_beaten_anything(store: Store) -> N
     assert "beats it beyond the noise" not in printed
     r = best(store, "seed")  # compared with three others: the words it always had
     assert r.keep_baseline_text == r.KEEP_BASELINE
+
+
+def test_no_completed_trial_says_what_the_trials_are_and_what_to_do(store: Store) -> None:
+    """A walk's Ctrl-C left a study whose `best` said only "has no completed trial yet"."""
+    store.upsert_study("cut", **STUDY_FIELDS)
+    with pytest.raises(NoResultError, match=r"has no completed trial yet: none has run"):
+        best(store, "cut")
+    store.start_trial("cut", 0, _config(2, 8))
+    store.finish_trial("cut", 0, "failed", failure_kind="interrupted", failure_message="Ctrl-C")
+    store.start_trial("cut", 1, _config(8, 1))
+    store.finish_trial("cut", 1, "failed", failure_kind="oom", failure_message="out of memory")
+    with pytest.raises(NoResultError) as caught:
+        best(store, "cut")
+    said = str(caught.value)
+    assert said.startswith("study 'cut' has no completed trial yet (1 interrupted, 1 oom): ")
+    assert "`sweeper launch --study cut` resumes it, running what did not finish" in said
+    assert "each failure's message is on the study page" in said
