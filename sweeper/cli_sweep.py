@@ -130,14 +130,10 @@ def sweep_and_report(
                 fleet_trials=settings.fleet_trials,
             )
     except Terminated:
-        raise fail(
-            "terminated (SIGTERM); finished trials are kept, the running one is marked interrupted",
-            143,
-        ) from None
+        raise fail(f"terminated (SIGTERM); {observer.interrupted_words()}", 143) from None
     except KeyboardInterrupt:
-        raise fail(
-            "interrupted; finished trials are kept, the running one is marked", 130
-        ) from None
+        resume = f"; `sweeper launch --study {parsed.study}` resumes it"
+        raise fail(f"interrupted; {observer.interrupted_words()}{resume}", 130) from None
     except PreflightError as e:
         raise fail(f"preflight: {e}", code=2) from None
     except SweeperError as e:

@@ -56,6 +56,7 @@ class RichObserver:
     """Shows the sweep while it runs: a progress bar and one line per finished trial."""
 
     def __init__(self, study: str, n_trials: int) -> None:
+        self.running: int | None = None  # the trial running now (said when interrupted)
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -101,6 +102,7 @@ class RichObserver:
         self.progress.update(self.task, description="preflight: what can run here")
 
     def trial_started(self, number: int, config: TrialConfig) -> None:
+        self.running = number
         if self.first_trial_at is None:
             self.first_trial_at = time.monotonic()
         self.progress.update(self.task, description=f"trial {number}: {describe(config)}")
@@ -116,7 +118,15 @@ class RichObserver:
         about = f"{minutes:.0f} min" if minutes >= 1 else f"{per_trial * left:.0f} s"
         return f" [{self.done}/{self.total}, about {about} left]"
 
+    def interrupted_words(self) -> str:
+        """What an interrupted sweep kept: the running trial's number, or that none ran."""
+        running = self.running
+        if running is None:
+            return "no trial was running (nothing is lost); finished trials are kept"
+        return f"finished trials are kept, the running one (#{running}) is marked interrupted"
+
     def trial_done(self, row: TrialRow) -> None:
+        self.running = None
         self.done += 1
         config = describe_dict(as_ran(row.config, row.own_values))  # a script's own as ran
         if row.state == "complete":

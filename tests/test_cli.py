@@ -474,6 +474,8 @@ def test_ctrl_c_marks_the_running_trial_and_leaves_no_orphan(
         stderr = _communicate_or_dump_stacks(process, timeout=30)
         assert process.returncode == code, stderr
         assert said in stderr
+        # which trial it marked (a walk's Ctrl-C in prepare was told "the running one is marked")
+        assert "the running one (#0) is marked interrupted" in " ".join(stderr.split()), stderr
         (trial,) = store.list_trials("tiny")
         assert (trial.state, trial.failure_kind) == ("failed", "interrupted")
         assert store.get_study("tiny").state == "interrupted"
@@ -752,3 +754,16 @@ def test_a_taken_port_is_found_before_anything_runs(env: dict[str, str]) -> None
                 probe.bind(("127.0.0.1", free))  # the port it names is free
     demo = (REPO / "scripts" / "demo.sh").read_text()  # checked before the sweep, not after
     assert demo.index('serve --port "$port" --check') < demo.index("launch --space")
+
+
+def test_an_interrupted_sweep_says_whether_a_trial_was_running() -> None:
+    """A walk's Ctrl-C during the data's preparation was told "the running one is marked"."""
+    from sweeper.console import RichObserver
+    from tests.helpers import tiny_config
+
+    observer = RichObserver("tiny", 3)
+    assert observer.interrupted_words().startswith("no trial was running (nothing is lost)")
+    observer.trial_started(4, tiny_config())
+    assert observer.interrupted_words() == (
+        "finished trials are kept, the running one (#4) is marked interrupted"
+    )
