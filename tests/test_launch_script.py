@@ -312,3 +312,36 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
         "per_device_batch_size, num_workers): the values it ignored were never measured"
         in (said[0])
     )
+
+
+def test_a_script_preflight_refuses_leaves_no_study_behind(tmp_path: Path) -> None:
+    """A walk's script without sweeper's line was refused by preflight before any trial, and
+    left a `failed` study with nothing in it in `study list`: nothing is half-written."""
+    (tmp_path / "train.py").write_text("print('trained, with no line of sweeper')\n")
+    path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
+    space = yaml.safe_load(path.read_text())
+    space["trial"]["preflight"] = True
+    path.write_text(yaml.safe_dump(space))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    launch = run_sweeper("launch", "--space", str(path), "--storage", url, cwd=tmp_path)
+    assert launch.returncode == 2, launch.stdout + launch.stderr
+    assert "preflight:" in launch.stderr and "Traceback" not in launch.stderr
+    store = Store(url)
+    try:
+        assert not store.has_study("tiny")
+    finally:
+        store.dispose()
+    # a study made before (its rows, as an earlier launch left them) is kept, whatever this
+    # launch's preflight says
+    store = Store(url)
+    try:
+        store.upsert_study("tiny", **STUDY_FIELDS)
+    finally:
+        store.dispose()
+    again = run_sweeper("launch", "--space", str(path), "--storage", url, cwd=tmp_path)
+    assert again.returncode == 2 and "preflight:" in again.stderr, again.stderr
+    store = Store(url)
+    try:
+        assert store.has_study("tiny")
+    finally:
+        store.dispose()

@@ -15,7 +15,7 @@ from typing import Any
 from sweeper.errors import DatabaseLostError, DiskFullError, StudyNotFoundError
 from sweeper.joining import process_alive
 from sweeper.launcher import ForkServer
-from sweeper.preflight import PreflightReport
+from sweeper.preflight import PreflightError, PreflightReport
 from sweeper.search import worker_seed
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig
@@ -111,6 +111,22 @@ class SweepReport:
     stopped: bool = False  # a stop was requested (REST): the user ended it, not the trials
     # it stopped on a defect of the user's program (it ignores a knob): exit non-zero
     program_defect: bool = False
+
+
+def _forget_refused(
+    error: Exception, fresh: bool, store: Store, storage: Any, name: str, grace_s: float
+) -> None:
+    """Delete the study this launch made when preflight refused it (``error``) before any
+    trial (a walk's script without sweeper's line left a failed study behind, with nothing in
+    it): unless a trial or another worker of it appeared meanwhile."""
+    from sweeper.store.optuna import delete_optuna_study
+
+    if not fresh or not isinstance(error, PreflightError):
+        return
+    if store.count_trials(name) or store.live_workers(name, grace_s):
+        return
+    delete_optuna_study(storage, name)
+    store.delete_study(name)
 
 
 def study_fields(
@@ -211,6 +227,8 @@ def run_sweep(
         prepared = prepare_workload(space, cache_dir, observer, server=zygote)
         space = resolve_lengths(space, prepared.stats, observer)
         storage = optuna_storage(storage_url, retry_s=database_retry_s)
+        # a study this launch makes, and preflight then refuses, is not left behind
+        fresh = not store.has_study(space.study)
         study = create_or_load_study(space.study, storage, space.budget.seed)
         # a resumed study plans what it has and what this launch adds (16 after two launches of 8);
         # a worker of a fleet, what the whole fleet adds (``fleet_trials``), not its own share; a
@@ -299,6 +317,7 @@ def run_sweep(
             full = disk_full(e)
             if not (full or connection_lost(e)):
                 member.stop("failed")
+                _forget_refused(e, fresh, store, storage, space.study, worker_grace_s)
                 raise
             member.abandon()  # no word to a database that cannot take it: the reaper ends us
             in_flight = None if executor is None else executor.in_flight
