@@ -453,8 +453,11 @@ def data_lines(config: dict[str, Any], space_yaml: str, loss_labels: str | None 
 def _replies(space: Space | None, loss_labels: str | None = None) -> bool:
     """Whether the trials took the loss on the assistant's replies only (loss: completion,
     chat records), unless they recorded training on every token (``loss_labels``: an sft
-    trial whose chat template has no {% generation %} markers)."""
+    trial whose chat template has no {% generation %} markers); and where they recorded the
+    replies only whatever the space says (a script of the user's that masks its prompts)."""
     if space is None or loss_labels == "all":
         return False
     spec = space.workload.dataset
+    if loss_labels == "replies" and spec.messages_field is not None:
+        return True
     return spec.loss == "completion" and spec.messages_field is not None

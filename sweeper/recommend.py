@@ -90,6 +90,8 @@ class StudyFacts:
     # the run hours and $/run price: workload.samples × workload.epochs (None: not known)
     samples: int | None = None
     epochs: float | None = None
+    # the space's loss over chat records (workload.dataset.loss), None: not chat records
+    chat_loss: str | None = None
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
@@ -98,6 +100,7 @@ class StudyFacts:
         listed_lengths: tuple[int, ...] = ()
         samples: int | None = None
         epochs: float | None = None
+        chat_loss: str | None = None
         try:
             from sweeper import seqlen
             from sweeper.space import parse_space
@@ -108,6 +111,8 @@ class StudyFacts:
             packing_truncates = workload.engine == "sft"
             headline = workload.headline
             samples, epochs = workload.samples, workload.epochs
+            if workload.dataset.messages_field is not None:
+                chat_loss = workload.dataset.loss
             if row.dataset_stats:
                 lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
                 listed_lengths = tuple(lengths)
@@ -127,6 +132,7 @@ class StudyFacts:
             listed_lengths=listed_lengths,
             samples=samples,
             epochs=epochs,
+            chat_loss=chat_loss,
         )
 
 
@@ -643,6 +649,20 @@ def _why_none(store: Store, study: str) -> str:
     return f" ({counts})" + (f": {'; '.join(todo)}" if todo else "")
 
 
+def _own_loss(measured: Mapping[str, Any], facts: StudyFacts) -> list[str]:
+    """A program that took the loss on the replies only where the space says every token
+    (read from its batches' labels: ``Measurement.loss_labels``): the figures are its own,
+    and the exports follow what ran (a walk's script masked its prompts under loss: all)."""
+    if facts.chat_loss != "all" or measured.get("loss_labels") != "replies":
+        return []
+    return [
+        "your program took the loss on the assistant's replies only (its labels mask the "
+        "prompts), while the space says workload.dataset.loss: all: the figures and the "
+        "exports are your program's (replies only); set loss: completion in the space to say "
+        "so, or label every token in your program if that is what the run should do"
+    ]
+
+
 def _unknown_cut(measured: Mapping[str, Any]) -> dict[str, Any]:
     """No truncation shares where the program cut its rows at a length of its own, unseen
     (``max_seq_length`` among ``Measurement.unreached``): the config's length never ran, so
@@ -690,6 +710,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
                 *caveats.ran_warnings(measured, winner.config if winner is not None else None),
                 *_mismatched(store, study),
                 *_own_cut(measured),
+                *_own_loss(measured, facts),
                 *caveats.program_run_warnings(
                     measured,
                     epochs=facts.epochs,

@@ -189,3 +189,35 @@ def test_export_without_a_format_gives_the_studys_own_form(url: str) -> None:
     assert "sft_config = SFTConfig(" in outputs["sft-engine"].stdout
     assert "TrainingArguments(" in outputs["trainer-engine"].stdout
     assert outputs["trainer-engine"].stderr == ""  # the form it always gave, unannounced
+
+
+def test_a_script_that_masks_its_prompts_under_loss_all_is_said_and_exported_as_it_ran(
+    sqlite_url: str,
+) -> None:
+    """A walk's script masked its prompts (labels on the replies only) while its space said
+    loss: all: the trial recorded loss_labels "replies", and the exports labelled every
+    token. `best` says so, and the exports follow what ran."""
+    chat = re.sub(r"    generate:\n      samples: 400\n      median_chars: 300\n", "", CPU_SPACE)
+    chat = chat.replace(
+        "  dataset:\n", "  dataset:\n    path: chats.jsonl\n    messages_field: messages\n"
+        "    loss: all\n"
+    ).replace("  samples: 10000\n", f"  samples: 10000\n{LOOP_SCRIPT}")  # fmt: skip
+    store = Store(sqlite_url)
+    store.migrate()
+    for name, labels in (("masked", "replies"), ("every", "all")):
+        store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": chat}))
+        store.start_trial(name, 0, CONFIG)
+        measured = sample_measurement(program_run=TRAINER_RUN, loss_labels=labels)
+        store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                           hours_per_run=10.0, cost_per_run_usd=25.0,
+                           measurement=measured.model_dump())  # fmt: skip
+    store.dispose()
+    rec, space_yaml = _recommendation(sqlite_url, "masked")
+    said = [w for w in rec.warnings if w.startswith("your program took the loss on the")]
+    assert len(said) == 1 and "workload.dataset.loss: all" in said[0], rec.warnings
+    from sweeper.export_data import _replies, space_of
+
+    assert _replies(space_of(space_yaml), rec.loss_labels)  # the exports mask as it ran
+    rec, space_yaml = _recommendation(sqlite_url, "every")
+    assert not [w for w in rec.warnings if w.startswith("your program took the loss on the")]
+    assert not _replies(space_of(space_yaml), rec.loss_labels)
