@@ -548,7 +548,7 @@ def best_command(
         print_comparison(result)  # type: ignore[arg-type]
     else:
         print_recommendation(result)  # type: ignore[arg-type]
-        print_knob_effects(effects)
+        print_knob_effects(effects, study)
 
 
 @app.command(

@@ -624,7 +624,7 @@ def print_sweep_summary(report: SweepReport) -> None:
         )
 
 
-def print_knob_effects(effects: KnobEffects) -> None:
+def print_knob_effects(effects: KnobEffects, study: str) -> None:
     """What each knob the study varied is worth at the recommended config (``sweeper.verdict``)."""
     if not effects.effects and not effects.untold and not effects.shared:
         return
@@ -632,11 +632,7 @@ def print_knob_effects(effects: KnobEffects) -> None:
     for effect in sorted(effects.effects, key=lambda e: -abs(math.log(e.ratio))):
         console.print(f"  {escape(effect.words)}", highlight=False)
     if effects.untold:
-        console.print(
-            "  not told apart (no trial differs from another in it alone; too few trials to "
-            f"model): {escape(', '.join(effects.untold))}",
-            highlight=False,
-        )
+        console.print(f"  {escape(effects.untold_sentence(study))}", highlight=False)
     if effects.shared:
         from sweeper.verdict import shared_words
 

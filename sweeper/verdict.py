@@ -185,6 +185,20 @@ class KnobEffects(BaseModel):
     # "accumulation 2: 6.50x, leave it at 1" from one; side by side it was 1.24x)
     shared: tuple[int, ...] = ()
 
+    def untold_sentence(self, study: str) -> str:
+        """The knobs the study cannot tell apart, and how to: one trial that changes one of
+        them alone at the winner ("" without any). A walk's 6 trials ran bf16 only with
+        checkpointing and fp32 only without: neither could be told from the other."""
+        if not self.untold:
+            return ""
+        return (
+            "Not told apart (no trial differs from another in it alone; too few trials to "
+            f"model): {', '.join(self.untold)}. To tell one apart, measure trial "
+            f"#{self.winner}'s config with that knob alone changed: queue it "
+            f"(POST /api/studies/{study}/trials with the config) and launch the study again "
+            f"(sweeper launch --study {study})."
+        )
+
     @property
     def shared_sentence(self) -> str:
         """``shared_words`` as a sentence of its own, for the page ("" without any)."""

@@ -4,6 +4,7 @@ showing it on real stores."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import math
@@ -164,6 +165,11 @@ def test_the_cli_rest_and_study_page_show_what_each_knob_is_worth(
     assert "what each knob is worth here (at trial #4)" in out
     for effect in expected.effects:
         assert " ".join(effect.words.split()) in out
+    # what it cannot tell apart, and the one trial that would (a walk's 6 trials aliased two)
+    assert expected.untold
+    told = expected.untold_sentence("demo")
+    assert told in out and "measure trial #4's config with that knob alone changed" in told
+    assert "POST /api/studies/demo/trials" in told and "sweeper launch --study demo" in told
     as_json = subprocess.run(run + ["--json"], capture_output=True, text=True, env=env)
     assert json.loads(as_json.stdout)["knob_effects"] == expected.model_dump(mode="json")
     with TestClient(create_app(storage_url)) as client:
@@ -175,7 +181,8 @@ def test_the_cli_rest_and_study_page_show_what_each_knob_is_worth(
         page = client.get("/studies/demo")
         section = page.text.split('<section id="knob-effects">')[1].split("</section>")[0]
         assert section.count("<tr data-basis=") == 3
-        assert "leave it at sdpa" in section and "Not told apart" in section
+        assert "leave it at sdpa" in section
+        assert f'id="knob-effects-untold">{told}</p>' in html.unescape(section)
 
 
 def test_the_verdict_table_for_results_has_one_row_per_effect_largest_first(
