@@ -132,8 +132,8 @@ def sweep_and_report(
     except Terminated:
         raise fail(f"terminated (SIGTERM); {observer.interrupted_words()}", 143) from None
     except KeyboardInterrupt:
-        resume = f"; `sweeper launch --study {parsed.study}` resumes it"
-        raise fail(f"interrupted; {observer.interrupted_words()}{resume}", 130) from None
+        resume = _resume_words(url, parsed.study, space_path)
+        raise fail(f"interrupted; {observer.interrupted_words()}; {resume}", 130) from None
     except PreflightError as e:
         raise fail(f"preflight: {e}", code=2) from None
     except SweeperError as e:
@@ -146,6 +146,28 @@ def sweep_and_report(
         raise fail(said, code)
     if said:
         console.print(f"[yellow]{escape(said)}[/]", highlight=False)
+
+
+def _resume_words(url: str, study: str, space_path: str | None) -> str:
+    """How to go on after an interrupt: resume the study where it exists, else launch the
+    space again (a re-walk's Ctrl-C during preflight was told to resume a study never made)."""
+    from sweeper.settings import absent_sqlite_file
+    from sweeper.store import Store
+
+    again = f"`sweeper launch --space {space_path}`" if space_path else "`sweeper launch`"
+    if absent_sqlite_file(url) is not None:  # never an empty database made to ask
+        return f"no study was made yet: {again} starts it again"
+    try:
+        store = Store(url)
+        try:
+            made = store.has_study(study)
+        finally:
+            store.dispose()
+    except SweeperError:
+        return f"{again} starts it again"
+    if made:
+        return f"`sweeper launch --study {study}` resumes it"
+    return f"no study was made yet: {again} starts it again"
 
 
 # ``launch``/``worker``'s exit status when the study ends this run without a completed trial
@@ -196,11 +218,15 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
         )  # fmt: skip
     )
     if report.program_defect:  # the trials that completed stand, but the sweep did not end
+        stand = (
+            f" The {complete} completed trial{' makes' if complete == 1 else 's make'} the "
+            "recommendation above, among the values your program ran."
+            if complete
+            else " No trial completed, so there is no recommendation."
+        )
         return (
             f"the sweep stopped early on a defect of your program ({ran}): {report.stop_reason}."
-            f" The {complete} completed trial{' makes' if complete == 1 else 's make'} the "
-            f"recommendation above, among the values your program ran (exit {NO_TRIAL_COMPLETED}"
-            ": the sweep did not search what the space lists)",
+            f"{stand} (exit {NO_TRIAL_COMPLETED}: the sweep did not search what the space lists)",
             NO_TRIAL_COMPLETED,
         )
     if complete:

@@ -57,6 +57,7 @@ class RichObserver:
 
     def __init__(self, study: str, n_trials: int) -> None:
         self.running: int | None = None  # the trial running now (said when interrupted)
+        self.measuring_again: int | None = None  # the trial whose config is measured again
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -118,9 +119,17 @@ class RichObserver:
         about = f"{minutes:.0f} min" if minutes >= 1 else f"{per_trial * left:.0f} s"
         return f" [{self.done}/{self.total}, about {about} left]"
 
+    def remeasuring(self, number: int | None) -> None:
+        self.measuring_again = number
+
     def interrupted_words(self) -> str:
         """What an interrupted sweep kept: the running trial's number, or that none ran."""
         running = self.running
+        if running is None and self.measuring_again is not None:
+            return (
+                f"finished trials are kept; #{self.measuring_again}'s config was being "
+                "measured again, and that measurement is dropped (its earlier ones stand)"
+            )
         if running is None:
             return "no trial was running (nothing is lost); finished trials are kept"
         return f"finished trials are kept, the running one (#{running}) is marked interrupted"
@@ -610,7 +619,8 @@ def print_sweep_summary(report: SweepReport) -> None:
             if report.remeasured
             else ""
         )
-        + (f"; stopped: {report.stop_reason}" if report.stop_reason else ""),
+        # escaped: a reason may quote code ("callbacks=[sweeper.callback()]")
+        + (f"; stopped: {escape(report.stop_reason)}" if report.stop_reason else ""),
         highlight=False,
     )
     if report.device_limit_s is not None and report.study_device_s is not None:

@@ -234,6 +234,9 @@ class _Notes:
     def trial_done(self, row: TrialRow) -> None:
         pass
 
+    def remeasuring(self, number: int | None) -> None:
+        pass
+
 
 def _duration_finding(
     space: Space, facts: dict[str, Any], disk: dict[str, Any], phases: dict[str, float]

@@ -92,6 +92,9 @@ class StudyFacts:
     epochs: float | None = None
     # the space's loss over chat records (workload.dataset.loss), None: not chat records
     chat_loss: str | None = None
+    # the words of a script's command that gave the length, where search: lists none
+    # ("--max_seq_length 1536"; sweeper.script_defaults.said)
+    length_words: str | None = None
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
@@ -101,6 +104,7 @@ class StudyFacts:
         samples: int | None = None
         epochs: float | None = None
         chat_loss: str | None = None
+        length_words: str | None = None
         try:
             from sweeper import seqlen
             from sweeper.space import parse_space
@@ -113,6 +117,7 @@ class StudyFacts:
             samples, epochs = workload.samples, workload.epochs
             if workload.dataset.messages_field is not None:
                 chat_loss = workload.dataset.loss
+            length_words = _length_from_command(row.space_yaml, workload.script)
             if row.dataset_stats:
                 lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
                 listed_lengths = tuple(lengths)
@@ -133,7 +138,25 @@ class StudyFacts:
             samples=samples,
             epochs=epochs,
             chat_loss=chat_loss,
+            length_words=length_words,
         )
+
+
+def _length_from_command(space_yaml: str, script: Any) -> str | None:
+    """The words of a script's command that gave max_seq_length, where the space's own
+    search: lists none (``StudyFacts.length_words``)."""
+    if script is None:
+        return None
+    import yaml
+
+    from sweeper import script_defaults
+
+    raw = yaml.safe_load(space_yaml)
+    search = raw.get("search") if isinstance(raw, dict) else None
+    if isinstance(search, dict) and "max_seq_length" in search:
+        return None
+    said = script_defaults.said(script.command, script.knobs).get("max_seq_length")
+    return None if said is None else said[1]
 
 
 def truncates(facts: StudyFacts, config: Mapping[str, Any]) -> bool:
@@ -225,6 +248,13 @@ def truncation_fix(facts: StudyFacts, cover: int | None) -> str:
     if cover is None:
         return "list a max_seq_length at least as long as the longest sample"
     whole = [n for n in facts.listed_lengths if n >= cover]
+    if facts.length_words and not whole:  # the user's command, not a list of the space's
+        return (
+            f"list search.max_seq_length: [{hardware_friendly(cover)}] in the space, or auto, "
+            f"which reads the lengths off the data (your command's {facts.length_words} is "
+            "the one length run while search: lists none; each trial then gives your script "
+            "the listed length as that flag)"
+        )
     if facts.listed_lengths and not whole:
         return (
             f"add {hardware_friendly(cover)} to search.max_seq_length (it lists "

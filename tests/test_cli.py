@@ -767,3 +767,42 @@ def test_an_interrupted_sweep_says_whether_a_trial_was_running() -> None:
     assert observer.interrupted_words() == (
         "finished trials are kept, the running one (#4) is marked interrupted"
     )
+    # a re-walk's Ctrl-C during a re-measure was told "no trial was running"
+    observer.running = None
+    observer.remeasuring(1)
+    assert observer.interrupted_words().startswith(
+        "finished trials are kept; #1's config was being measured again, and that measurement "
+        "is dropped"
+    )
+
+
+def test_an_interrupted_sweep_says_how_to_go_on(tmp_path: Path) -> None:
+    """A re-walk's Ctrl-C during preflight was told to resume a study that was never made."""
+    from sweeper.cli_sweep import _resume_words
+    from sweeper.store import Store
+    from tests.helpers import STUDY_FIELDS
+
+    url = f"sqlite:///{tmp_path / 'sweep.db'}"
+    assert _resume_words(url, "s", "mine.yaml") == (
+        "no study was made yet: `sweeper launch --space mine.yaml` starts it again"
+    )
+    assert not (tmp_path / "sweep.db").exists()  # no empty database made to ask
+    store = Store(url)
+    store.migrate()
+    assert _resume_words(url, "s", "mine.yaml").startswith("no study was made yet")
+    store.upsert_study("s", **STUDY_FIELDS)
+    store.dispose()
+    assert _resume_words(url, "s", "mine.yaml") == "`sweeper launch --study s` resumes it"
+
+
+def test_the_sweeps_last_line_keeps_the_code_its_stop_reason_quotes() -> None:
+    """A re-walk read "pass it as Trainer(..., callbacks=)": rich took the brackets."""
+    from sweeper.console import console, print_sweep_summary
+    from sweeper.sweep.run import SweepReport
+
+    reason = "pass it as Trainer(..., callbacks=[sweeper.callback()])"
+    report = SweepReport(study="s", storage_url="", trials_run=3, completed=0, failed=3,
+                         wall_s=32.0, stop_reason=reason)  # fmt: skip
+    with console.capture() as captured:
+        print_sweep_summary(report)
+    assert f"stopped: {reason}" in " ".join(captured.get().split())

@@ -304,6 +304,13 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
     line, code = outcome(f"sqlite:///{tmp_path / 'o.db'}", stopped, None, 60.0)
     assert code == 3 and line.startswith("the sweep stopped early on a defect of your program")
     assert "The 1 completed trial makes the recommendation above" in line and "(exit 3" in line
+    # none completed: no recommendation to point at (a re-walk read "The 0 completed trials
+    # make the recommendation above")
+    (tmp_path / "none").mkdir()
+    empty = _store(tmp_path / "none")
+    empty.dispose()
+    line, code = outcome(f"sqlite:///{tmp_path / 'none' / 'o.db'}", stopped, None, 60.0)
+    assert code == 3 and "No trial completed, so there is no recommendation." in line, line
     assert len(said) == 1, said
     assert (
         "2 trials failed because the program did not run the config as asked (#0, #2: " in (said[0])

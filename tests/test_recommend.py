@@ -684,3 +684,16 @@ def test_no_completed_trial_says_what_the_trials_are_and_what_to_do(store: Store
     assert said.startswith("study 'cut' has no completed trial yet (1 interrupted, 1 oom): ")
     assert "`sweeper launch --study cut` resumes it, running what did not finish" in said
     assert "each failure's message is on the study page" in said
+
+
+def test_a_length_from_the_scripts_command_is_not_called_a_list_of_the_space() -> None:
+    """A re-walk was told "add 2432 to search.max_seq_length (it lists [1536])" where search:
+    listed none and the 1536 was the command's --max_seq_length."""
+    from sweeper.recommend import StudyFacts, truncation_fix
+
+    facts = StudyFacts(name="s", hardware_name="CPU", usd_per_hour=0.1, listed_lengths=(1536,),
+                       length_words="--max_seq_length 1536")  # fmt: skip
+    said = truncation_fix(facts, 2365)
+    assert said.startswith("list search.max_seq_length: [2432] in the space, or auto"), said
+    assert "your command's --max_seq_length 1536 is the one length run" in said
+    assert "it lists" not in said

@@ -16,6 +16,9 @@ class SweepObserver(Protocol):
     def prepare_done(self, prepared: PreparedData, wall_s: float) -> None: ...
     def trial_started(self, number: int, config: TrialConfig) -> None: ...
     def trial_done(self, row: TrialRow) -> None: ...
+    def remeasuring(self, number: int | None) -> None:
+        """Trial ``number``'s config is being measured again (None: that ended)."""
+
     def note(self, message: str) -> None: ...
     def planned(self, trials: int) -> None:
         """This launch can run only ``trials`` (the space's configs not yet measured)."""
@@ -34,6 +37,9 @@ class SilentObserver:
         pass
 
     def trial_done(self, row: TrialRow) -> None:
+        pass
+
+    def remeasuring(self, number: int | None) -> None:
         pass
 
     def note(self, message: str) -> None:

@@ -108,7 +108,11 @@ class Remeasure:
         number = self.results[config].number
         started = time.monotonic()
         left_s = None if left_s is None else self.time.left_s(config.devices)
-        sample = self.executor.remeasure(number, config, kind, left_s)
+        self.observer.remeasuring(number)
+        try:
+            sample = self.executor.remeasure(number, config, kind, left_s)
+        finally:
+            self.observer.remeasuring(None)
         self.time.took(time.monotonic() - started, config.devices)  # N devices: N × the time
         self.remeasured += 1
         if sample is not None:
