@@ -321,6 +321,7 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
     )
 
 
+@pytest.mark.torch  # the launch prepares the data before preflight
 def test_a_script_preflight_refuses_leaves_no_study_behind(tmp_path: Path) -> None:
     """A walk's script without sweeper's line was refused by preflight before any trial, and
     left a `failed` study with nothing in it in `study list`: nothing is half-written."""
