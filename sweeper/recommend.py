@@ -95,6 +95,8 @@ class StudyFacts:
     # the words of a script's command that gave the length, where search: lists none
     # ("--max_seq_length 1536"; sweeper.script_defaults.said)
     length_words: str | None = None
+    # a script's command saving otherwise than the space prices (script_defaults.checkpoint_note)
+    saves_note: str | None = None
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
@@ -105,6 +107,7 @@ class StudyFacts:
         epochs: float | None = None
         chat_loss: str | None = None
         length_words: str | None = None
+        saves_note: str | None = None
         try:
             from sweeper import seqlen
             from sweeper.space import parse_space
@@ -118,6 +121,12 @@ class StudyFacts:
             if workload.dataset.messages_field is not None:
                 chat_loss = workload.dataset.loss
             length_words = _length_from_command(row.space_yaml, workload.script)
+            if workload.script is not None:
+                from sweeper import script_defaults
+
+                saves_note = script_defaults.checkpoint_note(
+                    workload.script.command, workload.script.knobs, workload.checkpoint.save_steps
+                )
             if row.dataset_stats:
                 lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
                 listed_lengths = tuple(lengths)
@@ -139,6 +148,7 @@ class StudyFacts:
             epochs=epochs,
             chat_loss=chat_loss,
             length_words=length_words,
+            saves_note=saves_note,
         )
 
 
@@ -741,6 +751,8 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
                 *_mismatched(store, study),
                 *_own_cut(measured),
                 *_own_loss(measured, facts),
+                # said at launch; the answer prices it too (a walk saw it at launch only)
+                *([facts.saves_note] if facts.saves_note else []),
                 *caveats.program_run_warnings(
                     measured,
                     epochs=facts.epochs,

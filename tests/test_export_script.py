@@ -221,3 +221,26 @@ def test_a_script_that_masks_its_prompts_under_loss_all_is_said_and_exported_as_
     rec, space_yaml = _recommendation(sqlite_url, "every")
     assert not [w for w in rec.warnings if w.startswith("your program took the loss on the")]
     assert not _replies(space_of(space_yaml), rec.loss_labels)
+
+
+def test_a_command_that_saves_otherwise_than_the_space_prices_is_said_by_best(
+    sqlite_url: str,
+) -> None:
+    """A walk's command said --save_steps 20 against the space's 500: the launch said so, and
+    `best`, which prices the run with the space's interval, said nothing."""
+    saves = CPU_SPACE.replace(
+        "  samples: 10000\n",
+        "  samples: 10000\n  engine: script\n  script: {command: [python, t.py, --save_steps, "
+        "'20'], knobs: flags}\n",
+    )
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study("saves", **(STUDY_FIELDS | {"space_yaml": saves}))
+    store.start_trial("saves", 0, CONFIG)
+    measured = sample_measurement(program_run=TRAINER_RUN).model_dump()
+    store.finish_trial("saves", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                       hours_per_run=10.0, cost_per_run_usd=25.0, measurement=measured)  # fmt: skip
+    store.dispose()
+    rec, _ = _recommendation(sqlite_url, "saves")
+    said = [w for w in rec.warnings if w.startswith("your command saves a checkpoint every 20")]
+    assert len(said) == 1 and "set workload.checkpoint.save_steps: 20" in said[0], rec.warnings
