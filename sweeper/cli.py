@@ -17,6 +17,7 @@ import typer
 from rich.markup import escape
 
 from sweeper.cli_common import (
+    HELP_CONTEXT,
     AllowTruncationOption,
     MaxCostOption,
     MaxHoursOption,
@@ -59,14 +60,12 @@ if TYPE_CHECKING:
     from sweeper.recommend import Constraints
     from sweeper.space import Space
 
-# -h as well as --help, on every command
-_CONTEXT = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     help="Find the cheapest way to run a training job: timed trials, priced per run.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings=_CONTEXT,
+    context_settings=HELP_CONTEXT,
 )
 
 
@@ -574,7 +573,7 @@ def export(
 ) -> None:
     """Print the recommended config as a TrainingArguments, TRL SFTConfig or DataLoader snippet,
     YAML or JSON."""
-    from sweeper.export import FORMATS, page_formats, render
+    from sweeper.export import FORMATS, render, study_formats
     from sweeper.recommend import best
 
     if fmt is not None and fmt not in FORMATS:
@@ -586,9 +585,7 @@ def export(
         recommendation = best(store, study, constraints)
         space_yaml = store.get_study(study).space_yaml
         if fmt is None:  # the study's own first form: what its program is, as its trial ran
-            winner = store.get_trial(study, recommendation.trial_number)
-            ran = None if winner is None else (winner.measurement or {}).get("program_run")
-            forms = page_formats(space_yaml, ran)
+            forms = study_formats(store, recommendation, space_yaml)
             fmt = forms[0]
             if forms[0] != "trainer":
                 err_console.print(

@@ -16,6 +16,10 @@ from sweeper.errors import SweeperError
 if TYPE_CHECKING:
     from sweeper.store import Store
 
+# -h as well as --help, on every command and sub-command (sweeper/cli.py, cli_study.py,
+# cluster.py)
+HELP_CONTEXT = {"help_option_names": ["-h", "--help"]}
+
 StorageOption = Annotated[
     str | None,
     typer.Option(

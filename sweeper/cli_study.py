@@ -11,14 +11,14 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from sweeper.cli_common import StorageOption, fail, reading_store, with_storage
+from sweeper.cli_common import HELP_CONTEXT, StorageOption, fail, reading_store, with_storage
 from sweeper.console import console
 from sweeper.errors import SweeperError
 
 study_app = typer.Typer(
     help="Studies: list those in a storage, export one to studies/NAME.json, import one anywhere.",
     no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings=HELP_CONTEXT,
 )
 
 

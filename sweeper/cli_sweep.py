@@ -154,20 +154,20 @@ def _resume_words(url: str, study: str, space_path: str | None) -> str:
     from sweeper.settings import absent_sqlite_file
     from sweeper.store import Store
 
-    again = f"`sweeper launch --space {space_path}`" if space_path else "`sweeper launch`"
-    if absent_sqlite_file(url) is not None:  # never an empty database made to ask
-        return f"no study was made yet: {again} starts it again"
-    try:
-        store = Store(url)
+    made: bool | None = False  # None: not known (the database out of reach)
+    if absent_sqlite_file(url) is None:  # never an empty database made to ask
         try:
-            made = store.has_study(study)
-        finally:
-            store.dispose()
-    except SweeperError:
-        return f"{again} starts it again"
+            store = Store(url)
+            try:
+                made = store.has_study(study)
+            finally:
+                store.dispose()
+        except SweeperError:
+            made = None
     if made:
         return f"`sweeper launch --study {study}` resumes it"
-    return f"no study was made yet: {again} starts it again"
+    again = f"`sweeper launch --space {space_path}`" if space_path else "`sweeper launch`"
+    return f"{'' if made is None else 'no study was made yet: '}{again} starts it again"
 
 
 # ``launch``/``worker``'s exit status when the study ends this run without a completed trial

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 
+from sweeper.cli_common import HELP_CONTEXT
 from sweeper.errors import SweeperError
 
 if TYPE_CHECKING:
@@ -295,7 +296,7 @@ def time_estimator(hours_by_accelerator: Mapping[str, float]) -> Callable[[Any],
 cluster_app = typer.Typer(
     help="Recipes that start sweeper workers on Kubernetes, SkyPilot and Slurm (deploy/).",
     no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings=HELP_CONTEXT,
 )
 
 

@@ -11,7 +11,7 @@ Every knob reaches the snippets through ``sweeper.knobs`` (``trainer_arguments``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -22,6 +22,9 @@ from sweeper.export_data import data_lines, padded_to_max, sft_data_lines, space
 from sweeper.job import AdapterSpec, Workload
 from sweeper.recommendation import Recommendation
 from sweeper.trial import accelerate_line
+
+if TYPE_CHECKING:
+    from sweeper.store import Store
 
 ExportFormat = Literal["trainer", "sft", "dataloader", "yaml", "json", "command", "accelerate"]
 FORMATS: tuple[ExportFormat, ...] = (
@@ -617,6 +620,14 @@ def page_formats(
     if script.knobs == "sft_flags" or (program_run or {}).get("arguments") == "SFTConfig":
         return ("command", "sft", "trainer", "yaml")
     return ("command", "trainer", "yaml")
+
+
+def study_formats(store: Store, rec: Recommendation, space_yaml: str) -> tuple[ExportFormat, ...]:
+    """``page_formats`` of a recommendation: its trial's recorder said what the program is
+    (``program_run``), for the page's buttons and `sweeper export`'s default alike."""
+    winner = store.get_trial(rec.study, rec.trial_number)
+    measured = (winner.measurement if winner is not None else None) or {}
+    return page_formats(space_yaml, measured.get("program_run"))
 
 
 def _command(rec: Recommendation, space_yaml: str) -> str:

@@ -703,21 +703,14 @@ def _own_loss(measured: Mapping[str, Any], facts: StudyFacts) -> list[str]:
     ]
 
 
-def _unknown_cut(measured: Mapping[str, Any]) -> dict[str, Any]:
-    """No truncation shares where the program cut its rows at a length of its own, unseen
-    (``max_seq_length`` among ``Measurement.unreached``): the config's length never ran, so
-    what it cuts is not the config's (a walk's script kept its own 1536 and the answer said
-    "truncates 0.0%" of 2432)."""
+def _own_length(measured: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """No truncation shares, and the warning why, where the program cut its rows at a length
+    of its own, unseen (``max_seq_length`` among ``Measurement.unreached``): the config's
+    length never ran, so what it cuts is not the config's (a walk's script kept its own 1536
+    and the answer said "truncates 0.0%" of 2432)."""
     if "max_seq_length" not in (measured.get("unreached") or ()):
-        return {}
-    return {"truncated_samples_share": None, "truncated_tokens_share": None}
-
-
-def _own_cut(measured: Mapping[str, Any]) -> list[str]:
-    """The warning beside ``_unknown_cut``."""
-    if "max_seq_length" not in (measured.get("unreached") or ()):
-        return []
-    return [
+        return {}, []
+    return {"truncated_samples_share": None, "truncated_tokens_share": None}, [
         "your script cut its rows at a length of its own, which sweeper never saw (no flag of "
         "the trials gave it max_seq_length, and it never called sweeper.trial_config()): what "
         "the run truncates is not known, and the length shown is not what ran. Give the "
@@ -738,18 +731,19 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
     winner = store.get_trial(study, recommendation.trial_number)
     measured = (winner.measurement if winner is not None else None) or {}
     n_params, trainable = measured.get("n_params"), measured.get("trainable_params")
+    unseen_cut, unseen_said = _own_length(measured)
     recommendation = recommendation.model_copy(
         update={
             "loss_labels": measured.get("loss_labels"),
             "unreached": tuple(measured.get("unreached") or ()),
-            **_unknown_cut(measured),
+            **unseen_cut,
             "reply_markers": measured.get("reply_markers"),
             # read off the trial that ran (sweeper.measurement.Measurement)
             "warnings": (
                 *recommendation.warnings,
                 *caveats.ran_warnings(measured, winner.config if winner is not None else None),
                 *_mismatched(store, study),
-                *_own_cut(measured),
+                *unseen_said,
                 *_own_loss(measured, facts),
                 # said at launch; the answer prices it too (a walk saw it at launch only)
                 *([facts.saves_note] if facts.saves_note else []),

@@ -111,10 +111,7 @@ def _from_flags(knob: knobs.Knob, flags: Mapping[str, str]) -> Any:
         keys = list(written(1))
         if len(keys) != 1 or keys[0] not in flags:
             return None
-        try:
-            return TypeAdapter(knob.value_type).validate_python(int(flags[keys[0]]))
-        except (ValueError, ValidationError):
-            return None
+        return _open_value(knob, flags[keys[0]])
     best, best_count = None, 0
     for value in choices:
         given = {key: v for key, v in written(value).items() if key in flags}
@@ -272,12 +269,17 @@ def _own_parser_flag(knob: knobs.Knob, flags: Mapping[str, str]) -> tuple[Any, s
     """
     for name in knobs.OWN_PARSER_FLAGS.get(knob.name, ()):
         if name in flags:
-            try:
-                value = TypeAdapter(knob.value_type).validate_python(int(flags[name]))
-            except (ValueError, ValidationError):
-                return None
-            return value, f"--{name} {flags[name]}"
+            value = _open_value(knob, flags[name])
+            return None if value is None else (value, f"--{name} {flags[name]}")
     return None
+
+
+def _open_value(knob: knobs.Knob, text: str) -> Any:
+    """``text`` as a value of open-typed (int) ``knob``, or None when it is none."""
+    try:
+        return TypeAdapter(knob.value_type).validate_python(int(text))
+    except (ValueError, ValidationError):
+        return None
 
 
 def _overrides_launch(name: str, value: Any) -> bool:

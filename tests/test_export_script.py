@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,16 @@ def with_script(script: str) -> str:
     return CPU_SPACE.replace("  samples: 10000\n", f"  samples: 10000\n{script}")
 
 
+def one_trial_study(store: Store, name: str, space_yaml: str, **measured: Any) -> None:
+    """Study ``name`` of ``space_yaml`` with one completed trial of CONFIG, its measurement
+    ``sample_measurement(**measured)``."""
+    store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+    store.start_trial(name, 0, CONFIG)
+    store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                       hours_per_run=10.0, cost_per_run_usd=25.0,
+                       measurement=sample_measurement(**measured).model_dump())  # fmt: skip
+
+
 def seed_script_studies(url: str) -> None:
     """A loop script's study, the same with a knob that never reached the script, a Trainer
     script's, an SFT script's and a study of sweeper's own engine, one trial each."""
@@ -66,12 +77,7 @@ def seed_script_studies(url: str) -> None:
             None,
         ),
     ):
-        store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
-        store.start_trial(name, 0, CONFIG)
-        measured = sample_measurement(program_run=run, unreached=unreached)
-        store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
-                           hours_per_run=10.0, cost_per_run_usd=25.0,
-                           measurement=measured.model_dump())  # fmt: skip
+        one_trial_study(store, name, space_yaml, program_run=run, unreached=unreached)
     store.dispose()
 
 
@@ -205,12 +211,7 @@ def test_a_script_that_masks_its_prompts_under_loss_all_is_said_and_exported_as_
     store = Store(sqlite_url)
     store.migrate()
     for name, labels in (("masked", "replies"), ("every", "all")):
-        store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": chat}))
-        store.start_trial(name, 0, CONFIG)
-        measured = sample_measurement(program_run=TRAINER_RUN, loss_labels=labels)
-        store.finish_trial(name, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
-                           hours_per_run=10.0, cost_per_run_usd=25.0,
-                           measurement=measured.model_dump())  # fmt: skip
+        one_trial_study(store, name, chat, program_run=TRAINER_RUN, loss_labels=labels)
     store.dispose()
     rec, space_yaml = _recommendation(sqlite_url, "masked")
     said = [w for w in rec.warnings if w.startswith("your program took the loss on the")]
@@ -235,11 +236,7 @@ def test_a_command_that_saves_otherwise_than_the_space_prices_is_said_by_best(
     )
     store = Store(sqlite_url)
     store.migrate()
-    store.upsert_study("saves", **(STUDY_FIELDS | {"space_yaml": saves}))
-    store.start_trial("saves", 0, CONFIG)
-    measured = sample_measurement(program_run=TRAINER_RUN).model_dump()
-    store.finish_trial("saves", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
-                       hours_per_run=10.0, cost_per_run_usd=25.0, measurement=measured)  # fmt: skip
+    one_trial_study(store, "saves", saves, program_run=TRAINER_RUN)
     store.dispose()
     rec, _ = _recommendation(sqlite_url, "saves")
     said = [w for w in rec.warnings if w.startswith("your command saves a checkpoint every 20")]

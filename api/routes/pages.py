@@ -22,7 +22,7 @@ from dashboards import figures, path_segment, plotly_js_path
 from dashboards import offers as offer_view
 from sweeper import compare, importance, recommend, verdict
 from sweeper.errors import ConflictError, NoResultError, NothingMeetsError, SweeperError
-from sweeper.export import page_formats, page_label, render
+from sweeper.export import page_label, render, study_formats
 from sweeper.knob_values import OWN_LABEL, UNREACHED_LABEL, UNREACHED_WHY, as_ran
 from sweeper.knobs import KNOBS, describe
 from sweeper.measurement import TABLE_METRICS
@@ -276,10 +276,8 @@ def _exports(store: Store, best: BestConfig, space_yaml: str) -> dict[str, tuple
     """The copy buttons' texts, format → (label, text), in the order the page offers them:
     the forms that apply to the study (``page_formats``; a script's, as its winner's recorder
     said what the script is)."""
-    trial = store.get_trial(best.study, best.trial_number)
-    program_run = None if trial is None else (trial.measurement or {}).get("program_run")
     exports: dict[str, tuple[str, str]] = {}
-    for fmt in page_formats(space_yaml, program_run):
+    for fmt in study_formats(store, best, space_yaml):
         try:
             text = render(best, fmt, space_yaml)
         except (KeyError, ValueError, SweeperError) as e:  # e.g. a config from an old schema

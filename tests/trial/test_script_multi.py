@@ -42,6 +42,8 @@ def _request(
     *,
     collective_timeout_s: float = 60,
     save_steps: int | None = None,
+    warmup: dict[str, Any] | None = None,
+    measure: dict[str, Any] | None = None,
     **config: Any,
 ) -> ChildRequest:
     """A script trial on 2 ranks; ``save_steps``: the run saves a checkpoint that often, so
@@ -71,8 +73,8 @@ def _request(
         prepared,
         cache_dir,
         tiny_config(**(values | config)),
-        warmup={"min_steps": 1, "max_steps": 2},
-        measure={"min_steps": 3, "max_steps": 3, "min_seconds": 0},
+        warmup=warmup or {"min_steps": 1, "max_steps": 2},
+        measure=measure or {"min_steps": 3, "max_steps": 3, "min_seconds": 0},
     )
 
 
@@ -262,16 +264,9 @@ def test_a_run_on_two_devices_that_ends_inside_the_window_is_kept_or_failed_as_o
 
     def run(steps: int, end: str, warmup_multiple: float) -> Any:
         command = [sys.executable, str(script), str(job / "model"), str(steps), end]
-        request = _request(tiny_space, tiny_prepared, cache_dir, command)
-        settings = request.settings
-        assert settings is not None
-        measure = settings.measure.model_copy(
-            update=OPEN_WINDOW | {"warmup_multiple": warmup_multiple}
-        )
-        warmup = settings.warmup.model_copy(update=WARMUP)
-        request = request.model_copy(
-            update={"settings": settings.model_copy(update={"measure": measure, "warmup": warmup})}
-        )
+        measure = OPEN_WINDOW | {"warmup_multiple": warmup_multiple}
+        request = _request(tiny_space, tiny_prepared, cache_dir, command, warmup=WARMUP,
+                           measure=measure)  # fmt: skip
         return run_forked(request, timeout_s=300)
 
     kept = run(30, "destroy", 1)
