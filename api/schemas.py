@@ -14,6 +14,7 @@ from sweeper.noise import Basis
 from sweeper.recommend import padding_share
 from sweeper.recommendation import Recommendation
 from sweeper.space import TrialConfig
+from sweeper.store.models import ended_without_answer
 from sweeper.studyfile import RealTokenMfu
 
 TrialState = Literal["running", "complete", "failed", "pruned"]
@@ -59,6 +60,14 @@ class StudySummary(_Response):
         "shared machine taken again, a drift reference, the final re-measures of the configs "
         "that tie with the best): no trial is running meanwhile",
     )
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="true when the sweep ended (finished or stopped) with failed trials and no "
+        "completed one: the study has no answer, whatever its state says"
+    )
+    @property
+    def none_completed(self) -> bool:
+        return ended_without_answer(self.state, self.trials)
 
 
 class StudyDetail(StudySummary):

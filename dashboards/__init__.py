@@ -19,6 +19,7 @@ import plotly
 
 import sweeper
 from sweeper.cost import hours_figure, money
+from sweeper.store.models import NONE_COMPLETED
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 STATIC_DIR = Path(__file__).parent / "static"
@@ -181,4 +182,5 @@ def template_environment() -> jinja2.Environment:
         knob=knob_value,
     )
     env.globals["assets"] = ASSET_URLS
+    env.globals["none_completed"] = NONE_COMPLETED
     return env

@@ -35,7 +35,7 @@ def study_list(
     when each last changed, oldest first."""
     from sweeper.console import print_study_list
     from sweeper.settings import Settings
-    from sweeper.store.models import TRIAL_STATES
+    from sweeper.store.models import TRIAL_STATES, ended_without_answer
     from sweeper.store.store import as_utc
 
     store = reading_store(storage)
@@ -52,7 +52,8 @@ def study_list(
             "state": row.state,
             "hardware_name": row.hardware_name,
             "usd_per_hour": row.usd_per_hour,
-            "trials": {state: totals["trials"].get(state, 0) for state in TRIAL_STATES},
+            "trials": (trials := {s: totals["trials"].get(s, 0) for s in TRIAL_STATES}),
+            "none_completed": ended_without_answer(row.state, trials),
             "remeasuring": totals["remeasuring"],
             "n_trials_planned": row.n_trials_planned,
             "best_cost_per_run_usd": totals["best_cost_per_run_usd"],

@@ -310,6 +310,8 @@ def print_study_list(rows: list[dict[str, Any]], url: str) -> None:
             highlight=False,
         )
         return
+    from sweeper.store.models import NONE_COMPLETED
+
     table = Table(title=f"studies in {url}", title_justify="left")
     for header in ("study", "state", "hardware", "$/h"):
         table.add_column(header, justify="right" if header == "$/h" else "left")
@@ -321,8 +323,11 @@ def print_study_list(rows: list[dict[str, Any]], url: str) -> None:
         running = str(trials["running"])
         if row["remeasuring"]:
             running += f" +{len(row['remeasuring'])} re-measure"
+        state = Text(row["state"])
+        if row["none_completed"]:
+            state.append(f" · {NONE_COMPLETED}", style="red")
         table.add_row(
-            escape(row["name"]), row["state"], escape(row["hardware_name"]),
+            escape(row["name"]), state, escape(row["hardware_name"]),
             dollars(row["usd_per_hour"], sign=False), str(trials["complete"]),
             str(trials["failed"]), running, str(row["n_trials_planned"]),
             dollars(row["best_cost_per_run_usd"], sign=False),

@@ -119,6 +119,15 @@ def test_list_studies_counts_trials_per_state(client: TestClient) -> None:
     assert study["created_at"].endswith(("Z", "+00:00"))
     assert "space_yaml" not in study
     assert studies[PLAIN_STUDY]["best_cost_per_run_usd"] is None
+    # finished with its one trial failed: no answer, whatever "finished" reads as
+    assert studies[PLAIN_STUDY]["none_completed"] is True and study["none_completed"] is False
+    overview = client.get("/").text
+    row = overview.split(f'href="/studies/{PLAIN_STUDY}"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="state state-failed"' in row and "no trial completed" in row
+    assert (
+        "no trial completed"
+        not in overview.split(f'href="/studies/{STUDY_PATH}"', 1)[1].split("</tr>", 1)[0]
+    )
 
     detail = client.get(f"/api/studies/{STUDY_PATH}").json()
     assert {key: detail[key] for key in study} == study

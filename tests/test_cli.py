@@ -330,6 +330,12 @@ def test_study_list_names_every_study_of_the_storage(storage_url: str, env: dict
         store.start_trial("on-h100", 2, {"per_device_batch_size": 16})  # running
         store.register_worker("on-h100", "w", socket.gethostname(), os.getpid())
         store.set_remeasuring("w", 0)
+        # a sweep that ran to its end with every trial failed: "finished" alone reads as an
+        # answer (a walk read it so); the row says there is none
+        _priced_study(store, "all-failed", "H100 SXM 80GB", 2.5, [])
+        for number in range(2):
+            store.start_trial("all-failed", number, {"max_seq_length": 512})
+            store.finish_trial("all-failed", number, "failed", failure_kind="oom")
     finally:
         store.dispose()
     listed = _sweeper("study", "list", "--storage", storage_url, env=env)
@@ -339,8 +345,15 @@ def test_study_list_names_every_study_of_the_storage(storage_url: str, env: dict
     assert cells[:9] == [
         "on-h100", "finished", "H100 SXM 80GB", "2.50", "2", "0", "1 +1 re-measure", "2", "2.00"
     ], cells  # fmt: skip
+    (line,) = [row for row in listed.stdout.splitlines() if "all-failed" in row]
+    cells = [cell.strip() for cell in re.split(r"[│|]", line) if cell.strip()]
+    assert cells[1:3] == ["finished · no trial completed", "H100 SXM 80GB"], cells
+    assert cells[4:6] == ["0", "2"], cells
     as_json = _sweeper("study", "list", "--storage", storage_url, "--json", env=env)
-    (row,) = json.loads(as_json.stdout)
+    rows = {row["name"]: row for row in json.loads(as_json.stdout)}
+    assert rows["all-failed"]["none_completed"] is True
+    row = rows["on-h100"]
+    assert row["none_completed"] is False
     assert row["trials"] == {"running": 1, "complete": 2, "failed": 0, "pruned": 0}
     assert row["remeasuring"] == [0] and row["best_cost_per_run_usd"] == pytest.approx(2.0)
     assert row["updated_at"].endswith("+00:00")

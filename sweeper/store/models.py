@@ -6,6 +6,7 @@ measurement of each trial and what it costs, so that the API can filter and sort
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -33,6 +34,17 @@ class ConfigJson(TypeDecorator[dict[str, Any]]):
 TRIAL_STATES = ("running", "complete", "failed", "pruned")
 # "stopping": a stop was requested (REST); the sweep ends after its running trial → "stopped"
 STUDY_STATES = ("running", "stopping", "stopped", "finished", "interrupted", "failed")
+NONE_COMPLETED = "no trial completed"
+
+
+def ended_without_answer(state: str, trials: Mapping[Any, int]) -> bool:
+    """Whether a study whose sweep ended well (``finished``, ``stopped``) has failed trials and
+    no completed one: its state alone reads as an answer, and there is none."""
+    return (
+        state in ("finished", "stopped")
+        and not trials.get("complete")
+        and bool(trials.get("failed"))
+    )
 
 
 class Base(DeclarativeBase):
