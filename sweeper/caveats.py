@@ -262,8 +262,11 @@ def effective_batch(config: dict[str, Any]) -> int | None:
     return None
 
 
-def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -> tuple[float, str]:
-    """The learning rate for ``new_batch`` and a sentence saying why.
+def learning_rate_advice(
+    learning_rate: float, old_batch: int, new_batch: int, source: str = ""
+) -> tuple[float, str]:
+    """The learning rate for ``new_batch`` and a sentence saying why (``source``: where
+    ``learning_rate`` comes from, said beside it; empty where the trials trained with it).
 
     AdamW's rule of thumb is square-root scaling (Malladi et al., 2022); SGD's is linear
     (Goyal et al., 2017). Either way it is a starting point to check on the loss curve.
@@ -276,7 +279,9 @@ def learning_rate_advice(learning_rate: float, old_batch: int, new_batch: int) -
     sqrt_lr, linear_lr = learning_rate * math.sqrt(ratio), learning_rate * ratio
     return sqrt_lr, (
         f"effective batch changes from {old_batch} to {new_batch} samples per optimizer step "
-        f"(×{ratio:g}): scale the learning rate from {learning_rate:.3g} to {sqrt_lr:.3g} "
+        f"(×{ratio:g}): scale the learning rate from {learning_rate:.3g}"
+        + (f" ({source})" if source else "")
+        + f" to {sqrt_lr:.3g} "
         f"(square-root rule, AdamW; the linear rule gives {linear_lr:.3g}) and watch the "
         "loss curve, or fix effective_batch in the space to keep it"
     )

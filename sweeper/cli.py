@@ -329,6 +329,18 @@ def init(
             ) from None
         if knobs_form not in ("flags", "sft_flags", "env"):
             raise fail(f"--knobs {knobs_form}: use flags, sft_flags or env", code=2)
+        missing = [
+            word
+            for word in words[1:]
+            if word.endswith(".py") and not word.startswith("-") and not Path(word).is_file()
+        ]
+        if missing:  # the space's cwd is here: its trials would each fail to start
+            raise fail(
+                f"--command: {missing[0]} is not a file in {Path.cwd()}, where the command "
+                "will run (init writes workload.script.cwd as this directory): run init where "
+                "your script is, or give its path from here",
+                code=2,
+            )
     elif command is not None:
         raise fail(
             f"--command is your own program's (--engine script); --engine {engine} builds the "
@@ -589,7 +601,9 @@ def export(
             fmt = forms[0]
             if forms[0] != "trainer":
                 err_console.print(
-                    f"as --format {fmt} (this study's own; also {', '.join(forms[1:])}, json)"
+                    f"exported as --format {fmt}, this study's own form (--format also takes "
+                    f"{', '.join(forms[1:])}, json)",
+                    highlight=False,
                 )
     except SweeperError as e:
         raise fail(with_storage(e, store)) from None

@@ -247,6 +247,15 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
             f"--study {report.study}` once they end",
             0,
         )
+    if kinds and set(kinds) == {"interrupted"}:  # cut by the time budget: nothing to fix
+        return (
+            f"no trial completed, so there is nothing to recommend: {ran}, cut by the sweep's "
+            f"time budget ({report.stop_reason or 'spent'}), which says nothing about the "
+            "configs. Give the sweep more time (launch --max-minutes N, or budget.max_minutes) "
+            f"and launch again: the study resumes with what did not finish (exit "
+            f"{NO_TRIAL_COMPLETED})",
+            NO_TRIAL_COMPLETED,
+        )
     why = f" ({report.stop_reason})" if report.stop_reason and not report.trials_run else ""
     check = f"`sweeper doctor --space {space_path}`" if space_path else "`sweeper doctor`"
     return (

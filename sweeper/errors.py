@@ -41,6 +41,10 @@ FAILURE_KINDS = (
 )
 
 
+# in a ``mismatch`` failure that every config of the space meets alike: a searched knob is read
+# back from an object the program did not show sweeper (sweeper.trial.script.not_shown)
+NOT_SHOWN = "which sweeper reads back from"
+
 # "per_device_batch_size: asked 8, ran 1" in a mismatch's message (``asked_ran`` writes it):
 # the values as Python writes them (8, 0.5, 1e-05, True, 'sdpa'), a sentence's full stop not one
 _VALUE = r"('(?:[^'\\]|\\.)*'|[-+\w]+(?:\.\w+)*)"

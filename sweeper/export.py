@@ -20,6 +20,7 @@ from sweeper.cost import hours_figure, money
 from sweeper.errors import ConflictError
 from sweeper.export_data import data_lines, padded_to_max, sft_data_lines, space_of
 from sweeper.job import AdapterSpec, Workload
+from sweeper.knob_values import UNREACHED_WHY
 from sweeper.recommendation import Recommendation
 from sweeper.trial import accelerate_line
 
@@ -546,10 +547,7 @@ def _script_dataloader(rec: Recommendation, config: dict[str, Any], space_yaml: 
         f"# command: sweeper export --study {rec.study} --format command",
     ]
     if unreached:
-        lines.append(
-            f"# not here: {', '.join(unreached)}, never given to your script (not a flag, and it "
-            "never called sweeper.trial_config()): the trials ran its own value, unseen"
-        )
+        lines.append(f"# not here: {', '.join(unreached)}: {UNREACHED_WHY}")
     lines.append(f"loader_kwargs = {_call('dict', kwargs, named)}")
     return "\n".join(lines) + "\n"
 
@@ -697,9 +695,7 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         lines += [f"#   {name}: {value}" for name, value in rest.items()]
     if rec.unreached:
         lines.append(
-            "# never given to your script (not flags, and it never called "
-            "sweeper.trial_config()): the trials ran its own "
-            f"{', '.join(rec.unreached)}, unseen, so nothing here changes them"
+            f"# not here: {', '.join(rec.unreached)}, so nothing here changes them: {UNREACHED_WHY}"
         )
     if own:
         lines.append(

@@ -63,6 +63,16 @@ class ModelSpec(Frozen):
 
 # the built-in ChatML template (workload.tokenizer.chat_template: chatml), with TRL's
 # {% generation %} markers around the assistant's replies
+# sweeper's one line in a user's program, as every message that asks for it writes it: the
+# loader is what lets the DataLoader knobs be read back from what ran, and a block is one
+# optimizer step (its micro-batches as a list, under gradient accumulation)
+LOOP_LINE = (
+    "`with sweeper.step(batch, model=model, optimizer=optimizer, loader=loader):` around each "
+    "optimizer step of your own loop (batch: the step's micro-batches as a list when it "
+    "accumulates gradients)"
+)
+ONE_LINE = f"callbacks=[sweeper.callback()] in Trainer(...) or SFTTrainer(...), or {LOOP_LINE}"
+
 CHATML = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"
@@ -205,8 +215,8 @@ class ScriptSpec(Frozen):
     """Your own training program as the trial (``engine: script``). It runs in the trial's
     process group with the trial's timeout, devices and cache, and one line in it feeds
     sweeper's recorder: ``callbacks=[sweeper.callback()]`` in ``Trainer(...)``/``SFTTrainer``,
-    or ``with sweeper.step(batch, model=model, optimizer=optimizer):`` around each optimizer
-    step of your own loop. Outside a trial that line does nothing."""
+    or ``with sweeper.step(batch, model=model, optimizer=optimizer, loader=loader):`` around
+    each optimizer step of your own loop (``LOOP_LINE``). Outside a trial that line does nothing."""
 
     command: list[str] = Field(
         min_length=1,

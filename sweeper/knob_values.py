@@ -37,11 +37,15 @@ WorkerStart = Literal["fork", "spawn", "forkserver"]
 
 # what the dashboard and the printed recommendation add to a knob a script ran at its own value
 OWN_LABEL = "your script's own"
-# a knob that never reached the script: the value shown is the config's, not what ran
-UNREACHED_LABEL = "not what ran: never reached your script"
+# a knob whose value in the script's run sweeper did not see: it never reached the script (no
+# flag, no variable, no sweeper.trial_config()) or could not be read back from what ran (a
+# DataLoader or optimizer not given to sweeper.step); the value shown is the config's, not
+# what ran
+UNREACHED_LABEL = "not what ran: your script's own, unseen"
 UNREACHED_WHY = (
-    "not a flag or variable of your script's, and it never called sweeper.trial_config(): "
-    "the trials ran its own value, unseen"
+    "the trials ran your script's own value, which sweeper did not see: sweeper gave it none "
+    "(not a flag or variable of your script's, or it never called sweeper.trial_config()), "
+    "or could not read it back (pass loader= and optimizer= to sweeper.step)"
 )
 
 

@@ -218,6 +218,13 @@ class ProgramRun(_Strict):
         "subclass of it), else the class's own name (TrainingArguments); None: a loop, or a "
         "record older than this field",
     )
+    learning_rate: float | None = Field(
+        default=None,
+        description="the program's peak learning rate as it ran: its TrainingArguments' after "
+        "their defaults, or a loop's optimizer's (its scheduler's max_lr or initial_lr, else "
+        "lr); what the recommendation's learning-rate advice scales. None: the loop showed no "
+        "optimizer, or a record older than this field",
+    )
 
 
 class Measurement(_Strict):

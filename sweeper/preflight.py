@@ -23,6 +23,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -226,11 +227,15 @@ class ProbeCache:
 def short_run_of(space: Space) -> tuple[str, bool] | None:
     """A script space's command's own run against what a trial measures, at the space's
     largest step (the fewest steps): ``sweeper.script_defaults.short_run``."""
-    from sweeper.script_defaults import said, short_run
+    from sweeper.script_defaults import flags_of, said, short_run
 
     script, search = space.workload.script, space.search
     if script is None:
         return None
+    if not {"max_steps", "num_train_epochs"} & set(flags_of(script.command)) and not (
+        _parses_training_arguments(script)
+    ):
+        return None  # its own parser's length (--epochs 1?): not TrainingArguments' 3 epochs
     # a knob the space does not list runs at the command's value (TrainingArguments' default
     # when the command is silent: batch 8, no accumulation, one device)
     own = said(script.command, script.knobs)
@@ -244,6 +249,22 @@ def short_run_of(space: Space) -> tuple[str, bool] | None:
     return short_run(
         script.command, script.knobs, space.workload.samples, rows, trial.warmup, trial.measure
     )
+
+
+def _parses_training_arguments(script: Any) -> bool:
+    """Whether the command's Python program reads TrainingArguments (HfArgumentParser, TRL's
+    SFTConfig or TrlParser), so that a command silent on its length trains their 3 epochs; a
+    program of its own parser's (a walk's `--epochs`, default 1) does not. True where the
+    program cannot be read (a module, a launcher's script elsewhere): as before."""
+    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
+    program = next((w for w in script.command[1:] if w.endswith(".py")), None)
+    if program is None:
+        return True
+    try:
+        source = (cwd / program).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    return bool(re.search(r"TrainingArguments|SFTConfig|HfArgumentParser|TrlParser", source))
 
 
 def run_preflight(

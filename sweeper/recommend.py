@@ -79,6 +79,10 @@ class StudyFacts:
     dataset_stats: dict[str, Any] | None = None
     coverage_percentile: float = 100.0
     learning_rate: float | None = None
+    # where learning_rate comes from, said beside the advice where it is not what the trials
+    # trained with: a script's run has its own, which sweeper reads from what ran
+    # (ProgramRun.learning_rate) where the program shows it
+    learning_rate_source: str = ""
     sweep_seconds: float = 0.0
     # TRL's default packing (best-fit decreasing) cuts a sample longer than max_length, where
     # sweeper's own packing (loop, trainer) continues it in the next block: what a packed config
@@ -97,6 +101,9 @@ class StudyFacts:
     length_words: str | None = None
     # a script's command saving otherwise than the space prices (script_defaults.checkpoint_note)
     saves_note: str | None = None
+    # a script's command giving its own parser's epochs other than the priced ones
+    # (script_defaults.own_epochs_note)
+    epochs_note: str | None = None
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
@@ -108,6 +115,8 @@ class StudyFacts:
         chat_loss: str | None = None
         length_words: str | None = None
         saves_note: str | None = None
+        epochs_note: str | None = None
+        lr_source = ""
         try:
             from sweeper import seqlen
             from sweeper.space import parse_space
@@ -124,8 +133,15 @@ class StudyFacts:
             if workload.script is not None:
                 from sweeper import script_defaults
 
+                lr_source = (
+                    "workload.learning_rate, not read from your program: set it to your run's"
+                )
+
                 saves_note = script_defaults.checkpoint_note(
                     workload.script.command, workload.script.knobs, workload.checkpoint.save_steps
+                )
+                epochs_note = script_defaults.own_epochs_note(
+                    workload.script.command, workload.epochs
                 )
             if row.dataset_stats:
                 lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
@@ -140,6 +156,7 @@ class StudyFacts:
             dataset_stats=row.dataset_stats,
             coverage_percentile=coverage,
             learning_rate=learning_rate,
+            learning_rate_source=lr_source,
             sweep_seconds=row.sweep_seconds or 0.0,
             packing_truncates=packing_truncates,
             headline=headline,
@@ -149,6 +166,7 @@ class StudyFacts:
             chat_loss=chat_loss,
             length_words=length_words,
             saves_note=saves_note,
+            epochs_note=epochs_note,
         )
 
 
@@ -474,7 +492,7 @@ def decide(
             and facts.learning_rate is not None
         ):
             suggested_lr, advice = caveats.learning_rate_advice(
-                facts.learning_rate, baseline_batch, effective_batch
+                facts.learning_rate, baseline_batch, effective_batch, facts.learning_rate_source
             )
             warnings.append(advice)
         warnings += caveats.knob_caveats(_ran(baseline.trial), config)
@@ -722,14 +740,23 @@ def _own_length(measured: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]
 def best(store: Store, study: str, constraints: Constraints | None = None) -> Recommendation:
     """The recommendation for ``study`` from the store (see ``choose``)."""
     facts = StudyFacts.of(store.get_study(study))
+    trials = store.trial_metrics(study, states=["complete"])
     try:
-        recommendation = choose(facts, store.trial_metrics(study, states=["complete"]), constraints)
+        recommendation = choose(facts, trials, constraints)
     except NoResultError as e:
         if not str(e).endswith("has no completed trial yet"):
             raise
         raise NoResultError(f"{e}{_why_none(store, study)}") from None
     winner = store.get_trial(study, recommendation.trial_number)
     measured = (winner.measurement if winner is not None else None) or {}
+    ran_lr = (measured.get("program_run") or {}).get("learning_rate")
+    if ran_lr is not None:
+        # a script's own learning rate, as it ran, is what the advice scales (a walk's
+        # `--lr 3e-4` was told to go from the space's default 1e-4 to 2.8e-4)
+        facts = dataclasses.replace(
+            facts, learning_rate=ran_lr, learning_rate_source="your program's, as it ran"
+        )
+        recommendation = choose(facts, trials, constraints)
     n_params, trainable = measured.get("n_params"), measured.get("trainable_params")
     unseen_cut, unseen_said = _own_length(measured)
     recommendation = recommendation.model_copy(
@@ -747,6 +774,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
                 *_own_loss(measured, facts),
                 # said at launch; the answer prices it too (a walk saw it at launch only)
                 *([facts.saves_note] if facts.saves_note else []),
+                *([facts.epochs_note] if facts.epochs_note else []),
                 *caveats.program_run_warnings(
                     measured,
                     epochs=facts.epochs,

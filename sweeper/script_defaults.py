@@ -372,6 +372,41 @@ def epochs_note(command: Sequence[str], form: str, epochs: float) -> str | None:
     )
 
 
+# a run-length flag of a program's own parser (TrainingArguments' --num_train_epochs is read
+# from its running Trainer instead: sweeper.caveats.program_run_warnings)
+OWN_EPOCH_FLAGS = ("epochs", "num_epochs", "n_epochs")
+
+
+def own_epochs_note(command: Sequence[str], epochs: float) -> str | None:
+    """What to say where the command gives its own parser's epochs (``--epochs 20``) other
+    than the ``workload.epochs`` that hours and $/run price: the trials ran the command as
+    it is (a trial ends the program once it has measured, whatever its length), and its
+    export keeps the words (a walk lengthened its trials' runs so, and was handed
+    ``--epochs 20`` back beside a price for 1).
+
+    >>> own_epochs_note(["python", "t.py", "--epochs", "20"], 1.0)[:47]
+    'your command says --epochs 20, and hours and $/'
+    >>> own_epochs_note(["python", "t.py", "--epochs=1"], 1.0) is None
+    True
+    """
+    flags = flags_of(command)
+    name = next((n for n in OWN_EPOCH_FLAGS if n in flags), None)
+    if name is None:
+        return None
+    try:
+        said = float(flags[name])
+    except ValueError:
+        return None
+    if math.isclose(said, epochs):
+        return None
+    return (
+        f"your command says --{name} {flags[name]}, and hours and $/run price workload.epochs "
+        f"{epochs:g}: the exported command keeps --{name} {flags[name]} as the trials ran it "
+        "(a trial ends your program once it has measured, whatever its length); give your "
+        f"real run the epochs it trains, or set workload.epochs: {said:g} if it trains {said:g}"
+    )
+
+
 def checkpoint_note(command: Sequence[str], form: str, save_steps: int | None) -> str | None:
     """What to say when the command saves checkpoints otherwise than the space prices them
     (``workload.checkpoint.save_steps``): ``--save_strategy no`` against a priced save, or

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from sweeper.errors import SpaceError, json_line_error
+from sweeper.job import ONE_LINE
 from sweeper.space import parse_space
 
 ENGINES = ("sft", "trainer", "loop")
@@ -33,11 +34,7 @@ OWN_SCRIPT = (
     "ready to copy"
 )
 # sweeper's one line, as the sweep needs it in the user's script
-SCRIPT_LINE = (
-    "add sweeper's one line to your script: callbacks=[sweeper.callback()] in Trainer(...) "
-    "(SFTTrainer too), or `with sweeper.step(batch, model=model, optimizer=optimizer):` "
-    "around each optimizer step of your own loop"
-)
+SCRIPT_LINE = f"add sweeper's one line to your script: {ONE_LINE}"
 
 
 def data_shape(path: Path) -> tuple[str, str, int | None]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sweeper.cli_sweep import NO_TRIAL_COMPLETED, outcome
 from sweeper.space import Space, parse_space
 from sweeper.store import Store
 from sweeper.sweep.observer import SilentObserver
@@ -91,6 +92,11 @@ def test_a_trial_the_budget_cuts_is_interrupted_and_runs_again_at_the_next_launc
         assert "next launch runs it again" in (cut.failure_message or "")
     finally:
         store.dispose()
+    # the last line: more time, not "fix what the failures say" (a walk read that advice for
+    # a budget cut, with nothing to fix)
+    said, code = outcome(sqlite_url, first, "tiny.yaml", 60.0)
+    assert code == NO_TRIAL_COMPLETED and "cut by the sweep's time budget" in said, said
+    assert "--max-minutes N" in said and "fix what" not in said and "doctor" not in said
 
     again = run_sweep(
         parse_space(TINY_SPACE.read_text()),

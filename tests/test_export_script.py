@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sweeper.export import page_formats, render, trainer_kwargs
+from sweeper.knob_values import UNREACHED_WHY
 from sweeper.measurement import ProgramRun, sample_measurement
 from sweeper.store import Store
 from tests.helpers import STUDY_FIELDS, TINY_SPACE, tiny_config
@@ -124,7 +125,7 @@ def test_a_knob_that_never_reached_the_script_is_not_exported_as_what_ran(url: s
     namespace: dict = {}
     exec(compile(text, "<export>", "exec"), namespace)  # noqa: S102 — our own generated code
     assert "prefetch_factor" not in namespace["loader_kwargs"]
-    assert "# not here: prefetch_factor, never given to your script" in text
+    assert f"# not here: prefetch_factor: {UNREACHED_WHY}" in text
     assert DataLoader(list(range(4)), **namespace["loader_kwargs"]).batch_size == 8
 
 
@@ -187,11 +188,14 @@ def test_export_without_a_format_gives_the_studys_own_form(url: str) -> None:
         assert done.returncode == 0, done.stderr
         outputs[name] = done
     assert outputs["loop-script"].stdout.rstrip().endswith("python train_sw.py --epochs 5")
-    assert "as --format command (this study's own; also dataloader, yaml, json)" in " ".join(
-        outputs["loop-script"].stderr.split()
-    )
+    # its own parser's 5 epochs against the priced 1: said beside the command it keeps
+    said = " ".join(outputs["loop-script"].stdout.split())
+    assert "# warning: your command says --epochs 5, and hours and $/run price workload." in said
+    assert "or set workload.epochs: 5 if it trains 5" in said
+    said = "exported as --format command, this study's own form (--format also takes dataloader,"
+    assert f"{said} yaml, json)" in " ".join(outputs["loop-script"].stderr.split())
     assert outputs["sft-env-script"].stdout.rstrip().endswith("python train_sw.py --epochs 5")
-    assert "also sft, trainer, yaml" in outputs["sft-env-script"].stderr
+    assert "also takes sft, trainer, yaml" in " ".join(outputs["sft-env-script"].stderr.split())
     assert "sft_config = SFTConfig(" in outputs["sft-engine"].stdout
     assert "TrainingArguments(" in outputs["trainer-engine"].stdout
     assert outputs["trainer-engine"].stderr == ""  # the form it always gave, unannounced

@@ -58,6 +58,12 @@ def test_init_writes_the_space_of_ones_own_script_from_its_command(tmp_path: Pat
     command = "python train.py --model_name_or_path org/m --output_dir 'my out' --bf16 True"
     ran, said = _init(tmp_path, *base, "--command", command, "--knobs", "sft_flags",
                       "--out", str(out))  # fmt: skip
+    # a script that is not where the command runs: said now, not by doctor later (a walk)
+    assert ran.returncode == 2 and not out.exists(), said
+    assert f"--command: train.py is not a file in {tmp_path}, where the command will run" in said
+    (tmp_path / "train.py").write_text("import sweeper\n")
+    ran, said = _init(tmp_path, *base, "--command", command, "--knobs", "sft_flags",
+                      "--out", str(out))  # fmt: skip
     assert ran.returncode == 0, said
     assert "add sweeper's one line to your script: callbacks=[sweeper.callback()] in" in said
     space = load_space(out)

@@ -267,6 +267,20 @@ def test_effective_batch_change_comes_with_learning_rate_advice(guarded: Store) 
     assert len(advice) == 1 and "0.000141" in advice[0] and "linear rule gives 0.0001" in advice[0]
 
 
+def test_the_advice_scales_the_learning_rate_the_program_ran(guarded: Store) -> None:
+    """A script's run has its own learning rate (a walk's `--lr 3e-4` into OneCycleLR), which
+    its trial reads from what ran (ProgramRun.learning_rate): the advice scales that one, not
+    the space's, and says so (it said "from 0.0001 to 0.000283" to a run at 3e-4)."""
+    guarded.finish_trial(
+        "guard", 3, "complete", measurement={"program_run": {"learning_rate": 3e-4}}
+    )
+    r = best(guarded, "guard")
+    assert r.trial_number == 3 and r.learning_rate == 3e-4
+    assert r.suggested_learning_rate == pytest.approx(3e-4 * (8 / 16) ** 0.5)
+    (advice,) = [w for w in r.warnings if "effective batch changes from 16 to 8" in w]
+    assert "from 0.0003 (your program's, as it ran) to 0.000212" in advice, advice
+
+
 def test_same_effective_batch_needs_no_advice(store: Store) -> None:
     # the seed fixture: baseline 2×8 = 16; the winner 8×1 = 8 … so restrict to 16s
     _finish(store, "seed", 9, _config(4, 4), 1.0)

@@ -271,6 +271,27 @@ def test_a_command_whose_own_run_is_shorter_than_a_trial_is_said_before_it_runs(
     assert levels[said] == "warning" and levels[other] == "ok"
 
 
+def test_a_scripts_own_parser_is_not_given_trainingarguments_3_epochs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk's loop parsed its own --epochs (default 1) and doctor said its run "trains 57
+    optimizer steps (3 epochs ...)": TrainingArguments' default where the program has none.
+    A command silent on its length is said only for a program that reads TrainingArguments."""
+    from sweeper.preflight import short_run_of
+
+    monkeypatch.chdir(tmp_path)
+    search = "  per_device_batch_size: [8, 64]\n"
+    (tmp_path / "train.py").write_text("import argparse\nparser = argparse.ArgumentParser()\n")
+    assert short_run_of(script_space(["python", "train.py"], search=search)) is None
+    (tmp_path / "train.py").write_text("from transformers import HfArgumentParser\n")
+    said, _ = short_run_of(script_space(["python", "train.py"], search=search)) or ("", False)
+    assert "(3 epochs of 1000 samples at 64 rows a step)" in said, said
+    # the command's own length flag is TrainingArguments' whatever the program
+    (tmp_path / "train.py").write_text("import argparse\n")
+    one = script_space(["python", "train.py", "--num_train_epochs", "1"], search=search)
+    assert short_run_of(one) is not None
+
+
 def test_a_command_that_saves_otherwise_than_the_space_prices_is_said() -> None:
     """A walk's script said --save_strategy no while $/run counted a checkpoint every 500
     steps: the sweep (and doctor, from the same notes) says so, and how to price what runs."""

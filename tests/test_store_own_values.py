@@ -18,7 +18,7 @@ from sqlalchemy import inspect
 from api.app import create_app
 from sweeper.console import console, print_leaderboard, print_recommendation
 from sweeper.export import render, trainer_kwargs
-from sweeper.knob_values import as_ran
+from sweeper.knob_values import UNREACHED_WHY, as_ran
 from sweeper.recommend import best
 from sweeper.store import Store
 from sweeper.store.store import MIGRATIONS_DIR
@@ -250,15 +250,15 @@ def test_a_knob_that_never_reached_the_script_is_not_shown_as_what_ran(store: St
         print_recommendation(answer)
     shown = captured.get()
     line = next(x for x in shown.splitlines() if "max_seq_length:" in x)
-    assert line.endswith("# not what ran: never reached your script"), line
+    assert line.endswith("# not what ran: your script's own, unseen"), line
     why = " ".join(shown.split()).split("(max_seq_length: ", 1)[1]
-    assert why.startswith("not a flag or variable of your script's, and it never called"), why
+    assert why.startswith("the trials ran your script's own value, which sweeper did not"), why
     text = render(answer, "command", store.get_study("cut").space_yaml)
     head = text.rsplit("\n", 2)[0]
     assert "#   max_seq_length:" not in head  # not offered as a value to set
-    assert "the trials ran its own max_seq_length, unseen" in head, text
+    assert f"# not here: max_seq_length, so nothing here changes them: {UNREACHED_WHY}" in head
     with TestClient(create_app(store.url)) as client:
         assert client.get("/api/studies/cut/best").json()["unreached"] == ["max_seq_length"]
         page = html.unescape(client.get("/studies/cut").text)
-        assert '<span class="muted unreached" title="not a flag or variable' in page
-        assert ">(not what ran: never reached your script)</span>" in page
+        assert f'<span class="muted unreached" title="{UNREACHED_WHY}' in page
+        assert ">(not what ran: your script's own, unseen)</span>" in page

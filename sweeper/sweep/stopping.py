@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from sweeper.errors import asked_and_ran
+from sweeper.errors import NOT_SHOWN, asked_and_ran
 from sweeper.space import Space
 from sweeper.space_budget import Budget
 from sweeper.sweep.outcome import Outcome
@@ -208,6 +208,13 @@ class Stopping:
         what to do; the trials so far are kept."""
         if outcome.failure_kind != "mismatch":
             return None
+        if NOT_SHOWN in (outcome.message or ""):  # every config would fail alike
+            self.program_defect = True
+            return (
+                f"trial #{outcome.number} could not read back a knob the space searches, and "
+                f"no config can: {outcome.message}; then launch again (the trials run so far "
+                "are kept)"
+            )
         for knob, asked, ran in asked_and_ran(outcome.message or ""):
             if asked == ran:
                 continue

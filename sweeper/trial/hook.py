@@ -50,6 +50,7 @@ from types import TracebackType
 from typing import Any
 
 from sweeper.trial.parse_check import PARSE_ENV
+from sweeper.trial.program import LoaderTime, loader_rows, peak_learning_rate, program_run
 from sweeper.trial.rank import Ranks
 from sweeper.trial.script import CONFIG_ENV, REQUEST_ENV, RESULT_ENV
 
@@ -153,6 +154,8 @@ class _Session:
         self.first_rows = 0
         self.widest_row = 0
         self.last_step_end: float | None = None
+        # LoaderTime's counts at the last step's end
+        self.loader_s_at_end, self.loader_calls_at_end = 0.0, 0
         self.loss_seen = False  # the model's output carried a loss in this step
         # this step's micro-batch losses, each with whether the model normalised it over the
         # whole step (Trainer passes num_items_in_batch) or over its own micro-batch only
@@ -496,7 +499,14 @@ class _Session:
     def _read_back(self) -> None:
         from sweeper.errors import TrialError
         from sweeper.trial.engines.readback import Running, check
-        from sweeper.trial.script import form_hint, own_values, owned, ran_config, unreached
+        from sweeper.trial.script import (
+            form_hint,
+            not_shown,
+            own_values,
+            owned,
+            ran_config,
+            unreached,
+        )
 
         self.first_step_read = True
         if self.computed is not None:
@@ -534,10 +544,14 @@ class _Session:
                 raise
             raise TrialError(e.kind, f"{e.message}{hint}") from e
         self.effective, self.unreached = unreached(self.request, self.effective, _config_read)
+        self.unreached += not_shown(self.request, self.effective)
         # what the measurement derives from the config, it derives from what ran; the
         # program's own values are recorded beside the config asked (the study's key of it)
         self.ctx.request = ran_config(self.request, self.effective)
         self.own_values = own_values(self.request, self.ctx.request)
+        peak = peak_learning_rate(self.args, self.optimizer)
+        if peak is not None:
+            self.program_run = (self.program_run or {}) | {"learning_rate": peak}
 
     # -- your loop ---------------------------------------------------------------------------
 
@@ -547,17 +561,25 @@ class _Session:
         self.optimizer = optimizer if optimizer is not None else self.optimizer
         self.loader = loader if loader is not None else self.loader
         if self.ctx is None:
+            LoaderTime.install()
             if self.loader is not None and self.program_run is None:
-                rows = _rows(self.loader)  # a loop tells its epoch's rows, not its length
+                rows = loader_rows(self.loader)  # a loop tells its epoch's rows, not its length
                 self.program_run = None if rows is None else {"train_rows": rows}
             self._start(model)
         waited = 0.0 if self.last_step_end is None else entered - self.last_step_end
+        if self.last_step_end is not None and LoaderTime.calls > self.loader_calls_at_end:
+            # a torch DataLoader gave batches since the last step: the wait is the time its
+            # iterators took, not the script's own code between two steps (its logging, an
+            # eval, a save), which stays in the step's time but is no data wait (a walk's
+            # sleep after each step read as 44% data wait, pointing at the loader)
+            waited = min(waited, LoaderTime.seconds - self.loader_s_at_end)
         micro = batch if isinstance(batch, list | tuple) else [batch]
         for index, one in enumerate(micro):
             self._batch(one, waited if index == 0 else 0.0)
         yield _Step(self)
         self._step_end()
         self.last_step_end = time.perf_counter()
+        self.loader_s_at_end, self.loader_calls_at_end = LoaderTime.seconds, LoaderTime.calls
 
     # -- a Trainer ---------------------------------------------------------------------------
 
@@ -606,7 +628,7 @@ class _Session:
 
             def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 session.args = args
-                session.program_run = _program_run(args, state, kwargs.get("train_dataloader"))
+                session.program_run = program_run(args, state, kwargs.get("train_dataloader"))
                 session.optimizer = kwargs.get("optimizer")
                 session.loader = kwargs.get("train_dataloader")
                 session._start(kwargs.get("model"))
@@ -643,47 +665,6 @@ class _Step:
         session = self._session
         if not session.loss_seen and session.ctx.recorder.phase != "done":
             session.ctx.recorder.loss(value.detach().float() if hasattr(value, "detach") else value)
-
-
-def _program_run(args: Any, state: Any, loader: Any) -> dict[str, Any] | None:
-    """The run the program trains, as its Trainer planned it when training began: epochs and
-    max_steps after TrainingArguments' defaults (a command silent on them trains 3 epochs),
-    the optimizer steps of the whole run, the rows of its training set."""
-    try:
-        epochs, max_steps = float(args.num_train_epochs), int(args.max_steps)
-    except (AttributeError, TypeError, ValueError):
-        return None
-    planned = getattr(state, "max_steps", None)
-    return {
-        "num_train_epochs": epochs,
-        "max_steps": max_steps,
-        "planned_steps": int(planned) if isinstance(planned, int) and planned > 0 else None,
-        "train_rows": _rows(loader),
-        "arguments": _arguments(args),
-    }
-
-
-def _arguments(args: Any) -> str:
-    """The class of the program's TrainingArguments by the name its export takes: SFTConfig
-    for TRL's or any subclass of it (an SFTTrainer script whatever its knobs form), else the
-    class's own name.
-
-    >>> class SFTConfig: pass
-    >>> class MyConfig(SFTConfig): pass
-    >>> _arguments(MyConfig()), _arguments(object())
-    ('SFTConfig', 'object')
-    """
-    classes = type(args).__mro__
-    return "SFTConfig" if any(c.__name__ == "SFTConfig" for c in classes) else classes[0].__name__
-
-
-def _rows(loader: Any) -> int | None:
-    """The rows of ``loader``'s dataset (one epoch's), or None (an IterableDataset)."""
-    dataset = getattr(loader, "dataset", None)
-    try:
-        return len(dataset) if dataset is not None else None
-    except TypeError:  # an IterableDataset: no length
-        return None
 
 
 def _end_children() -> None:

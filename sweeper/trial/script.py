@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper import knobs
-from sweeper.errors import TrialError
+from sweeper.errors import NOT_SHOWN, TrialError
+from sweeper.job import LOOP_LINE, ONE_LINE
 from sweeper.trial import accelerate_line, progress
 from sweeper.trial.failures import classify_output, raised_at
 from sweeper.trial.lifeline import die_with_parent
@@ -62,11 +63,7 @@ CONFIG_ENV = "SWEEPER_TRIAL_CONFIG"  # the config as JSON: sweeper.trial_config(
 LAUNCH_ENV = "SWEEPER_SCRIPT_LAUNCH"  # a rank's program and environment, as its leader read them
 NOTE_ENV = "SWEEPER_SCRIPT_NOTE"  # what the trial runs otherwise than the line says
 
-THE_LINE = (
-    "add sweeper's one line to it: callbacks=[sweeper.callback()] in Trainer(...) or "
-    "SFTTrainer(...), or `with sweeper.step(batch, model=model, optimizer=optimizer):` "
-    "around each optimizer step of your own loop (import sweeper)"
-)
+THE_LINE = f"add sweeper's one line to it (import sweeper): {ONE_LINE}"
 
 
 def launcher(command: list[str]) -> str | None:
@@ -397,6 +394,33 @@ def unreached(
         )
         for name in missed
     }, missed
+
+
+def not_shown(request: ChildRequest, effective: Mapping[str, Any]) -> list[str]:
+    """The knobs the program owns (``owned``) whose value sweeper could not read back, since
+    the program did not pass it the object that holds them (its DataLoader or optimizer to
+    ``sweeper.step``): the config's value for them is sweeper's default, not what ran, and
+    the recommendation marks them so. A knob the space searches that cannot be read back so
+    fails the trial as ``mismatch``: each value would be recorded as asked whatever ran (a
+    walk's loop ran prefetch 4 in both trials of a [2, 4] search, and its table showed a
+    2.3x "effect" of the prefetch)."""
+    from sweeper.trial.engines.readback import NotShown
+
+    missing = [name for name, value in effective.items() if isinstance(value, NotShown)]
+    searched = [name for name in missing if name in request.varied]
+    if searched:
+        shown = "your DataLoader" if any("loader=" in effective[n] for n in searched) else (
+            "your optimizer"
+        )  # fmt: skip
+        raise TrialError(
+            "mismatch",
+            f"the space searches {', '.join(searched)}, {NOT_SHOWN} {shown}, and your "
+            "sweeper.step(...) was not given it: each value would be recorded as asked, "
+            f"whatever ran. Pass it: {LOOP_LINE}; or list one value for "
+            f"{'it' if len(searched) == 1 else 'them'} in the space",
+        )
+    own = owned(request)
+    return [name for name in missing if name in own]
 
 
 def form_hint(request: ChildRequest, args: Any) -> str:

@@ -56,6 +56,11 @@ class Unobserved(str):
     object): recorded as such, never compared, never taken for the config's value."""
 
 
+class NotShown(Unobserved):
+    """Unobserved because the script did not pass sweeper the object that holds the knob (its
+    DataLoader or optimizer to ``sweeper.step``): one keyword shows it."""
+
+
 class ComputeDtype:
     """A forward hook on the model's first linear layer: the dtype its output has inside the
     training forward, which is the autocast dtype that really ran (an fp32 model under bf16
@@ -466,7 +471,7 @@ def _needs(reader: Reader, *parts: str, how: str) -> Reader:
 
     def read(run: Running) -> Any:
         if any(getattr(run, part) is None for part in parts):
-            return Unobserved(f"not observed ({how})")
+            return NotShown(f"not observed ({how})")
         return reader(run)
 
     return read
@@ -610,9 +615,26 @@ def check(engine: str, run: Running, config: Mapping[str, Any]) -> dict[str, Any
             "mismatch",
             f"the {engine} engine did not run the config as asked (read back from what "
             f"trained): {'; '.join(result.mismatches)}"
-            + (SCRIPT_FIX if engine == "script" else ""),
+            + (_script_fix(run, config, result.mismatches) if engine == "script" else ""),
         )
     return result.effective
+
+
+def _script_fix(run: Running, config: Mapping[str, Any], mismatches: list[str]) -> str:
+    """What a script whose run differs from the config does. A loop whose block held one
+    batch where the config accumulates wraps each micro-batch, not the optimizer step (a
+    walk's loop did, and read SCRIPT_FIX's trial_config() advice, which it already followed)."""
+    asked = config.get("gradient_accumulation_steps")
+    if run.args is not None or asked in (None, 1) or run.micro_batches != 1:
+        return SCRIPT_FIX
+    block = (
+        ". A `with sweeper.step(...)` block is one optimizer step: it held one batch where "
+        f"the config accumulates {asked}. Put the block around the whole step and pass its "
+        "micro-batches as a list (`with sweeper.step(micro_batches, model=model, "
+        "optimizer=optimizer, loader=loader):`, then backward each and step once)"
+    )
+    others = [m for m in mismatches if not m.startswith("gradient_accumulation_steps")]
+    return block + (f"{SCRIPT_FIX.replace('. Your', '. For the rest: your', 1)}" if others else "")
 
 
 # what a user whose script ignores a knob does (a walk read the mismatch and did not know)
