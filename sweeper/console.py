@@ -619,6 +619,12 @@ def print_sweep_summary(report: SweepReport) -> None:
             else ""
         )
         + (
+            f"; {count(report.repeats, 'proposal')} of a config measured already, told its "
+            "result and not run (their trial numbers have no row)"
+            if report.repeats
+            else ""
+        )
+        + (
             f"; {report.remeasured} re-measure{'s' if report.remeasured != 1 else ''} of "
             "measured configs (shared machine, drift, the best configs' noise)"
             if report.remeasured

@@ -44,6 +44,9 @@ FAILURE_KINDS = (
 # in a ``mismatch`` failure that every config of the space meets alike: a searched knob is read
 # back from an object the program did not show sweeper (sweeper.trial.script.not_shown)
 NOT_SHOWN = "which sweeper reads back from"
+# in a ``mismatch`` failure of a loop whose sweeper.step block held one micro-batch where the
+# config accumulates (sweeper.trial.engines.readback._script_fix)
+BLOCK_FIX = "A `with sweeper.step(...)` block is one optimizer step"
 
 # "per_device_batch_size: asked 8, ran 1" in a mismatch's message (``asked_ran`` writes it):
 # the values as Python writes them (8, 0.5, 1e-05, True, 'sdpa'), a sentence's full stop not one

@@ -35,7 +35,13 @@ from pydantic import BaseModel
 
 from sweeper import caveats
 from sweeper.cost import device_count, hours_figure, money, run_cost
-from sweeper.errors import NoResultError, SpaceError, TruncatesOnlyError, mismatched_knobs
+from sweeper.errors import (
+    BLOCK_FIX,
+    NoResultError,
+    SpaceError,
+    TruncatesOnlyError,
+    mismatched_knobs,
+)
 from sweeper.knob_values import as_ran
 from sweeper.noise import Basis, tie
 from sweeper.recommendation import Recommendation, cost_text
@@ -675,13 +681,20 @@ def _mismatched(store: Store, study: str) -> list[str]:
             knobs.setdefault(knob, None)
     said = ", ".join(knobs) or "some knobs"
     numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")
+    fix = (
+        "make the program take those knobs from sweeper (`sweeper.trial_config()`, or the "
+        "flags or environment of `knobs:`)"
+    )
+    if any(BLOCK_FIX in (row.failure_message or "") for row in rows):
+        fix = (  # the loop took its accumulation from sweeper, but wraps each micro-batch
+            "put each `with sweeper.step(...)` block around a whole optimizer step, passing "
+            "its micro-batches as a list (the failures say how)"
+        )
     return [
         f"{len(failed)} trial{'' if len(failed) == 1 else 's'} failed because the program "
         "did not run the config as asked "
         f"({numbers}: {said}): the values it ignored were never measured, so this pick is "
-        "only among the configs that ran as asked; make the program take those knobs from "
-        "sweeper (`sweeper.trial_config()`, or the flags or environment of `knobs:`) and "
-        "launch again"
+        f"only among the configs that ran as asked; {fix} and launch again"
     ]
 
 

@@ -123,7 +123,7 @@ def test_list_studies_counts_trials_per_state(client: TestClient) -> None:
     assert studies[PLAIN_STUDY]["none_completed"] is True and study["none_completed"] is False
     overview = client.get("/").text
     row = overview.split(f'href="/studies/{PLAIN_STUDY}"', 1)[1].split("</tr>", 1)[0]
-    assert 'class="state state-failed"' in row and "no trial completed" in row
+    assert 'class="state state-failed"' in row and "none: no trial completed" in row
     assert (
         "no trial completed"
         not in overview.split(f'href="/studies/{STUDY_PATH}"', 1)[1].split("</tr>", 1)[0]

@@ -819,3 +819,11 @@ def test_the_sweeps_last_line_keeps_the_code_its_stop_reason_quotes() -> None:
     with console.capture() as captured:
         print_sweep_summary(report)
     assert f"stopped: {reason}" in " ".join(captured.get().split())
+    # a proposal of a measured config runs nothing, and its trial number has no row: said
+    # (a walk saw #2 then #4 and no word why)
+    repeated = SweepReport(study="s", storage_url="", trials_run=4, completed=4, failed=0,
+                           wall_s=60.0, repeats=1)  # fmt: skip
+    with console.capture() as captured:
+        print_sweep_summary(repeated)
+    said = " ".join(captured.get().split())
+    assert "1 proposal of a config measured already, told its result and not run" in said, said

@@ -19,6 +19,7 @@ import yaml
 
 from sweeper import yamllines
 from sweeper.cli_sweep import NO_TRIAL_COMPLETED, outcome
+from sweeper.errors import BLOCK_FIX, asked_ran
 from sweeper.space_script import program_problem
 from sweeper.store import Store
 from sweeper.sweep.run import SweepReport
@@ -319,6 +320,18 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
         "per_device_batch_size, num_workers): the values it ignored were never measured"
         in (said[0])
     )
+    assert "sweeper.trial_config()" in said[0]
+    # a loop whose block wraps each micro-batch took its accumulation from sweeper already:
+    # `best` says where the block goes, as the failure did (a re-walk read trial_config())
+    store = _store(tmp_path)
+    try:
+        store.start_trial("s", 3, {"gradient_accumulation_steps": 4}, "me")
+        block = asked_ran("gradient_accumulation_steps", 4, 1) + f". {BLOCK_FIX}: it held one"
+        store.finish_trial("s", 3, "failed", failure_kind="mismatch", failure_message=block)
+        said = [w for w in best(store, "s").warnings if "did not run the config as asked" in w]
+    finally:
+        store.dispose()
+    assert "around a whole optimizer step, passing its micro-batches as a list" in said[0]
 
 
 @pytest.mark.torch  # the launch prepares the data before preflight

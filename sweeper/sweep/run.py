@@ -100,6 +100,9 @@ class SweepReport:
     failed: int
     wall_s: float
     predicted_oom: int = 0  # configs not run: as heavy as one that ran out of memory
+    # proposals of a config measured already: told its result, no trial run (their trial
+    # numbers have no row)
+    repeats: int = 0
     stop_reason: str = ""  # why the sweep ended
     remeasured: int = 0  # measurements of configs measured before (sweeper.noise)
     device_s: float = 0.0  # the device time this worker used (N devices: N × the seconds)
@@ -349,6 +352,7 @@ def run_sweep(
             failed=counts["failed"],
             wall_s=time.perf_counter() - started,
             predicted_oom=counts["predicted"],
+            repeats=counts["repeats"],
             stop_reason=loop.stop_reason,
             remeasured=loop.remeasure.remeasured,
             device_s=clock.charged_device_s,

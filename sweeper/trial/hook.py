@@ -100,9 +100,10 @@ def step(
     loader: Any = None,
 ) -> contextlib.AbstractContextManager[Any]:
     """One optimizer step of your own loop: ``with sweeper.step(batch, model=model,
-    optimizer=optimizer):``. ``batch`` is the step's batch (a dict with ``input_ids``) or
-    the list of its micro-batches. ``model`` is needed once (read back, MFU, the checkpoint
-    cost); ``optimizer`` and ``loader`` let the trial read back what they ran."""
+    optimizer=optimizer, loader=loader):``. ``batch`` is the step's batch (a dict with
+    ``input_ids``) or the list of its micro-batches. ``model`` is needed once (read back, MFU,
+    the checkpoint cost); ``optimizer`` and ``loader`` let the trial read back what they ran
+    (without them, a space that lists a knob read from them fails the trial)."""
     if not active():
         _parse_check_ends()
         return contextlib.nullcontext(_NoStep())

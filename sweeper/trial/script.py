@@ -400,24 +400,27 @@ def not_shown(request: ChildRequest, effective: Mapping[str, Any]) -> list[str]:
     """The knobs the program owns (``owned``) whose value sweeper could not read back, since
     the program did not pass it the object that holds them (its DataLoader or optimizer to
     ``sweeper.step``): the config's value for them is sweeper's default, not what ran, and
-    the recommendation marks them so. A knob the space searches that cannot be read back so
-    fails the trial as ``mismatch``: each value would be recorded as asked whatever ran (a
+    the recommendation marks them so. A knob the space lists that cannot be read back so
+    fails the trial as ``mismatch``: its value would be recorded as asked whatever ran (a
     walk's loop ran prefetch 4 in both trials of a [2, 4] search, and its table showed a
-    2.3x "effect" of the prefetch)."""
+    2.3x "effect" of the prefetch; listed once, its export said prefetch 2)."""
     from sweeper.trial.engines.readback import NotShown
 
     missing = [name for name, value in effective.items() if isinstance(value, NotShown)]
-    searched = [name for name in missing if name in request.varied]
-    if searched:
-        shown = "your DataLoader" if any("loader=" in effective[n] for n in searched) else (
+    listed = set(request.varied) | set(request.listed or ())
+    asked = [name for name in missing if name in listed]
+    if asked:
+        shown = "your DataLoader" if any("loader=" in effective[n] for n in asked) else (
             "your optimizer"
         )  # fmt: skip
+        one = len(asked) == 1
         raise TrialError(
             "mismatch",
-            f"the space searches {', '.join(searched)}, {NOT_SHOWN} {shown}, and your "
-            "sweeper.step(...) was not given it: each value would be recorded as asked, "
-            f"whatever ran. Pass it: {LOOP_LINE}; or list one value for "
-            f"{'it' if len(searched) == 1 else 'them'} in the space",
+            f"the space {'searches' if set(asked) & set(request.varied) else 'lists'} "
+            f"{', '.join(asked)}, {NOT_SHOWN} {shown}, and your sweeper.step(...) was not "
+            "given it: each trial would be recorded at the value asked, whatever ran. Pass "
+            f"it: {LOOP_LINE}; or leave {'it' if one else 'them'} out of search: (your "
+            "script's own value then runs, marked as unseen)",
         )
     own = owned(request)
     return [name for name in missing if name in own]

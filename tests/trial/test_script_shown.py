@@ -79,6 +79,7 @@ def _run(
     script: Path,
     *args: str,
     varied: tuple[str, ...] = (),
+    listed: tuple[str, ...] = LISTED,
     accumulate: int = 1,
 ) -> ChildRun:
     workload = space.workload.model_copy(
@@ -95,7 +96,7 @@ def _run(
         warmup={"min_steps": 1, "max_steps": 2},
         measure={"min_steps": 2, "max_steps": 3},
     )
-    return run_child(request.model_copy(update={"listed": LISTED, "varied": varied}), timeout_s=300)
+    return run_child(request.model_copy(update={"listed": listed, "varied": varied}), timeout_s=300)
 
 
 @pytest.fixture
@@ -109,8 +110,9 @@ def test_a_searched_loader_knob_the_step_cannot_read_fails_and_an_owned_one_is_m
     tiny_space: Space, tiny_prepared: PreparedData, cache_dir: Path, loop: Path
 ) -> None:
     """pin_memory is searched: without loader= the trial fails, naming the keyword to pass,
-    and the sweep stops at once (every config would fail alike). Listed once, the trial runs;
-    the loader knobs the script owns (not listed) are recorded as unseen, not as sweeper's
+    and the sweep stops at once (every config would fail alike). Listed once, it fails too
+    (a re-walk listed prefetch 2, its script ran 4, and the export said 2). Left out, the
+    trial runs: the loader knobs the script owns are recorded as unseen, not as sweeper's
     defaults; given the loader, they are read back as its own."""
     searched = _run(
         tiny_space, tiny_prepared, cache_dir, loop, "none", "step", varied=("pin_memory",)
@@ -118,19 +120,22 @@ def test_a_searched_loader_knob_the_step_cannot_read_fails_and_an_owned_one_is_m
     assert searched.result.failure_kind == "mismatch", searched.result
     message = searched.result.failure_message or ""
     assert f"searches pin_memory, {NOT_SHOWN} your DataLoader" in message, message
-    assert "loader=loader" in message and "list one value for it" in message, message
+    assert "loader=loader" in message and "leave it out of search:" in message, message
     # the sweep's stop rule reads it as the program's defect, from this trial alone
     stopping = Stopping(tiny_space, [], TimeBudget())
     said = stopping.after_trial(Outcome(number=0, failure_kind="mismatch", message=message))
     assert said is not None and stopping.program_defect and "loader=loader" in said, said
 
     listed = _run(tiny_space, tiny_prepared, cache_dir, loop, "none", "step")
-    assert listed.result.status == "ok", (listed.result, listed.log_tail[-2000:])
-    measured = parse_measurement(listed.result.payload)
+    assert listed.result.failure_kind == "mismatch", listed.result
+    assert f"lists pin_memory, {NOT_SHOWN}" in (listed.result.failure_message or "")
+
+    left_out = _run(tiny_space, tiny_prepared, cache_dir, loop, "none", "step", listed=LISTED[:2])
+    assert left_out.result.status == "ok", (left_out.result, left_out.log_tail[-2000:])
+    measured = parse_measurement(left_out.result.payload)
     assert "pass loader= to sweeper.step" in measured.effective["prefetch_factor"]
-    unseen = {"num_workers", "prefetch_factor", "persistent_workers", "multiprocessing_context"}
+    unseen = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory"}
     assert unseen <= set(measured.unreached or ()), measured.unreached
-    assert "pin_memory" not in (measured.unreached or ())  # listed: asked, not owned
 
     shown = _run(tiny_space, tiny_prepared, cache_dir, loop, "loader", "step")
     assert shown.result.status == "ok", (shown.result, shown.log_tail[-2000:])

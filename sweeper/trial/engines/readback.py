@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 
 from sweeper import knobs
-from sweeper.errors import TrialError, asked_ran
+from sweeper.errors import BLOCK_FIX, TrialError, asked_ran
 
 Reader = Callable[["Running"], Any]
 
@@ -628,7 +628,7 @@ def _script_fix(run: Running, config: Mapping[str, Any], mismatches: list[str]) 
     if run.args is not None or asked in (None, 1) or run.micro_batches != 1:
         return SCRIPT_FIX
     block = (
-        ". A `with sweeper.step(...)` block is one optimizer step: it held one batch where "
+        f". {BLOCK_FIX}: it held one batch where "
         f"the config accumulates {asked}. Put the block around the whole step and pass its "
         "micro-batches as a list (`with sweeper.step(micro_batches, model=model, "
         "optimizer=optimizer, loader=loader):`, then backward each and step once)"
