@@ -147,7 +147,10 @@ class RichObserver:
         else:
             message = (row.failure_message or "")[:160]
             line = f"[red]✗[/] #{row.number} {config} → {row.failure_kind}: {escape(message)}"
-        self.progress.console.print(line + escape(self._eta()), highlight=False)
+        # a trial the sweep's own end cut (its time budget, a stop) ends the sweep: no time left
+        # to estimate (a walk read "about 2 min left" right after "the budget ran out")
+        eta = f" [{self.done}/{self.total}]" if row.failure_kind == "interrupted" else self._eta()
+        self.progress.console.print(line + escape(eta), highlight=False)
         self.progress.advance(self.task)
 
     def note(self, message: str) -> None:

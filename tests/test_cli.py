@@ -787,6 +787,19 @@ def test_an_interrupted_sweep_says_whether_a_trial_was_running() -> None:
         "finished trials are kept; #1's config was being measured again, and that measurement "
         "is dropped"
     )
+    # a trial the budget cut ends the sweep: its line gives no time left (a walk read "about
+    # 2 min left" right after "the budget ran out"); a finished one estimates it
+    from sweeper.store.models import TrialRow
+
+    observer.first_trial_at = time.monotonic() - 30
+    lines = []
+    for number, kind in ((0, "oom"), (1, "interrupted")):
+        row = TrialRow(number=number, state="failed", failure_kind=kind, own_values=None,
+                       config=tiny_config().model_dump(), failure_message="cut")  # fmt: skip
+        with observer.progress.console.capture() as captured:
+            observer.trial_done(row)
+        lines.append(" ".join(captured.get().split()))
+    assert lines[0].endswith("left]") and lines[1].endswith("cut [2/3]"), lines
 
 
 def test_an_interrupted_sweep_says_how_to_go_on(tmp_path: Path) -> None:

@@ -211,9 +211,10 @@ class Stopping:
         if NOT_SHOWN in (outcome.message or ""):  # every config would fail alike
             self.program_defect = True
             return (
-                f"trial #{outcome.number} could not read back a knob the space searches, and "
-                f"no config can: {outcome.message}; then launch again (the trials run so far "
-                "are kept)"
+                f"trial #{outcome.number} could not read back a knob the space lists from your "
+                "program, and no config can: pass sweeper.step the object its failure names "
+                "(loader= or optimizer=), or leave the knob out of search:; then launch again "
+                "(the trials run so far are kept)"
             )
         for knob, asked, ran in asked_and_ran(outcome.message or ""):
             if asked == ran:
