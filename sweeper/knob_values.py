@@ -40,12 +40,12 @@ OWN_LABEL = "your script's own"
 # a knob whose value in the script's run sweeper did not see: it never reached the script (no
 # flag, no variable, no sweeper.trial_config()) or could not be read back from what ran (a
 # DataLoader or optimizer not given to sweeper.step); the value shown is the config's, not
-# what ran
-UNREACHED_LABEL = "not what ran: your script's own, unseen"
+# known to be what ran
+UNREACHED_LABEL = "unseen: what your script ran here was not read back"
 UNREACHED_WHY = (
-    "the trials ran your script's own value, which sweeper did not see: sweeper gave it none "
-    "(not a flag or variable of your script's, or it never called sweeper.trial_config()), "
-    "or could not read it back (pass loader= and optimizer= to sweeper.step)"
+    "sweeper did not see the value the trials ran: it gave your script none (not a flag or "
+    "variable of your script's, or it never called sweeper.trial_config()), or could not "
+    "read back what ran (pass loader= and optimizer= to sweeper.step)"
 )
 
 

@@ -250,9 +250,9 @@ def test_a_knob_that_never_reached_the_script_is_not_shown_as_what_ran(store: St
         print_recommendation(answer)
     shown = captured.get()
     line = next(x for x in shown.splitlines() if "max_seq_length:" in x)
-    assert line.endswith("# not what ran: your script's own, unseen"), line
+    assert line.endswith("# unseen: what your script ran here was not read back"), line
     why = " ".join(shown.split()).split("(max_seq_length: ", 1)[1]
-    assert why.startswith("the trials ran your script's own value, which sweeper did not"), why
+    assert why.startswith("sweeper did not see the value the trials ran: it gave your"), why
     text = render(answer, "command", store.get_study("cut").space_yaml)
     head = text.rsplit("\n", 2)[0]
     assert "#   max_seq_length:" not in head  # not offered as a value to set
@@ -261,4 +261,4 @@ def test_a_knob_that_never_reached_the_script_is_not_shown_as_what_ran(store: St
         assert client.get("/api/studies/cut/best").json()["unreached"] == ["max_seq_length"]
         page = html.unescape(client.get("/studies/cut").text)
         assert f'<span class="muted unreached" title="{UNREACHED_WHY}' in page
-        assert ">(not what ran: your script's own, unseen)</span>" in page
+        assert ">(unseen: what your script ran here was not read back)</span>" in page
