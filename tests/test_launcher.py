@@ -206,6 +206,9 @@ def test_classify_walks_the_cause_chain() -> None:
     assert classify(RuntimeError(gone))[0] == "collective"
     slow = "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv"
     assert classify(RuntimeError(slow))[0] == "collective"
+    # and without the file prefix (a CI's rank 0, its peer stopped past the group's timeout)
+    closed = "Application timeout caused pair closure"
+    assert classify(RuntimeError(closed)) == ("collective", f"RuntimeError: {closed}")
     assert classify(TimeoutError("read timed out"))[0] == "error"  # not a collective's
     # the host's memory, as Python and torch's CPU allocator say it
     assert classify(MemoryError())[0] == "oom"
