@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sweeper.cost import device_count, money
+from sweeper.errors import BLOCK_FIX, mismatched_knobs
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise
-from sweeper.store import TrialMetrics
+from sweeper.store import Store, TrialMetrics
 
 
 def contention(trial: TrialMetrics) -> list[str]:
@@ -310,3 +311,57 @@ def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
         for name, knob in KNOB.items()
         if knob.caveat and after.get(name) is not None and before.get(name) != after.get(name)
     ]
+
+
+def mismatched(store: Store, study: str) -> list[str]:
+    """What the trials that failed as ``mismatch`` say against the pick: the knobs the
+    program did not run as asked were never measured at the values it ignored, so the pick
+    is only among the configs that ran as asked (a walk's script ignored its batch size and
+    workers: 7 of 8 trials failed so, and `best` named the one survivor without a word)."""
+    rows = store.list_trials(study, states=["failed"], failure_kinds=["mismatch"])
+    if not rows:
+        return []
+    failed = [row.number for row in rows]  # one read, messages included (not one per trial)
+    knobs: dict[str, None] = {}
+    for row in rows:
+        for knob in mismatched_knobs(row.failure_message or ""):
+            knobs.setdefault(knob, None)
+    said = ", ".join(knobs) or "some knobs"
+    numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")
+    fix = (
+        "make the program take those knobs from sweeper (`sweeper.trial_config()`, or the "
+        "flags or environment of `knobs:`)"
+    )
+    if any(BLOCK_FIX in (row.failure_message or "") for row in rows):
+        fix = (  # the loop took its accumulation from sweeper, but wraps each micro-batch
+            "put each `with sweeper.step(...)` block around a whole optimizer step, passing "
+            "its micro-batches as a list (the failures say how)"
+        )
+    return [
+        f"{len(failed)} trial{'' if len(failed) == 1 else 's'} failed because the program "
+        "did not run the config as asked "
+        f"({numbers}: {said}): the values it ignored were never measured, so this pick is "
+        f"only among the configs that ran as asked; {fix} and launch again"
+    ]
+
+
+def why_none(store: Store, study: str) -> str:
+    """What the study's trials are, when none completed, and what to do: ": 1 interrupted;
+    `sweeper launch --study NAME` resumes it" (a walk's Ctrl-C left a study whose `best` said
+    only "has no completed trial yet")."""
+    from collections import Counter
+
+    rows = store.list_trials(study)
+    if not rows:
+        return f": none has run; `sweeper launch --study {study}` runs it"
+    said = Counter(
+        r.failure_kind if r.state == "failed" and r.failure_kind else r.state for r in rows
+    )
+    counts = ", ".join(f"{n} {what}" for what, n in said.most_common())
+    todo = []
+    if said.get("interrupted") or said.get("lost") or said.get("running"):
+        todo.append(f"`sweeper launch --study {study}` resumes it, running what did not finish")
+    if any(r.state == "failed" and r.failure_kind != "interrupted" for r in rows):
+        todo.append("each failure's message is on the study page (`sweeper serve`) and in the "
+                    "launch's output: fix what it says, then launch again")  # fmt: skip
+    return f" ({counts})" + (f": {'; '.join(todo)}" if todo else "")

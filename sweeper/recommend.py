@@ -36,11 +36,9 @@ from pydantic import BaseModel
 from sweeper import caveats
 from sweeper.cost import device_count, hours_figure, money, run_cost
 from sweeper.errors import (
-    BLOCK_FIX,
     NoResultError,
     SpaceError,
     TruncatesOnlyError,
-    mismatched_knobs,
 )
 from sweeper.knob_values import as_ran
 from sweeper.noise import Basis, tie
@@ -666,60 +664,6 @@ def _baseline(facts: StudyFacts, candidates: list[Candidate]) -> Candidate | Non
     return min(matches, key=lambda c: c.trial.number) if matches else None
 
 
-def _mismatched(store: Store, study: str) -> list[str]:
-    """What the trials that failed as ``mismatch`` say against the pick: the knobs the
-    program did not run as asked were never measured at the values it ignored, so the pick
-    is only among the configs that ran as asked (a walk's script ignored its batch size and
-    workers: 7 of 8 trials failed so, and `best` named the one survivor without a word)."""
-    rows = store.list_trials(study, states=["failed"], failure_kinds=["mismatch"])
-    if not rows:
-        return []
-    failed = [row.number for row in rows]  # one read, messages included (not one per trial)
-    knobs: dict[str, None] = {}
-    for row in rows:
-        for knob in mismatched_knobs(row.failure_message or ""):
-            knobs.setdefault(knob, None)
-    said = ", ".join(knobs) or "some knobs"
-    numbers = ", ".join(f"#{n}" for n in failed[:8]) + (" ..." if len(failed) > 8 else "")
-    fix = (
-        "make the program take those knobs from sweeper (`sweeper.trial_config()`, or the "
-        "flags or environment of `knobs:`)"
-    )
-    if any(BLOCK_FIX in (row.failure_message or "") for row in rows):
-        fix = (  # the loop took its accumulation from sweeper, but wraps each micro-batch
-            "put each `with sweeper.step(...)` block around a whole optimizer step, passing "
-            "its micro-batches as a list (the failures say how)"
-        )
-    return [
-        f"{len(failed)} trial{'' if len(failed) == 1 else 's'} failed because the program "
-        "did not run the config as asked "
-        f"({numbers}: {said}): the values it ignored were never measured, so this pick is "
-        f"only among the configs that ran as asked; {fix} and launch again"
-    ]
-
-
-def _why_none(store: Store, study: str) -> str:
-    """What the study's trials are, when none completed, and what to do: ": 1 interrupted;
-    `sweeper launch --study NAME` resumes it" (a walk's Ctrl-C left a study whose `best` said
-    only "has no completed trial yet")."""
-    from collections import Counter
-
-    rows = store.list_trials(study)
-    if not rows:
-        return f": none has run; `sweeper launch --study {study}` runs it"
-    said = Counter(
-        r.failure_kind if r.state == "failed" and r.failure_kind else r.state for r in rows
-    )
-    counts = ", ".join(f"{n} {what}" for what, n in said.most_common())
-    todo = []
-    if said.get("interrupted") or said.get("lost") or said.get("running"):
-        todo.append(f"`sweeper launch --study {study}` resumes it, running what did not finish")
-    if any(r.state == "failed" and r.failure_kind != "interrupted" for r in rows):
-        todo.append("each failure's message is on the study page (`sweeper serve`) and in the "
-                    "launch's output: fix what it says, then launch again")  # fmt: skip
-    return f" ({counts})" + (f": {'; '.join(todo)}" if todo else "")
-
-
 def _own_loss(measured: Mapping[str, Any], facts: StudyFacts) -> list[str]:
     """A program that took the loss on the replies only where the space says every token
     (read from its batches' labels: ``Measurement.loss_labels``): the figures are its own,
@@ -759,7 +703,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
     except NoResultError as e:
         if not str(e).endswith("has no completed trial yet"):
             raise
-        raise NoResultError(f"{e}{_why_none(store, study)}") from None
+        raise NoResultError(f"{e}{caveats.why_none(store, study)}") from None
     winner = store.get_trial(study, recommendation.trial_number)
     measured = (winner.measurement if winner is not None else None) or {}
     ran_lr = (measured.get("program_run") or {}).get("learning_rate")
@@ -782,7 +726,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             "warnings": (
                 *recommendation.warnings,
                 *caveats.ran_warnings(measured, winner.config if winner is not None else None),
-                *_mismatched(store, study),
+                *caveats.mismatched(store, study),
                 *unseen_said,
                 *_own_loss(measured, facts),
                 # said at launch; the answer prices it too (a walk saw it at launch only)
