@@ -329,11 +329,9 @@ def init(
             ) from None
         if knobs_form not in ("flags", "sft_flags", "env"):
             raise fail(f"--knobs {knobs_form}: use flags, sft_flags or env", code=2)
-        missing = [
-            word
-            for word in words[1:]
-            if word.endswith(".py") and not word.startswith("-") and not Path(word).is_file()
-        ]
+        from sweeper.preflight_script import absent_programs
+
+        missing = absent_programs(words, Path.cwd())
         if missing:  # the space's cwd is here: its trials would each fail to start
             raise fail(
                 f"--command: {missing[0]} is not a file in {Path.cwd()}, where the command "

@@ -61,8 +61,6 @@ class ModelSpec(Frozen):
         return self
 
 
-# the built-in ChatML template (workload.tokenizer.chat_template: chatml), with TRL's
-# {% generation %} markers around the assistant's replies
 # sweeper's one line in a user's program, as every message that asks for it writes it: the
 # loader is what lets the DataLoader knobs be read back from what ran, and a block is one
 # optimizer step (its micro-batches as a list, under gradient accumulation)
@@ -73,6 +71,8 @@ LOOP_LINE = (
 )
 ONE_LINE = f"callbacks=[sweeper.callback()] in Trainer(...) or SFTTrainer(...), or {LOOP_LINE}"
 
+# the built-in ChatML template (workload.tokenizer.chat_template: chatml), with TRL's
+# {% generation %} markers around the assistant's replies
 CHATML = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"

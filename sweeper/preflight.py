@@ -23,7 +23,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import socket
 import sys
 import time
@@ -38,6 +37,7 @@ from sweeper.knobs import AttnImplementation, CompileMode, Precision
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight_precision import PrecisionJudgement, precision_judgement, precision_slowdown
 from sweeper.preflight_script import (
+    reads_training_arguments,
     script_imports,
     script_parses,
     script_problems,
@@ -233,7 +233,7 @@ def short_run_of(space: Space) -> tuple[str, bool] | None:
     if script is None:
         return None
     if not {"max_steps", "num_train_epochs"} & set(flags_of(script.command)) and not (
-        _parses_training_arguments(script)
+        reads_training_arguments(script)
     ):
         return None  # its own parser's length (--epochs 1?): not TrainingArguments' 3 epochs
     # a knob the space does not list runs at the command's value (TrainingArguments' default
@@ -249,22 +249,6 @@ def short_run_of(space: Space) -> tuple[str, bool] | None:
     return short_run(
         script.command, script.knobs, space.workload.samples, rows, trial.warmup, trial.measure
     )
-
-
-def _parses_training_arguments(script: Any) -> bool:
-    """Whether the command's Python program reads TrainingArguments (HfArgumentParser, TRL's
-    SFTConfig or TrlParser), so that a command silent on its length trains their 3 epochs; a
-    program of its own parser's (a walk's `--epochs`, default 1) does not. True where the
-    program cannot be read (a module, a launcher's script elsewhere): as before."""
-    cwd = Path(script.cwd).expanduser() if script.cwd else Path.cwd()
-    program = next((w for w in script.command[1:] if w.endswith(".py")), None)
-    if program is None:
-        return True
-    try:
-        source = (cwd / program).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return True
-    return bool(re.search(r"TrainingArguments|SFTConfig|HfArgumentParser|TrlParser", source))
 
 
 def run_preflight(

@@ -23,6 +23,31 @@ def _script_program(script: Any) -> tuple[Path, str | None]:
     return cwd, str(cwd / program) if (cwd / program).is_file() else None
 
 
+def absent_programs(command: list[str], cwd: Path) -> list[str]:
+    """The words of ``command`` naming a Python file that is not in ``cwd``, where it runs."""
+    return [
+        word
+        for word in command[1:]
+        if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
+    ]
+
+
+def reads_training_arguments(script: Any) -> bool:
+    """Whether the command's Python program reads TrainingArguments (HfArgumentParser, TRL's
+    SFTConfig or TrlParser), so that a command silent on its length trains their 3 epochs; a
+    program of its own parser's (a walk's `--epochs`, default 1) does not. True where the
+    program cannot be read (a module, a launcher's script elsewhere): as before."""
+    cwd, _ = _script_program(script)
+    program = next((w for w in script.command[1:] if w.endswith(".py")), None)
+    if program is None:
+        return True
+    try:
+        source = (cwd / program).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    return bool(re.search(r"TrainingArguments|SFTConfig|HfArgumentParser|TrlParser", source))
+
+
 def script_python(script: Any) -> str | None:
     """The Python that runs ``workload.script.command``: its program when that is a python, or
     the interpreter a launcher's ``#!`` line names (torchrun, accelerate: console scripts of
@@ -229,8 +254,7 @@ def script_problems(script: Any) -> list[str]:
     problems = [
         f"workload.script.command: {word} is not a file in {cwd} (the command runs there; set "
         "workload.script.cwd, or give the path from there)"
-        for word in script.command[1:]
-        if word.endswith(".py") and not word.startswith("-") and not (cwd / word).is_file()
+        for word in absent_programs(script.command, cwd)
     ]
     from sweeper.trial.script import THE_LINE
 

@@ -713,7 +713,11 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
         facts = dataclasses.replace(
             facts, learning_rate=ran_lr, learning_rate_source="your program's, as it ran"
         )
-        recommendation = choose(facts, trials, constraints)
+        recommendation = (  # the pick does not depend on the rate: only the advice is redone
+            choose(facts, trials, constraints)
+            if recommendation.suggested_learning_rate is not None
+            else recommendation.model_copy(update={"learning_rate": ran_lr})
+        )
     n_params, trainable = measured.get("n_params"), measured.get("trainable_params")
     unseen_cut, unseen_said = _own_length(measured)
     recommendation = recommendation.model_copy(

@@ -68,11 +68,7 @@ def overview(request: Request, store: StoreDep, cache: CacheDep) -> HTMLResponse
     return render_page(
         request,
         "index.html",
-        {
-            "studies": studies,
-            "recommendations": recommendations,
-            "config_text": describe,
-        },
+        {"studies": studies, "recommendations": recommendations, "config_text": describe},
     )
 
 

@@ -634,7 +634,7 @@ def _script_fix(run: Running, config: Mapping[str, Any], mismatches: list[str]) 
         "optimizer=optimizer, loader=loader):`, then backward each and step once)"
     )
     others = [m for m in mismatches if not m.startswith("gradient_accumulation_steps")]
-    return block + (f"{SCRIPT_FIX.replace('. Your', '. For the rest: your', 1)}" if others else "")
+    return block + (SCRIPT_FIX if others else "")
 
 
 # what a user whose script ignores a knob does (a walk read the mismatch and did not know)
