@@ -99,3 +99,23 @@ def test_the_time_weighings_form_is_named_in_the_report(capsys: pytest.CaptureFi
         search_replay.main([*args, "--seeds", "1", "--cost-against", "median"])
     assert refused.value.code == 2
     assert "invalid choice: 'median'" in capsys.readouterr().err
+
+
+def test_the_time_weighings_rule_fails_a_form_that_changes_nothing() -> None:
+    """Search Run 18, from Run 17's committed replays: the default judged against itself,
+    reseeded, passes the rule of Runs 12-17 rarely at 200 seeds and never at 30, though each
+    row alone passes it most of the time; cheap_draws' own pairs lose on qlora-24gb by the sign
+    test."""
+    sys.path.insert(0, str(REPLAY))
+    import null_rule
+
+    run17 = REPLAY / "run17"
+    lines, every_row, passes = null_rule.judge(run17, seeds=200, draws=300, tied_form="cheapdraw")
+    assert len(lines) == 12
+    assert passes <= every_row < 0.15
+    each_row = [float(line.split(" | ")[5]) for line in lines]
+    assert min(each_row) > 0.5, each_row
+    qlora_tokens = next(x for x in lines if x.startswith("| qlora-24gb") and "tokens" in x)
+    assert qlora_tokens.endswith("109 / 51, p 5.3e-06 |"), qlora_tokens
+    _, _, at_30 = null_rule.judge(run17, seeds=30, draws=300)
+    assert at_30 < 0.01
