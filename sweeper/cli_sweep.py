@@ -16,7 +16,7 @@ from sweeper.console import (
     print_recommendation,
     print_sweep_summary,
 )
-from sweeper.errors import SweeperError, Terminated
+from sweeper.errors import SpaceError, SweeperError, Terminated
 
 
 def launch_workers(
@@ -136,6 +136,8 @@ def sweep_and_report(
         raise fail(f"interrupted; {observer.interrupted_words()}; {resume}", 130) from None
     except PreflightError as e:
         raise fail(f"preflight: {e}", code=2) from None
+    except SpaceError as e:  # a space the stored study cannot take (its lists changed)
+        raise fail(str(e), code=2) from None
     except SweeperError as e:
         raise fail(str(e)) from None
     print_leaderboard(url, parsed.study)

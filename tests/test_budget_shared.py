@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -232,6 +233,48 @@ def test_the_plan_counts_finished_trials_and_the_others_running_ones(sqlite_url:
         assert plan_reached(store, "s", 3, "me", retry_waiting=lambda: True) is None
         assert plan_reached(store, "s", 3, "me", retry_waiting=lambda: False) == reason
     finally:
+        store.dispose()
+
+
+@pytest.mark.torch
+def test_a_fleet_worker_stops_at_the_plan_when_a_joiner_took_part_of_it(
+    tiny_space: Space, sqlite_url: str, cache_dir: Path
+) -> None:
+    """A worker of `launch --workers` (its share 2 of a fleet's 2) beside a worker that joined
+    the run and is running a trial of its own: the study's plan (1 done + 2) is met after one
+    trial of the fleet's worker, which stops before its share (the walk's 10 trials of a plan
+    of 8: the joiner's trials came on top)."""
+    text = TINY_SPACE.read_text()
+    first = run_sweep(
+        tiny_space, storage_url=sqlite_url, cache_dir=cache_dir, space_text=text, n_trials=1
+    )
+    assert first.completed == 1
+    store = Store(sqlite_url)
+    beating = threading.Event()
+
+    def beat() -> None:  # the joiner stays alive: not reaped, its trial not taken for lost
+        while not beating.wait(1.0):
+            store.beat("joiner")
+
+    heart = threading.Thread(target=beat, daemon=True)
+    try:  # the joiner: alive (this process) and running a trial of the plan
+        store.register_worker("tiny", "joiner", socket.gethostname(), os.getpid())
+        assert tiny_space.baseline is not None
+        config = tiny_space.baseline.as_config(tiny_space.search).model_dump()
+        store.start_trial("tiny", 50, config, worker_id="joiner")
+        heart.start()
+        fleet = run_sweep(
+            tiny_space, storage_url=sqlite_url, cache_dir=cache_dir, space_text=text,
+            n_trials=2, fleet_trials=2,
+        )  # fmt: skip
+        assert fleet.trials_run == 1, fleet.stop_reason
+        assert "the study has its 3 planned trials (3 finished or running" in fleet.stop_reason
+        assert "stops before its share" in fleet.stop_reason
+        assert store.get_study("tiny").n_trials_planned == 3
+    finally:
+        beating.set()
+        if heart.is_alive():
+            heart.join()
         store.dispose()
 
 

@@ -8,6 +8,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -473,6 +474,13 @@ def test_three_workers_on_one_study_run_distinct_configs(
     assert [t.state for t in trials] == ["complete"] * 6, [t.failure_message for t in trials]
     assert len({t.worker_id for t in trials}) == 3  # every worker ran its share
     assert state == "finished"
+    # the end re-measure is the run's, once: two workers leave it to the last one to finish
+    left = [
+        log.name
+        for log in sorted(logs.glob("tiny-*.log"))
+        if re.search(r"measures (the study's|its) best configs again", log.read_text())
+    ]
+    assert len(left) == 2, worker_logs
     for marker in ("locked", "Traceback", "UniqueViolation"):
         assert marker not in worker_logs + done.stderr
     tally = fault_report(tally_study(url, "tiny", f"3 workers x 2 trials on {backend}", 6))

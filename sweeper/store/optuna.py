@@ -91,6 +91,22 @@ def create_or_load_study(
         )
 
 
+def stored_choices(storage: optuna.storages.RDBStorage, name: str) -> dict[str, tuple[Any, ...]]:
+    """The choices each parameter of study ``name``'s trials was asked with (Optuna keeps one
+    list per parameter for a study: a launch that asks another one fails). {}: no such study."""
+    with mapped_errors(f"Optuna cannot read the study {name!r}"):
+        try:
+            study_id = storage.get_study_id_from_name(name)
+        except KeyError:
+            return {}
+        choices: dict[str, tuple[Any, ...]] = {}
+        for trial in storage.get_all_trials(study_id, deepcopy=False):
+            for param, distribution in trial.distributions.items():
+                if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+                    choices.setdefault(param, tuple(distribution.choices))
+        return choices
+
+
 def enqueue(storage_url: str, name: str, params: dict[str, Any]) -> None:
     """Queue ``params`` in Optuna's study ``name`` (a no-op if the same params are queued)."""
     storage = optuna_storage(storage_url)

@@ -77,6 +77,26 @@ class Remeasure:
         # what the store holds for each config's interval: rows that did not move are not written
         self._written: dict[TrialConfig, tuple[float, bool]] = {}
 
+    def take_in(
+        self,
+        results: Mapping[TrialConfig, Outcome],
+        samples: Mapping[TrialConfig, Sequence[Sample]],
+    ) -> list[int]:
+        """The study's trials this sweep did not run or know (other workers', when this one
+        re-measures for its run: ``sweeper.sweep.settler``), added to those it knows; its own
+        estimates kept. Their numbers."""
+        added = []
+        for config, outcome in results.items():
+            if config in self.results:
+                continue
+            self.results[config] = outcome
+            if samples.get(config):
+                self.samples[config] = list(samples[config])
+            added.append(outcome.number)
+        if added:
+            self.noise = machine_noise(self.samples.values())
+        return sorted(added)
+
     def calm_since_told(self) -> list[tuple[TrialConfig, float]]:
         """A resumed sweep's configs that Optuna was told while contended and that a later
         measurement found calm, with their $/run: the sampler should learn it."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.errors import DatabaseLostError, DiskFullError, StudyNotFoundError
+from sweeper.errors import DatabaseLostError, DiskFullError, SpaceError, StudyNotFoundError
 from sweeper.joining import process_alive
 from sweeper.launcher import ForkServer
 from sweeper.preflight import PreflightError, PreflightReport
@@ -21,9 +21,9 @@ from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig
 from sweeper.store import Store, StudyRow, redact
 from sweeper.store.diagnose import disk_full_message
-from sweeper.store.optuna import create_or_load_study, optuna_storage
+from sweeper.store.optuna import create_or_load_study, optuna_storage, stored_choices
 from sweeper.store.retry import connection_lost, disk_full
-from sweeper.sweep import spool
+from sweeper.sweep import settler, spool
 from sweeper.sweep.clock import SweepClock
 from sweeper.sweep.executor import ChildExecutor
 from sweeper.sweep.loop import SearchLoop
@@ -177,6 +177,49 @@ def live_plan(store: Store, study: str, grace_s: float) -> int | None:
     return row.n_trials_planned
 
 
+def _same_lists(space: Space, stored: dict[str, tuple[Any, ...]], path: str | None) -> None:
+    """Refuse, before anything is written, a space whose searched knobs list other values
+    than the study's trials were asked with (Optuna keeps one list per knob for a study: the
+    launch would fail at its first proposal, after preparing and preflight, with a trial left
+    running). A knob newly searched, or no longer searched, is no conflict."""
+    changed = [
+        f"{name} {list(stored[name])} (now {values})"
+        for name in space.search.searched()
+        if name in stored and tuple(values := space.search.values(name)) != stored[name]
+    ]
+    if not changed:
+        return
+    where = path or "the space"
+    raise SpaceError(
+        f"{where}: study {space.study!r} was searched with other lists: "
+        f"{'; '.join(changed)}. A study keeps the lists its trials were asked with (Optuna's "
+        f"rule). To search the new lists, give the space a new study name (study: "
+        f"{space.study}-2 in {where}); to resume this study, put those lists back as they were"
+    )
+
+
+def _retry_waiting(study: Any) -> bool:
+    """A preempted or lost trial's config is queued to run once more (``study``: Optuna's)."""
+    from optuna.trial import TrialState
+
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
+def _settle_once(
+    loop: SearchLoop, executor: ChildExecutor, clock: SweepClock, grace_s: float
+) -> None:
+    """The end re-measure: once for the study's run, by its last worker to finish searching,
+    over every worker's trials (``sweeper.sweep.settler``); the others say who does it."""
+    store, study = executor.store, executor.space.study
+    assert executor.worker_id is not None, "a sweep's executor records as its worker"
+    other = settler.leaves_it(store, study, executor.worker_id, grace_s)
+    if other is not None:
+        executor.observer.note(other)
+        return
+    loop.remeasure.take_in(executor.earlier(), executor.earlier_samples())
+    loop.settle(clock)
+
+
 _DEFAULTS = Settings.model_fields
 
 
@@ -230,6 +273,7 @@ def run_sweep(
         prepared = prepare_workload(space, cache_dir, observer, server=zygote)
         space = resolve_lengths(space, prepared.stats, observer)
         storage = optuna_storage(storage_url, retry_s=database_retry_s)
+        _same_lists(space, stored_choices(storage, space.study), space_path)  # before any write
         # a study this launch makes, and preflight then refuses, is not left behind
         fresh = not store.has_study(space.study)
         study = create_or_load_study(space.study, storage, space.budget.seed)
@@ -301,18 +345,19 @@ def run_sweep(
                         f"measured here: {left} trial{'' if left == 1 else 's'}, not "
                         f"{n_trials}"
                     )
+                # a worker that joined a live run stops at the run's plan; so does a worker of
+                # a fleet (``launch --workers``), its share a cap: a worker that joined the
+                # launch's run takes part of the plan, not trials on top of it
                 plan = None
-                if joined is not None:
-                    from optuna.trial import TrialState
-
-                    waiting = (TrialState.WAITING,)
-                    retry = lambda: bool(study.get_trials(deepcopy=False, states=waiting))  # noqa: E731
+                if joined is not None or fleet_trials is not None:
                     plan = functools.partial(
-                        plan_reached, store, space.study, joined, member.id, retry_waiting=retry
-                    )
+                        plan_reached, store, space.study, planned, member.id,
+                        retry_waiting=functools.partial(_retry_waiting, study),
+                        fleet=joined is None,
+                    )  # fmt: skip
                 counts = loop.run(n_trials, clock, deadline, shared=shared, plan=plan)
                 if not loop.stopped:
-                    loop.settle(clock)
+                    _settle_once(loop, executor, clock, worker_grace_s)
         except KeyboardInterrupt:
             member.stop("interrupted")
             raise

@@ -138,13 +138,16 @@ def plan_reached(
     planned: int,
     worker_id: str,
     retry_waiting: Callable[[], bool] | None = None,
+    *,
+    fleet: bool = False,
 ) -> str | None:
     """Why a worker that joined a live run without a trial count of its own stops: the study
     has its ``planned`` trials, finished (lost and interrupted ones run again: not counted)
     or running on another worker. None: it may start one more, and always while a retry
     waits in the queue (``retry_waiting``: a preempted or lost trial's config, queued to run
     once more, is measured even when other configs have met the plan meanwhile). A store that
-    cannot be read says nothing (the other limits still hold)."""
+    cannot be read says nothing (the other limits still hold). ``fleet``: the worker is one of
+    ``launch --workers`` (its share is a cap, and a worker that joined took part of the plan)."""
     if retry_waiting is not None and retry_waiting():
         return None
     try:
@@ -159,6 +162,12 @@ def plan_reached(
     )
     if taken < planned:
         return None
+    if fleet:
+        return (
+            f"the study has its {planned} planned trials ({taken} finished or running on the "
+            "study's workers, a worker that joined the launch's run among them); this worker "
+            "stops before its share"
+        )
     return (
         f"the study has its {planned} planned trials ({taken} finished or running on the "
         "study's workers); this worker joined their run without --n-trials of its own"

@@ -1,0 +1,60 @@
+"""A study launched again with other lists in its space (a user walk: after the first trials
+timed out, the space was made lighter, batch [4, 8, 16] -> [2, 4], and `launch` again crashed
+with Optuna's "CategoricalDistribution does not support dynamic value space" after preparing
+and preflight, leaving a trial RUNNING). It is refused before anything is written, exit 2,
+with the changed lists and what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from sweeper.store import Store
+from tests.helpers import REPO, TINY_SPACE
+from tests.test_cli import env  # noqa: F401 (a fixture)
+
+
+@pytest.mark.torch
+def test_a_space_whose_lists_changed_is_refused_before_anything_is_written(
+    tmp_path: Path,
+    sqlite_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    try:  # the study's earlier launch asked the batch from [2, 4, 8]
+        study = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
+        trial = study.ask()
+        trial.suggest_categorical("per_device_batch_size", [2, 4, 8])
+        study.tell(trial, 1.0)
+    finally:
+        storage.engine.dispose()
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY_SPACE.read_text())  # its batch list: [2, 4]
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
+        + ["--storage", sqlite_url, "--n-trials", "1"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert "Traceback" not in done.stdout + done.stderr
+    assert (
+        "study 'tiny' was searched with other lists: per_device_batch_size [2, 4, 8] (now [2, 4])"
+        in said
+    )
+    assert f"study: tiny-2 in {space}" in said and "put those lists back" in said
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    try:  # nothing written: Optuna's study has its one trial, nothing running or queued
+        trials = optuna.load_study(study_name="tiny", storage=storage).get_trials()
+        assert [t.state for t in trials] == [optuna.trial.TrialState.COMPLETE]
+    finally:
+        storage.engine.dispose()
+    store = Store(sqlite_url)
+    try:
+        assert not store.has_study("tiny")
+    finally:
+        store.dispose()
