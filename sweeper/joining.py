@@ -44,7 +44,9 @@ def _beat_age_s(worker: WorkerRow) -> float:
 
 
 def process_alive(pid: int | None) -> bool:
-    """Whether process ``pid`` of this host exists (None: unknown, taken as alive)."""
+    """Whether process ``pid`` of this host exists and is not a zombie (killed, its exit not
+    yet collected by its parent: a `kill -9`ed worker started by a script that never waits on
+    it). None: unknown, taken as alive."""
     if pid is None:
         return True  # not known: as live as its heartbeat says
     try:
@@ -53,7 +55,14 @@ def process_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True  # someone else's process of that number
-    return True
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone meanwhile
+        return False
+    except psutil.Error:  # not ours to read: as live as kill(0) said
+        return True
 
 
 def same_place_worker(url: str, study: str) -> str | None:

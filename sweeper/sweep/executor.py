@@ -10,6 +10,8 @@ import contextlib
 import dataclasses
 import hashlib
 import math
+import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -245,10 +247,11 @@ class ChildExecutor:
         try:
             measured = self._measure(config, left_s)
         except KeyboardInterrupt:
-            _record_failure(
-                store, trial, space.study, "interrupted", "the sweep was stopped by the user"
-            )
-            trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            with interrupt_held():
+                _record_failure(
+                    store, trial, space.study, "interrupted", "the sweep was stopped by the user"
+                )
+                trial.study.tell(trial, state=optuna.trial.TrialState.FAIL)
             raise
         run, measurement, projection = measured.run, measured.measurement, measured.projection
         if measured.held is not None:  # which of the pool's devices it ran on, and when
@@ -412,6 +415,24 @@ def _record_failure(
     if kind == "interrupted":  # nothing was measured: the config may run again
         store.release_claim(study_name, trial.number)
     return row
+
+
+@contextlib.contextmanager
+def interrupt_held() -> Iterator[None]:
+    """While a stop is being recorded, a second SIGINT or SIGTERM waits (and is dropped: the
+    sweep is stopping already). A Ctrl-C in a terminal reaches `launch --workers` and each of
+    its workers, and the launcher passes it on: the second one used to end the recording
+    half-way, a claim kept and Optuna's trial left RUNNING (a user walk)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    before = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():  # (None: one set outside Python; default)
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def failure_attrs(kind: str, message: str) -> dict[str, Any]:

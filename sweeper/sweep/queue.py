@@ -50,6 +50,9 @@ def enqueue_interrupted(store: Store, study: optuna.Study, space: Space) -> None
         measured.add(key)
         if times_lost(trials, t.config, "interrupted") > LOST_RETRIES:
             continue
+        # its claim goes with it: an interrupt that came twice (the terminal's Ctrl-C and
+        # `launch --workers` passing it on) could end the trial's recording before the release
+        store.release_claim(space.study, t.number)
         config = TrialConfig.model_validate(t.config)
         study.enqueue_trial(optuna_params(config, space.search), user_attrs={"retry_of": t.number})
 

@@ -25,7 +25,7 @@ from sweeper.store.optuna import create_or_load_study, optuna_storage, stored_ch
 from sweeper.store.retry import connection_lost, disk_full
 from sweeper.sweep import settler, spool
 from sweeper.sweep.clock import SweepClock
-from sweeper.sweep.executor import ChildExecutor
+from sweeper.sweep.executor import ChildExecutor, interrupt_held
 from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, workload_server
@@ -359,7 +359,8 @@ def run_sweep(
                 if not loop.stopped:
                     _settle_once(loop, executor, clock, worker_grace_s)
         except KeyboardInterrupt:
-            member.stop("interrupted")
+            with interrupt_held():
+                member.stop("interrupted")
             raise
         except Exception as e:
             full = disk_full(e)
