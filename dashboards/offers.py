@@ -10,7 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sweeper.catalog import parse_offer
 from sweeper.cost import hours_figure, money
+from sweeper.errors import CatalogError
 from sweeper.offers import OfferRow, OfferTable, priced_gpus, shared_notes, standing
 from sweeper.recommend import Constraints
 
@@ -36,6 +38,7 @@ class OfferQuery:
     max_cost_usd: float | None = None
     gpus: tuple[str, ...] | None = None
     ticked: tuple[str, ...] = ()  # the GPU types asked that the catalog has (re-shown)
+    several: tuple[str, ...] = ()  # the offers of N GPUs asked ("2x h100-sxm"), re-shown
     text: Mapping[str, str] = field(default_factory=dict)
     errors: Mapping[str, str] = field(default_factory=dict)
 
@@ -63,13 +66,18 @@ def read_query(
     catalog_name: str,
 ) -> OfferQuery:
     """The form's fields, checked: each limit a positive finite number (empty: none), each GPU
-    type a key of ``catalog`` (key → name; named ``catalog_name`` in the message).
+    type a key of ``catalog`` (key → name; named ``catalog_name`` in the message), or an offer
+    of N of them ("2x h100-sxm", as REST's ``gpus`` takes it; a field may hold several,
+    comma-separated). Offers beside no ticked type: every type, and those offers.
 
     >>> q = read_query("24", " ", ["h100-sxm"], {"h100-sxm": "H100"}, "gpus.yaml")
     >>> q.max_hours, q.max_cost_usd, q.gpus, dict(q.errors)
     (24.0, None, ('h100-sxm',), {})
     >>> dict(read_query("-3", "abc", ["b200"], {"h100-sxm": "H100"}, "gpus.yaml").errors)["gpus"]
     "GPU type 'b200' is not in this study's catalog (gpus.yaml); it has h100-sxm"
+    >>> q = read_query("", "", ["2x h100-sxm, 4×a100"], {"h100-sxm": "H", "a100": "A"}, "g")
+    >>> q.gpus, q.ticked, q.several
+    (('h100-sxm', 'a100', '2x h100-sxm', '4x a100'), (), ('2x h100-sxm', '4x a100'))
     """
     text = {"max_hours": (max_hours or "").strip(), "max_cost_usd": (max_cost_usd or "").strip()}
     errors: dict[str, str] = {}
@@ -90,8 +98,22 @@ def read_query(
             errors[name] = f"{label}: {typed[:40]!r} is not {what}; {fix}"
             continue
         limits[name] = value
-    wanted = list(dict.fromkeys(g.strip() for g in gpus or () if g.strip()))
-    unknown = [g for g in wanted if g not in catalog]
+    asked = [part.strip() for g in gpus or () for part in g.split(",") if part.strip()]
+    offers: dict[str, tuple[int, str]] = {}
+    unknown = []
+    for entry in dict.fromkeys(asked):
+        try:
+            count, key = parse_offer(entry.lower())
+        except CatalogError:
+            unknown.append(entry)
+            continue
+        if key not in catalog:
+            unknown.append(entry)
+        else:
+            offers.setdefault(key if count == 1 else f"{count}x {key}", (count, key))
+    ticked = tuple(key for key, (count, _) in offers.items() if count == 1)
+    several = tuple(key for key, (count, _) in offers.items() if count > 1)
+    wanted = list(ticked or (catalog if several else ())) + list(several)
     if unknown:
         errors["gpus"] = (
             f"GPU type{'s' if len(unknown) > 1 else ''} "
@@ -103,8 +125,9 @@ def read_query(
         max_hours=limits["max_hours"],
         max_cost_usd=limits["max_cost_usd"],
         gpus=tuple(wanted) if wanted and not unknown else None,
-        ticked=tuple(g for g in wanted if g in catalog),
-        text=text | {"gpus": ",".join(wanted)},
+        ticked=ticked,
+        several=several,
+        text=text | {"gpus": ",".join(wanted), "several": ", ".join(several)},
         errors=errors,
     )
 

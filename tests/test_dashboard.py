@@ -574,7 +574,37 @@ BAD_OFFER_QUERIES = [
     ("max_hours=0", "max hours per run: '0' is not above 0"),
     ("gpus=b200&gpus=h100-sxm", "GPU type 'b200' is not in this study's catalog"),
     ("gpus=B200!", "GPU type 'B200!' is not in this study's catalog"),
+    ("gpus=0x h100-sxm", "GPU type '0x h100-sxm' is not in this study's catalog"),
+    ("gpus=2x b200", "GPU type '2x b200' is not in this study's catalog"),
 ]
+
+
+def test_the_offers_form_asks_for_several_gpus_as_rest_does(sqlite_url: str) -> None:
+    """A user walk's question (1×H100 against 2×H100 and 4×A100 within 24 h): the page took
+    `gpus=2x h100-sxm` for an unknown GPU type (422) while REST /compare, `best --gpu` and the
+    space's hardware.compare take it. Now the page answers it with REST's rows, and its form
+    has a field for such offers, re-shown as asked."""
+    seed_000_offers_store(sqlite_url)
+    asked = ["h100-sxm", "a100-40gb", "2x h100-sxm", "4x a100-40gb"]
+    with TestClient(create_app(sqlite_url)) as client:
+        page = client.get(f"/studies/{SEED_000_OFFERS}", params={"max_hours": "24", "gpus": asked})
+        assert page.status_code == 200, page.text[-2000:]
+        rows = offer_rows(page.text)
+        rest = client.get(
+            f"/api/studies/{SEED_000_OFFERS}/compare", params={"max_hours": 24, "gpus": asked}
+        ).json()["offers"]
+        assert [r["gpu"] for r in rows] == [r["name"] for r in rest["rows"]]
+        assert {"2× H100 SXM 80GB", "4× A100 SXM 40GB"} <= {r["gpu"] for r in rows}
+        section = page.text.split('<section id="gpus">')[1].split("</section>")[0]
+        assert 'value="2x h100-sxm, 4x a100-40gb"' in section
+        assert 'value="h100-sxm" checked' in section and 'value="l40s" checked' not in section
+        # typed in the field alone (none ticked: every type), comma-separated
+        typed = client.get(
+            f"/studies/{SEED_000_OFFERS}", params={"gpus": "2X h100-sxm, 4x a100-40gb"}
+        )
+        assert typed.status_code == 200
+        names = {r["gpu"] for r in offer_rows(typed.text)}
+        assert {"2× H100 SXM 80GB", "4× A100 SXM 40GB", "L40S 48GB"} <= names
 
 
 def test_a_study_on_no_gpu_says_once_under_the_offers_why_no_gpu_is_priced(

@@ -318,7 +318,7 @@ def test_the_offers_form_highlights_the_cheapest_gpu_that_meets(
     expect(form.locator("input[name=gpus]:checked")).to_have_count(9)  # the shipped catalog
     form.locator("input[name=max_hours]").fill("10")
     form.locator("input[name=max_cost_usd]").fill("17")
-    for box in form.locator("input[name=gpus]").all():
+    for box in form.locator("input[name=gpus][type=checkbox]").all():
         box.set_checked(box.get_attribute("value") in ("h100-sxm", "h200-sxm", "a100-40gb"))
     form.locator("button[type=submit]").click()
     page.wait_for_url("**max_hours=10&max_cost_usd=17&gpus=a100-40gb&gpus=h100-sxm*#gpus")
