@@ -390,10 +390,12 @@ KNOBS: tuple[Knob, ...] = (
         name="optim",
         value_type=Optimizer,
         label="optimizer",
-        help="TrainingArguments' optim: AdamW (torch, fused CUDA kernel, bitsandbytes 8-bit) "
+        help="TrainingArguments' optim: AdamW (torch, its fused kernel, bitsandbytes 8-bit) "
         "or Adafactor",
         default="adamw_torch",
-        needs={"adamw_torch_fused": "cuda", "adamw_8bit": "bitsandbytes"},
+        # torch's fused AdamW runs on the CPU too (since torch 2.4; sweeper needs 2.11): a
+        # walk's own SFTConfig(optim="adamw_torch_fused") trained there while preflight dropped it
+        needs={"adamw_8bit": "bitsandbytes"},
         fallback="adamw_torch",
         short=lambda v: None if v == "adamw_torch" else v,
         caveat="a different optimizer (or its 8-bit state) converges differently: compare the "

@@ -169,20 +169,24 @@ def test_a_baseline_leaving_out_a_searched_knob_must_say_its_value() -> None:
 
 
 def test_preflight_falls_back_where_the_machine_can_run_no_listed_value() -> None:
-    space = parse_space(_with_search("  tf32: [true]\n  optim: [adamw_torch, adamw_torch_fused]\n"))
+    space = parse_space(
+        _with_search("  tf32: [true]\n  optim: [adamw_torch, adamw_torch_fused, adamw_8bit]\n")
+    )
     no_cuda = {"cuda": "the trial device is the CPU", "bitsandbytes": "no CUDA"}
     dropped = knobs.machine_drops({"tf32": space.search.tf32, "optim": space.search.optim}, no_cuda)
-    assert dropped == {
+    assert dropped == {  # the fused AdamW has a CPU kernel: kept
         "tf32": {"True": "needs a CUDA device (the trial device is the CPU)"},
-        "optim": {"adamw_torch_fused": "needs a CUDA device (the trial device is the CPU)"},
+        "optim": {"adamw_8bit": "needs bitsandbytes with a CUDA device (no CUDA)"},
     }
     report = PreflightReport(dropped=dropped, fallbacks={"tf32": False})
     search = report.search(space)
     assert search.tf32 == [False] and {c.tf32 for c in search.grid()} == {False}
     baseline = report.adapt(space.known_configs()[0])
     assert baseline.tf32 is False and report.allows(baseline) is None
+    eight = baseline.model_copy(update={"optim": "adamw_8bit"})
+    assert "optim=adamw_8bit failed preflight" in (report.allows(eight) or "")
     fused = baseline.model_copy(update={"optim": "adamw_torch_fused"})
-    assert "optim=adamw_torch_fused failed preflight" in (report.allows(fused) or "")
+    assert report.allows(fused) is None
 
 
 def _rec(config: TrialConfig) -> Recommendation:

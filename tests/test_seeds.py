@@ -237,7 +237,7 @@ def test_seed_003(tmp_path: Path, sqlite_url: str, cache_dir: Path) -> None:
     assert "preflight drops attn_implementation=flash_attention_2" in output
     assert "preflight drops quantization=4bit: needs bitsandbytes with a CUDA device" in output
     assert "trials run quantization='none' instead" in output
-    assert "preflight drops optim=adamw_torch_fused: needs a CUDA device" in output
+    assert "drops optim=adamw_torch_fused" not in output  # the fused AdamW runs on a CPU too
     complete = [t for t in trials if t.state == "complete"]
     assert len(complete) >= 2, [(t.config, t.failure_message) for t in trials]
     for trial in complete:

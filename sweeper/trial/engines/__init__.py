@@ -213,9 +213,7 @@ def build_optimizer(
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adamw_torch":
         return torch.optim.AdamW(params, lr=learning_rate)
-    if name == "adamw_torch_fused":
-        if device.type != "cuda":
-            raise TrialError("unsupported", "optim adamw_torch_fused needs a CUDA device")
+    if name == "adamw_torch_fused":  # a CUDA kernel, and a CPU one since torch 2.4
         return torch.optim.AdamW(params, lr=learning_rate, fused=True)
     if name == "adamw_8bit":
         try:
