@@ -254,7 +254,11 @@ class Measurement(_Strict):
         description="optimizer steps/s; not comparable across gradient accumulation, never ranks"
     )
     rows_per_s: float = Field(
-        description="rows/s fed to the model (samples/s without packing; packed rows hold several)"
+        description="rows/s fed to the model in the timed window: samples/s without packing; a "
+        "wrapped packed row (samples run together) counts one; a padding-free batch (one "
+        "flattened row whose position ids restart per sample, TRL's bfd packing among them) "
+        "counts each sample, so there it is the window's samples/s, not packed rows/s (that is "
+        "it_per_s × effective_batch)"
     )
     padded_tokens_per_s: Annotated[float, Metric("padded tokens/s", "tokens/s", column=True)] = (
         Field(description="tokens/s the model computes, padding included")
@@ -278,13 +282,17 @@ class Measurement(_Strict):
     )
     mean_row_tokens: float | None = Field(
         default=None,
-        description="tokens per row computed, padding included (a padding-free row's samples "
-        "count as rows); None in measurements stored before it",
+        description="tokens per row computed in the timed window, padding included, rows as "
+        "rows_per_s counts them (a padding-free batch's samples each count as a row); None in "
+        "measurements stored before it",
     )
     mean_sample_tokens: float | None = Field(
         default=None,
-        description="real tokens per sample (a packed row counts as one): the T of MFU's "
-        "attention term; None in measurements stored before it",
+        description="real tokens per sample of the timed window's batches (a wrapped packed "
+        "row counts as one): the T of MFU's attention term. Not what prices the run: with "
+        "packing, samples_per_s divides by the whole dataset's mean tokens per sample, which "
+        "a short window's samples can miss by a few percent; None in measurements stored "
+        "before it",
     )
     achieved_tflops: float = Field(
         description="model TFLOPS achieved on the real tokens (PaLM's 6N + 12·L·d·T per real "

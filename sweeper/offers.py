@@ -687,9 +687,15 @@ def _too_close(cheapest: OfferRow | None, rows: Sequence[OfferRow]) -> str:
         )
     else:
         act = f"measure {cheapest.name} (a short sweep on one) before renting it for the run"
+    # "within its band" only where the figure itself is inside; else the two bands overlap
+    inside = all((r.cost_per_run_usd or 0.0) <= high for r in close)
+    where = (
+        ("lie" if len(close) > 1 else "lies") + " within its band"
+        if inside
+        else ("have" if len(close) > 1 else "has") + " a band that overlaps its"
+    )
     return (
-        f"{cheapest.name} is an estimate, and {named} {'lie' if len(close) > 1 else 'lies'} "
-        "within its band: the table cannot "
+        f"{cheapest.name} is an estimate, and {named} {where}: the table cannot "
         f"tell them apart; {act}"
     )
 

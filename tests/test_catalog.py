@@ -616,3 +616,23 @@ def test_a_packed_winner_recorded_before_the_check_is_warned_about() -> None:
         assert len(said) == 1 and said[0].startswith(words)
     unpacked = next(t for t in _h100()["trials"] if not t["config"].get("packing"))
     assert ran_warnings(unpacked["measurement"], unpacked["config"]) == []
+
+
+def test_too_close_to_call_says_inside_the_band_only_when_the_figure_is() -> None:
+    """A user walk read "A100 ($16.45, estimate) lies within its band" of an H100 estimate at
+    $12.79 ±17% ($10.62-$14.96): the figure is outside, the two bands overlap."""
+    from sweeper.offer_rows import OfferRow
+    from sweeper.offers import _too_close
+
+    def row(name: str, cost: float) -> OfferRow:
+        return OfferRow(
+            gpu=name.lower(), name=name, usd_per_hour=2.5, basis="estimate", study="s",
+            trial_number=1, cost_per_run_usd=cost, band=0.17, meets="yes",
+        )  # fmt: skip
+
+    h100 = row("H100", 12.79)
+    said = _too_close(h100, [h100, row("A100", 16.45)])
+    assert "A100 ($16.45, estimate) has a band that overlaps its:" in said, said
+    said = _too_close(h100, [h100, row("A100", 14.0)])
+    assert "A100 ($14.00, estimate) lies within its band:" in said, said
+    assert _too_close(h100, [h100, row("A100", 30.0)]) == ""

@@ -52,3 +52,39 @@ def disk_full_message(url: str, error: BaseException) -> str:
         f"the database server at {redact(url)} is out of disk space ({error.__class__.__name__}"
         "): free space on its data volume; the failed write left the database as it was"
     )
+
+
+def database_fix(url: str, said: str) -> str:
+    """What to do about a Postgres database that is out of reach or does not exist, from the
+    driver's words ``said`` ("": nothing to add). A user walk met both, said in the driver's
+    words alone."""
+    import re
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return ""
+    host, port = parsed.host or "localhost", parsed.port or 5432
+    if re.search(r'database "[^"]*" does not exist', said):
+        user = f" -U {parsed.username}" if parsed.username else ""
+        return (
+            f"Create it (createdb -h {host} -p {port}{user} {parsed.database}), or point "
+            "--storage (or SWEEPER_STORAGE) at a database that exists."
+        )
+    if "Connection refused" in said or "could not translate host name" in said:
+        return (
+            f"Nothing answers at {host}:{port}: check the URL's host and port, and that Postgres "
+            f"runs there (pg_isready -h {host} -p {port} says)."
+        )
+    return ""
+
+
+def database_error_message(url: str, error: BaseException) -> str:
+    """A database error in words: SQLAlchemy's text without its web link, and what to do
+    where the server is out of reach or the database does not exist (``database_fix``)."""
+    import re
+
+    from sweeper.store.store import redact  # store.py imports this module
+
+    said = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", str(error)).strip()
+    fix = database_fix(url, said)
+    return f"database error on {redact(url)}: {said}" + (f". {fix}" if fix else "")

@@ -38,7 +38,12 @@ from sqlalchemy.orm import Session, defer, sessionmaker
 from sweeper.errors import ConflictError, DiskFullError, StorageError, StudyNotFoundError
 from sweeper.measurement import SORT_KEYS
 from sweeper.noise import Estimate, Sample, pooled_run
-from sweeper.store.diagnose import disk_full_message, no_tables
+from sweeper.store.diagnose import (
+    database_error_message,
+    database_fix,
+    disk_full_message,
+    no_tables,
+)
 from sweeper.store.engine import MIGRATION_LOCK_ID, make_engine, schema_lock
 from sweeper.store.models import ClaimRow, StudyRow, TrialMetrics, TrialRow, WorkerRow
 from sweeper.store.retry import disk_full, retried
@@ -131,7 +136,7 @@ class Store:
                     "check --storage (or SWEEPER_STORAGE), or create a study there with "
                     "`sweeper launch --space FILE --storage URL`"
                 ) from e
-            raise StorageError(f"database error on {redact(self.url)}: {e}") from e
+            raise StorageError(database_error_message(self.url, e)) from e
         except BaseException:
             session.rollback()
             raise
@@ -165,6 +170,7 @@ class Store:
                 else "Check that the server is running and the URL (user, host, port, "
                 "database) is right."
             )
+            check = database_fix(self.url, said) or check
             raise StorageError(
                 f"cannot reach or migrate the database at {redact(self.url)}: {said} {check}"
             ) from e
