@@ -30,8 +30,20 @@ def launch_workers(
     sizes: list[int],
 ) -> None:
     """``sweeper.sweep.fleet.run_workers``, its worker logs in the cache directory."""
+    import os
+
     from sweeper.settings import Settings
     from sweeper.sweep.fleet import FleetError, run_workers
+
+    if not devices:  # a user walk: 2 workers on 2 cores, every measurement contended, unsaid
+        console.print(
+            f"[yellow]note: {workers} workers share this machine's CPU ({os.cpu_count()} "
+            "cores): their trials run side by side and slow each other down, so each "
+            "measurement is flagged contended and the configs' $/run compare less well. One "
+            "worker per machine measures a CPU job cleanly; several pay off with one GPU "
+            "each.[/]",
+            highlight=False,
+        )
 
     try:
         run_workers(

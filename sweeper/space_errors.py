@@ -56,5 +56,12 @@ def problem_lines(
                 message += f" (got {err.get('input')!r})"
         else:
             message = f"{err['msg']} (got {err.get('input')!r})"
+        if loc[-1:] == ("max_seq_length",) and loc[0] in ("baseline", "also_try"):
+            # a walk wrote `auto` there, as the search says it: a known config is one run's
+            message += (
+                "; a known config is the length a run uses (a number, e.g. your run's "
+                "max_length); search.max_seq_length: auto picks the lengths to try from the "
+                "data, and `sweeper doctor --space` shows what it picks"
+            )
         problems.append(f"{source}:{yamllines.line_for(loc, lines)}: {field}: {message}")
     return problems

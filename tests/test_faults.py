@@ -459,6 +459,8 @@ def test_three_workers_on_one_study_run_distinct_configs(
     worker_logs = "\n".join(p.read_text()[-2000:] for p in sorted(logs.glob("tiny-*.log")))
     assert done.returncode == 0, done.stderr[-3000:] + worker_logs
     assert done.stdout.count("worker ") >= 3
+    # on a CPU the workers' trials contend with one another: said before they start
+    assert "note: 3 workers share this machine's CPU" in " ".join(done.stdout.split())
     store = Store(url)
     try:
         trials = store.list_trials("tiny")

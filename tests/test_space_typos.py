@@ -34,3 +34,25 @@ def test_a_misspelt_key_is_named_with_the_key_it_looks_like() -> None:
     assert timeout in said
     # nothing close: the plain message
     assert "mine.yaml:10: search.zzz: unknown key; remove it or check its spelling" in said
+
+
+def test_a_baseline_length_of_auto_says_what_to_write_instead() -> None:
+    """A user walk wrote `baseline.max_seq_length: auto`, as `init`'s search says it, and left
+    it out next: both errors now say a known config is one run's length, and where auto's
+    lengths are shown."""
+    from sweeper.errors import SpaceError
+    from sweeper.space import parse_space
+    from tests.helpers import TINY_SPACE
+
+    text = TINY_SPACE.read_text()
+    for replaced, said in (("max_seq_length: auto", "valid integer"), ("", "required key")):
+        bad = text.replace(
+            "  max_seq_length: 64\n  attn_implementation: eager",
+            f"  {replaced}\n  attn_implementation: eager",
+        )
+        with pytest.raises(SpaceError) as error:
+            parse_space(bad, "space.yaml")
+        message = str(error.value)
+        assert "baseline.max_seq_length" in message and said in message, message
+        assert "a known config is the length a run uses" in message
+        assert "`sweeper doctor --space` shows what it picks" in message
