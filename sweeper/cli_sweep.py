@@ -272,11 +272,24 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
         )
     why = f" ({report.stop_reason})" if report.stop_reason and not report.trials_run else ""
     check = f"`sweeper doctor --space {space_path}`" if space_path else "`sweeper doctor`"
+    # a walk fixed its script as told and launched again: the failed config counted as
+    # measured and nothing ran. A failure in the user's program runs again once it changes
+    from sweeper.sweep.queue import PROGRAM, PROGRAM_KINDS
+
+    own = [
+        t for t in mine if t.failure_kind in PROGRAM_KINDS and (t.measurement or {}).get(PROGRAM)
+    ]
+    resumes = (
+        "the study resumes, and runs again the configs that failed in your program once its "
+        "command or files have changed"
+        if own
+        else "the study resumes"
+    )
     return (
         f"no trial completed, so there is nothing to recommend: {ran}{why}. Each failure is "
         "named above with its message (and in the dashboard, `sweeper serve`); fix what they "
-        f"say, or check the space against this machine with {check}, then launch again (the "
-        f"study resumes) (exit {NO_TRIAL_COMPLETED})",
+        f"say, or check the space against this machine with {check}, then launch again "
+        f"({resumes}) (exit {NO_TRIAL_COMPLETED})",
         NO_TRIAL_COMPLETED,
     )
 

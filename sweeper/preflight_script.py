@@ -23,6 +23,27 @@ def _script_program(script: Any) -> tuple[Path, str | None]:
     return cwd, str(cwd / program) if (cwd / program).is_file() else None
 
 
+def program_fingerprint(script: Any) -> str | None:
+    """What identifies the user's program as it is now: ``workload.script`` (its command,
+    where it runs, how the knobs reach it) and the bytes of each Python file the command
+    names. A failure of the program's own (a crash, a knob it ignored) is its config's only
+    until the program changes (``sweeper.sweep.queue.enqueue_changed``); None: no script."""
+    import hashlib
+    import json
+
+    if script is None:
+        return None
+    cwd, _ = _script_program(script)
+    digest = hashlib.sha256(json.dumps(script.model_dump(mode="json"), sort_keys=True).encode())
+    for word in script.command[1:]:
+        if word.endswith(".py") and not word.startswith("-"):
+            try:
+                digest.update((cwd / word).read_bytes())
+            except OSError:
+                digest.update(b"absent")
+    return digest.hexdigest()[:16]
+
+
 def absent_programs(command: list[str], cwd: Path) -> list[str]:
     """The words of ``command`` naming a Python file that is not in ``cwd``, where it runs."""
     return [

@@ -20,6 +20,7 @@ import optuna
 import psutil
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from api.app import create_app
 from sweeper.errors import StorageError, StudyNotFoundError
@@ -540,6 +541,62 @@ def test_sigterm_to_launch_with_workers_interrupts_every_worker_and_leaves_nothi
         store.dispose()
         if process.poll() is None:
             process.kill()
+            process.communicate()
+
+
+@pytest.mark.torch
+@pytest.mark.postgres
+def test_ctrl_c_in_a_terminal_to_launch_with_workers_releases_what_the_trials_held(
+    tmp_path: Path,
+    postgres_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    """Ctrl-C in a terminal reaches the whole foreground process group: `launch --workers 2`
+    and each worker, and the launcher passes it on, so each worker is interrupted twice. A
+    user walk saw the second one cut a trial's recording: its claim kept (its retry refused
+    as "claimed", the config never measured) and Optuna's trial left RUNNING. Each worker
+    now finishes recording: nothing RUNNING in Optuna, no claim of an interrupted trial."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(_slow_space(tmp_path))]
+        + ["--storage", postgres_url, "--workers", "2"],
+        env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group: the terminal's, not pytest's
+    )  # fmt: skip
+    store = Store(postgres_url)
+    try:
+        wait_s = min(540.0, 180.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+        deadline = time.monotonic() + wait_s
+        while True:  # both workers are training a trial
+            try:
+                running = store.list_trials("tiny", states=["running"])
+            except (StudyNotFoundError, StorageError):
+                running = []
+            if len(running) == 2:
+                break
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, f"{len(running)} running after {wait_s:.0f} s"
+            time.sleep(0.3)
+        family = psutil.Process(process.pid).children(recursive=True)
+        os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C
+        stdout, stderr = process.communicate(timeout=90)
+        assert process.returncode == 130, stdout + stderr
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+        trials = store.list_trials("tiny")
+        assert [(t.state, t.failure_kind) for t in trials] == [("failed", "interrupted")] * 2
+        storage = optuna.storages.RDBStorage(postgres_url)
+        try:
+            states = [t.state for t in optuna.load_study(study_name="tiny", storage=storage).trials]
+        finally:
+            storage.engine.dispose()
+        assert optuna.trial.TrialState.RUNNING not in states, states
+        with store.session() as s:
+            claims = s.execute(text("SELECT trial_number FROM sweeper_claims")).scalars().all()
+        assert not set(claims) & {t.number for t in trials}, claims
+    finally:
+        store.dispose()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
             process.communicate()
 
 

@@ -366,3 +366,72 @@ def test_a_script_preflight_refuses_leaves_no_study_behind(tmp_path: Path) -> No
         assert store.has_study("tiny")
     finally:
         store.dispose()
+
+
+_FIXED = """
+import torch
+from torch.utils.data import DataLoader
+from transformers import LlamaConfig, LlamaForCausalLM
+import sweeper
+cfg = sweeper.trial_config() or {}
+accumulate = cfg.get("gradient_accumulation_steps", 1)
+model = LlamaForCausalLM(LlamaConfig(
+    vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=2))
+optimizer = torch.optim.AdamW(model.parameters())
+rows = [torch.randint(0, 64, (16,)) for _ in range(4000)]
+collate = lambda b: {"input_ids": torch.stack(b), "labels": torch.stack(b)}
+loader = DataLoader(rows, batch_size=cfg.get("per_device_batch_size", 2), collate_fn=collate,
+                    num_workers=cfg.get("num_workers", 0), pin_memory=cfg.get("pin_memory", False))
+batches = iter(loader)
+while True:
+    micro = [next(batches) for _ in range(accumulate)]
+    with sweeper.step(micro, model=model, optimizer=optimizer, loader=loader):
+        for one in micro:
+            (model(**one).loss / accumulate).backward()
+        optimizer.step(); optimizer.zero_grad()
+"""
+
+
+@pytest.mark.torch  # its trials run (the script's child side)
+def test_configs_that_failed_in_the_program_run_again_once_it_is_fixed(tmp_path: Path) -> None:
+    """A walk's script crashed on every trial; the last line said to fix it and launch again
+    (the study resumes). Fixed, the launch said "all 2 runnable configs of the space are
+    measured" and ran nothing: a failure in the program counted as its config's. It is its
+    config's only for the program that failed: unchanged, nothing runs again; changed, those
+    configs run first."""
+    (tmp_path / "train.py").write_text(_FAILS)
+    path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
+    space = yaml.safe_load(path.read_text())
+    space["workload"]["script"]["knobs"] = "env"
+    space["budget"]["n_trials"] = 2
+    del space["baseline"]
+    path.write_text(yaml.safe_dump(space))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+
+    def launch() -> tuple[int, str]:
+        done = run_sweeper("launch", "--space", str(path), "--storage", url,
+                           cache_dir=tmp_path / "cache")  # fmt: skip
+        return done.returncode, " ".join((done.stdout + done.stderr).split())
+
+    code, said = launch()
+    assert code == 3, said
+    assert "runs again the configs that failed in your program once its command or files" in said
+    code, said = launch()  # the same program: its failures stand, nothing runs
+    assert code == 3 and "all 2 runnable configs of the space are measured" in said, said
+    assert "your program changed" not in said
+    (tmp_path / "train.py").write_text(_FIXED)
+    code, said = launch()
+    assert code == 0, said
+    assert "your program changed since #0, #1 failed in it: their configs run again first" in said
+    store = Store(url)
+    try:
+        trials = store.list_trials("tiny")
+    finally:
+        store.dispose()
+    assert [t.state for t in trials] == ["failed", "failed", "complete", "complete"], [
+        (t.number, t.state, t.failure_message) for t in trials
+    ]
+    assert {json.dumps(t.config, sort_keys=True) for t in trials[:2]} == {
+        json.dumps(t.config, sort_keys=True) for t in trials[2:]
+    }

@@ -26,6 +26,7 @@ from sweeper.errors import StorageError
 from sweeper.launcher import ChildRun, ForkServer, run_child
 from sweeper.measurement import Measurement, MeasurementError, parse_measurement
 from sweeper.noise import Estimate, Sample, SampleKind, now_iso
+from sweeper.preflight_script import program_fingerprint
 from sweeper.space import Space, TrialConfig
 from sweeper.store import Store, TrialRow
 from sweeper.store.retry import connection_lost, disk_full
@@ -33,7 +34,7 @@ from sweeper.sweep import spool
 from sweeper.sweep.devicepool import DevicePool, DevicePoolError, Held
 from sweeper.sweep.observer import SweepObserver
 from sweeper.sweep.outcome import Outcome
-from sweeper.sweep.queue import LOST_RETRIES, json_key, times_lost
+from sweeper.sweep.queue import LOST_RETRIES, PROGRAM, json_key, program_changed, times_lost
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, tokens_per_sample
 
 
@@ -80,6 +81,8 @@ class ChildExecutor:
         worker_id: str | None = None,
     ) -> None:
         self.space, self.store, self.worker_id = space, store, worker_id
+        # the user's program as it is (engine: script): its failures are kept with it
+        self.program = program_fingerprint(space.workload.script)
         self.in_flight: int | None = None  # the trial number being run and recorded, if any
         self.kept: Path | None = None  # where a record the database refused was kept
         self.kept_failure: str | None = None  # its failure kind, if the trial failed
@@ -104,6 +107,8 @@ class ChildExecutor:
                 and times_lost(trials, t.config, "interrupted") <= LOST_RETRIES
             ):
                 continue  # stopped before it measured anything: tried once more
+            if program_changed(t, self.program):
+                continue  # the program that failed is not the one here now: tried again
             results[TrialConfig.model_validate(t.config)] = Outcome.of_row(t)
         return results
 
@@ -328,6 +333,8 @@ class ChildExecutor:
     ) -> TrialRow:
         """Record a trial that ran and failed: a failure is data (it cost the same minutes),
         kept like a measurement when the database refuses it."""
+        if self.program is not None:
+            details = {**details, PROGRAM: self.program}
         fields = failure_fields(kind, message, wall_s=wall_s, details=details)
         with self._kept_if_refused(trial.number, fields, None, failure_attrs(kind, message)):
             return _record_failure(

@@ -57,6 +57,48 @@ def enqueue_interrupted(store: Store, study: optuna.Study, space: Space) -> None
         study.enqueue_trial(optuna_params(config, space.search), user_attrs={"retry_of": t.number})
 
 
+# failures the user's program causes (a crash, a knob it ignored, a rank that died, a
+# DataLoader worker of its own): its config's only for the program that failed
+PROGRAM_KINDS = ("error", "mismatch", "collective", "dataloader", "compile")
+PROGRAM = "program"  # a failed trial's details: the fingerprint of the program that failed
+
+
+def program_changed(trial: TrialRow, program: str | None) -> bool:
+    """Whether ``trial`` failed in the user's program, and that program has changed since
+    (``program``: its fingerprint now, ``preflight_script.program_fingerprint``)."""
+    if program is None or trial.state != "failed" or trial.failure_kind not in PROGRAM_KINDS:
+        return False
+    then = (trial.measurement or {}).get(PROGRAM)
+    return then is not None and then != program
+
+
+def enqueue_changed(
+    store: Store, study: optuna.Study, space: Space, program: str | None
+) -> list[int]:
+    """Configs whose trial failed in the user's program, which has changed since (a walk fixed
+    its script's crash and launched again: the config counted as measured, and the sweep
+    stopped at once): they run first at this launch, once for this program. Their numbers."""
+    if program is None:
+        return []
+    trials = store.list_trials(space.study)
+    now = {json_key(t.config) for t in trials if not program_changed(t, program)}
+    queued = {
+        t.user_attrs.get("retry_of")
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    }
+    again = []
+    for t in trials:
+        key = json_key(t.config)
+        if not program_changed(t, program) or key in now or t.number in queued:
+            continue
+        now.add(key)
+        store.release_claim(space.study, t.number)  # the config may run again
+        config = TrialConfig.model_validate(t.config)
+        study.enqueue_trial(optuna_params(config, space.search), user_attrs={"retry_of": t.number})
+        again.append(t.number)
+    return again
+
+
 def enqueue_lost(store: Store, study: optuna.Study, space: Space, trial: TrialRow) -> None:
     """``trial`` was lost with its worker: its config runs once more (not a second time)."""
     lost = store.list_trials(space.study, failure_kinds=["lost"])

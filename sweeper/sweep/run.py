@@ -16,6 +16,7 @@ from sweeper.errors import DatabaseLostError, DiskFullError, SpaceError, StudyNo
 from sweeper.joining import process_alive
 from sweeper.launcher import ForkServer
 from sweeper.preflight import PreflightError, PreflightReport
+from sweeper.preflight_script import program_fingerprint
 from sweeper.search import worker_seed
 from sweeper.settings import Settings
 from sweeper.space import Space, TrialConfig
@@ -29,7 +30,7 @@ from sweeper.sweep.executor import ChildExecutor, interrupt_held
 from sweeper.sweep.loop import SearchLoop
 from sweeper.sweep.observer import SilentObserver, SweepObserver
 from sweeper.sweep.prepare import preflight, prepare_workload, resolve_lengths, workload_server
-from sweeper.sweep.queue import enqueue_interrupted, enqueue_known
+from sweeper.sweep.queue import enqueue_changed, enqueue_interrupted, enqueue_known
 from sweeper.sweep.share import StudyShare, plan_reached
 from sweeper.sweep.stopping import device_hours_limit
 from sweeper.sweep.worker import Worker
@@ -198,6 +199,18 @@ def _same_lists(space: Space, stored: dict[str, tuple[Any, ...]], path: str | No
     )
 
 
+def _enqueue_retries(store: Store, study: Any, space: Space, observer: SweepObserver) -> None:
+    """What runs again first: interrupted trials' configs, and those that failed in the
+    user's program when it has changed since (said)."""
+    enqueue_interrupted(store, study, space)
+    again = enqueue_changed(store, study, space, program_fingerprint(space.workload.script))
+    if again:
+        observer.note(
+            f"your program changed since {', '.join(f'#{n}' for n in again)} failed in it: "
+            f"{'its config runs' if len(again) == 1 else 'their configs run'} again first"
+        )
+
+
 def _retry_waiting(study: Any) -> bool:
     """A preempted or lost trial's config is queued to run once more (``study``: Optuna's)."""
     from optuna.trial import TrialState
@@ -297,7 +310,7 @@ def run_sweep(
         for number, what in spool.replay(store, storage, space.study, cache_dir):  # before reaping
             observer.note(f"#{number}: wrote the {what} kept while the database was away")
         enqueue_known(study, space)
-        enqueue_interrupted(store, study, space)
+        _enqueue_retries(store, study, space, observer)
         member = Worker(store, storage, study, space, heartbeat_s, worker_grace_s)
         member.start()
         clock = SweepClock(store, space.study, member.id, since=started)  # preparation counts
