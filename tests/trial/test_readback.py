@@ -296,3 +296,27 @@ def test_tf32_is_read_whichever_api_set_it(form: str) -> None:
         if hasattr(torch.backends, "fp32_precision"):
             # the failure the read avoids is real on this torch: the legacy getter raises
             assert legacy.startswith("raises"), legacy
+
+
+def test_a_model_no_rank_wrapped_is_told_what_wraps_it() -> None:
+    """A walk's SFTConfig on a CPU without use_cpu=True trained each rank alone (Trainer joins
+    DDP there only with it): the mismatch said to take the DataLoader's values from sweeper,
+    which does nothing for it. It now says what wraps the model, for a Trainer and a loop."""
+    import dataclasses
+    import types
+
+    import torch
+
+    from sweeper.trial.engines.readback import SCRIPT_FIX, Running, _script_fix
+
+    model = torch.nn.Linear(2, 2)
+    trainer = Running(
+        device=torch.device("cpu"), model=model, runnables=[model], optimizer=None,
+        loader=None, args=types.SimpleNamespace(world_size=1),
+    )  # fmt: skip
+    said = _script_fix(trainer, {}, ["data_parallel: asked 'ddp', ran 'none'"])
+    assert "on a CPU only with `use_cpu=True` in its arguments" in said
+    assert SCRIPT_FIX not in said
+    loop = dataclasses.replace(trainer, args=None)
+    said = _script_fix(loop, {}, ["data_parallel: asked 'ddp', ran 'none'", "num_workers: x"])
+    assert "torch.nn.parallel.DistributedDataParallel(model)" in said and SCRIPT_FIX in said

@@ -625,6 +625,20 @@ def _script_fix(run: Running, config: Mapping[str, Any], mismatches: list[str]) 
     batch where the config accumulates wraps each micro-batch, not the optimizer step (a
     walk's loop did, and read SCRIPT_FIX's trial_config() advice, which it already followed)."""
     asked = config.get("gradient_accumulation_steps")
+    if any(m.startswith("data_parallel") for m in mismatches):
+        # nothing wrapped the model for its ranks: a DataLoader's argument would not help (a
+        # walk's SFTConfig on a CPU without use_cpu=True, which Trainer needs to join DDP there)
+        wraps = (
+            ". Nothing wrapped the model for its ranks: a Trainer (SFTTrainer) joins DDP by "
+            "itself under torchrun on GPUs, and on a CPU only with `use_cpu=True` in its "
+            "arguments"
+            if run.args is not None
+            else ". Nothing wrapped the model for its ranks: after "
+            "`torch.distributed.init_process_group()`, wrap it: `model = "
+            "torch.nn.parallel.DistributedDataParallel(model)` (FSDP: `fully_shard(model)`)"
+        )
+        others = [m for m in mismatches if not m.startswith("data_parallel")]
+        return wraps + (SCRIPT_FIX if others else "")
     if run.args is not None or asked in (None, 1) or run.micro_batches != 1:
         return SCRIPT_FIX
     block = (
