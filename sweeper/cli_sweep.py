@@ -274,11 +274,20 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
     check = f"`sweeper doctor --space {space_path}`" if space_path else "`sweeper doctor`"
     # a walk fixed its script as told and launched again: the failed config counted as
     # measured and nothing ran. A failure in the user's program runs again once it changes
-    from sweeper.sweep.queue import PROGRAM, PROGRAM_KINDS
+    from sweeper.sweep.queue import PROGRAM, program_failures
 
-    own = [
-        t for t in mine if t.failure_kind in PROGRAM_KINDS and (t.measurement or {}).get(PROGRAM)
-    ]
+    try:
+        store = Store(url)
+        try:
+            own = [
+                t
+                for t in program_failures(store, report.study)
+                if t.worker_id == report.worker_id and (t.measurement or {}).get(PROGRAM)
+            ]
+        finally:
+            store.dispose()
+    except SweeperError:
+        own = []
     resumes = (
         "the study resumes, and runs again the configs that failed in your program once its "
         "command or files have changed"

@@ -404,6 +404,8 @@ def test_configs_that_failed_in_the_program_run_again_once_it_is_fixed(tmp_path:
     path = _script_space(tmp_path, [sys.executable, "train.py"], cwd=str(tmp_path))
     space = yaml.safe_load(path.read_text())
     space["workload"]["script"]["knobs"] = "env"
+    space["search"]["gradient_accumulation_steps"] = [1]  # two configs: the batch's two sizes
+    space["search"]["attn_implementation"] = ["sdpa"]
     space["budget"]["n_trials"] = 2
     del space["baseline"]
     path.write_text(yaml.safe_dump(space))

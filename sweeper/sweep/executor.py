@@ -34,7 +34,7 @@ from sweeper.sweep import spool
 from sweeper.sweep.devicepool import DevicePool, DevicePoolError, Held
 from sweeper.sweep.observer import SweepObserver
 from sweeper.sweep.outcome import Outcome
-from sweeper.sweep.queue import LOST_RETRIES, PROGRAM, json_key, program_changed, times_lost
+from sweeper.sweep.queue import LOST_RETRIES, PROGRAM, changed_failures, json_key, times_lost
 from sweeper.trial.protocol import ChildRequest, ChildResult, PreparedData, tokens_per_sample
 
 
@@ -99,6 +99,7 @@ class ChildExecutor:
         """What the study's earlier trials gave (a resumed sweep)."""
         results = {}
         trials = self.store.list_trials(self.space.study, states=["complete", "failed", "pruned"])
+        changed = changed_failures(self.store, self.space.study, self.program)
         for t in trials:
             if t.failure_kind == "lost" and times_lost(trials, t.config) <= LOST_RETRIES:
                 continue  # its worker died: the config is tried once more
@@ -107,7 +108,7 @@ class ChildExecutor:
                 and times_lost(trials, t.config, "interrupted") <= LOST_RETRIES
             ):
                 continue  # stopped before it measured anything: tried once more
-            if program_changed(t, self.program):
+            if t.number in changed:
                 continue  # the program that failed is not the one here now: tried again
             results[TrialConfig.model_validate(t.config)] = Outcome.of_row(t)
         return results

@@ -65,11 +65,27 @@ PROGRAM = "program"  # a failed trial's details: the fingerprint of the program 
 
 def program_changed(trial: TrialRow, program: str | None) -> bool:
     """Whether ``trial`` failed in the user's program, and that program has changed since
-    (``program``: its fingerprint now, ``preflight_script.program_fingerprint``)."""
+    (``program``: its fingerprint now, ``preflight_script.program_fingerprint``). ``trial``
+    must carry its measurement (``list_trials(include_measurement=True)``) if it failed so."""
     if program is None or trial.state != "failed" or trial.failure_kind not in PROGRAM_KINDS:
         return False
     then = (trial.measurement or {}).get(PROGRAM)
     return then is not None and then != program
+
+
+def program_failures(store: Store, study: str) -> list[TrialRow]:
+    """The study's trials that failed in a way the user's program causes, with what they
+    recorded (its fingerprint among it)."""
+    return store.list_trials(
+        study, states=["failed"], failure_kinds=list(PROGRAM_KINDS), include_measurement=True
+    )
+
+
+def changed_failures(store: Store, study: str, program: str | None) -> set[int]:
+    """The numbers of the study's trials that failed in the user's program, since changed."""
+    if program is None:
+        return set()
+    return {t.number for t in program_failures(store, study) if program_changed(t, program)}
 
 
 def enqueue_changed(
@@ -78,10 +94,11 @@ def enqueue_changed(
     """Configs whose trial failed in the user's program, which has changed since (a walk fixed
     its script's crash and launched again: the config counted as measured, and the sweep
     stopped at once): they run first at this launch, once for this program. Their numbers."""
-    if program is None:
+    changed = changed_failures(store, space.study, program)
+    if not changed:
         return []
     trials = store.list_trials(space.study)
-    now = {json_key(t.config) for t in trials if not program_changed(t, program)}
+    now = {json_key(t.config) for t in trials if t.number not in changed}
     queued = {
         t.user_attrs.get("retry_of")
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
@@ -89,7 +106,7 @@ def enqueue_changed(
     again = []
     for t in trials:
         key = json_key(t.config)
-        if not program_changed(t, program) or key in now or t.number in queued:
+        if t.number not in changed or key in now or t.number in queued:
             continue
         now.add(key)
         store.release_claim(space.study, t.number)  # the config may run again
