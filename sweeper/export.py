@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from sweeper import knobs
-from sweeper.cost import hours_figure, money
+from sweeper import knobs, launch_export
+from sweeper.cost import device_count, hours_figure, money
 from sweeper.errors import ConflictError
 from sweeper.export_data import data_lines, padded_to_max, sft_data_lines, space_of
 from sweeper.job import AdapterSpec, Workload
@@ -657,6 +657,9 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         except ValueError as e:
             raise ConflictError(f"trial #{rec.trial_number} of study {rec.study!r}: {e}") from e
         launched = accelerate_line.OWNED
+    else:  # the devices the winner ran on, as torchrun starts them (walk 003: it said none)
+        command = launch_export.on_devices(command, device_count(config))
+        launched = ("devices",)
     passed = {flag.removeprefix("--") for flag in flags[::2]}
     # the winner's flags replace the user's own of the same name (in a trial they came after
     # them, and the last one won): one --optim, not the user's and then the winner's
@@ -673,6 +676,7 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         for knob in knobs.KNOBS
         if (value := config.get(knob.name)) is not None
         and knob.name not in given
+        and knob.name not in launched
         and knob.name not in own
         and knob.name not in rec.unreached
         and (value != knob.default or knob.name in space.search.model_fields_set)
@@ -682,7 +686,7 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
         f"# the command the trials ran{' (in ' + script.cwd + ')' if script.cwd else ''}, "
         "with the recommended knobs",
     ]
-    if launched:
+    if launched == accelerate_line.OWNED:
         lines.append(
             "# (accelerate launch's own options say the devices, precision, compile mode and "
             "data parallelism)"

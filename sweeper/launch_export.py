@@ -45,6 +45,47 @@ def launch_command(config: Mapping[str, Any], script: str = "train.py") -> str:
     return f"torchrun --standalone --nproc-per-node {devices} {script}"
 
 
+def on_devices(command: list[str], devices: int) -> list[str]:
+    """The user's command as it runs on ``devices``: a torchrun line with its process count
+    set to it; a ``python train.py ...`` command on several devices started by torchrun, as
+    the trial started it; anything else as it is.
+
+    >>> on_devices(["python", "train.py", "--lr", "1"], 2)
+    ['torchrun', '--standalone', '--nproc-per-node', '2', 'train.py', '--lr', '1']
+    >>> on_devices(["torchrun", "--nproc_per_node=4", "-m", "pkg.train"], 2)
+    ['torchrun', '--nproc_per_node=2', '-m', 'pkg.train']
+    >>> on_devices(["torchrun", "--standalone", "train.py"], 2)
+    ['torchrun', '--nproc-per-node', '2', '--standalone', 'train.py']
+    >>> on_devices(["python", "train.py"], 1)
+    ['python', 'train.py']
+    """
+    from pathlib import Path
+
+    from sweeper.space_script import script_of
+
+    found = script_of(command)
+    if found is None:
+        return list(command)
+    index, _, module = found
+    if Path(command[0]).name == "torchrun" or command[1:3] == ["-m", "torch.distributed.run"]:
+        words = list(command)
+        for i, word in enumerate(words[:index]):
+            name, eq, _ = word.partition("=")
+            if name in ("--nproc-per-node", "--nproc_per_node"):
+                if eq:
+                    words[i] = f"{name}={devices}"
+                else:
+                    words[i + 1] = str(devices)
+                return words
+        start = 3 if Path(command[0]).name.startswith("python") else 1
+        return [*words[:start], "--nproc-per-node", str(devices), *words[start:]]
+    if devices == 1 or not Path(command[0]).name.startswith("python"):
+        return list(command)
+    program = ["-m", command[index]] if module else [command[index]]
+    launch = ["torchrun", "--standalone", "--nproc-per-node", str(devices)]
+    return [*launch, *program, *command[index + 1 :]]
+
+
 def accelerate_launch_command(script: str = "train.py") -> str:
     return f"accelerate launch --config_file {ACCELERATE_FILE} {script}"
 

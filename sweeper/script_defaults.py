@@ -53,7 +53,7 @@ from sweeper import knobs
 from sweeper.trial import accelerate_line
 
 # knobs that are the trial's layout, not the program's settings (devices, data parallelism:
-# the device pool and the launch say them) or that no flag writes
+# the device pool and the launch say them: ``_launch_devices``) or that no flag writes
 _NOT_FROM_FLAGS = ("devices", "data_parallel")
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune")
@@ -170,6 +170,8 @@ def _launch_options(
                 said["fsdp_version"] = str(fsdp.get("fsdp_version", 1))
             elif loaded.get("distributed_type") == "MULTI_GPU":
                 said["multi_gpu"] = "true"
+            if loaded.get("num_processes") is not None:
+                said["num_processes"] = str(loaded["num_processes"])
             dynamo = loaded.get("dynamo_config")
             if isinstance(dynamo, dict):
                 for key in ("dynamo_backend", "dynamo_mode"):
@@ -238,6 +240,9 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
         launch.pop(knob.name, None)
         keys = [k for k in {**knob.trainer(value), **knob.sft(value)} if k in flags]
         found[knob.name] = (value, " ".join(f"--{k} {flags[k]}" for k in keys))
+    devices = _launch_devices(list(command), options, files)
+    if devices is not None:
+        found["devices"] = devices
     for name, value in launch.items():
         option = _OPTION.get(name) or ("use_fsdp" if value == "fsdp2" else "multi_gpu")
         if option in files:  # the config file's, not the line's: said in the file's words
@@ -255,6 +260,33 @@ def said(command: Sequence[str], form: str) -> dict[str, tuple[Any, str]]:
             continue
         found[name] = (value, shown)
     return found
+
+
+def _launch_devices(
+    words: list[str], options: Mapping[str, str], files: Mapping[str, str]
+) -> tuple[int, str] | None:
+    """The processes the command's launcher starts, one per device: torchrun's
+    ``--nproc-per-node N`` (``--nproc_per_node``), accelerate's ``--num_processes N`` (or its
+    config file's). A walk's ``torchrun --nproc_per_node 2`` line with no ``search.devices``
+    ran and was priced as one process, unsaid. None: not said, or not a count (``auto``)."""
+    from sweeper.space_script import script_of
+
+    if Path(words[0]).name == "torchrun" or words[1:3] == ["-m", "torch.distributed.run"]:
+        found = script_of(words)
+        flags = flags_of(words[: found[0]] if found else words)
+        for name in ("nproc-per-node", "nproc_per_node"):
+            if flags.get(name, "").isdigit() and int(flags[name]) >= 1:
+                return int(flags[name]), f"torchrun --{name} {flags[name]}"
+        return None
+    count = options.get("num_processes", "")
+    if accelerate_line.is_line(words) and count.isdigit() and int(count) >= 1:
+        where = (
+            f"num_processes {count} in accelerate's config file {files['num_processes']}"
+            if "num_processes" in files
+            else f"accelerate --num_processes {count}"
+        )
+        return int(count), where
+    return None
 
 
 def _own_parser_flag(knob: knobs.Knob, flags: Mapping[str, str]) -> tuple[Any, str] | None:

@@ -245,3 +245,48 @@ def test_a_command_that_saves_otherwise_than_the_space_prices_is_said_by_best(
     rec, _ = _recommendation(sqlite_url, "saves")
     said = [w for w in rec.warnings if w.startswith("your command saves a checkpoint every 20")]
     assert len(said) == 1 and "set workload.checkpoint.save_steps: 20" in said[0], rec.warnings
+
+
+@pytest.mark.parametrize(
+    ("command", "launched"),
+    [
+        (
+            "[python, train_sw.py, --epochs, '5']",
+            "torchrun --standalone --nproc-per-node 2 train_sw.py --epochs 5",
+        ),
+        (
+            "[torchrun, --nproc_per_node, '4', train_sw.py]",
+            "torchrun --nproc_per_node 2 train_sw.py",
+        ),
+    ],
+    ids=["python", "torchrun-line"],
+)
+def test_a_winner_on_two_devices_is_exported_with_its_launch(
+    sqlite_url: str, command: str, launched: str
+) -> None:
+    """A walk's 2-device DDP winner exported as `python train_lslora.py ...` with `devices: 2`
+    among "set them the way it does outside one": pasted, it trained one process. The command
+    now starts the devices as the trial did."""
+    space_yaml = with_script(
+        f"  engine: script\n  script: {{command: {command}, knobs: env}}\n"
+    ).replace(
+        "  attn_implementation: [sdpa, eager]\n",
+        "  attn_implementation: [sdpa, eager]\n  devices: [1, 2]\n",
+    )
+    store = Store(sqlite_url)
+    store.migrate()
+    try:
+        store.upsert_study("ddp", **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+        store.start_trial("ddp", 0, CONFIG | {"devices": 2, "data_parallel": "ddp"})
+        measured = sample_measurement(program_run=LOOP_RUN).model_dump()
+        store.finish_trial(
+            "ddp", 0, "complete", samples_per_s=50.0, it_per_s=1.5, hours_per_run=10.0,
+            cost_per_run_usd=25.0, measurement=measured,
+        )  # fmt: skip
+    finally:
+        store.dispose()
+    rec, stored = _recommendation(sqlite_url, "ddp")
+    text = render(rec, "command", stored)
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(launched), text
+    assert "#   devices:" not in text, text

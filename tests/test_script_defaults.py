@@ -309,3 +309,31 @@ def test_a_command_that_saves_otherwise_than_the_space_prices_is_said() -> None:
     notes.clear()
     resolve_lengths(script_space(["python", "train.py", "--save_steps", "50"]), None, Notes())
     assert any("set workload.checkpoint.save_steps: 50" in n for n in notes), notes
+
+
+def test_the_launchers_process_count_is_the_devices_the_space_does_not_list(
+    tmp_path: Path,
+) -> None:
+    """A walk's `torchrun --nproc_per_node 2 train_lslora.py` with no search.devices ran, and
+    was priced, as one process, unsaid: its run is two. The launcher's count is the devices
+    knob's value where the space lists none; a listed one is searched as listed."""
+    two = _space(["torchrun", "--nproc_per_node", "2", "train.py", "--batch_size", "2"])
+    assert two.search.values("devices") == [2]
+    said = script_defaults.describe(
+        ["torchrun", "--nproc_per_node", "2", "train.py"], "flags", two.search
+    )
+    assert said is not None and "torchrun --nproc_per_node 2" in said, said
+    four = _space(["torchrun", "--standalone", "--nproc-per-node=4", "-m", "pkg.train"])
+    assert four.search.values("devices") == [4]
+    listed = _space(["torchrun", "--nproc-per-node", "2", "train.py"], search="  devices: [1, 2]\n")
+    assert listed.search.values("devices") == [1, 2]
+    line = _space(["accelerate", "launch", "--num_processes", "2", "train.py"])
+    assert line.search.values("devices") == [2]
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    from_file = _space(["accelerate", "launch", "--config_file", str(config), "train.py"])
+    assert from_file.search.values("devices") == [2]
+    assert _space(["torchrun", "--nproc-per-node", "auto", "train.py"]).search.values(
+        "devices"
+    ) == [1]
+    assert _space(["python", "train.py"]).search.values("devices") == [1]
