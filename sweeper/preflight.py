@@ -37,6 +37,7 @@ from sweeper.knobs import AttnImplementation, CompileMode, Precision
 from sweeper.launcher import ForkServer, run_child
 from sweeper.preflight_precision import PrecisionJudgement, precision_judgement, precision_slowdown
 from sweeper.preflight_script import (
+    absent_inputs,
     reads_training_arguments,
     script_imports,
     script_parses,
@@ -519,6 +520,7 @@ class _PreflightRun:
             self.problem(f"workload.engine: {engine} cannot run here: {missing}")
         if self.space.workload.script is not None and not self.problems:
             problems, notes = script_imports(self.space.workload.script)
+            notes += absent_inputs(self.space.workload.script)
             if not problems and self.collect:
                 # doctor: the parse as a trial runs it (a sweep's trials say it themselves,
                 # and the sweep stops after three alike failures)

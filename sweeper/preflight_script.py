@@ -53,6 +53,25 @@ def absent_programs(command: list[str], cwd: Path) -> list[str]:
     ]
 
 
+_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".txt")
+
+
+def absent_inputs(script: Any) -> list[str]:
+    """Notes on the data files the command names that are not where it runs (a walk's
+    `--dataset_path` to a file not there: doctor said the space can run, and every trial
+    failed at the program's load): the words after the program ending as a data file does."""
+    cwd, _ = _script_program(script)
+    return [
+        f"workload.script.command: {word} is not a file in {cwd} (the command runs there): a "
+        "trial whose program reads it fails at its start (if your program writes it, ignore "
+        "this)"
+        for word in script.command[1:]
+        if word.lower().endswith(_DATA_SUFFIXES)
+        and not word.startswith("-")
+        and not (cwd / Path(word).expanduser()).exists()
+    ]
+
+
 def reads_training_arguments(script: Any) -> bool:
     """Whether the command's Python program reads TrainingArguments (HfArgumentParser, TRL's
     SFTConfig or TrlParser), so that a command silent on its length trains their 3 epochs; a

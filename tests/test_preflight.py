@@ -392,3 +392,25 @@ def test_a_scripts_own_python_runs_the_probes(
     assert report.dropped == {} and report.outcomes, report
     probes = [line for line in started.read_text().splitlines() if "-m sweeper.trial" in line]
     assert len(probes) == len(report.outcomes), (probes, report.outcomes)
+
+
+def test_a_data_file_the_command_names_and_is_not_there_is_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk's `--dataset_path` named a file not there: doctor said the space can run, and
+    each trial failed at the program's load. It is said before (a note: an output the program
+    writes may end so too)."""
+    from sweeper.preflight_script import absent_inputs
+    from tests.helpers import script_space
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "here.jsonl").write_text("{}\n")
+    space = script_space(
+        ["python", "train.py", "--dataset_path", "commonsense_300.json", "--eval", "here.jsonl",
+         "--output_dir", "out"]
+    )  # fmt: skip
+    (note,) = absent_inputs(space.workload.script)
+    assert note.startswith(
+        f"workload.script.command: commonsense_300.json is not a file in {tmp_path}"
+    )
+    assert "fails at its start" in note
