@@ -490,6 +490,25 @@ def test_three_workers_on_one_study_run_distinct_configs(
     assert (tally.complete, tally.duplicates, tally.duplicate_numbers, tally.stuck) == (6, 0, 0, 0)
 
 
+def _wait_for_two_running(store: Store, process: subprocess.Popen[str]) -> None:
+    """Until both workers of `launch --workers 2` train a trial of study tiny. Each prepares,
+    probes and starts one: 180 s idle; the second was not training yet at 180 s beside a CI
+    run and three other jobs (load 5 on 2 cores), so the wait grows with the load, inside the
+    trials' 600 s windows."""
+    wait_s = min(540.0, 180.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            running = store.list_trials("tiny", states=["running"])
+        except (StudyNotFoundError, StorageError):
+            running = []
+        if len(running) == 2:
+            return
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{len(running)} trial(s) running after {wait_s:.0f} s"
+        time.sleep(0.3)
+
+
 @pytest.mark.torch
 @pytest.mark.postgres
 def test_sigterm_to_launch_with_workers_interrupts_every_worker_and_leaves_nothing_running(
@@ -504,23 +523,7 @@ def test_sigterm_to_launch_with_workers_interrupts_every_worker_and_leaves_nothi
     process = _launch(_slow_space(tmp_path), postgres_url, env, "--workers", "2")
     store = Store(postgres_url)
     try:
-        # two workers each prepare, probe and start a trial: 180 s idle; the second was not
-        # training yet at 180 s beside a CI run and three other jobs (load 5 on 2 cores), so
-        # the wait grows with the load, inside the trials' 600 s windows
-        wait_s = min(540.0, 180.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
-        deadline = time.monotonic() + wait_s
-        while True:  # both workers are training a trial
-            try:
-                running = store.list_trials("tiny", states=["running"])
-            except (StudyNotFoundError, StorageError):
-                running = []
-            if len(running) == 2:
-                break
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, (
-                f"{len(running)} trial(s) running after {wait_s:.0f} s"
-            )
-            time.sleep(0.3)
+        _wait_for_two_running(store, process)
         family = psutil.Process(process.pid).children(recursive=True)
         process.send_signal(signal.SIGTERM)
         stdout, stderr = process.communicate(timeout=60)
@@ -564,18 +567,7 @@ def test_ctrl_c_in_a_terminal_to_launch_with_workers_releases_what_the_trials_he
     )  # fmt: skip
     store = Store(postgres_url)
     try:
-        wait_s = min(540.0, 180.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1)))
-        deadline = time.monotonic() + wait_s
-        while True:  # both workers are training a trial
-            try:
-                running = store.list_trials("tiny", states=["running"])
-            except (StudyNotFoundError, StorageError):
-                running = []
-            if len(running) == 2:
-                break
-            assert process.poll() is None, process.communicate()
-            assert time.monotonic() < deadline, f"{len(running)} running after {wait_s:.0f} s"
-            time.sleep(0.3)
+        _wait_for_two_running(store, process)
         family = psutil.Process(process.pid).children(recursive=True)
         os.killpg(process.pid, signal.SIGINT)  # the terminal's Ctrl-C
         stdout, stderr = process.communicate(timeout=90)
