@@ -23,17 +23,21 @@ from tests.helpers import STUDY_FIELDS
 
 
 def test_a_second_interrupt_waits_while_a_stop_is_recorded() -> None:
-    before = signal.getsignal(signal.SIGINT)
-    recorded = []
-    with interrupt_held():
-        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, mid-recording
-        time.sleep(0.05)
-        recorded.append("the trial's row, its claim, Optuna's state")
-    assert recorded  # reached: no KeyboardInterrupt cut it
-    assert signal.getsignal(signal.SIGINT) is before
-    with pytest.raises(KeyboardInterrupt):  # and afterwards Ctrl-C stops as before
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(1)
+    # as sweeper's CLI does (a background job's suite runs with SIGINT ignored: the CI's)
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        recorded = []
+        with interrupt_held():
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, mid-recording
+            time.sleep(0.05)
+            recorded.append("the trial's row, its claim, Optuna's state")
+        assert recorded  # reached: no KeyboardInterrupt cut it
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):  # and afterwards Ctrl-C stops as before
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGINT, outside)
 
 
 def test_a_retried_interrupted_trial_releases_the_claim_it_kept(
