@@ -202,6 +202,7 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
 
     from sweeper.joining import process_alive
     from sweeper.store import Store
+    from sweeper.sweep.queue import PROGRAM, program_failures
 
     host = socket.gethostname()  # a worker of this host counts only while its process exists
 
@@ -213,6 +214,12 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
                 w
                 for w in store.live_workers(report.study, grace_s)
                 if w.id != report.worker_id and (w.host != host or process_alive(w.pid))
+            ]
+            # its failures in the user's program, read with what they recorded (below)
+            own = [
+                t
+                for t in program_failures(store, report.study)
+                if t.worker_id == report.worker_id and (t.measurement or {}).get(PROGRAM)
             ]
         finally:
             store.dispose()
@@ -274,20 +281,6 @@ def outcome(url: str, report: Any, space_path: str | None, grace_s: float) -> tu
     check = f"`sweeper doctor --space {space_path}`" if space_path else "`sweeper doctor`"
     # a walk fixed its script as told and launched again: the failed config counted as
     # measured and nothing ran. A failure in the user's program runs again once it changes
-    from sweeper.sweep.queue import PROGRAM, program_failures
-
-    try:
-        store = Store(url)
-        try:
-            own = [
-                t
-                for t in program_failures(store, report.study)
-                if t.worker_id == report.worker_id and (t.measurement or {}).get(PROGRAM)
-            ]
-        finally:
-            store.dispose()
-    except SweeperError:
-        own = []
     resumes = (
         "the study resumes, and runs again the configs that failed in your program once its "
         "command or files have changed"
