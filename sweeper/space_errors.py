@@ -32,9 +32,11 @@ def _named_loc(message: str) -> tuple[Any, ...]:
 def problem_lines(
     error: ValidationError, model: type[BaseModel], source: str, lines: yamllines.Lines
 ) -> list[str]:
-    """Each of ``error``'s problems as ``source:line: field: problem`` (``model``: the space's
-    class, whose tree says where a misplaced key belongs)."""
-    problems = []
+    """Each of ``error``'s problems as ``source:line: field: problem``, in the file's line order
+    (pydantic reports them in the model's field order: a walk's `search:` written above
+    `hardware:` read line 7 before line 3); ``model``: the space's class, whose tree says where
+    a misplaced key belongs."""
+    problems: list[tuple[int, str]] = []
     for err in error.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         if not loc:  # a check of the whole space that names where it looked
@@ -63,5 +65,6 @@ def problem_lines(
                 "max_length); search.max_seq_length: auto picks the lengths to try from the "
                 "data, and `sweeper doctor --space` shows what it picks"
             )
-        problems.append(f"{source}:{yamllines.line_for(loc, lines)}: {field}: {message}")
-    return problems
+        line = yamllines.line_for(loc, lines)
+        problems.append((line, f"{source}:{line}: {field}: {message}"))
+    return [said for _, said in sorted(problems, key=lambda problem: problem[0])]

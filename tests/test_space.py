@@ -89,6 +89,46 @@ def test_errors_name_file_line_and_field(replace: str, by: str, expected: str) -
     assert f"tiny.yaml{expected}" in str(info.value)
 
 
+def test_several_errors_are_said_in_the_file_s_line_order(tmp_path: Path) -> None:
+    """pydantic reports a space's errors in its fields' order (hardware before search); a
+    walk's file with search: above hardware: read line 7 before line 3. The CLI says them by
+    line, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    space = tmp_path / "bad.yaml"
+    space.write_text(
+        "study: x\n"
+        "search:\n"
+        "  per_device_batch_size: [0]\n"
+        "  num_workers: [banana]\n"
+        "hardware:\n"
+        "  name: H100\n"
+        "  usd_per_hour: -1\n"
+        "workload:\n"
+        "  model: {arch: llama, size: tiny}\n"
+        "  dataset: {generate: {samples: 1000}}\n"
+        "  samples: 100\n"
+        "  epochs: -3\n"
+    )
+    with pytest.raises(SpaceError) as info:
+        load_space(space)
+    said = str(info.value).splitlines()
+    numbers = [int(line.split(":")[1]) for line in said]
+    assert numbers == [3, 4, 7, 12], said
+    assert said[0].endswith(
+        "search.per_device_batch_size[0]: Input should be greater than 0 (got 0)"
+    )
+    assert said[2].endswith("hardware.usd_per_hour: Input should be greater than 0 (got -1)")
+    ran = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "doctor", "--space", str(space)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    printed = [int(m) for m in re.findall(rf"{re.escape(str(space))}:(\d+):", ran.stderr)]
+    assert printed == [3, 4, 7, 12], ran.stderr
+
+
 def test_not_yaml_and_not_a_mapping() -> None:
     with pytest.raises(SpaceError, match=r"x.yaml:2: not valid YAML"):
         parse_space("study: a\n  bad: [\n", source="x.yaml")
