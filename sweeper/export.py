@@ -169,11 +169,16 @@ def loss_note(rec: Recommendation, space_yaml: str) -> str | None:
 
 
 def _header(rec: Recommendation) -> str:
+    """What the export is: the study's recommended config, which trial measured it and what
+    it measured, and how many trials it was picked from (a walk read "trial #3 of 12" as a
+    count of trials, and could not tell a measured config from an estimate)."""
+    trials = f"{rec.completed_trials} completed trial{'s' if rec.completed_trials != 1 else ''}"
     lines = [
-        f"# sweeper: study {rec.study!r}, trial #{rec.trial_number} of {rec.completed_trials}: "
-        f"{rec.throughput_text()}, {_hours(rec.hours_per_run)} h and "
+        f"# sweeper's recommended config for study {rec.study!r}: trial #{rec.trial_number}, "
+        f"as measured: {rec.throughput_text()}, {_hours(rec.hours_per_run)} h and "
         f"{money(rec.cost_per_run_usd)} per run on {rec.hardware_name} at "
-        f"${rec.usd_per_hour:.2f}/h"
+        f"${rec.usd_per_hour:.2f}/h",
+        f"# (picked among the study's {trials}, {rec.constraints})",
     ]
     if rec.measurements > 1 or rec.contended:  # what those figures are (sweeper.noise.Basis)
         lines.append(f"# its $/run, with its 95% interval: {rec.interval_text()}")

@@ -107,8 +107,13 @@ def _train(trainer: Any, steps: int = 2) -> list[float]:
 def test_the_header_shows_a_small_jobs_hours_and_dollars_as_best_does(sqlite_url: str) -> None:
     rec, space_yaml = _study(sqlite_url, _space(None))
     for fmt in ("trainer", "sft", "dataloader"):
-        header = render(rec, fmt, space_yaml).splitlines()[0]
+        header, picked = render(rec, fmt, space_yaml).splitlines()[:2]
         assert "0.031 h and $0.0031 per run" in header, header  # was "0.0 h and $0.00"
+        # what it is, said plainly (it read "study 'mine', trial #0 of 1": of what?)
+        assert header.startswith(
+            "# sweeper's recommended config for study 'mine': trial #0, as measured: 8.8"
+        ), header
+        assert picked == "# (picked among the study's 1 completed trial, no constraint)", picked
 
 
 @pytest.mark.torch

@@ -149,4 +149,7 @@ def test_export_format_accelerate_of_a_study_whose_winner_ran_on_two_devices(
     # the tiny space runs on the CPU: its ranks, sharded as FSDP2
     assert loaded.distributed_type == DistributedType.FSDP and loaded.num_processes == 2
     assert loaded.fsdp_config["fsdp_version"] == 2 and loaded.use_cpu
-    assert response.text.startswith("# sweeper: study 'pair', trial #0")
+    assert response.text.startswith(
+        "# sweeper's recommended config for study 'pair': trial #0, as "
+    )
+    assert "measured:" in response.text.splitlines()[0]
