@@ -62,12 +62,13 @@ def on_devices(command: list[str], devices: int) -> list[str]:
     from pathlib import Path
 
     from sweeper.space_script import script_of
+    from sweeper.trial.launch_line import launcher
 
     found = script_of(command)
     if found is None:
         return list(command)
     index, _, module = found
-    if Path(command[0]).name == "torchrun" or command[1:3] == ["-m", "torch.distributed.run"]:
+    if launcher(command) == "torchrun":
         words = list(command)
         for i, word in enumerate(words[:index]):
             name, eq, _ = word.partition("=")

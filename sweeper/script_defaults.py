@@ -270,8 +270,10 @@ def _launch_devices(
     config file's). A walk's ``torchrun --nproc_per_node 2`` line with no ``search.devices``
     ran and was priced as one process, unsaid. None: not said, or not a count (``auto``)."""
     from sweeper.space_script import script_of
+    from sweeper.trial.launch_line import launcher
 
-    if Path(words[0]).name == "torchrun" or words[1:3] == ["-m", "torch.distributed.run"]:
+    said_by = launcher(words)
+    if said_by == "torchrun":
         found = script_of(words)
         flags = flags_of(words[: found[0]] if found else words)
         for name in ("nproc-per-node", "nproc_per_node"):
@@ -279,7 +281,7 @@ def _launch_devices(
                 return int(flags[name]), f"torchrun --{name} {flags[name]}"
         return None
     count = options.get("num_processes", "")
-    if accelerate_line.is_line(words) and count.isdigit() and int(count) >= 1:
+    if said_by == "accelerate" and count.isdigit() and int(count) >= 1:
         where = (
             f"num_processes {count} in accelerate's config file {files['num_processes']}"
             if "num_processes" in files

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sweeper import yamllines
 from sweeper.trial import accelerate_line
+from sweeper.trial.launch_line import launcher
 
 # python's own options that take a value (``python -W ignore train.py``)
 _PYTHON_VALUED = frozenset({"-W", "-X", "--check-hash-based-pycs"})
@@ -61,10 +62,11 @@ def script_of(command: Sequence[str]) -> tuple[int, str, bool] | None:
     words = list(command)
     name = Path(words[0]).name
     found: tuple[int, bool] | None = None
-    if accelerate_line.is_line(words):
+    said_by = launcher(words)
+    if said_by == "accelerate":
         spans, index = accelerate_line._spans(words)
         found = (index, "module" in spans) if index < len(words) else None
-    elif name == "torchrun" or words[1:3] == ["-m", "torch.distributed.run"]:
+    elif said_by == "torchrun":
         start = 3 if name.startswith("python") else 1
         found = _program(words, start, _TORCHRUN_FLAGS)
     elif name.startswith("python"):

@@ -51,6 +51,7 @@ from sweeper.errors import NOT_SHOWN, TrialError
 from sweeper.job import LOOP_LINE, ONE_LINE
 from sweeper.trial import accelerate_line, progress
 from sweeper.trial.failures import classify_output, raised_at
+from sweeper.trial.launch_line import launcher
 from sweeper.trial.lifeline import die_with_parent
 from sweeper.trial.protocol import ChildRequest, ChildResult
 
@@ -64,17 +65,6 @@ LAUNCH_ENV = "SWEEPER_SCRIPT_LAUNCH"  # a rank's program and environment, as its
 NOTE_ENV = "SWEEPER_SCRIPT_NOTE"  # what the trial runs otherwise than the line says
 
 THE_LINE = f"add sweeper's one line to it (import sweeper): {ONE_LINE}"
-
-
-def launcher(command: list[str]) -> str | None:
-    """The launcher a command starts with: ``torchrun`` (or ``python -m torch.distributed.run``),
-    ``accelerate`` (``accelerate launch``), or None for a program run as it is."""
-    program = Path(command[0]).name
-    if program == "torchrun" or command[1:3] == ["-m", "torch.distributed.run"]:
-        return "torchrun"
-    if accelerate_line.is_line(command):
-        return "accelerate"
-    return None
 
 
 # accelerate launch's modes whose launcher is not torchrun's (DeepSpeed's, XLA's, Megatron's)
