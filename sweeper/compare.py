@@ -1,5 +1,5 @@
 """One job across machines: the studies that price the same workload (an H100, an A100, an RTX
-4090, each at its own $/h) compared: the cheapest option under the constraints, each study's
+4090, each at its own $/h) compared: the recommended option under the constraints, each study's
 recommendation (``sweeper.recommend``), and the Pareto front of $ against hours per run.
 
 Asked with ``offers=True``, it also prices the job on every GPU of the catalog
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from sweeper.catalog import load_catalog, parse_offer
 from sweeper.errors import NoResultError, NothingMeetsError, SpaceError
@@ -40,14 +40,20 @@ class ParetoPoint(BaseModel):
 
 
 class Comparison(BaseModel):
-    """The same job on several machines: the cheapest option, each study's best, the front."""
+    """The same job on several machines: the recommended option, each study's recommendation,
+    the front."""
 
     model_config = ConfigDict(frozen=True)
 
     workload_hash: str | None
-    # None only when no measured config meets the constraints and the offer table names a
-    # catalog GPU (an estimate) that would: the table is then the answer
-    cheapest: Recommendation | None
+    recommended: Recommendation | None = Field(
+        description="the recommended option across the machines: of each study's "
+        "recommendation, the lowest $/run. Each is its study's pick among the configs that tie "
+        "with its cheapest within the noise (the baseline, else the lower peak memory: "
+        "ties and pick_text say which), so a point of the Pareto front may read cheaper. "
+        "None only when no measured config meets the constraints and the offer table names "
+        "a catalog GPU (an estimate) that would: the table is then the answer"
+    )
     fastest: ParetoPoint | None
     per_study: list[Recommendation]
     unavailable: dict[str, str]  # study → why it has no recommendation
@@ -55,6 +61,16 @@ class Comparison(BaseModel):
     constraints: str
     # every GPU offer, measured or estimated (asked with offers=True; sweeper.offers)
     offers: OfferTable | None = None
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="deprecated: the same as recommended, under its old name (it is the "
+        "recommendation, whose tie pick may not be the cheapest point of the front); kept "
+        "for clients written against it",
+        json_schema_extra={"deprecated": True},
+    )
+    @property
+    def cheapest(self) -> Recommendation | None:
+        return self.recommended
 
 
 def pareto_front(points: Iterable[ParetoPoint]) -> list[ParetoPoint]:
@@ -86,7 +102,8 @@ def compare(
     gpus: Sequence[str] | None = None,
 ) -> Comparison:
     """Every study pricing the same workload as ``study`` (e.g. H100, A100, RTX 4090 at their
-    own prices): the cheapest option under the constraints and the Pareto front of $ vs hours.
+    own prices): the recommended option under the constraints (the lowest $/run of the studies'
+    recommendations) and the Pareto front of $ vs hours.
 
     ``constraints.usd_per_hour`` is ignored here: each machine keeps its own price.
     ``loaded``: trials a caller already has, by study name (only completed ones count); the
@@ -139,11 +156,11 @@ def compare(
         else None
     )
     if not recommendations:
-        cheapest = table.cheapest if table is not None else None
-        if cheapest is not None:  # e.g. only an estimated faster GPU meets the deadline
+        offered = table.cheapest if table is not None else None
+        if offered is not None:  # e.g. only an estimated faster GPU meets the deadline
             return Comparison(
                 workload_hash=anchor.workload_hash,
-                cheapest=None,
+                recommended=None,
                 fastest=None,
                 per_study=[],
                 unavailable=unavailable,
@@ -159,7 +176,7 @@ def compare(
     front = pareto_front(points)
     return Comparison(
         workload_hash=anchor.workload_hash,
-        cheapest=min(
+        recommended=min(
             recommendations, key=lambda r: (r.cost_per_run_usd, r.hours_per_run or 0.0, r.study)
         ),
         fastest=front[0],

@@ -508,7 +508,7 @@ def print_doctor(report: DoctorReport) -> None:
 
 
 def print_comparison(comparison: Comparison) -> None:
-    cheapest = comparison.cheapest
+    cheapest = comparison.recommended
     if cheapest is None:  # nothing measured meets the constraints; an estimate might
         console.print(
             f"\n[bold]no measured config meets {escape(comparison.constraints)}[/]; "

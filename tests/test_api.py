@@ -281,7 +281,10 @@ def test_best_memory_headroom_and_compare(client: TestClient) -> None:
     assert bad.status_code == 422
     # one study of its workload: the comparison is that study alone, and its front
     compared = client.get(f"/api/studies/{STUDY_PATH}/compare").json()
-    assert compared["cheapest"]["trial_number"] == 1
+    assert compared["recommended"]["trial_number"] == 1
+    assert compared["cheapest"] == compared["recommended"]  # its deprecated name
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    assert schema["Comparison"]["properties"]["cheapest"]["deprecated"] is True
     # at one price, hours and dollars rank alike: the front is the cheapest trial alone
     assert [p["trial_number"] for p in compared["pareto"]] == [1]
     assert compared["unavailable"] == {}

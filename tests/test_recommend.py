@@ -506,6 +506,27 @@ def test_a_tie_pick_says_it_is_not_the_cheapest_measured_and_which_is(store: Sto
     assert r.cheapest_trial_number is None
 
 
+def test_compare_names_the_tie_pick_recommended_not_cheapest(store: Store) -> None:
+    """compare's `cheapest` was each study's recommendation, whose pick among ties may be
+    dearer than a point of the front beside it (#3 over the cheaper #2): it is `recommended`
+    now, with `cheapest` kept, the same, for REST clients, and marked deprecated."""
+    import json
+
+    from sweeper.compare import Comparison, compare
+
+    _intervals(store, {0: 0.03, 1: 0.03, 2: 0.03, 3: 0.03}, {2: 9_000_000_000, 3: 6_000_000_000})
+    comparison = compare(store, "seed")
+    assert comparison.recommended is not None and comparison.recommended.trial_number == 3
+    dearer = comparison.recommended.cost_per_run_usd
+    assert min(p.cost_per_run_usd for p in comparison.pareto) < dearer  # the front's #2
+    answer = json.loads(comparison.model_dump_json())
+    assert answer["recommended"]["trial_number"] == 3
+    assert answer["cheapest"] == answer["recommended"]  # the old name, for old clients
+    schema = Comparison.model_json_schema(mode="serialization")["properties"]
+    assert schema["cheapest"]["deprecated"] is True and "deprecated" not in schema["recommended"]
+    assert "tie" in schema["recommended"]["description"]
+
+
 def test_the_fastest_of_contended_runs_is_never_called_pooled(store: Store) -> None:
     """Seen on a user walk: trial #0, measured at 5.45, 6.10, 5.04 and 4.03 samples/s, all on
     a shared machine, read "$0.0015 ±23.0% ×4" (legend: "measured N times, pooled") and `best`

@@ -253,14 +253,14 @@ def _offers_under(
     store: Store, name: str, query: offer_view.OfferQuery
 ) -> tuple[OfferTable | None, bool]:
     """The table under the form's constraints, and whether a measured config meets them
-    (REST's ``cheapest`` is not null); when nothing meets, the table that says so."""
+    (REST's ``recommended`` is not null); when nothing meets, the table that says so."""
     try:
         comparison = compare.compare(store, name, query.constraints, offers=True, gpus=query.gpus)
     except NothingMeetsError as e:
         return (e.offers if isinstance(e.offers, OfferTable) else None), False
     except SweeperError:  # a catalog this server cannot read
         return None, False
-    return comparison.offers, comparison.cheapest is not None
+    return comparison.offers, comparison.recommended is not None
 
 
 def _offers(store: Store, name: str) -> OfferTable | None:
