@@ -772,6 +772,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cheapest expected trial (ImprovementGridSampler.cheap_draws)",
     )  # fmt: skip
     parser.add_argument(
+        "--cost-explore-below", type=float,
+        help="bayes: weigh time only while no config is at least this likely to run and "
+        "improve (ImprovementGridSampler.cost_explore_below; 0: always)",
+    )  # fmt: skip
+    parser.add_argument(
         "--incumbent", choices=("measured", "posterior"),
         help="bayes: the best a pick must beat: the lowest measured log $/run, or the lowest "
         "posterior mean over the measured configs (ImprovementGridSampler.incumbent)",
@@ -859,6 +864,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "cost_cooling",
             "cost_acquisition",
             "cheap_draws",
+            "cost_explore_below",
             "incumbent",
             "interaction_prior_fit",
             "explore_below",

@@ -325,6 +325,13 @@ class ImprovementGridSampler(_CandidateSampler):
     # 1.26x the summed seconds, 30 paired seeds; bench/RESULTS.md Run 16); at 200 seeds it
     # loses trials where feasibility is narrow (qlora-24gb 17.5 / 18 against 15; Run 17)
     cheap_draws = False
+    # > 0: the time weighing counts only while no config is at least this likely to run and
+    # improve (the pick explores: what it buys is information, and a cheaper trial buys it
+    # for less); a pick the model expects to improve runs whatever it costs. 0: always.
+    # (0.3 at weight 1, window 0.5: 19.5 against 16 trials on held-out samples/s, 26 seeds
+    # worse and 2 better of 60, 1.09x the seconds; the chance is below 0.5 at nearly every
+    # pick; bench/RESULTS.md Run 19)
+    cost_explore_below = 0.0
     # The options below were measured against the heavy tail of this search on samples/s
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left
     # off: the tail comes from a model sure of an additive effect measured in one region
@@ -471,12 +478,15 @@ class ImprovementGridSampler(_CandidateSampler):
             [mode(i) for i in free] + [mode(rows[int(np.argmin(values))])],
             took, [mode(i) for i in rows], self.cost_after,
         )  # fmt: skip
+        weight = search_cost.cooled_weight(self.cost_weight, len(rows), self.cost_cooling)
+        if self.cost_explore_below > 0 and float(log_p.max()) >= math.log(self.cost_explore_below):
+            weight = 0.0  # a pick expected to improve: its seconds are worth paying
         return free[
             search_cost.pick(
                 log_p,
                 log_seconds[:-1],
                 float(log_seconds[-1]),
-                search_cost.cooled_weight(self.cost_weight, len(rows), self.cost_cooling),
+                weight,
                 self.cost_window,
                 self.cost_against,
             )

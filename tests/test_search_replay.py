@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 
@@ -119,3 +120,44 @@ def test_the_time_weighings_rule_fails_a_form_that_changes_nothing() -> None:
     assert qlora_tokens.endswith("109 / 51, p 5.3e-06 |"), qlora_tokens
     _, _, at_30 = null_rule.judge(run17, seeds=30, draws=300)
     assert at_30 < 0.01
+
+
+def test_the_calibrated_rule_has_known_error_rates_and_fails_cheap_draws(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Search Run 19's rule (bench/replay/calibrated.py): per row a one-sided sign test on
+    paired trials, and the seconds' geometric mean with its interval below 1. A form that
+    changes nothing, drawn from Run 17's committed replays, fails the trials part about 5% of
+    the time and passes the rule rarely; cheap_draws' own pairs lose trials on qlora-24gb."""
+    sys.path.insert(0, str(REPLAY))
+    import calibrated
+
+    assert calibrated.sign_p(0, 0) == 1.0
+    assert calibrated.sign_p(3, 0) == 0.125  # all of 3 worse: 1/8
+    assert calibrated.sign_p(1, 2) == 0.875  # at least 1 of 3 worse: 7/8
+    run17 = REPLAY / "run17"
+    fails, passes = calibrated.null(run17, seeds=200, draws=60, tied_form="cheapdraw")
+    assert fails < 0.2 and passes < 0.15, (fails, passes)
+    assert not calibrated.judge(run17, "cheapdraw")
+    out = capsys.readouterr().out
+    qlora = [line for line in out.splitlines() if line.startswith("| qlora-24gb")]
+    assert len(qlora) == 2 and all("**loses**" in line for line in qlora), qlora
+    assert "trials part: fails" in out
+
+
+def test_the_calibrated_rule_passes_a_form_that_saves_seconds_alone() -> None:
+    """The rule's two parts on made-up pairs: equal trials and 20% fewer seconds pass; one
+    trial more on most seeds of one row fails however many seconds it saves."""
+    sys.path.insert(0, str(REPLAY))
+    import calibrated
+
+    rng = np.random.default_rng(0)
+    trials = rng.integers(8, 20, size=200).astype(float)
+    seconds = trials * rng.uniform(80, 300, size=200)
+    same = [(trials, trials, 0.8 * seconds, seconds)] * 12
+    _, (geo, _, hi), loses, saves = calibrated.verdict(same, rng)
+    assert not loses and saves and hi < 1 and abs(geo - 0.8) < 1e-9
+    worse = trials + (rng.random(200) < 0.3)
+    one_row = [(worse, trials, 0.5 * seconds, seconds)] + same[1:]
+    _, _, loses, saves = calibrated.verdict(one_row, rng)
+    assert loses and saves
