@@ -304,6 +304,22 @@ def init(
         ),
     ] = None,
     epochs: Annotated[float, typer.Option("--epochs", min=0.01)] = 1.0,
+    lora: Annotated[
+        bool,
+        typer.Option(
+            "--lora",
+            help="train a LoRA adapter through peft, the base frozen (workload.adapter: r 16, "
+            "alpha 32, dropout 0.05, all-linear; edit them to your run's)",
+        ),
+    ] = False,
+    quantization: Annotated[
+        str,
+        typer.Option(
+            "--quantization",
+            help="with --lora: the base weights as your run loads them: none, 4bit (QLoRA's "
+            "NF4) or 8bit (bitsandbytes, CUDA)",
+        ),
+    ] = "none",
     device: Annotated[str, typer.Option("--device", help="auto, cuda or cpu")] = "auto",
     out: Annotated[Path, typer.Option("--out", "-o", help="the space file to write")] = Path(
         "spaces/mine.yaml"
@@ -311,9 +327,11 @@ def init(
     force: Annotated[bool, typer.Option("--force", help="replace an existing file")] = False,
 ) -> None:
     """Write the minimal space for your own fine-tune: your model, your data, the engine, the
-    machine and its price, the job's size; everything else defaulted (max_seq_length from
-    the data). Then: sweeper launch --space FILE."""
+    machine and its price, the job's size, and with --lora its LoRA adapter (--quantization
+    4bit: QLoRA); everything else defaulted (max_seq_length from the data). Then: sweeper
+    launch --space FILE."""
     import shlex
+    from importlib.util import find_spec
 
     from sweeper.starter import ENGINES, OWN_SCRIPT, SCRIPT_LINE, minimal_space, study_name
 
@@ -358,7 +376,7 @@ def init(
         text = minimal_space(
             study=study, model=model, data=data, engine=engine, hardware=hardware,
             usd_per_hour=price, samples=samples, epochs=epochs, device=device,
-            command=words, knobs=knobs_form,
+            command=words, knobs=knobs_form, lora=lora, quantization=quantization,
         )  # fmt: skip
     except SpaceError as e:
         raise fail(str(e), code=2) from None
@@ -368,6 +386,13 @@ def init(
         console.print(
             "chat records: the loss is taken on every token (loss: all, TRL's default); for the "
             f"replies only, set workload.dataset.loss: completion in {out}",
+            highlight=False,
+        )
+    if lora:
+        console.print(
+            f"LoRA: r 16, alpha 32, dropout 0.05 on all-linear layers, peft's usual settings; "
+            f"set your run's under workload.adapter in {out}"
+            + ("" if find_spec("peft") else "; peft is not installed here: pip install peft"),
             highlight=False,
         )
     if engine == "script":

@@ -328,9 +328,14 @@ def minimal_space(
     device: str = "auto",
     command: Sequence[str] = (),
     knobs: str = "flags",
+    lora: bool = False,
+    quantization: str = "none",
 ) -> str:
     """The text of the minimal space (validated before it is returned); ``engine`` script:
-    the user's ``command`` and how the knobs reach it (``knobs``)."""
+    the user's ``command`` and how the knobs reach it (``knobs``); ``lora``: a LoRA adapter
+    (``workload.adapter``, peft's usual settings) on a base loaded as ``quantization`` says
+    (none, 4bit: QLoRA's NF4, 8bit)."""
+    _check_adapter(engine, lora, quantization)
     kind, column, rows = data_shape(data)
     samples = samples or rows
     if not samples:
@@ -352,8 +357,8 @@ def minimal_space(
     text = (
         "# Your own fine-tune, written by `sweeper init`. Everything not here has a default\n"
         '# (README: "Your own fine-tune"): max_seq_length is read off the data, batch sizes\n'
-        "# 4, 8 and 16 are searched (3 trials; n_trials caps a larger search). Add a search:\n"
-        "# section to search more knobs.\n"
+        "# 4, 8 and 16 are searched (3 trials; n_trials caps a larger search). Add knobs to\n"
+        "# a search: section to search more.\n"
         f"study: {study}\n"
         "hardware:\n"
         f"  name: {_scalar(hardware)}          # the machine the real job rents\n"
@@ -364,14 +369,60 @@ def minimal_space(
         "  dataset:\n"
         f"    path: {_scalar(str(data.expanduser().resolve()))}\n"
         + field.replace("      ", "    ")
+        + (_adapter_lines() if lora else "")
         + (_script_lines(command, knobs) if engine == "script" else _engine_lines(engine))
         + f"  samples: {samples}              # samples in one epoch of the real job\n"
         f"  epochs: {epochs:g}\n"
-        "budget:\n"
+        + (_quantization_lines(quantization) if quantization != "none" else "")
+        + "budget:\n"
         "  n_trials: 12\n"
     )
     parse_space(text, source="the space sweeper init writes")  # never write a broken file
     return text
+
+
+QUANTIZATIONS = ("none", "4bit", "8bit")
+
+
+def _check_adapter(engine: str, lora: bool, quantization: str) -> None:
+    """``--lora`` and ``--quantization`` as a space can hold them: an adapter on sweeper's own
+    engines (a script builds its own model), quantized weights only under an adapter."""
+    if quantization not in QUANTIZATIONS:
+        raise SpaceError(f"--quantization {quantization}: use none, 4bit or 8bit")
+    if quantization != "none" and not lora:
+        raise SpaceError(
+            f"--quantization {quantization}: quantized base weights cannot be trained "
+            "directly, only a LoRA adapter on them (QLoRA); add --lora"
+        )
+    if lora and engine == "script":
+        raise SpaceError(
+            "--lora: with --engine script your program builds its own model and adapter (its "
+            "LoraConfig and get_peft_model run as they are, each trial); sweeper's adapter is "
+            "for the engines it builds the run with (sft, trainer, loop): leave --lora out"
+        )
+
+
+def _adapter_lines() -> str:
+    """``workload.adapter`` at peft's usual (Q)LoRA settings, said to be edited to the run's."""
+    return (
+        "  adapter:                      # LoRA through peft (init --lora): only the adapter\n"
+        "    r: 16                       #   trains, the base stays frozen. peft's usual\n"
+        "    alpha: 32                   #   settings: set your run's LoraConfig (r,\n"
+        "    dropout: 0.05               #   lora_alpha, lora_dropout, target_modules: a list\n"
+        "    target_modules: all-linear  #   such as [q_proj, v_proj], or all-linear)\n"
+    )
+
+
+def _quantization_lines(quantization: str) -> str:
+    """The base's quantization as a one-item search list (it changes the model's outputs, so
+    the run's own is kept, not searched)."""
+    how = "NF4 (QLoRA)" if quantization == "4bit" else "int8"
+    return (
+        "search:\n"
+        f"  quantization: [{quantization}]         # the frozen base loaded in {how} through\n"
+        "  #   bitsandbytes (CUDA), as your run loads it; [none, "
+        f"{quantization}] also measures it unquantized\n"
+    )
 
 
 def _engine_lines(engine: str) -> str:

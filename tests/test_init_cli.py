@@ -146,3 +146,69 @@ def test_init_refuses_a_misspelt_relative_model_directory(tmp_path: Path) -> Non
         assert ran.returncode == 2, ran.stdout + ran.stderr
         assert said in " ".join(ran.stderr.split()), ran.stderr
         assert "Traceback" not in ran.stderr and not out.exists()
+
+
+def test_init_lora_writes_the_adapter_and_the_base_s_quantization(tmp_path: Path) -> None:
+    """Seed 003's QLoRA run (SFTTrainer, LoRA on a 4-bit NF4 base) had no way to get its
+    adapter from init: `--lora` writes workload.adapter, `--quantization 4bit` the base as the
+    run loads it; what a space cannot hold is refused by name, exit 2, nothing written."""
+    from sweeper.space import load_space
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"text": "hello"}) + "\n" + json.dumps({"text": "there"}) + "\n")
+    base = ["--model", "org/m", "--data", str(data), "--price", "2.5"]
+    out = tmp_path / "spaces" / "qlora.yaml"
+    ran, said = _init(tmp_path, *base, "--lora", "--quantization", "4bit", "--out", str(out))
+    assert ran.returncode == 0, said
+    assert f"set your run's under workload.adapter in {out}" in said
+    space = load_space(out)
+    adapter = space.workload.adapter
+    assert adapter is not None and space.workload.engine == "sft"
+    assert (adapter.r, adapter.alpha, adapter.dropout, adapter.target_modules) == (
+        16, 32, 0.05, "all-linear",
+    )  # fmt: skip
+    assert space.search.values("quantization") == ["4bit"]
+    assert space.search.values("per_device_batch_size") == [4, 8, 16]  # the defaults stay
+    # --lora alone: the adapter on the base as it is (no search: section)
+    plain = tmp_path / "lora.yaml"
+    ran, said = _init(tmp_path, *base, "--engine", "trainer", "--lora", "--out", str(plain))
+    assert ran.returncode == 0, said
+    assert load_space(plain).workload.adapter is not None
+    assert "\nsearch:" not in plain.read_text()
+    (tmp_path / "train.py").write_text("import sweeper\n")
+    for wrong, words in (
+        (["--quantization", "4bit"], "--quantization 4bit: quantized base weights cannot be "
+         "trained directly, only a LoRA adapter on them (QLoRA); add --lora"),
+        (["--lora", "--quantization", "nf4"], "--quantization nf4: use none, 4bit or 8bit"),
+        (["--lora", "--engine", "script", "--command", "python train.py"],
+         "--lora: with --engine script your program builds its own model and adapter"),
+    ):  # fmt: skip
+        bad = tmp_path / "bad.yaml"
+        ran, said = _init(tmp_path, *base, *wrong, "--out", str(bad))
+        assert ran.returncode == 2 and words in said and "Traceback" not in said, said
+        assert not bad.exists()
+
+
+@pytest.mark.torch  # doctor loads the tiny model and counts the adapter peft builds on it
+def test_init_lora_space_trains_an_adapter_on_the_tiny_job(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    made = subprocess.run(
+        [sys.executable, "scripts/tiny_job.py", "--out", str(job), "--records", "60"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    out = tmp_path / "lora.yaml"
+    ran, said = _init(tmp_path, "--model", str(job / "model"), "--data", str(job / "chats.jsonl"),
+                      "--price", "0.1", "--hardware", "CPU", "--device", "cpu", "--lora",
+                      "--out", str(out))  # fmt: skip
+    assert ran.returncode == 0, said
+    doctor = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "doctor", "--space", str(out), "--json",
+         "--write-mb", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert doctor.returncode == 0, doctor.stdout[-2000:] + doctor.stderr[-2000:]
+    model = json.loads(doctor.stdout)["facts"]["model"]
+    # only the adapter trains: fewer parameters than the base holds
+    assert 0 < model["trainable"] < model["params"], model
