@@ -4,7 +4,8 @@ Each function returns sentences for ``Recommendation.warnings``: the winner meas
 shared machine, configs whose re-measures drifted beyond the noise, a study priced as one
 accelerator but measured on another, what the winning trial's own record says against it, and
 what differs from the baseline beyond speed: the effective batch (with the learning rate scaled
-to it) and each knob with a caveat (``sweeper.knobs``).
+to it) and each knob with a caveat (``sweeper.knobs``). ``unmeasured`` says what no trial
+measured, so the answer could not weigh it (``Recommendation.unmeasured``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sweeper.cost import device_count, money
 from sweeper.errors import BLOCK_FIX, mismatched_knobs
 from sweeper.hardware import peak_flops
 from sweeper.noise import Sample, drift, machine_noise
+from sweeper.recommendation import Unmeasured
 from sweeper.store import Store, TrialMetrics
 
 
@@ -343,6 +345,54 @@ def mismatched(store: Store, study: str) -> list[str]:
         f"({numbers}: {said}): the values it ignored were never measured, so this pick is "
         f"only among the configs that ran as asked; {fix} and launch again"
     ]
+
+
+def unmeasured(
+    listed: Mapping[str, Sequence[Any]], trials: Iterable[TrialMetrics]
+) -> Unmeasured | None:
+    """What no trial measured, from every trial of a study (``store.trial_metrics``) and the
+    values its search lists per knob (``StudyFacts.listed``): the configs asked for whose
+    trials all ended without a measurement, and the listed values no completed trial ran
+    (a knob that applied to no completed config, prefetch_factor without workers, is not
+    counted). A walk's `best` named a winner without a word for the flash_attention_2 that
+    preflight dropped and the configs that ran out of memory, read as ruled out on merit.
+    None when there is nothing to say."""
+    import json
+
+    def key(config: Mapping[str, Any]) -> str:
+        return json.dumps(config, sort_keys=True, default=str)
+
+    measured: dict[str, Mapping[str, Any]] = {}
+    last: dict[str, TrialMetrics] = {}
+    running: set[str] = set()
+    for trial in trials:
+        config = trial.config or {}
+        if trial.state == "complete":
+            measured[key(config)] = config
+        elif trial.state == "running":
+            running.add(key(config))
+        else:
+            last[key(config)] = trial  # rows come in number order: the latest ending wins
+    ended: dict[str, int] = {}
+    for name, trial in last.items():
+        if name in measured or name in running:
+            continue
+        kind = trial.failure_kind or trial.state
+        if trial.state == "pruned":
+            kind = f"{kind} predicted"
+        ended[kind] = ended.get(kind, 0) + 1
+    values: dict[str, list[Any]] = {}
+    for knob, choices in listed.items():
+        ran = [config.get(knob) for config in measured.values()]
+        if not any(value is not None for value in ran):
+            continue  # it applied to no completed config (or nothing completed)
+        missing = [value for value in choices if value not in ran]
+        if missing:
+            values[knob] = missing
+    if not ended and not values:
+        return None
+    ordered = dict(sorted(ended.items(), key=lambda item: (-item[1], item[0])))
+    return Unmeasured(configs=sum(ended.values()), ended=ordered, values=values)
 
 
 def why_none(store: Store, study: str) -> str:

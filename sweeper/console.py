@@ -394,6 +394,8 @@ def print_recommendation(rec: Recommendation) -> None:
         console.print(f"  [yellow]warning:[/] {escape(warning)}", highlight=False)
     for note in rec.excluded:
         console.print(f"  [yellow]left out:[/] {escape(note)}", highlight=False)
+    if rec.unmeasured is not None:  # not weighed, so not ruled out either
+        console.print(f"  [yellow]{escape(rec.unmeasured.text())}[/]", highlight=False)
 
 
 def _print_projection(rec: Recommendation) -> None:

@@ -41,6 +41,7 @@ from sweeper.errors import (
     TruncatesOnlyError,
 )
 from sweeper.knob_values import as_ran
+from sweeper.knobs import KNOB
 from sweeper.noise import Basis, tie
 from sweeper.recommendation import Recommendation, cost_text
 from sweeper.scaling import scaling_of
@@ -108,6 +109,9 @@ class StudyFacts:
     # a script's command giving its own parser's epochs other than the priced ones
     # (script_defaults.own_epochs_note)
     epochs_note: str | None = None
+    # each knob's values the space's search lists (max_seq_length: listed_lengths), for what
+    # no trial measured (caveats.unmeasured); empty if the space does not parse here
+    listed: Mapping[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, row: StudyRow) -> StudyFacts:
@@ -121,6 +125,7 @@ class StudyFacts:
         saves_note: str | None = None
         epochs_note: str | None = None
         lr_source = ""
+        listed: dict[str, tuple[Any, ...]] = {}
         try:
             from sweeper import seqlen
             from sweeper.space import parse_space
@@ -150,6 +155,8 @@ class StudyFacts:
             if row.dataset_stats:
                 lengths = seqlen.resolve(space, row.dataset_stats).search.values("max_seq_length")
                 listed_lengths = tuple(lengths)
+            listed = {name: tuple(space.search.values(name)) for name in KNOB}
+            listed["max_seq_length"] = listed_lengths
         except SpaceError:
             pass  # a study written by another version, or by hand: use the defaults
         return cls(
@@ -171,6 +178,7 @@ class StudyFacts:
             length_words=length_words,
             saves_note=saves_note,
             epochs_note=epochs_note,
+            listed=listed,
         )
 
 
@@ -718,6 +726,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             if recommendation.suggested_learning_rate is not None
             else recommendation.model_copy(update={"learning_rate": ran_lr})
         )
+    unweighed = caveats.unmeasured(facts.listed, store.trial_metrics(study))
     n_params, trainable = measured.get("n_params"), measured.get("trainable_params")
     unseen_cut, unseen_said = _own_length(measured)
     recommendation = recommendation.model_copy(
@@ -726,6 +735,7 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
             "unreached": tuple(measured.get("unreached") or ()),
             **unseen_cut,
             "reply_markers": measured.get("reply_markers"),
+            "unmeasured": unweighed,
             # read off the trial that ran (sweeper.measurement.Measurement)
             "warnings": (
                 *recommendation.warnings,

@@ -16,6 +16,58 @@ from sweeper.noise import Basis
 from sweeper.scaling import Scaling
 
 
+class Unmeasured(BaseModel):
+    """What the recommendation could not weigh, because no trial measured it: the configs the
+    sweep asked for whose every trial ended without a measurement, and the values the space's
+    search lists that no completed trial ran (preflight dropped them on this machine, the
+    sweep skipped them, or each trial with them failed). They were not ruled out on merit."""
+
+    model_config = ConfigDict(frozen=True)
+
+    configs: int = 0  # distinct configs asked for, none of whose trials completed
+    # those configs by how their last trial ended: failed (its kind: oom, error, timeout, ...)
+    # or pruned (an out-of-memory predicted from a lighter config's)
+    ended: dict[str, int] = {}
+    values: dict[str, list[Any]] = {}  # knob → the listed values no completed trial ran
+
+    def text(self) -> str:
+        """One line, the configs and values the answer could not weigh.
+
+        >>> print(Unmeasured(configs=2, ended={"oom": 1, "error": 1},
+        ...     values={"quantization": ["4bit"], "devices": [2]}).text())
+        ... # doctest: +NORMALIZE_WHITESPACE
+        not measured, so not ruled out on merit: 2 configs the sweep tried whose trials all
+        ended without a measurement (1 oom, 1 error), and listed values no completed trial
+        ran: quantization 4bit; devices 2 (the study page has each failure's message; launch
+        said what it dropped on this machine)
+        """
+        parts = []
+        if self.configs:
+            how = ", ".join(f"{n} {kind}" for kind, n in self.ended.items())
+            parts.append(
+                f"{self.configs} config{'' if self.configs == 1 else 's'} the sweep tried "
+                f"whose trials all ended without a measurement" + (f" ({how})" if how else "")
+            )
+        if self.values:
+            said = "; ".join(
+                f"{knob} {', '.join(_value_text(v) for v in listed)}"
+                for knob, listed in self.values.items()
+            )
+            parts.append(f"listed values no completed trial ran: {said}")
+        return (
+            "not measured, so not ruled out on merit: "
+            + ", and ".join(parts)
+            + " (the study page has each failure's message; launch said what it dropped on "
+            "this machine)"
+        )
+
+
+def _value_text(value: Any) -> str:
+    return (
+        "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
 class Recommendation(BaseModel):
     """The cheapest eligible trial of a study; also the REST API's response schema."""
 
@@ -88,6 +140,9 @@ class Recommendation(BaseModel):
     devices: int = 1  # the winner's (its $/run rents this many devices)
     # each multi-device trial against the same config on one device (``sweeper.scaling``)
     scaling: tuple[Scaling, ...] = ()
+    # what no trial measured, so the answer could not weigh it (None: every config asked for
+    # and every listed value was measured)
+    unmeasured: Unmeasured | None = None
 
     @property
     def winner_scaling(self) -> Scaling | None:

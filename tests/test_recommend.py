@@ -3,6 +3,7 @@ and every answer is compared with the user's baseline."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -732,3 +733,82 @@ def test_a_length_from_the_scripts_command_is_not_called_a_list_of_the_space() -
     assert said.startswith("list search.max_seq_length: [2432] in the space, or auto"), said
     assert "your command's --max_seq_length 1536 is the one length run" in said
     assert "it lists" not in said
+
+
+def test_best_says_which_configs_and_values_no_trial_measured(sqlite_url: str) -> None:
+    """A walk's `best` named its winner without a word for the configs whose trials all ran
+    out of memory and the value no completed trial ran: read as ruled out on merit. It says
+    them in one line (the CLI, --json and REST: `unmeasured`), and nothing when all ran."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    store = Store(sqlite_url)
+    store.migrate()
+    fields = STUDY_FIELDS | {"space_yaml": TINY_SPACE.read_text()}
+    store.upsert_study("tiny", **fields)
+    ran = [  # (number, config, state, failure kind)
+        (0, tiny_config(per_device_batch_size=2, attn_implementation="eager"), "complete", None),
+        (1, tiny_config(), "complete", None),
+        (2, tiny_config(gradient_accumulation_steps=1), "failed", "oom"),
+        (3, tiny_config(gradient_accumulation_steps=1), "failed", "error"),  # again: one config
+        (4, tiny_config(per_device_batch_size=2, gradient_accumulation_steps=1), "pruned", "oom"),
+        (5, tiny_config(attn_implementation="eager"), "running", None),  # not done: not said
+    ]
+    for number, config, state, kind in ran:
+        store.start_trial("tiny", number, config.model_dump())
+        if state == "complete":
+            store.finish_trial(
+                "tiny", number, "complete", samples_per_s=10.0 + number, it_per_s=1.0,
+                hours_per_run=10.0 - number, cost_per_run_usd=25.0 - number,
+            )  # fmt: skip
+        elif state != "running":
+            store.finish_trial("tiny", number, state, failure_kind=kind)
+    r = best(store, "tiny")
+    assert r.trial_number == 1
+    assert r.unmeasured is not None
+    assert r.unmeasured.configs == 2 and r.unmeasured.ended == {"error": 1, "oom predicted": 1}
+    # accumulation 1 is listed and never completed; prefetch_factor applied to nothing
+    assert r.unmeasured.values == {"gradient_accumulation_steps": [1]}
+    line = (
+        "not measured, so not ruled out on merit: 2 configs the sweep tried whose trials all "
+        "ended without a measurement (1 error, 1 oom predicted), and listed values no "
+        "completed trial ran: gradient_accumulation_steps 1"
+    )
+    assert line in _printed(r)
+    env = {**os.environ, "COLUMNS": "400"}
+    cli = [sys.executable, "-m", "sweeper.cli", "best", "--study", "tiny", "--storage", sqlite_url]
+    said = subprocess.run(cli, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert said.returncode == 0, said.stderr
+    assert sum(line in " ".join(out.split()) for out in said.stdout.splitlines()) == 1
+    as_json = subprocess.run(
+        [*cli, "--json"], cwd=REPO, capture_output=True, text=True, timeout=120, env=env
+    )
+    answer = json.loads(as_json.stdout)["unmeasured"]
+    assert answer["values"] == {"gradient_accumulation_steps": [1]} and answer["configs"] == 2
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    with TestClient(create_app(sqlite_url)) as client:  # the study page says it too
+        page = " ".join(client.get("/studies/tiny").text.split())
+        rest = client.get("/api/studies/tiny/best").json()
+    assert "Not measured, so not ruled out on merit: 2 configs the sweep tried" in page
+    assert rest["unmeasured"] == answer
+    # once the value completes (a later trial of the failed config), there is nothing to say
+    store.start_trial("tiny", 6, tiny_config(gradient_accumulation_steps=1).model_dump())
+    store.finish_trial(
+        "tiny", 6, "complete", samples_per_s=9.0, it_per_s=1.0, hours_per_run=12.0,
+        cost_per_run_usd=30.0,
+    )  # fmt: skip
+    store.start_trial("tiny", 7, tiny_config(per_device_batch_size=2,
+                      gradient_accumulation_steps=1).model_dump())  # fmt: skip
+    store.finish_trial(
+        "tiny", 7, "complete", samples_per_s=9.0, it_per_s=1.0, hours_per_run=12.0,
+        cost_per_run_usd=30.0,
+    )  # fmt: skip
+    r = best(store, "tiny")
+    assert r.unmeasured is None and "not ruled out on merit" not in _printed(r)
+    store.dispose()
