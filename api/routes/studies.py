@@ -324,10 +324,12 @@ def compare_hardware(
         ),
     ] = None,
 ) -> compare.Comparison:
-    """Every study of the same workload (other hardware at its own price): the cheapest
-    option and the Pareto front of $ against hours; and ``offers``: the job on every GPU type
-    of the catalog (the space's ``hardware.catalog``, else the shipped one), measured where a
-    study ran on it, else estimated with an error band, and the cheapest that meets
+    """Every study of the same workload (other hardware at its own price): the recommended
+    option (``recommended``: of the studies' recommendations, the lowest $/run; each is its
+    study's pick among ties, so a point of the front may read cheaper; ``cheapest`` is its
+    deprecated old name) and the Pareto front of $ against hours; and ``offers``: the job on
+    every GPU type of the catalog (the space's ``hardware.catalog``, else the shipped one),
+    measured where a study ran on it, else estimated with an error band, and the cheapest that meets
     ``max_hours`` and ``max_cost_usd``. ``usd_per_hour`` re-prices one study: refused here,
     as the CLI refuses ``--usd-per-hour`` with ``--across-hardware`` (it was ignored, and the
     answer came back unchanged with 200)."""
