@@ -415,6 +415,7 @@ def _probe_findings(
                 fix=None,  # each preflight message ends with its own fix
             )
         )
+    found += [Finding(level="warning", topic="script", text=n) for n in preflight.script_notes]
     if space is not None:
         found += _known_config_findings(space, preflight)
     return found

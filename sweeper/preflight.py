@@ -88,6 +88,9 @@ class PreflightReport:
     # each precision found slower than trial.slow_precision_factor: refused, or (slower by
     # some figures of its timing, not all) only said; with where it came from and its fix
     precision_judgements: tuple[PrecisionJudgement, ...] = ()
+    # what the checks of a script's program said that stops nothing (an import inside a
+    # function, a flag its parser may not read): doctor shows them with its findings
+    script_notes: tuple[str, ...] = ()
 
     def allows(self, config: TrialConfig) -> str | None:
         """None if every knob value of ``config`` passed; otherwise why it cannot run."""
@@ -322,6 +325,7 @@ class _PreflightRun:
         self.precision_factor: float | None = None
         self.precision_judgements: list[PrecisionJudgement] = []
         self.capabilities: dict[str, str | None] = {}
+        self.script_notes: list[str] = []
         self.device_count: int | None = None  # CUDA devices the probe saw (None: the CPU)
         # whether the probe child imports deepspeed (seconds each): only for a ZeRO stage listed
         self.check_deepspeed = any(
@@ -520,15 +524,23 @@ class _PreflightRun:
             self.problem(f"workload.engine: {engine} cannot run here: {missing}")
         if self.space.workload.script is not None and not self.problems:
             problems, notes = script_imports(self.space.workload.script)
-            notes += absent_inputs(self.space.workload.script)
             if not problems and self.collect:
                 # doctor: the parse as a trial runs it (a sweep's trials say it themselves,
                 # and the sweep stops after three alike failures)
                 problems, more = script_parses(self.space, self.cache_dir)
                 notes += more
+            absent = absent_inputs(self.space.workload.script)
+            if self.collect:
+                # doctor says the space cannot run as written (a walk's missing --dataset_path:
+                # doctor said "can run here", then every trial failed at the program's load);
+                # a sweep says it and runs, its trials failing alike stop it
+                problems += absent
+            else:
+                notes += absent
             for problem in problems:
                 self.problem(problem)
             for note in notes:
+                self.script_notes.append(note)
                 self.note(note)
         adapter = self.space.workload.adapter
         missing = None if adapter is None else self.capabilities.get(f"adapter:{adapter.kind}")
@@ -630,6 +642,7 @@ class _PreflightRun:
             fallbacks=self.fallbacks,
             capabilities=self.capabilities,
             precision_judgements=tuple(self.precision_judgements),
+            script_notes=tuple(self.script_notes),
         )
 
 

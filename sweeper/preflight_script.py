@@ -56,18 +56,25 @@ def absent_programs(command: list[str], cwd: Path) -> list[str]:
 _DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".parquet", ".arrow", ".txt")
 
 
+# a flag whose value the program writes (--output_file, --save_path, --log_file): not an input
+_WRITTEN_FLAG = re.compile(r"^--?[\w-]*(out|save|log|dump|write|report|result)", re.IGNORECASE)
+
+
 def absent_inputs(script: Any) -> list[str]:
     """Notes on the data files the command names that are not where it runs (a walk's
     `--dataset_path` to a file not there: doctor said the space can run, and every trial
-    failed at the program's load): the words after the program ending as a data file does."""
+    failed at the program's load): the words after the program ending as a data file does,
+    but not the value of a flag the program writes to (``--output_file results.json``)."""
     cwd, _ = _script_program(script)
+    words = script.command[1:]
     return [
         f"workload.script.command: {word} is not a file in {cwd} (the command runs there): a "
-        "trial whose program reads it fails at its start (if your program writes it, ignore "
-        "this)"
-        for word in script.command[1:]
+        "trial whose program reads it fails at its start; fix the path or create the file (if "
+        "your program writes it, ignore this)"
+        for i, word in enumerate(words)
         if word.lower().endswith(_DATA_SUFFIXES)
         and not word.startswith("-")
+        and not (i > 0 and _WRITTEN_FLAG.match(words[i - 1]))
         and not (cwd / Path(word).expanduser()).exists()
     ]
 

@@ -329,3 +329,37 @@ def test_a_script_space_says_which_knobs_run_at_the_commands_values(
         and "gradient_checkpointing True (--gradient_checkpointing True)" in text
         for text in said
     ), said
+
+
+def test_a_data_file_the_command_names_and_is_not_there_is_a_problem(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A walk's `--dataset_path data/chats_v2.jsonl` (no such file): doctor said "can run
+    here" with exit 0, the note reaching only its progress line, and every trial of the sweep
+    then failed at the program's load. Doctor says the space cannot run as written; a file the
+    program writes (`--output_file`) is not one it needs."""
+    (tmp_path / "train.py").write_text("import sweeper\n\nsweeper.callback()\n")
+    space = yaml.safe_load(TINY_SPACE.read_text())
+    space["workload"]["engine"] = "script"
+    space["workload"]["script"] = {
+        "command": [sys.executable, "train.py", "--dataset_path", "data/chats_v2.jsonl",
+                    "--output_file", "results.json"],
+        "cwd": str(tmp_path),
+    }  # fmt: skip
+    space["search"]["attn_implementation"] = ["sdpa"]
+    del space["baseline"]
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    result = _doctor("--space", str(path), "--json", "--write-mb", "8", cache_dir=cache_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    problems = [f["text"] for f in report["findings"] if f["level"] == "problem"]
+    assert any(
+        p.startswith(f"workload.script.command: data/chats_v2.jsonl is not a file in {tmp_path}")
+        for p in problems
+    ), problems
+    assert not any("results.json" in f["text"] for f in report["findings"]), report["findings"]
+    text = _doctor("--space", str(path), "--write-mb", "8", cache_dir=cache_dir)
+    assert text.returncode == 1
+    assert "data/chats_v2.jsonl is not a file" in " ".join(text.stdout.split())
+    assert "can run here" not in text.stdout
