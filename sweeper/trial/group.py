@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,16 @@ def run_group(request: ChildRequest, request_path: Path, result_path: Path) -> C
         raise
 
 
+def torchrun_threads(world: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The OMP_NUM_THREADS torchrun adds to its workers' environment: 1 where it starts
+    several processes and the variable is not set (torch/distributed/run.py), else nothing.
+
+    >>> torchrun_threads(2, {}), torchrun_threads(1, {})
+    ({'OMP_NUM_THREADS': '1'}, {})
+    """
+    return {"OMP_NUM_THREADS": "1"} if world > 1 and "OMP_NUM_THREADS" not in environ else {}
+
+
 def free_port() -> int:
     """A port for the group's rendezvous (torchrun --standalone picks one the same way)."""
     with socket.socket() as probe:
@@ -111,8 +122,7 @@ def _start(
         SWEEPER_PARENT_PID=str(os.getpid()),
         **{RANK_ENV: str(index)},
     )
-    # torchrun's default: one thread per rank unless the launch says otherwise
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env |= torchrun_threads(world, env)
     if index != 0:
         env.pop(PROGRESS_ENV, None)  # rank 0 tells the parent where the trial is
     result_path = folder / f"rank-{index}.json"

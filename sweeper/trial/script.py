@@ -441,8 +441,10 @@ def launch_for_ranks(request: ChildRequest, port: int) -> dict[str, str]:
 
 def _one_rank_env() -> dict[str, str]:
     """What ``torchrun --nproc-per-node 1`` gives its one worker, for a torchrun launch on one
-    device (on several, the group's leader gave each rank its own)."""
-    from sweeper.trial.group import free_port
+    device (on several, the group's leader gave each rank its own). Not OMP_NUM_THREADS:
+    torchrun sets it on several processes only (``torchrun_threads``); a walk's 1-device trial
+    ran with 1 thread, 19 steps/s, and its exported torchrun line with torch's default, 1.3."""
+    from sweeper.trial.group import free_port, torchrun_threads
 
     return {
         "RANK": "0",
@@ -452,7 +454,7 @@ def _one_rank_env() -> dict[str, str]:
         "LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        **torchrun_threads(1, os.environ),
     }
 
 

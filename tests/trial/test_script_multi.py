@@ -15,6 +15,7 @@ run shows is checked on that run rather than in a run of its own.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -282,3 +283,50 @@ def test_a_run_on_two_devices_that_ends_inside_the_window_is_kept_or_failed_as_o
     message = short.result.failure_message or ""
     assert "ended inside the timed window after 2 timed steps (" in message, message
     assert "the window needs at least 16 steps" in message, message
+
+
+@pytest.mark.skipif(shutil.which(TORCHRUN) is None, reason="no torchrun beside this python")
+@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize("set_outside", [None, "3"])
+def test_a_torchrun_trial_has_the_threads_torchrun_gives(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tiny_space: Space,
+    tiny_prepared: PreparedData,
+    cache_dir: Path,
+    processes: int,
+    set_outside: str | None,
+) -> None:
+    """A walk's 1-device trial of a torchrun line ran with OMP_NUM_THREADS=1 (19 steps/s) and
+    its exported `torchrun --nproc_per_node 1` line with torch's default (1.3): torchrun sets
+    it to 1 only on several processes, and only where it is not set. The trial's environment
+    (the one rank's, or each rank's of a group) is compared with real torchrun's."""
+    import json
+    import subprocess
+
+    from sweeper.trial.group import torchrun_threads
+    from sweeper.trial.script import launch_of
+
+    if set_outside is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", set_outside)
+    (tmp_path / "env.py").write_text(
+        "import json, os\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    print(json.dumps(os.environ.get('OMP_NUM_THREADS')))\n"
+    )
+    line = [TORCHRUN, "--standalone", "--nproc_per_node", str(processes), "env.py"]
+    real = subprocess.run(
+        line, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=True
+    )
+    torchruns = json.loads(real.stdout.strip().splitlines()[-1])
+    if processes == 1:
+        request = _request(
+            tiny_space, tiny_prepared, cache_dir, line, devices=1, data_parallel="none"
+        )
+        _, added = launch_of(request)
+        environ = dict(os.environ) | added
+    else:  # the group's leader gives each rank torchrun's variables (group._start)
+        environ = dict(os.environ) | torchrun_threads(processes, os.environ)
+    assert environ.get("OMP_NUM_THREADS") == torchruns
