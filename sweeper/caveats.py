@@ -315,12 +315,36 @@ def knob_caveats(baseline: dict[str, Any], winner: dict[str, Any]) -> list[str]:
     ]
 
 
+def measured_since(trials: Iterable[Any]) -> set[int]:
+    """The numbers of the failed ``trials`` whose config a later trial completed: failures
+    fixed since (a walk fixed its script's length and relaunched; `best`, every export and
+    every later launch still warned of the 4 failed configs, all measured since). ``trials``
+    are rows with ``number``, ``state`` and ``config`` (``store.list_trials``)."""
+    import json
+
+    def key(config: Mapping[str, Any]) -> str:
+        return json.dumps(config, sort_keys=True, default=str)
+
+    completed: dict[str, int] = {}
+    for t in trials:
+        if t.state == "complete":
+            completed[key(t.config)] = max(completed.get(key(t.config), -1), t.number)
+    return {
+        t.number
+        for t in trials
+        if t.state == "failed" and completed.get(key(t.config), -1) > t.number
+    }
+
+
 def mismatched(store: Store, study: str) -> list[str]:
     """What the trials that failed as ``mismatch`` say against the pick: the knobs the
     program did not run as asked were never measured at the values it ignored, so the pick
     is only among the configs that ran as asked (a walk's script ignored its batch size and
     workers: 7 of 8 trials failed so, and `best` named the one survivor without a word)."""
     rows = store.list_trials(study, states=["failed"], failure_kinds=["mismatch"])
+    if rows:  # not those whose config ran as asked since (the program was fixed)
+        fixed = measured_since([*rows, *store.list_trials(study, states=["complete"])])
+        rows = [row for row in rows if row.number not in fixed]
     if not rows:
         return []
     failed = [row.number for row in rows]  # one read, messages included (not one per trial)

@@ -196,6 +196,7 @@ _CONFIG_MIN = 40  # the config column's least width: it folds, never goes
 
 
 def print_leaderboard(url: str, study: str, top: int = 10) -> None:
+    from sweeper.caveats import measured_since
     from sweeper.recommend import padding_share
     from sweeper.store import Store
 
@@ -268,9 +269,18 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
             f"  [yellow]*[/] measured only while the machine was shared: {', '.join(contended)}",
             highlight=False,
         )
-    failed = [t for t in trials if t.state == "failed"]
+    fixed = measured_since(trials)
+    failed = [t for t in trials if t.state == "failed" and t.number not in fixed]
     # each failure whole: the launch's last words point here for what to fix, and a script
-    # trial's message begins with its command (the live ✗ line keeps its short cut)
+    # trial's message begins with its command (the live ✗ line keeps its short cut); one
+    # whose config completed in a later trial is history, said in one line
+    if fixed:
+        console.print(
+            f"  failed earlier, their configs measured since: "
+            f"{', '.join(f'#{n}' for n in sorted(fixed))} (the study page and "
+            "GET /api/studies/NAME/trials keep them)",
+            highlight=False,
+        )
     for t in failed:
         console.print(
             f"[red]failed[/] #{t.number} {describe_dict(t.config)}: {t.failure_kind}: "

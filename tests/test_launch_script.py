@@ -334,6 +334,42 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
     assert "around a whole optimizer step, passing its micro-batches as a list" in said[0]
 
 
+def test_a_failure_whose_config_was_measured_since_is_not_warned_of(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A walk's 4 configs failed as mismatch; it fixed its command and relaunched, and the 4
+    completed as #4-#7. `best`, every export and every later launch still said "4 trials failed
+    because the program did not run the config as asked ... never measured" and reprinted the
+    4 failures whole. A failure whose config completed in a later trial is history: one line
+    after the leaderboard, no warning; one whose config never completed is still warned of."""
+    from sweeper.console import print_leaderboard
+    from sweeper.recommend import best
+
+    store = _store(tmp_path)
+    try:
+        for number, batch in ((0, 8), (1, 4), (2, 2)):
+            store.start_trial("s", number, {"per_device_batch_size": batch}, "me")
+            store.finish_trial(
+                "s", number, "failed", failure_kind="mismatch",
+                failure_message=asked_ran("per_device_batch_size", batch, 1),
+            )  # fmt: skip
+        for number, batch in ((3, 8), (4, 4)):
+            store.start_trial("s", number, {"per_device_batch_size": batch}, "me")
+            store.finish_trial(
+                "s", number, "complete", it_per_s=2.0, samples_per_s=2.0, hours_per_run=1.0,
+                cost_per_run_usd=2.5 + number,
+            )  # fmt: skip
+        said = [w for w in best(store, "s").warnings if "did not run the config as asked" in w]
+    finally:
+        store.dispose()
+    assert len(said) == 1 and said[0].startswith("1 trial failed because"), said
+    assert "(#2: per_device_batch_size)" in said[0], said
+    print_leaderboard(f"sqlite:///{tmp_path / 'o.db'}", "s")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "failed earlier, their configs measured since: #0, #1" in out, out
+    assert "failed #2 " in out and "failed #0" not in out and "failed #1" not in out, out
+
+
 @pytest.mark.torch  # the launch prepares the data before preflight
 def test_a_script_preflight_refuses_leaves_no_study_behind(tmp_path: Path) -> None:
     """A walk's script without sweeper's line was refused by preflight before any trial, and
