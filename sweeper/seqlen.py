@@ -71,7 +71,18 @@ def resolve(space: Space, stats: Mapping[str, Any] | None) -> Space:
     packed = True in space.search.values("packing")
     lengths = set(candidates(stats, space.workload.coverage_percentile, packed))
     lengths |= {getattr(known, KNOB) for _, known in space.named_known_configs()}
-    search = space.search.model_copy(update={KNOB: sorted(lengths)})
+    values = sorted(lengths)
+    if len(values) == 1 and KNOB not in space.search.model_fields_set:
+        # one length the data chose, not one the user listed: a script that keeps its own
+        # length runs it and the trial records it as the script's own (``trial.script.owned``),
+        # as for any knob the space does not list; a walk's 4 trials each failed as a
+        # mismatch (asked 320, ran 512), every config alike
+        search = type(space.search).model_construct(
+            _fields_set=set(space.search.model_fields_set),
+            **(dict(space.search) | {KNOB: values}),
+        )
+    else:
+        search = space.search.model_copy(update={KNOB: values})
     return space.model_copy(update={"search": search})
 
 

@@ -334,6 +334,59 @@ def test_a_program_that_ignores_a_knob_stops_the_sweep_and_best_says_so(tmp_path
     assert "around a whole optimizer step, passing its micro-batches as a list" in said[0]
 
 
+def test_a_length_the_data_chose_is_the_scripts_own_where_the_script_keeps_its_own() -> None:
+    """A walk's space listed no length (auto → [320] from the data) and its script kept its
+    own --max_seq_length 512, which `knobs: flags` does not pass: 4 of 4 trials failed as
+    mismatch (asked 320, ran 512), though the README says an unsearched knob the script keeps
+    is recorded as the script's own. The one length the data chose is not an ask; lengths the
+    data chose several of, or a length the user listed, are."""
+    from sweeper import seqlen
+    from sweeper.space import parse_space
+    from sweeper.trial.protocol import ChildRequest
+    from sweeper.trial.script import owned
+
+    stats = {"token_percentiles": list(range(100, 301, 2)), "tokens_max": 300}
+
+    def owned_after_auto(search: str) -> set[str]:
+        space = parse_space(
+            "study: mine\n"
+            "hardware: {name: CPU, usd_per_hour: 0.10, device: cpu}\n"
+            "workload:\n"
+            "  model: {id: my-job/model}\n"
+            "  dataset: {path: my-job/chats.jsonl, messages_field: messages}\n"
+            "  engine: script\n"
+            "  samples: 1000\n"
+            "  epochs: 1\n"
+            "  script: {command: [python, train.py], knobs: flags}\n"
+            f"search:\n  per_device_batch_size: [2, 4]\n{search}"
+        )
+        resolved = seqlen.resolve(space, stats)
+        config = next(resolved.search.grid())
+        return owned(ChildRequest.for_space("trial", resolved, "/tmp", config=config))
+
+    assert "max_seq_length" in owned_after_auto("")  # auto → [320]: the script's own
+    assert "max_seq_length" not in owned_after_auto("  max_seq_length: [320]\n")  # listed
+    assert "max_seq_length" not in owned_after_auto("  packing: [false, true]\n")  # 3 lengths
+
+
+def test_a_knob_the_space_lists_once_that_the_program_ignores_stops_the_sweep() -> None:
+    """Every trial asks the one value the space lists; two that ran another alike say the
+    rest would fail so, and the sweep stops with the fix (a walk ran 4 of 4 to mismatch)."""
+    from sweeper.space import parse_space
+    from sweeper.sweep.outcome import Outcome
+    from sweeper.sweep.stopping import Stopping, TimeBudget
+
+    stopping = Stopping(parse_space(TINY_SPACE.read_text()), [], TimeBudget())  # length [64]
+    failed = asked_ran("max_seq_length", 64, 512)
+    assert stopping.after_trial(Outcome(number=0, failure_kind="mismatch", message=failed)) is None
+    why = stopping.after_trial(Outcome(number=1, failure_kind="mismatch", message=failed))
+    assert why is not None and why.startswith(
+        "your program ran max_seq_length 512 in #0 and #1, where the space has only 64 for it"
+    ), why
+    assert "List 512 for max_seq_length in search:" in why and "sweeper.trial_config()" in why
+    assert stopping.program_defect
+
+
 def test_a_failure_whose_config_was_measured_since_is_not_warned_of(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -186,6 +186,8 @@ class Stopping:
         self.alike: list[str] = []
         # (knob, value that ran) → {value asked: first trial}, from ``mismatch`` failures
         self.ignored: dict[tuple[str, str], dict[str, int]] = {}
+        # (knob, asked, ran) → the trials that failed so, for a knob the space lists once
+        self.one_value_ignored: dict[tuple[str, str, str], list[int]] = {}
         # the stop was the program's defect (it ignores a knob), not the search's end: the
         # sweep exits non-zero even with completed trials (``cli_sweep.outcome``)
         self.program_defect = False
@@ -221,6 +223,20 @@ class Stopping:
                 continue
             seen = self.ignored.setdefault((knob, ran), {})
             seen.setdefault(asked, outcome.number)
+            alike = self.one_value_ignored.setdefault((knob, asked, ran), [])
+            alike.append(outcome.number)
+            if len(alike) >= 2 and len(self.space.search.values(knob)) == 1:
+                # the space lists one value: every config asks it, and every trial fails so
+                # (a walk's script kept its own length, 512, where the space had 320: 4 of 4)
+                self.program_defect = True
+                return (
+                    f"your program ran {knob} {ran} in #{alike[0]} and #{alike[1]}, where the "
+                    f"space has only {asked} for it: every trial asks {asked} and would fail "
+                    f"alike. List {ran} for {knob} in search: (what your program runs), or "
+                    f"make the program take {knob} from sweeper (`sweeper.trial_config()`, or "
+                    "the flags or environment the space's `knobs:` passes); then launch again "
+                    "(the trials run so far are kept)"
+                )
             if len(seen) >= 2:
                 self.program_defect = True
                 trials = ", ".join(f"asked {a} in #{n}" for a, n in list(seen.items())[:3])
