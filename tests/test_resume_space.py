@@ -58,3 +58,36 @@ def test_a_space_whose_lists_changed_is_refused_before_anything_is_written(
         assert not store.has_study("tiny")
     finally:
         store.dispose()
+
+
+@pytest.mark.torch
+def test_launch_workers_relays_the_refusal_with_its_exit_status(
+    tmp_path: Path,
+    sqlite_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    """A walk's `launch --workers 2` of a space whose lists changed read "worker 0 exited 2
+    (see ...log); worker 1 exited 2 (see ...)", exit 1, the refusal only in the logs: the
+    launcher says it as a single launch does, exit 2."""
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    try:
+        study = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
+        trial = study.ask()
+        trial.suggest_categorical("per_device_batch_size", [2, 4, 8])
+        study.tell(trial, 1.0)
+    finally:
+        storage.engine.dispose()
+    space = tmp_path / "tiny.yaml"
+    space.write_text(TINY_SPACE.read_text())
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space), "--workers", "2"]
+        + ["--storage", sqlite_url, "--n-trials", "2"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, said
+    assert (
+        "study 'tiny' was searched with other lists: per_device_batch_size [2, 4, 8] (now [2, 4])"
+        in said
+    ), said
+    assert "exited 2" not in said, said

@@ -250,16 +250,47 @@ def run_workers(
         code = 143 if terminated else 130
         raise FleetError(f"{said}; each worker marked its running trial", code) from None
     if failed:
-        said = "; ".join(f"worker {i} {ended(code)} (see {log})" for i, log, code in failed)
-        if any(code < 0 for _, _, code in failed):
-            # killed mid-trial (kill -9, the OOM killer): no handler marked its trial
-            said += (
-                f". A trial a killed worker was running is marked lost (failure kind lost) "
-                f"and its config queued again once the worker has missed its heartbeats: "
-                f"`sweeper launch --study {name} --fill` (with this --storage) runs it and "
-                "any other trial the study lacks"
-            )
-        raise FleetError(said, code=1)
+        _failed(failed, len(processes), name)
+
+
+def _failed(failed: list[tuple[int, Path, int]], workers: int, name: str) -> None:
+    """Raise FleetError for the workers that ended non-zero (index, log, exit status)."""
+    if len(failed) == workers and all(code == 2 for _, _, code in failed):
+        # each refused the space or its arguments before any trial (a changed search list,
+        # a bad flag): the same words as a single launch's, and its exit status (a walk read
+        # "worker 0 exited 2 (see ...log)", exit 1, the reason only in the logs)
+        refusals = {refusal(log) for _, log, _ in failed}
+        if None not in refusals and len(refusals) == 1:
+            raise FleetError(str(refusals.pop()), code=2)
+        raise FleetError(
+            "; ".join(
+                f"worker {i}: {refusal(log) or ended(code)} (see {log})" for i, log, code in failed
+            ),
+            code=2,
+        )
+    said = "; ".join(f"worker {i} {ended(code)} (see {log})" for i, log, code in failed)
+    if any(code < 0 for _, _, code in failed):
+        # killed mid-trial (kill -9, the OOM killer): no handler marked its trial
+        said += (
+            f". A trial a killed worker was running is marked lost (failure kind lost) "
+            f"and its config queued again once the worker has missed its heartbeats: "
+            f"`sweeper launch --study {name} --fill` (with this --storage) runs it and "
+            "any other trial the study lacks"
+        )
+    raise FleetError(said, code=1)
+
+
+def refusal(log: Path) -> str | None:
+    """What a worker that exited 2 said, from its log: its last ``error:`` line and the lines
+    after it (the terminal width folds a long one), as one line without the prefix."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("error: ")]
+    if not starts:
+        return None
+    return " ".join(" ".join(lines[starts[-1] :]).removeprefix("error: ").split())
 
 
 def ended(returncode: int) -> str:
