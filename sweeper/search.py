@@ -332,6 +332,13 @@ class ImprovementGridSampler(_CandidateSampler):
     # worse and 2 better of 60, 1.09x the seconds; the chance is below 0.5 at nearly every
     # pick; bench/RESULTS.md Run 19)
     cost_explore_below = 0.0
+    # > 0: the first picks, up to this many measured configs, are made among the configs of
+    # the cheapest expected trial (its compile mode), each by its chance of beating the best
+    # of them, until none is at least cheap_first_below likely to (what the other knobs do is
+    # learned where it costs least); then the whole space, the compiled modes' effects learned
+    # from their first trials. 0: off
+    cheap_first = 0
+    cheap_first_below = 0.25
     # The options below were measured against the heavy tail of this search on samples/s
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left
     # off: the tail comes from a model sure of an additive effect measured in one region
@@ -458,6 +465,7 @@ class ImprovementGridSampler(_CandidateSampler):
                 free = self._unlike(free, failures, rows, log_runs if soft else None)
         if self.fits is not None:  # the best config that can finish, by the same scores
             free = [i for i in free if self.fits(self.candidates[i])] or free
+        free = self._cheap_first(free, seen)
         if not rows:  # nothing measured yet
             if self.cheap_draws:  # a draw tells as much from the cheapest compile mode
                 free = self._cheapest(free, seen.took)
@@ -491,6 +499,21 @@ class ImprovementGridSampler(_CandidateSampler):
                 self.cost_against,
             )
         ]
+
+    def _cheap_first(self, free: list[int], seen: _History) -> list[int]:
+        """``free``, or while the search is learning in the cheapest compile mode
+        (``cheap_first``) the configs of that mode."""
+        if self.cheap_first <= 0 or len(seen.rows) >= self.cheap_first:
+            return free
+        cheap = self._cheapest(free, seen.took)
+        modes = {self._mode(i) for i in cheap}
+        if len(cheap) == len(free) or any(self._mode(i) not in modes for i in seen.rows):
+            return free  # one mode left, or a dearer mode measured: the search is past it
+        if seen.rows:
+            log_p = self._log_p_improves(np.array(seen.rows), np.array(seen.values), cheap)
+            if float(log_p.max()) < math.log(self.cheap_first_below):
+                return free
+        return cheap
 
     def _history(self, trials: list[FrozenTrial]) -> _History:
         """What the trials told: the configs measured (log $/run), those that failed and how,
