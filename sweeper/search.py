@@ -328,15 +328,17 @@ class ImprovementGridSampler(_CandidateSampler):
     # > 0: the time weighing counts only while no config is at least this likely to run and
     # improve (the pick explores: what it buys is information, and a cheaper trial buys it
     # for less); a pick the model expects to improve runs whatever it costs. 0: always.
-    # (0.3 at weight 1, window 0.5: 19.5 against 16 trials on held-out samples/s, 26 seeds
-    # worse and 2 better of 60, 1.09x the seconds; the chance is below 0.5 at nearly every
-    # pick; bench/RESULTS.md Run 19)
+    # (0.3 at weight 1, window 0.5: on held-out's tokens/s 13 seeds worse and 0 better of
+    # 48, 1.07x the seconds over both metrics, 60 seeds; bench/RESULTS.md Run 19)
     cost_explore_below = 0.0
     # > 0: the first picks, up to this many measured configs, are made among the configs of
     # the cheapest expected trial (its compile mode), each by its chance of beating the best
     # of them, until none is at least cheap_first_below likely to (what the other knobs do is
     # learned where it costs least); then the whole space, the compiled modes' effects learned
-    # from their first trials. 0: off
+    # from their first trials. 0: off. (6, judged on 140 fresh seeds a table: 0.87x the
+    # seconds to 5% and fewer trials on held-out and qlora-24gb, 12-13 against 14-16, but more
+    # where the best need max-autotune's interactions: noisy's and interactions' samples/s
+    # 12-14 against 10-10.5, held-out-lora 16 against 13; bench/RESULTS.md Run 19)
     cheap_first = 0
     cheap_first_below = 0.25
     # The options below were measured against the heavy tail of this search on samples/s
