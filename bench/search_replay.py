@@ -777,6 +777,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "improve (ImprovementGridSampler.cost_explore_below; 0: always)",
     )  # fmt: skip
     parser.add_argument(
+        "--cheap-first", type=int,
+        help="bayes: the first picks, up to this many measured, among the cheapest compile "
+        "mode's configs (ImprovementGridSampler.cheap_first; 0: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cheap-first-below", type=float,
+        help="bayes: leave the cheapest mode once none of its configs is this likely to beat "
+        "its best (ImprovementGridSampler.cheap_first_below)",
+    )  # fmt: skip
+    parser.add_argument(
         "--incumbent", choices=("measured", "posterior"),
         help="bayes: the best a pick must beat: the lowest measured log $/run, or the lowest "
         "posterior mean over the measured configs (ImprovementGridSampler.incumbent)",
@@ -865,6 +875,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "cost_acquisition",
             "cheap_draws",
             "cost_explore_below",
+            "cheap_first",
+            "cheap_first_below",
             "incumbent",
             "interaction_prior_fit",
             "explore_below",

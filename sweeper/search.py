@@ -328,10 +328,19 @@ class ImprovementGridSampler(_CandidateSampler):
     # > 0: the time weighing counts only while no config is at least this likely to run and
     # improve (the pick explores: what it buys is information, and a cheaper trial buys it
     # for less); a pick the model expects to improve runs whatever it costs. 0: always.
-    # (0.3 at weight 1, window 0.5: 19.5 against 16 trials on held-out samples/s, 26 seeds
-    # worse and 2 better of 60, 1.09x the seconds; the chance is below 0.5 at nearly every
-    # pick; bench/RESULTS.md Run 19)
+    # (0.3 at weight 1, window 0.5: on held-out's tokens/s 13 seeds worse and 0 better of
+    # 48, 1.07x the seconds over both metrics, 60 seeds; bench/RESULTS.md Run 19)
     cost_explore_below = 0.0
+    # > 0: the first picks, up to this many measured configs, are made among the configs of
+    # the cheapest expected trial (its compile mode), each by its chance of beating the best
+    # of them, until none is at least cheap_first_below likely to (what the other knobs do is
+    # learned where it costs least); then the whole space, the compiled modes' effects learned
+    # from their first trials. 0: off. (6, judged on 140 fresh seeds a table: 0.87x the
+    # seconds to 5% and fewer trials on held-out and qlora-24gb, 12-13 against 14-16, but more
+    # where the best need max-autotune's interactions: noisy's and interactions' samples/s
+    # 12-14 against 10-10.5, held-out-lora 16 against 13; bench/RESULTS.md Run 19)
+    cheap_first = 0
+    cheap_first_below = 0.25
     # The options below were measured against the heavy tail of this search on samples/s
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left
     # off: the tail comes from a model sure of an additive effect measured in one region
@@ -458,6 +467,7 @@ class ImprovementGridSampler(_CandidateSampler):
                 free = self._unlike(free, failures, rows, log_runs if soft else None)
         if self.fits is not None:  # the best config that can finish, by the same scores
             free = [i for i in free if self.fits(self.candidates[i])] or free
+        free = self._cheap_first(free, seen)
         if not rows:  # nothing measured yet
             if self.cheap_draws:  # a draw tells as much from the cheapest compile mode
                 free = self._cheapest(free, seen.took)
@@ -491,6 +501,21 @@ class ImprovementGridSampler(_CandidateSampler):
                 self.cost_against,
             )
         ]
+
+    def _cheap_first(self, free: list[int], seen: _History) -> list[int]:
+        """``free``, or while the search is learning in the cheapest compile mode
+        (``cheap_first``) the configs of that mode."""
+        if self.cheap_first <= 0 or len(seen.rows) >= self.cheap_first:
+            return free
+        cheap = self._cheapest(free, seen.took)
+        modes = {self._mode(i) for i in cheap}
+        if len(cheap) == len(free) or any(self._mode(i) not in modes for i in seen.rows):
+            return free  # one mode left, or a dearer mode measured: the search is past it
+        if seen.rows:
+            log_p = self._log_p_improves(np.array(seen.rows), np.array(seen.values), cheap)
+            if float(log_p.max()) < math.log(self.cheap_first_below):
+                return free
+        return cheap
 
     def _history(self, trials: list[FrozenTrial]) -> _History:
         """What the trials told: the configs measured (log $/run), those that failed and how,

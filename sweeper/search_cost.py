@@ -61,6 +61,16 @@ after an out of memory) among the cheapest trials (``ImprovementGridSampler.chea
 lost too (Run 16): oom-wall's tokens/s 13.5 against 12 trials, interactions's samples/s 1.26x
 the summed seconds (30 paired seeds), since a changed first pick reshuffles every later one;
 at 200 paired seeds (Run 17) it fails four rows, qlora-24gb's 17.5 / 18 against 15 trials.
+
+From Run 19 on, a form is judged by a rule whose error rates are computed
+(bench/replay/calibrated.py: a per-row sign test on paired trials, and the seconds' geometric
+mean below 1). Learning the other knobs in the cheapest compile mode first
+(``ImprovementGridSampler.cheap_first`` 6: a phase, not a weight) took 0.87x the seconds over
+the 12 rows, and fewer trials on held-out and qlora-24gb, but more on the five rows whose best
+configs need max-autotune's interactions or sit at a memory wall (noisy's and interactions'
+samples/s 12-14 against 10-10.5 trials): off. The most any reordering could save at the same
+trials is 29-64% of the seconds (bench/replay/room.py), since the best configs compile on 11
+of 12 rows.
 """
 
 from __future__ import annotations

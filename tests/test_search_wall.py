@@ -615,3 +615,83 @@ def test_bayes_can_choose_the_expected_pairs_prior_by_the_marginal_likelihood(
     assert chosen(sampler, reversed_)[0] >= 0.2
     assert {chosen(sampler, y)[1] for y in (additive, reversed_)} <= {0.05, 0.1, 0.2}
     assert chosen(sampler, 3 * noise)[1] == 0.2  # 30% noise alone: put down to the noise
+
+
+def _cheap_study(
+    measured: list[tuple[int, float, float]],
+) -> tuple[list[dict[str, object]], list[optuna.trial.FrozenTrial]]:
+    """``_near_tie_study``'s candidates with ``measured`` (index, $/run, seconds) told."""
+    candidates, _ = _near_tie_study()
+    study = optuna.create_study(direction="minimize")
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
+        for name in candidates[0]
+    }
+    for index, value, seconds in measured:
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=candidates[index], distributions=distributions, value=value,
+                user_attrs={SECONDS_ATTR: seconds},
+            )
+        )  # fmt: skip
+    return candidates, study.get_trials(deepcopy=False)
+
+
+def test_bayes_can_learn_the_other_knobs_in_the_cheapest_compile_mode_first() -> None:
+    """With ``cheap_first`` N, until N configs are measured the picks are among the configs
+    of the cheapest expected trial (no compile, against max-autotune's 345 s), each by its
+    chance of beating their best; a dearer mode measured, N measured, or no cheap config
+    likely enough to beat their best (``cheap_first_below``) opens the whole space."""
+    none = [0, 2, 4]  # indexes of compile mode none (batch 1 and 2, workers 0 and 2)
+    candidates, nothing = _cheap_study([])
+    assert all(candidates[i]["compile_mode"] == "none" for i in none)
+
+    def pick(trials: list[optuna.trial.FrozenTrial], n: int, seed: int = 0, below: float = 0.25):
+        sampler = ImprovementGridSampler(candidates, seed=seed)
+        sampler.cheap_first, sampler.cheap_first_below = n, below
+        measured = {tuple(sorted(t.params.items())) for t in trials}
+        free = [i for i, c in enumerate(candidates) if tuple(sorted(c.items())) not in measured]
+        return candidates[sampler.pick(free, trials)]
+
+    # nothing measured: 40 first picks land on both modes, or on none alone
+    assert {pick(nothing, 0, seed)["compile_mode"] for seed in range(40)} == {
+        "none",
+        "max-autotune",
+    }
+    assert {pick(nothing, 6, seed)["compile_mode"] for seed in range(40)} == {"none"}
+
+    # a search of four picks on a made-up job (compiling: 0.8x the $/run; 405 s against 60):
+    # with cheap_first 3 the first three measured are never compiled; by default they are
+    def search(n: int, seed: int) -> list[tuple[int, float, float]]:
+        told: list[tuple[int, float, float]] = []
+        for _ in range(4):
+            _, trials = _cheap_study(told)
+            c = pick(trials, n, seed)
+            dear = c["compile_mode"] == "max-autotune"
+            value = 10 / c["per_device_batch_size"] ** 0.3 * (0.8 if dear else 1.0)
+            told.append((candidates.index(c), value, 405.0 if dear else 60.0))
+        return told
+
+    def modes(told: list[tuple[int, float, float]]) -> list[object]:
+        return [candidates[i]["compile_mode"] for i, _, _ in told]
+
+    assert all(modes(search(3, seed))[:3] == ["none"] * 3 for seed in range(10))
+    # where the default's pick k < 3 compiles, cheap_first's at the same point does not,
+    # and the whole space is open again at N measured, or with a bar no cheap config clears
+    seen = 0
+    for seed in range(10):
+        told = search(0, seed)
+        k = next((k for k, m in enumerate(modes(told)[:3]) if m == "max-autotune"), None)
+        if k is None or k == 0:
+            continue
+        _, before = _cheap_study(told[:k])
+        default = pick(before, 0, seed)
+        assert default["compile_mode"] == "max-autotune"
+        assert pick(before, 6, seed)["compile_mode"] == "none"
+        assert pick(before, k, seed) == default
+        assert pick(before, 6, seed, below=0.99) == default
+        seen += 1
+    assert seen >= 2, seen
+    # a dearer mode measured: the whole space
+    _, dear = _cheap_study([(0, 10.0, 60.0), (4, 8.1, 60.0), (3, 9.5, 405.0)])
+    assert pick(dear, 6) == pick(dear, 0)
