@@ -305,9 +305,16 @@ def test_the_expected_improvement_is_the_integral_it_stands_for() -> None:
     assert np.all(np.diff(search_cost.log_expected_improvement(z)) > 0)
 
 
-def _near_tie_study() -> tuple[list[dict[str, object]], list[optuna.trial.FrozenTrial]]:
-    """The table of ``test_bayes_can_weigh_a_trials_time_among_near_ties``: three measured
-    configs, one of them max-autotune (405 s against a minute)."""
+def _near_tie_study(
+    measured: tuple[tuple[int, float, float], ...] = (
+        (0, 10.0, 60.0),
+        (3, 9.6, 405.0),
+        (4, 8.0, 60.0),
+    ),
+) -> tuple[list[dict[str, object]], list[optuna.trial.FrozenTrial]]:
+    """The table of ``test_bayes_can_weigh_a_trials_time_among_near_ties``, with ``measured``
+    (index, $/run, seconds) told: by default three configs, one of them max-autotune (405 s
+    against a minute)."""
     candidates = [
         {"per_device_batch_size": b, "num_workers": w, "compile_mode": m}
         for b in (1, 2, 4, 8)
@@ -319,7 +326,7 @@ def _near_tie_study() -> tuple[list[dict[str, object]], list[optuna.trial.Frozen
         name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
         for name in candidates[0]
     }
-    for index, value, seconds in ((0, 10.0, 60.0), (3, 9.6, 405.0), (4, 8.0, 60.0)):
+    for index, value, seconds in measured:
         study.add_trial(
             optuna.trial.create_trial(
                 params=candidates[index], distributions=distributions, value=value,
@@ -620,21 +627,7 @@ def test_bayes_can_choose_the_expected_pairs_prior_by_the_marginal_likelihood(
 def _cheap_study(
     measured: list[tuple[int, float, float]],
 ) -> tuple[list[dict[str, object]], list[optuna.trial.FrozenTrial]]:
-    """``_near_tie_study``'s candidates with ``measured`` (index, $/run, seconds) told."""
-    candidates, _ = _near_tie_study()
-    study = optuna.create_study(direction="minimize")
-    distributions = {
-        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
-        for name in candidates[0]
-    }
-    for index, value, seconds in measured:
-        study.add_trial(
-            optuna.trial.create_trial(
-                params=candidates[index], distributions=distributions, value=value,
-                user_attrs={SECONDS_ATTR: seconds},
-            )
-        )  # fmt: skip
-    return candidates, study.get_trials(deepcopy=False)
+    return _near_tie_study(tuple(measured))
 
 
 def test_bayes_can_learn_the_other_knobs_in_the_cheapest_compile_mode_first() -> None:
