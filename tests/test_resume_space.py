@@ -91,3 +91,47 @@ def test_launch_workers_relays_the_refusal_with_its_exit_status(
         in said
     ), said
     assert "exited 2" not in said, said
+
+
+def test_a_one_value_list_is_a_list_of_the_study_and_every_change_is_named_before_the_data(
+    tmp_path: Path,
+    sqlite_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    """A walk widened max_seq_length [512] to [256, 512]: no refusal, and its next launch was
+    refused against [256, 512]; a refusal named only the first changed list, after 12-15 s of
+    data preparation and preflight. A one-value list is the study's list too, every changed
+    list is named, and the refusal comes before the data is prepared (no torch needed)."""
+    from tests.helpers import STUDY_FIELDS
+
+    store = Store(sqlite_url)
+    try:  # launched with the tiny space: batch [2, 4] searched, length [64] once
+        store.migrate()
+        store.upsert_study("tiny", **(STUDY_FIELDS | {"space_yaml": TINY_SPACE.read_text()}))
+    finally:
+        store.dispose()
+    storage = optuna.storages.RDBStorage(sqlite_url)
+    try:
+        study = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
+        trial = study.ask()
+        trial.suggest_categorical("per_device_batch_size", [2, 4])
+        study.tell(trial, 1.0)
+    finally:
+        storage.engine.dispose()
+    text = TINY_SPACE.read_text()
+    space = tmp_path / "tiny.yaml"
+    space.write_text(
+        text.replace("per_device_batch_size: [2, 4]", "per_device_batch_size: [2, 4, 8]")
+        .replace("max_seq_length: [64]", "max_seq_length: [32, 64]")
+    )  # fmt: skip
+    assert space.read_text().count("[2, 4, 8]") == 1 and "[32, 64]" in space.read_text()
+    done = subprocess.run(
+        [sys.executable, "-m", "sweeper.cli", "launch", "--space", str(space)]
+        + ["--storage", sqlite_url, "--n-trials", "1"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    said = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, said
+    assert "per_device_batch_size [2, 4] (now [2, 4, 8])" in said, said
+    assert "max_seq_length [64] (now [32, 64])" in said, said
+    assert "data:" not in said and "preflight" not in said, said  # refused before preparing

@@ -178,24 +178,52 @@ def live_plan(store: Store, study: str, grace_s: float) -> int | None:
     return row.n_trials_planned
 
 
+def study_lists(store: Store, storage: Any, study: str) -> dict[str, tuple[Any, ...]]:
+    """The lists ``study``'s trials were asked with: Optuna's, for the knobs it searched, and
+    the one-value lists of the space the study was last launched with (Optuna keeps none for
+    those). {}: a study not recorded yet."""
+    from sweeper.seqlen import AUTO
+    from sweeper.space import parse_space
+
+    lists = stored_choices(storage, study)
+    try:
+        launched = parse_space(store.get_study(study).space_yaml)
+    except (StudyNotFoundError, SpaceError):
+        return lists
+    for name in launched.search.model_fields_set & set(TrialConfig.model_fields):
+        if getattr(launched.search, name) != AUTO and len(launched.search.values(name)) == 1:
+            lists.setdefault(name, tuple(launched.search.values(name)))
+    return lists
+
+
 def _same_lists(space: Space, stored: dict[str, tuple[Any, ...]], path: str | None) -> None:
-    """Refuse, before anything is written, a space whose searched knobs list other values
-    than the study's trials were asked with (Optuna keeps one list per knob for a study: the
+    """Refuse, before anything is written, a space whose lists differ from those the study's
+    trials were asked with, naming each (Optuna keeps one list per knob for a study: the
     launch would fail at its first proposal, after preparing and preflight, with a trial left
-    running). A knob newly searched, or no longer searched, is no conflict."""
+    running). A one-value list is a list of the study too: a walk widened max_seq_length
+    [512] to [256, 512] unrefused, and its next launch was then refused against [256, 512].
+    A knob the study never listed may be added, and one it listed left out (it runs at its
+    default); a length ``auto`` has not read off the data yet is checked once it has."""
+    from sweeper.seqlen import AUTO
+
+    search = space.search
+    listed = (search.model_fields_set & set(TrialConfig.model_fields)) | set(search.searched())
     changed = [
         f"{name} {list(stored[name])} (now {values})"
-        for name in space.search.searched()
-        if name in stored and tuple(values := space.search.values(name)) != stored[name]
+        for name in stored
+        if name in listed
+        and getattr(search, name) != AUTO
+        and tuple(values := search.values(name)) != stored[name]
     ]
     if not changed:
         return
     where = path or "the space"
     raise SpaceError(
         f"{where}: study {space.study!r} was searched with other lists: "
-        f"{'; '.join(changed)}. A study keeps the lists its trials were asked with (Optuna's "
-        f"rule). To search the new lists, give the space a new study name (study: "
-        f"{space.study}-2 in {where}); to resume this study, put those lists back as they were"
+        f"{'; '.join(changed)}. A study keeps the lists its trials were asked with, one value "
+        f"or several (Optuna's rule). To search the new lists, give the space a new study name "
+        f"(study: {space.study}-2 in {where}); to resume this study, put those lists back as "
+        "they were"
     )
 
 
@@ -281,12 +309,16 @@ def run_sweep(
     # trials are forked from it), stopped whatever ends the sweep
     servers = contextlib.ExitStack()
     try:
+        storage = optuna_storage(storage_url, retry_s=database_retry_s)
+        # a changed list is refused before the data is prepared (12-15 s in a walk) and
+        # before anything is written; an auto length once the data has given it
+        lists = study_lists(store, storage, space.study)
+        _same_lists(space, lists, space_path)
         zygote = servers.enter_context(ForkServer(str(cache_dir)))
         # the data first: bad data leaves no study behind, and max_seq_length: auto is read off it
         prepared = prepare_workload(space, cache_dir, observer, server=zygote)
         space = resolve_lengths(space, prepared.stats, observer)
-        storage = optuna_storage(storage_url, retry_s=database_retry_s)
-        _same_lists(space, stored_choices(storage, space.study), space_path)  # before any write
+        _same_lists(space, lists, space_path)
         # a study this launch makes, and preflight then refuses, is not left behind
         fresh = not store.has_study(space.study)
         study = create_or_load_study(space.study, storage, space.budget.seed)
