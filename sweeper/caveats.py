@@ -100,16 +100,33 @@ def drift_warnings(trials: Iterable[TrialMetrics]) -> list[str]:
 
 
 def device_mismatch(hardware_name: str, device_name: str | None) -> str | None:
-    """A warning when the study is priced as one accelerator but was measured on another."""
+    """A warning when the study is priced as one accelerator but was measured on another,
+    in the user's words for the priced one (a walk's `H100 80GB (Vast.ai)` read "not a H100
+    SXM's": the catalog's reading, said beside it where it differs).
+
+    >>> print(device_mismatch("H100 80GB (Vast.ai)", "AMD EPYC").split(": ", 1)[1])
+    the hours are that machine's, not the H100 80GB (Vast.ai)'s (read as the catalog's H100 SXM)
+    """
     if not device_name:
         return None
     priced, measured = peak_flops(hardware_name), peak_flops(device_name)
     if priced is not None and (measured is None or measured.name != priced.name):
+        read = (
+            ""
+            if _same_name(priced.name, hardware_name)
+            else f" (read as the catalog's {priced.name})"
+        )
         return (
             f"priced as {hardware_name} but measured on {device_name}: the hours are that "
-            f"machine's, not a {priced.name}'s"
+            f"machine's, not the {hardware_name}'s{read}"
         )
     return None
+
+
+def _same_name(catalog: str, said: str) -> bool:
+    """Whether the user's name says every word of the catalog's (H100 SXM in H100 SXM 80GB)."""
+    words = said.lower().replace("-", " ").split()
+    return all(w in words for w in catalog.lower().replace("-", " ").split())
 
 
 _AVOID = "padding_free (or TRL's bfd packing) with a kernel that separates samples avoids it"
