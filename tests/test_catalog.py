@@ -332,6 +332,21 @@ def _measured(store: Store, name: str) -> MeasuredStudy:
     )
 
 
+def test_the_rest_api_refuses_a_bad_offer_in_the_clis_words(storage_url: str) -> None:
+    """A walk's `gpus=2x H100-SXM` and `1000x h100-sxm` gave pydantic's raw "String should
+    match pattern '^\\s*(?:(\\d{1,3})...'", where the CLI says what an offer is."""
+    _store_with(storage_url, (_h100(), "h100")).dispose()
+    with TestClient(create_app(storage_url)) as client:
+        for offer in ("2x H100-SXM", "1000x h100-sxm"):
+            refused = client.get("/api/studies/h100/compare", params={"gpus": offer})
+            assert refused.status_code == 422, refused.text
+            assert (
+                f"{offer!r} is not an offer: write a catalog key, or N x key (e.g. 4x a100-40gb)"
+                in refused.text
+            ), refused.text
+            assert "should match pattern" not in refused.text
+
+
 def test_multi_gpu_offers_are_never_priced_as_measured(sqlite_url: str) -> None:
     """Seed 000's 2x H100 and 4x A100 40GB: no trial runs on N GPUs yet, so the row gives the
     scaling efficiency each would need, from one GPU's figures, and no hours of its own."""

@@ -317,10 +317,12 @@ def compare_hardware(
     store: StoreDep,
     constraints: ConstraintsDep,
     gpus: Annotated[
-        list[Annotated[str, Query(pattern=OFFER_PATTERN)]] | None,
+        list[str] | None,
         Query(
             description="catalog GPU types to price the job on (repeat it), each a key or "
-            "N x key for N of them (2x h100-sxm, priced as N × its $/h); default: all"
+            "N x key for N of them (2x h100-sxm, priced as N × its $/h); default: all. "
+            f"Each matches {OFFER_PATTERN}; one that does not is refused with 422 in the "
+            "CLI's words (what an offer is), not the pattern's"
         ),
     ] = None,
 ) -> compare.Comparison:
