@@ -333,7 +333,7 @@ def init(
     import shlex
     from importlib.util import find_spec
 
-    from sweeper.starter import ENGINES, OWN_SCRIPT, SCRIPT_LINE, minimal_space, study_name
+    from sweeper.starter import ENGINES, OWN_SCRIPT, line_said, minimal_space, study_name
 
     words: list[str] = []
     if engine == "script":
@@ -396,7 +396,7 @@ def init(
             highlight=False,
         )
     if engine == "script":
-        console.print(escape(f"your command is the trial: {SCRIPT_LINE}"), highlight=False)
+        console.print(escape(f"your command is the trial: {line_said(words)}"), highlight=False)
     console.print(
         f"wrote {out} (study {study}). Next:\n  sweeper doctor --space {out}   # can it run "
         f"here, and how long\n  sweeper launch --space {out}\n  sweeper best --study {study}",

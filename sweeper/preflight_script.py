@@ -124,7 +124,7 @@ _IMPORTS_SWEEPER = re.compile(r"^\s*(import\s+sweeper\b|from\s+sweeper\s+import\
 _CALLS_THE_HOOK = re.compile(r"\b(callback|step)\s*\(")
 
 
-def _names_the_hook(program: Path, limit: int = 50) -> bool:
+def names_the_hook(program: Path, limit: int = 50) -> bool:
     """Whether ``program``, or a module of its own that it imports (a .py file or package
     under its folder, followed up to ``limit`` files), imports sweeper and calls its hook.
     Read as text: a file that only says so in a comment passes, as does one Python cannot
@@ -310,7 +310,7 @@ def script_problems(script: Any) -> list[str]:
         f"and call of callback() or step() in it, or in a module of its own that it imports), "
         f"so every trial would train it to its end unmeasured until trial.timeout_s: {THE_LINE}"
         for word in script.command[1:]
-        if word.endswith(".py") and (cwd / word).is_file() and not _names_the_hook(cwd / word)
+        if word.endswith(".py") and (cwd / word).is_file() and not names_the_hook(cwd / word)
     ]
     python = script_python(script)
     if python is not None:

@@ -37,6 +37,18 @@ OWN_SCRIPT = (
 SCRIPT_LINE = f"add sweeper's one line to your script: {ONE_LINE}"
 
 
+def line_said(command: list[str]) -> str:
+    """What init says of sweeper's line for ``command`` (run here): that its Python files
+    already call the recorder, or how to add it (a walk's train.py had the line, and init
+    told it to add it)."""
+    from sweeper.preflight_script import names_the_hook
+
+    programs = [Path(w) for w in command if w.endswith(".py") and Path(w).is_file()]
+    if programs and all(names_the_hook(p) for p in programs):
+        return f"{', '.join(map(str, programs))} already calls sweeper's recorder"
+    return SCRIPT_LINE
+
+
 def data_shape(path: Path) -> tuple[str, str, int | None]:
     """(``text_field`` or ``messages_field``, the column, the number of records) of a .jsonl,
     .json or .parquet file, read from its records: a ``messages`` list of ``{role, content}``

@@ -66,6 +66,13 @@ def test_init_writes_the_space_of_ones_own_script_from_its_command(tmp_path: Pat
                       "--out", str(out))  # fmt: skip
     assert ran.returncode == 0, said
     assert "add sweeper's one line to your script: callbacks=[sweeper.callback()] in" in said
+    # a script that has the line already is not told to add it (a walk's train.py was)
+    (tmp_path / "train.py").write_text("import sweeper\n\nCALLBACKS = [sweeper.callback()]\n")
+    ran, said = _init(tmp_path, *base, "--command", command, "--knobs", "sft_flags",
+                      "--out", str(out), "--force")  # fmt: skip
+    assert ran.returncode == 0, said
+    assert "your command is the trial: train.py already calls sweeper's recorder" in said, said
+    assert "add sweeper's one line" not in said
     space = load_space(out)
     script = space.workload.script
     assert space.workload.engine == "script" and script is not None
