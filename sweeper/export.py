@@ -230,9 +230,10 @@ def _notes(kwargs: dict[str, Any], space_yaml: str) -> dict[str, str]:
     return notes
 
 
-def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
+def _model_lines(config: dict[str, Any], space_yaml: str, rec: Recommendation | None = None) -> str:
     """Loading the model as the trial did: its attention kernel, its quantized base weights
-    and its LoRA adapter."""
+    and its LoRA adapter; a script's own adapter (``rec`` trained fewer parameters than the
+    model has, with no ``workload.adapter``) said, not left out silently."""
     space = space_of(space_yaml)
     model_id = space.workload.model.id if space is not None else None
     adapter = space.workload.adapter if space is not None else None
@@ -248,8 +249,27 @@ def _model_lines(config: dict[str, Any], space_yaml: str) -> str:
     lines += ["model = AutoModelForCausalLM.from_pretrained(", *loading, ")"]
     if adapter is not None:
         lines += _adapter_lines(config, adapter)
+    elif rec is not None and (own := _own_adapter(rec)):
+        lines += own
     lines += knobs.code_lines(config, "model")
     return "\n".join(lines) + "\n"
+
+
+def _own_adapter(rec: Recommendation) -> list[str]:
+    """What to say where the trial trained a part of the model that the space does not
+    describe (a script's own peft LoRA: a walk's snippet fine-tuned the whole model, where
+    the trial trained 28.7K of 184K parameters)."""
+    if rec.n_params is None or rec.trainable_params is None:
+        return []
+    if rec.trainable_params >= rec.n_params:
+        return []
+    return [
+        f"# the trial {rec.trainable_text()}:",
+        "# an adapter of your program's own (peft's LoRA, say), which this snippet does not",
+        "# build; give the model the same one to train what was measured, e.g.",
+        "# model = peft.get_peft_model(model, your_lora_config), or SFTTrainer(..., "
+        "peft_config=your_lora_config)",
+    ]
 
 
 def _quantized(config: dict[str, Any]) -> bool:
@@ -319,7 +339,7 @@ def _trainer(rec: Recommendation, space_yaml: str) -> str:
         f"{_header(rec)}\n"
         + _launch_line(config)
         + "from transformers import AutoModelForCausalLM, Trainer, TrainingArguments\n\n"
-        + _model_lines(config, space_yaml)
+        + _model_lines(config, space_yaml, rec)
         + f"training_args = {_call('TrainingArguments', kwargs, _notes(kwargs, space_yaml))}\n"
         + _lines(config, "trainer")
         + data
@@ -348,7 +368,7 @@ def _sft(rec: Recommendation, space_yaml: str) -> str:
         + _launch_line(config)
         + "from transformers import AutoModelForCausalLM\n"
         "from trl import SFTConfig, SFTTrainer\n\n"
-        + _model_lines(config, space_yaml)
+        + _model_lines(config, space_yaml, rec)
         + (f"{note}\n" if note else "")
         + _lines(config, "sft")
         + f"sft_config = {_call('SFTConfig', kwargs, _notes(kwargs, space_yaml))}\n"

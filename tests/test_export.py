@@ -336,6 +336,28 @@ def test_the_learning_rate_is_the_spaces_rounded_to_three_digits(url: str) -> No
     assert trainer_kwargs(unscaled, yaml.safe_dump(own))["learning_rate"] == 3e-5
 
 
+def test_a_script_studys_own_adapter_is_said_in_its_snippets(url: str) -> None:
+    """A walk's LoRA script (its own peft_config, no workload.adapter) trained 28.7K of 184K
+    parameters; its sft and trainer snippets fine-tuned the whole model without a word."""
+    script = "  engine: script\n  script: {command: [python, train.py], knobs: sft_flags}\n"
+    space_yaml = CPU_SPACE.replace("  samples: 10000\n", f"  samples: 10000\n{script}")
+    store = Store(url)
+    store.upsert_study("lora", **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+    store.start_trial("lora", 0, CONFIG)
+    store.finish_trial("lora", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                       hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
+    store.dispose()
+    rec, stored_yaml = _recommendation(url, "lora")
+    adapted = rec.model_copy(update={"n_params": 184_000, "trainable_params": 28_700})
+    for fmt in ("sft", "trainer"):
+        text = render(adapted, fmt, stored_yaml)  # type: ignore[arg-type]
+        said = " ".join(line.removeprefix("# ") for line in text.splitlines())
+        assert "the trial trains 28.7K of 184K parameters" in said, text
+        assert "an adapter of your program's own" in said and "peft_config=" in said, text
+        whole = rec.model_copy(update={"n_params": 184_000, "trainable_params": 184_000})
+        assert "adapter of your program's own" not in render(whole, fmt, stored_yaml)  # type: ignore[arg-type]
+
+
 def test_a_script_studys_snippets_leave_out_a_learning_rate_its_trials_never_ran(
     url: str,
 ) -> None:
