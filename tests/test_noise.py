@@ -687,3 +687,28 @@ def test_a_real_sweep_on_a_shared_machine_reruns_flags_and_checks_drift(
     narrow = f"{money(recommendation.cost_per_run_usd)} ±{rel:.1%}/run (fastest of "
     assert text.startswith(wide if rel >= 1 else narrow), text
     assert (f"±{rel:.0%}, too noisy to price" in text) == (rel >= 1), text
+
+
+def test_a_config_only_interrupted_is_named_when_all_are_tried(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    """A walk Ctrl-C'd the same config twice; the next worker said "all 8 runnable configs
+    of the space are measured" and stopped, the config never measured and nothing said. The
+    stop names it, and why it does not run again."""
+    script = _Script({1: [4.0], 2: [5.0], 4: [6.0], 8: [7.0]})
+    space = _space(TINY_REMEASURE)
+    loop, _ = _loop(space, storage, script)
+    loop.run(20)
+    assert loop.stop_reason.startswith("all "), loop.stop_reason
+    stopped = _config(loop, 2)
+    earlier = dict(loop.results) | {stopped: Outcome(number=9, failure_kind="interrupted")}
+    again = SearchLoop(
+        space, loop.study, script, PreflightReport(), Notes(),  # type: ignore[arg-type]
+        earlier=earlier, seed=1,
+    )  # fmt: skip
+    again.run(1)
+    assert "runnable configs of the space are tried, but 1 was interrupted each time it ran" in (
+        again.stop_reason
+    ), again.stop_reason
+    assert "(#9: an interrupted config runs once more" in again.stop_reason
+    assert "are measured" not in again.stop_reason

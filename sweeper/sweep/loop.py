@@ -232,7 +232,7 @@ class SearchLoop:
             self.stopped = True
             return "stop requested (REST); the sweep ends here"
         if self._runnable <= self.results.keys():
-            return f"all {len(self._runnable)} runnable configs of the space are measured"
+            return self._all_tried()
         if self.fit_to_budget and (left_s is None or left_s > 0):
             spent = self._fit_to_time(left_s)
         else:  # (without fitting: the time left must hold the longest trial so far)
@@ -240,6 +240,29 @@ class SearchLoop:
         if spent is not None:
             return spent
         return None if self._plan is None else self._plan()
+
+    def _all_tried(self) -> str:
+        """Why no config is left to ask, naming those only interrupted: each ran twice and
+        is not run again (a walk's worker said "all 8 runnable configs of the space are
+        measured" of a config Ctrl-C'd twice, and nothing said it was dropped)."""
+        said = f"all {len(self._runnable)} runnable configs of the space are measured"
+        stopped = sorted(
+            o.number
+            for c, o in self.results.items()
+            if c in self._runnable and o.failure_kind == "interrupted"
+        )
+        if not stopped:
+            return said
+        numbers = ", ".join(f"#{n}" for n in stopped)
+        one = len(stopped) == 1
+        was, it, is_ = ("was", "it", "is") if one else ("were", "they", "are")
+        return (
+            f"all {len(self._runnable)} runnable configs of the space are tried, but "
+            f"{len(stopped)} {was} interrupted each time {it} ran and {is_} not run again "
+            f"({numbers}: an interrupted config runs "
+            "once more, not at every launch, so that a trial that outlasts the time budget "
+            "does not run forever); `sweeper best` names them among what no trial measured"
+        )
 
     def _fit_to_time(self, left_s: float | None) -> str | None:
         """Near the end of the time budget, leave out the configs whose trial would not finish
