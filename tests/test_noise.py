@@ -712,3 +712,33 @@ def test_a_config_only_interrupted_is_named_when_all_are_tried(
     ), again.stop_reason
     assert "(#9: an interrupted config runs once more" in again.stop_reason
     assert "are measured" not in again.stop_reason
+
+
+def test_an_interrupt_during_the_end_remeasure_says_that_measurement_is_dropped(
+    storage: optuna.storages.RDBStorage,
+) -> None:
+    """A walk's SIGINT during the end re-measure read "no trial was running (nothing is
+    lost)", and that re-measure was lost: the re-measure's number was cleared on the way
+    out, before the CLI asked what was running."""
+    from sweeper.console import RichObserver
+
+    class Interrupted(_Script):
+        def remeasure(self, *args: object, **kwargs: object) -> Sample | None:
+            raise KeyboardInterrupt
+
+    rounds = (
+        "  remeasure: {rounds: 2, drift_every: null, contended_reruns: 0, contended_later: 0}\n"
+    )
+    script = Interrupted({1: [5.0], 2: [5.02], 4: [9.0], 8: [9.5]}, ci=0.05)
+    loop, _ = _loop(_space(rounds), storage, script)
+    loop.run(4)
+    observer = RichObserver("tiny", 4)
+    again = SearchLoop(
+        _space(rounds), loop.study, script, PreflightReport(), observer,  # type: ignore[arg-type]
+        earlier=loop.results, earlier_samples=loop.remeasure.samples, seed=1,
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        again.settle()
+    said = observer.interrupted_words()
+    assert "was being measured again, and that measurement is dropped" in said, said
+    assert "nothing is lost" not in said

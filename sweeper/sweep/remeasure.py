@@ -129,10 +129,10 @@ class Remeasure:
         started = time.monotonic()
         left_s = None if left_s is None else self.time.left_s(config.devices)
         self.observer.remeasuring(number)
-        try:
-            sample = self.executor.remeasure(number, config, kind, left_s)
-        finally:
-            self.observer.remeasuring(None)
+        # cleared when it returns, not on the way out of an interrupt: the CLI then says that
+        # this measurement is dropped (a walk's Ctrl-C here read "nothing is lost")
+        sample = self.executor.remeasure(number, config, kind, left_s)
+        self.observer.remeasuring(None)
         self.time.took(time.monotonic() - started, config.devices)  # N devices: N × the time
         self.remeasured += 1
         if sample is not None:
