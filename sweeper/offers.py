@@ -386,6 +386,10 @@ def _measured_row(
             + ("" if scaled is None else f"; {scaled.text().split(': ', 1)[1]}")
         )
     name = study.hardware_name if key is None else catalog.gpus[key].name
+    if key is None and device and catalog.find(study.hardware_name) is not None:
+        # priced as a catalog GPU, measured elsewhere: not the catalog's row of that name (a
+        # walk's table had two "2× H100 SXM 80GB", one measured on the CPU and "meets")
+        name = f"{name}, as measured on {device}"
     return OfferRow(
         gpu=key,
         name=name if count == 1 else f"{count}× {name}",

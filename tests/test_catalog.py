@@ -651,3 +651,31 @@ def test_too_close_to_call_says_inside_the_band_only_when_the_figure_is() -> Non
     said = _too_close(h100, [h100, row("A100", 14.0)])
     assert "A100 ($14.00, estimate) lies within its band:" in said, said
     assert _too_close(h100, [h100, row("A100", 30.0)]) == ""
+
+
+def test_a_study_priced_as_a_catalog_gpu_but_measured_on_a_cpu_has_one_row_of_that_name(
+    sqlite_url: str,
+) -> None:
+    """A walk's study priced as an H100 SXM was measured on the CPU: its own row and the
+    catalog's were both named "2× H100 SXM 80GB", one "measured ... meets", the other "needs a
+    multi-GPU measurement". The measured row says where it was measured."""
+    cpu = json.loads((REPO / "studies" / "cpu-demo.json").read_text())
+    cpu["study"]["hardware_name"] = "H100 SXM 80GB"
+    store = _store_with(sqlite_url, (cpu, "cpu"))
+    try:
+        table = offer_table(
+            [_measured(store, "cpu")],
+            anchor="cpu",
+            catalog=load_catalog(),
+            measurement_of=lambda s, n: store.get_trial(s, n).measurement,  # type: ignore[union-attr]
+            constraints=Constraints(),
+            gpus=["h100-sxm"],
+            offers=["2x h100-sxm"],
+        )
+    finally:
+        store.dispose()
+    names = [row.name for row in table.rows]
+    assert len(names) == len(set(names)), names
+    (own,) = [row for row in table.rows if row.study == "cpu"]
+    assert own.gpu is None and own.basis == "measured"
+    assert own.name.startswith("H100 SXM 80GB, as measured on "), own.name
