@@ -732,7 +732,26 @@ def _command(rec: Recommendation, space_yaml: str) -> str:
             "trials ran them and were measured with them), unchanged:"
         )
         lines += [f"#   {name}: {value}" for name, value in own.items()]
+    threads = _thread_env(rec, device_count(config))
+    if threads:  # said, not prefixed: the last line stays the command (its words run as is)
+        lines.append(
+            f"# the trials ran with {' '.join(threads)} in their environment, and the CPU "
+            f"threads change the speed: run `export {' '.join(threads)}` first"
+        )
     return "\n".join(lines) + "\n" + shlex.join(words) + "\n"
+
+
+def _thread_env(rec: Recommendation, devices: int) -> list[str]:
+    """``NAME=value`` for the thread variables the winning trial started with that its
+    exported line would not give it: all of them, except the OMP_NUM_THREADS=1 torchrun sets
+    itself on several processes."""
+    import shlex
+
+    return [
+        f"{name}={shlex.quote(value)}"
+        for name, value in rec.thread_env.items()
+        if not (name == "OMP_NUM_THREADS" and value == "1" and devices > 1)
+    ]
 
 
 def _without(command: list[str], names: set[str]) -> list[str]:

@@ -733,6 +733,11 @@ def best(store: Store, study: str, constraints: Constraints | None = None) -> Re
         update={
             "loss_labels": measured.get("loss_labels"),
             "unreached": tuple(measured.get("unreached") or ()),
+            "thread_env": {
+                name: value
+                for name, value in ((measured.get("env") or {}).get("runtime_env") or {}).items()
+                if name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+            },
             **unseen_cut,
             "reply_markers": measured.get("reply_markers"),
             "unmeasured": unweighed,

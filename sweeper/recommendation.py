@@ -84,6 +84,9 @@ class Recommendation(BaseModel):
     # the knobs that never reached the script (Measurement.unreached): their values here are
     # the config's, which did not run; the script ran its own, unseen
     unreached: tuple[str, ...] = ()
+    # the CPU thread variables (OMP_NUM_THREADS, MKL_NUM_THREADS) the winning trial started
+    # with (Measurement.runtime_env): a run without them gets torch's default threads
+    thread_env: dict[str, str] = {}
     it_per_s: float | None
     samples_per_s: float
     tokens_per_s: float | None
