@@ -339,6 +339,29 @@ def script_problems(script: Any) -> list[str]:
 PARSE_CHECK_S = 120  # the program's imports (torch, transformers, TRL) and its parse
 
 
+def _own_length(reached: str, config: Any, space: Any, shown: str) -> list[str]:
+    """A note when the program's parse gave it a sequence length other than the trial's
+    (``parse_check`` writes it): its own default, not passed by the space's knobs form (a
+    walk's --max_seq_length 512 where auto chose 320; every trial failed as a mismatch)."""
+    found = re.fullmatch(r"parsed length (\d+)", reached.strip())
+    if found is None or int(found.group(1)) == config.max_seq_length:
+        return []
+    own, asked = int(found.group(1)), config.max_seq_length
+    listed = "max_seq_length" in space.search.model_fields_set
+    return [
+        f"your script's parser gives it a sequence length of {own} ({shown} does not set "
+        f"it), where the space has {asked}: "
+        + (
+            "a trial whose program cuts at its own length fails as a mismatch; give the "
+            f"length on the command (--max_seq_length {asked}), list {own} in search:, or "
+            "read it from sweeper.trial_config()"
+            if listed
+            else f"the trials run {own} and record it as the script's own; to measure "
+            f"{asked}, give it on the command (--max_seq_length {asked})"
+        )
+    ]
+
+
 def script_parses(space: Any, cache_dir: Path) -> tuple[list[str], list[str]]:
     """(problems, notes): whether the program's own parser takes the words a trial gives it
     (the space's command with the knobs as flags, of the baseline or the first config of the
@@ -407,7 +430,9 @@ def script_parses(space: Any, cache_dir: Path) -> tuple[list[str], list[str]]:
                 f"not checked: it did not parse them within {PARSE_CHECK_S} s"
             ]
         if reached.is_file():
-            return [], []
+            if "trial_config" in source:  # it may set its length from the trial's config
+                return [], []
+            return [], _own_length(reached.read_text(), config, space, shown)
     if run.returncode == 0:
         return [], [
             f"your script ({shown}) ran to its end without parsing its arguments or reaching "

@@ -363,3 +363,30 @@ def test_a_data_file_the_command_names_and_is_not_there_is_a_problem(
     assert text.returncode == 1
     assert "data/chats_v2.jsonl is not a file" in " ".join(text.stdout.split())
     assert "can run here" not in text.stdout
+
+
+def test_a_script_that_keeps_its_own_length_is_said_by_doctor(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """A walk's script had --max_seq_length (default 512), which `knobs: flags` does not
+    pass: doctor said "can run here", and every trial failed as a mismatch. Doctor reads the
+    length the script's parser gives it and says what the trials will run."""
+    (tmp_path / "train.py").write_text(
+        "import argparse\n\nimport sweeper\n\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--max_seq_length', type=int, default=512)\n"
+        "parser.parse_known_args()\nsweeper.callback()\n"
+    )
+    space = yaml.safe_load(TINY_SPACE.read_text())  # lists max_seq_length [64]
+    space["workload"]["engine"] = "script"
+    space["workload"]["script"] = {"command": [sys.executable, "train.py"], "cwd": str(tmp_path)}
+    space["search"]["attn_implementation"] = ["sdpa"]
+    del space["baseline"]
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space))
+    result = _doctor("--space", str(path), "--json", "--write-mb", "8", cache_dir=cache_dir)
+    findings = json.loads(result.stdout)["findings"]
+    said = [f for f in findings if "your script's parser gives it a sequence length" in f["text"]]
+    assert said, findings
+    assert said[0]["level"] == "warning"
+    assert "a sequence length of 512" in said[0]["text"] and "the space has 64" in said[0]["text"]
+    assert "fails as a mismatch" in said[0]["text"] and "--max_seq_length 64" in said[0]["text"]

@@ -46,10 +46,27 @@ def _outermost(method: Any) -> Any:
         finally:
             _depth -= 1
         if _depth == 0:
-            stop("parsed")
+            length = _length(result)
+            stop("parsed" if length is None else f"parsed length {length}")
         return result
 
     return wrapper
+
+
+# the names a program's own parser gives its sequence length (its own flag or SFTConfig's)
+_LENGTH_NAMES = ("max_seq_length", "max_length", "max_seq_len")
+
+
+def _length(parsed: Any) -> int | None:
+    """The sequence length the parse gave the program (a Namespace, a dataclass, or a tuple
+    of them, as argparse and HfArgumentParser return), or None: what a trial's program runs
+    where no flag of sweeper's sets it (a walk's --max_seq_length, default 512)."""
+    for item in parsed if isinstance(parsed, tuple) else (parsed,):
+        for name in _LENGTH_NAMES:
+            value = getattr(item, name, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+    return None
 
 
 def _wrap(cls: type, names: tuple[str, ...]) -> None:
