@@ -334,12 +334,14 @@ class ImprovementGridSampler(_CandidateSampler):
     # > 0: the first picks, up to this many measured configs, are made among the configs of
     # the cheapest expected trial (its compile mode), each by its chance of beating the best
     # of them, until none is at least cheap_first_below likely to (what the other knobs do is
-    # learned where it costs least); then the whole space, the compiled modes' effects learned
-    # from their first trials. 0: off. (6, judged on 140 fresh seeds a table: 0.87x the
-    # seconds to 5% and fewer trials on held-out and qlora-24gb, 12-13 against 14-16, but more
-    # where the best need max-autotune's interactions: noisy's and interactions' samples/s
-    # 12-14 against 10-10.5, held-out-lora 16 against 13; bench/RESULTS.md Run 19)
-    cheap_first = 0
+    # learned where a trial costs least); then the whole space, the compiled modes' effects
+    # learned from their first trials. 0: off. 3 by default since Run 19: judged on 140
+    # fresh seeds a table (200-339), 0.906x the seconds to 5% [0.869, 0.946] over the 12
+    # rows, no row needing more trials by the sign test at p < 0.005 (the closest: noisy
+    # samples/s, 68 seeds worse and 52 better, median 18 against 14; over all rows 777 worse
+    # and 726 better). 6 lost trials on five rows (noisy and interactions samples/s 12-14
+    # against 10-10.5, held-out-lora 16 against 13; bench/RESULTS.md Run 19)
+    cheap_first = 3
     cheap_first_below = 0.25
     # The options below were measured against the heavy tail of this search on samples/s
     # (28% of seeds at 40+ trials to 5% on interactions, 20% on noisy, 40 seeds) and left

@@ -63,14 +63,17 @@ the summed seconds (30 paired seeds), since a changed first pick reshuffles ever
 at 200 paired seeds (Run 17) it fails four rows, qlora-24gb's 17.5 / 18 against 15 trials.
 
 From Run 19 on, a form is judged by a rule whose error rates are computed
-(bench/replay/calibrated.py: a per-row sign test on paired trials, and the seconds' geometric
-mean below 1). Learning the other knobs in the cheapest compile mode first
-(``ImprovementGridSampler.cheap_first`` 6: a phase, not a weight) took 0.87x the seconds over
-the 12 rows, and fewer trials on held-out and qlora-24gb, but more on the five rows whose best
-configs need max-autotune's interactions or sit at a memory wall (noisy's and interactions'
-samples/s 12-14 against 10-10.5 trials): off. The most any reordering could save at the same
-trials is 29-64% of the seconds (bench/replay/room.py), since the best configs compile on 11
-of 12 rows.
+(bench/replay/calibrated.py: a per-row one-sided sign test on paired trials at p < 0.005, and
+the seconds' geometric mean with its interval below 1; a form that changes nothing fails it
+5-7% of the time and passes it about 3%). **On by default since Run 19: the first picks learn
+the other knobs in the cheapest compile mode** (``ImprovementGridSampler.cheap_first`` 3: a
+phase, not a weight: up to 3 measured configs among the configs of the cheapest expected
+trial, each by its chance of beating their best, then the whole space). Judged on fresh seeds
+it took 0.906x the seconds to 5% [0.869, 0.946] and lost trials on no row (noisy's samples/s
+came closest: 68 seeds worse, 52 better, p 0.085). With 6 such picks it saved more (0.868x) but
+lost trials on the five rows whose best configs need max-autotune's interactions or sit at a
+memory wall. The most any reordering could save at the same trials is 29-64% of the seconds
+(bench/replay/room.py): the best configs compile on 11 of the 12 rows.
 """
 
 from __future__ import annotations

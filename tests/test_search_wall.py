@@ -377,7 +377,8 @@ def test_bayes_can_draw_its_first_picks_among_the_cheapest_trials() -> None:
     """With ``cheap_draws`` the draws made before anything is measured are among the configs
     whose trial is expected to be cheapest (no compile, against max-autotune's 345 s): the
     first pick of each of 40 seeds, and the light pick after an out-of-memory failure; off
-    by default, when 40 first picks land on both compile modes."""
+    by default, and without it (and without ``cheap_first``) 40 first picks land on both
+    compile modes."""
     assert ImprovementGridSampler.cheap_draws is False
     candidates, _ = _near_tie_study()
     free = list(range(len(candidates)))
@@ -386,7 +387,7 @@ def test_bayes_can_draw_its_first_picks_among_the_cheapest_trials() -> None:
         picked = set()
         for seed in range(40):
             sampler = ImprovementGridSampler(candidates, seed=seed)
-            sampler.cheap_draws = cheap
+            sampler.cheap_draws, sampler.cheap_first = cheap, 0  # the draws alone
             picked.add(candidates[sampler.pick(free, [])]["compile_mode"])
         modes[cheap] = picked
     assert modes == {False: {"none", "max-autotune"}, True: {"none"}}, modes
@@ -409,7 +410,7 @@ def test_bayes_can_draw_its_first_picks_among_the_cheapest_trials() -> None:
     for cheap in (False, True):
         for seed in range(20):
             sampler = ImprovementGridSampler(candidates, seed=seed)
-            sampler.cheap_draws = cheap
+            sampler.cheap_draws, sampler.cheap_first = cheap, 0  # the draws alone
             pick = candidates[sampler.pick([i for i in free if i != heaviest], trials)]
             light[cheap].add((pick["compile_mode"], pick["per_device_batch_size"]))
     assert light == {False: {("none", 1), ("max-autotune", 1)}, True: {("none", 1)}}, light
@@ -635,6 +636,7 @@ def test_bayes_can_learn_the_other_knobs_in_the_cheapest_compile_mode_first() ->
     of the cheapest expected trial (no compile, against max-autotune's 345 s), each by its
     chance of beating their best; a dearer mode measured, N measured, or no cheap config
     likely enough to beat their best (``cheap_first_below``) opens the whole space."""
+    assert ImprovementGridSampler.cheap_first == 3  # the default since Run 19
     none = [0, 2, 4]  # indexes of compile mode none (batch 1 and 2, workers 0 and 2)
     candidates, nothing = _cheap_study([])
     assert all(candidates[i]["compile_mode"] == "none" for i in none)
