@@ -507,11 +507,13 @@ class ImprovementGridSampler(_CandidateSampler):
     def _cheap_first(self, free: list[int], seen: _History) -> list[int]:
         """``free``, or while the search is learning in the cheapest compile mode
         (``cheap_first``) the configs of that mode."""
-        if self.cheap_first <= 0 or len(seen.rows) >= self.cheap_first:
+        ran = seen.rows + seen.contended  # a contended measurement counts as run here: on a
+        # machine shared throughout, the model learns nothing, and the dear modes must still run
+        if self.cheap_first <= 0 or len(ran) >= self.cheap_first:
             return free
         cheap = self._cheapest(free, seen.took)
         modes = {self._mode(i) for i in cheap}
-        if len(cheap) == len(free) or any(self._mode(i) not in modes for i in seen.rows):
+        if len(cheap) == len(free) or any(self._mode(i) not in modes for i in ran):
             return free  # one mode left, or a dearer mode measured: the search is past it
         if seen.rows:
             log_p = self._log_p_improves(np.array(seen.rows), np.array(seen.values), cheap)
@@ -542,6 +544,7 @@ class ImprovementGridSampler(_CandidateSampler):
                 continue
             value = self._revised.get(_key(t.params), t.value)
             if t.user_attrs.get(CONTENDED_ATTR) and _key(t.params) not in self._revised:
+                seen.contended.append(index)
                 continue  # slowed by other work by an unknown factor: it says little
             if value is not None and value > 0 and math.isfinite(value):
                 seen.rows.append(index)
@@ -737,6 +740,7 @@ class _History:
     model_failed: set[int] = field(default_factory=set)  # model sides that failed to run
     memory: list[tuple[int, float]] = field(default_factory=list)  # log peak memory
     took: list[tuple[int, float]] = field(default_factory=list)  # seconds per trial run
+    contended: list[int] = field(default_factory=list)  # measured, but only on a shared machine
 
 
 # knobs that change how batches reach the model, not what the model computes: a config that

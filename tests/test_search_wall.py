@@ -690,3 +690,34 @@ def test_bayes_can_learn_the_other_knobs_in_the_cheapest_compile_mode_first() ->
     # a dearer mode measured: the whole space
     _, dear = _cheap_study([(0, 10.0, 60.0), (4, 8.1, 60.0), (3, 9.5, 405.0)])
     assert pick(dear, 6) == pick(dear, 0)
+
+
+def test_the_cheap_phase_counts_contended_trials_so_the_compiled_modes_still_run() -> None:
+    """On a machine shared throughout, every trial is contended and the model learns nothing
+    from it; the cheap phase still ends after ``cheap_first`` such trials, so the compiled
+    modes are tried (a user's CPU sweep under load stayed in compile mode none)."""
+    from sweeper.search import CONTENDED_ATTR
+
+    candidates, _ = _near_tie_study(())
+    study = optuna.create_study(direction="minimize")
+    distributions = {
+        name: optuna.distributions.CategoricalDistribution(sorted({c[name] for c in candidates}))
+        for name in candidates[0]
+    }
+    for index, value in ((0, 10.0), (2, 9.0), (4, 8.0)):  # all three compile mode none
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=candidates[index], distributions=distributions, value=value,
+                user_attrs={SECONDS_ATTR: 60.0, CONTENDED_ATTR: True},
+            )
+        )  # fmt: skip
+    trials = study.get_trials(deepcopy=False)
+    free = [i for i in range(len(candidates)) if i not in (0, 2, 4)]
+    picked: dict[int, set[object]] = {}
+    for n in (3, 4):
+        picked[n] = set()
+        for seed in range(20):
+            sampler = ImprovementGridSampler(candidates, seed=seed)
+            sampler.cheap_first = n
+            picked[n].add(candidates[sampler.pick(free, trials)]["compile_mode"])
+    assert picked == {3: {"none", "max-autotune"}, 4: {"none"}}, picked
