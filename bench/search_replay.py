@@ -55,6 +55,7 @@ reported side by side (``--samplers ''`` runs none).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import multiprocessing
@@ -461,6 +462,21 @@ def load_budget_replays(
     return out
 
 
+def saved_path(path: Path) -> Path:
+    """``path``, or its gzip beside it (``NAME.gz``: the committed replays are kept
+    compressed) where only that exists."""
+    packed = path.with_name(path.name + ".gz")
+    return packed if not path.exists() and packed.exists() else path
+
+
+def read_saved(path: Path) -> str:
+    """The text of a saved replay file, read through gzip where it is compressed."""
+    path = saved_path(path)
+    if path.suffix == ".gz":
+        return gzip.decompress(path.read_bytes()).decode()
+    return path.read_text()
+
+
 def _saved(
     paths: Sequence[Path], table: str, *, budget: bool
 ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -468,7 +484,7 @@ def _saved(
     replays (``budget``) or the others."""
     kind = "saved budget replay" if budget else "saved replay"
     for path in paths:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        for number, line in enumerate(read_saved(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -896,7 +912,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     weight = ImprovementGridSampler.cost_weight if args.cost_weight is None else args.cost_weight
     started = time.perf_counter()
-    missing_files = [str(p) for p in args.load if not p.is_file()]
+    missing_files = [str(p) for p in args.load if not saved_path(p).is_file()]
     if missing_files:
         sys.exit(f"--load: no such file {', '.join(missing_files)}")
     by_seed = load_replays(args.load, args.table.name)
@@ -932,7 +948,7 @@ def _main_budget(
         sys.exit(f"--budget-s {args.budget_s!r}: give seconds, comma-separated (e.g. 1800,3600)")
     if not budgets or any(b <= 0 for b in budgets):
         sys.exit(f"--budget-s {args.budget_s!r}: give one or more positive numbers of seconds")
-    missing_files = [str(p) for p in args.load if not p.is_file()]
+    missing_files = [str(p) for p in args.load if not saved_path(p).is_file()]
     if missing_files:
         sys.exit(f"--load: no such file {', '.join(missing_files)}")
     jobs = [

@@ -88,7 +88,7 @@ def judge(directory: Path, form: str, default_dir: Path | None = None) -> bool:
     rng = np.random.default_rng(0)
     pairs, names = [], []
     for table in null_rule.TABLES:
-        if not (directory / f"{table}.{form}.jsonl").exists():
+        if not sr.saved_path(directory / f"{table}.{form}.jsonl").exists():
             print(f"({table}: no replays of {form})")
             continue
         for metric in null_rule.METRICS:

@@ -58,7 +58,7 @@ def main(directory: Path, table: str, space: str, forms: tuple[str, ...] = FORMS
         unweighted = base.get(("bayes", metric), {})
         for form in forms:
             path = directory / f"{table}.{form}.jsonl"
-            if not path.exists():
+            if not sr.saved_path(path).exists():
                 continue
             weighted = sr.load_replays([path], name).get(("bayes", metric), {})
             seeds = sorted(set(unweighted) & set(weighted))

@@ -46,7 +46,7 @@ def main(argv: list[str]) -> None:
     most = int(argv[3]) if len(argv) == 4 else None
     for table in tables:
         files = [folder / f"{table}.unweighted.jsonl", folder / f"{table}.{form}.jsonl"]
-        missing = [str(f) for f in files if not f.is_file()]
+        missing = [str(f) for f in files if not sr.saved_path(f).is_file()]
         if missing:
             sys.exit(f"no such file {', '.join(missing)}: save them with search_replay.py --save")
         rows = sr.read_table(HERE / f"{table}.jsonl", load_space(_space(table)))
