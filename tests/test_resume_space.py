@@ -18,20 +18,26 @@ from tests.helpers import REPO, TINY_SPACE
 from tests.test_cli import env  # noqa: F401 (a fixture)
 
 
-@pytest.mark.torch
-def test_a_space_whose_lists_changed_is_refused_before_anything_is_written(
-    tmp_path: Path,
-    sqlite_url: str,
-    env: dict[str, str],  # noqa: F811
-) -> None:
+def _asked_batch_from_2_4_8(sqlite_url: str) -> None:
+    """A study "tiny" whose earlier launch asked the batch from [2, 4, 8] (TINY_SPACE's list
+    is [2, 4])."""
     storage = optuna.storages.RDBStorage(sqlite_url)
-    try:  # the study's earlier launch asked the batch from [2, 4, 8]
+    try:
         study = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
         trial = study.ask()
         trial.suggest_categorical("per_device_batch_size", [2, 4, 8])
         study.tell(trial, 1.0)
     finally:
         storage.engine.dispose()
+
+
+@pytest.mark.torch
+def test_a_space_whose_lists_changed_is_refused_before_anything_is_written(
+    tmp_path: Path,
+    sqlite_url: str,
+    env: dict[str, str],  # noqa: F811
+) -> None:
+    _asked_batch_from_2_4_8(sqlite_url)  # the study's earlier launch
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY_SPACE.read_text())  # its batch list: [2, 4]
     done = subprocess.run(
@@ -69,14 +75,7 @@ def test_launch_workers_relays_the_refusal_with_its_exit_status(
     """A walk's `launch --workers 2` of a space whose lists changed read "worker 0 exited 2
     (see ...log); worker 1 exited 2 (see ...)", exit 1, the refusal only in the logs: the
     launcher says it as a single launch does, exit 2."""
-    storage = optuna.storages.RDBStorage(sqlite_url)
-    try:
-        study = optuna.create_study(study_name="tiny", storage=storage, direction="minimize")
-        trial = study.ask()
-        trial.suggest_categorical("per_device_batch_size", [2, 4, 8])
-        study.tell(trial, 1.0)
-    finally:
-        storage.engine.dispose()
+    _asked_batch_from_2_4_8(sqlite_url)
     space = tmp_path / "tiny.yaml"
     space.write_text(TINY_SPACE.read_text())
     done = subprocess.run(
