@@ -314,6 +314,9 @@ class _Session:
                     "longer, so that the window closes while it trains",
                 )
             )
+        if self.ranks is not None:  # the last exchange is done and the program goes on
+            with contextlib.suppress(Exception):  # the group's end is not the measurement's
+                self.ranks.close()
         if end_program:
             self._end_program()
 

@@ -104,6 +104,19 @@ class Ranks:
         dist.all_gather_object(values, value, group=self.host_group)
         return values
 
+    def close(self) -> None:
+        """The end of the hook's own exchanges (``engine: script``), once the last is done:
+        its gloo group is destroyed and let go now, while the interpreter lives. Left to the
+        program's exit, gloo's worker threads may still hold the last exchange's tensors when
+        the interpreter is finalizing; the thread that lets go of them needs the GIL and the
+        rank aborts ("terminate called without an active exception", exit -6, after a kept
+        measurement: a CI run's rank 1; the mechanism as in pytorch/pytorch#179291)."""
+        import torch.distributed as dist
+
+        group, self.host_group = self.host_group, None
+        if group is not None and dist.is_initialized() and group is not dist.group.WORLD:
+            dist.destroy_process_group(group)
+
     def leave(self) -> None:
         import torch.distributed as dist
 
