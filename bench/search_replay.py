@@ -737,6 +737,123 @@ def export_study(name: str, storage: str, out: Path) -> None:
 # ------------------------------------------------------------------ main
 
 
+# the bayes sampler's settings a replay can change, each ImprovementGridSampler's attribute of
+# its name and the flag --the-name: (name, add_argument's type, choices or action, what it does)
+_SAMPLER_FLAGS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    (
+        "cost_weight",
+        {"type": float},
+        "weigh the chance of improving per second of trial, to this power "
+        "(ImprovementGridSampler.cost_weight; default: the sampler's own)",
+    ),
+    (
+        "cost_window",
+        {"type": float},
+        "weigh time only among configs at least this share as likely to improve as the "
+        "likeliest (ImprovementGridSampler.cost_window)",
+    ),
+    (
+        "cost_after",
+        {"type": int},
+        "measured trials of a compile mode before its time counts "
+        "(ImprovementGridSampler.cost_after)",
+    ),
+    (
+        "cost_against",
+        {"choices": ("incumbent", "cheapest")},
+        "count a trial's seconds beyond the best measured config's or the cheapest "
+        "candidate's (ImprovementGridSampler.cost_against)",
+    ),
+    (
+        "cost_cooling",
+        {"type": int},
+        "the cost weight falls linearly to 0 over this many measured trials "
+        "(ImprovementGridSampler.cost_cooling; 0: no cooling)",
+    ),
+    (
+        "cost_acquisition",
+        {"choices": ("pi", "ei")},
+        "weigh time against the probability of improving (pi) or the expected improvement "
+        "(ei: EI per second; use --cost-window 0) (ImprovementGridSampler.cost_acquisition)",
+    ),
+    (
+        "cheap_draws",
+        {"action": argparse.BooleanOptionalAction, "default": None},
+        "the draws before anything is measured are among the configs of the cheapest expected"
+        " trial (ImprovementGridSampler.cheap_draws)",
+    ),
+    (
+        "cost_explore_below",
+        {"type": float},
+        "weigh time only while no config is at least this likely to run and improve "
+        "(ImprovementGridSampler.cost_explore_below; 0: always)",
+    ),
+    (
+        "cheap_first",
+        {"type": int},
+        "the first picks, up to this many measured, among the cheapest compile mode's configs"
+        " (ImprovementGridSampler.cheap_first; 0: off)",
+    ),
+    (
+        "cheap_first_below",
+        {"type": float},
+        "leave the cheapest mode once none of its configs is this likely to beat its best "
+        "(ImprovementGridSampler.cheap_first_below)",
+    ),
+    (
+        "incumbent",
+        {"choices": ("measured", "posterior")},
+        "the best a pick must beat: the lowest measured log $/run, or the lowest posterior "
+        "mean over the measured configs (ImprovementGridSampler.incumbent)",
+    ),
+    (
+        "interaction_prior_fit",
+        {"type": lambda v: tuple(float(x) for x in v.split(","))},
+        "comma-separated sds; at each pick the interaction prior's sd is the one of these "
+        "with the highest marginal likelihood (ImprovementGridSampler.interaction_prior_fit)",
+    ),
+    (
+        "explore_below",
+        {"type": float},
+        "when no config is this likely to improve, pick the one the model knows least "
+        "(ImprovementGridSampler.explore_below; 0: never)",
+    ),
+    (
+        "explore_by",
+        {"choices": ("spread", "random")},
+        "with --explore-below, the config the model knows least, or one at random "
+        "(ImprovementGridSampler.explore_by)",
+    ),
+    (
+        "explore_first",
+        {"type": int},
+        "the first N measured picks cover what the model knows least under a wide interaction"
+        " prior (ImprovementGridSampler.explore_first)",
+    ),
+    (
+        "expected_pairs_sd",
+        {"type": float},
+        "the interaction prior's sd of the knob pairs expected to interact "
+        "(sweeper.search_model.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: "
+        "off; with --expected-pairs-fit '', the fit being the default)",
+    ),
+    (
+        "expected_pairs_fit",
+        {"type": lambda v: tuple(float(x) for x in v.split(",") if x)},
+        "comma-separated sds; at each pick the expected pairs' interaction prior sd is the "
+        "one of these with the highest marginal likelihood "
+        "(ImprovementGridSampler.expected_pairs_fit; the default 0.05,0.1,0.2,0.4; '': off, "
+        "--expected-pairs-sd)",
+    ),
+    (
+        "noise_fit",
+        {"type": lambda v: tuple(float(x) for x in v.split(","))},
+        "comma-separated noise sds, chosen at each pick by the marginal likelihood jointly "
+        "with the fitted priors (ImprovementGridSampler.noise_fit)",
+    ),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--space", type=Path)
@@ -751,100 +868,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"comma-separated, of {', '.join(SAMPLERS)}",
     )  # fmt: skip
     parser.add_argument("--metrics", default=",".join(METRICS))
-    parser.add_argument(
-        "--cost-weight", type=float,
-        help="bayes: weigh the chance of improving per second of trial, to this power "
-        "(ImprovementGridSampler.cost_weight; default: the sampler's own)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cost-window", type=float,
-        help="bayes: weigh time only among configs at least this share as likely to improve "
-        "as the likeliest (ImprovementGridSampler.cost_window)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cost-after", type=int,
-        help="bayes: measured trials of a compile mode before its time counts "
-        "(ImprovementGridSampler.cost_after)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cost-against", choices=("incumbent", "cheapest"),
-        help="bayes: count a trial's seconds beyond the best measured config's or the cheapest "
-        "candidate's (ImprovementGridSampler.cost_against)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cost-cooling", type=int,
-        help="bayes: the cost weight falls linearly to 0 over this many measured trials "
-        "(ImprovementGridSampler.cost_cooling; 0: no cooling)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cost-acquisition", choices=("pi", "ei"),
-        help="bayes: weigh time against the probability of improving (pi) or the expected "
-        "improvement (ei: EI per second; use --cost-window 0) "
-        "(ImprovementGridSampler.cost_acquisition)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cheap-draws", action=argparse.BooleanOptionalAction, default=None,
-        help="bayes: the draws before anything is measured are among the configs of the "
-        "cheapest expected trial (ImprovementGridSampler.cheap_draws)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cost-explore-below", type=float,
-        help="bayes: weigh time only while no config is at least this likely to run and "
-        "improve (ImprovementGridSampler.cost_explore_below; 0: always)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cheap-first", type=int,
-        help="bayes: the first picks, up to this many measured, among the cheapest compile "
-        "mode's configs (ImprovementGridSampler.cheap_first; 0: off)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--cheap-first-below", type=float,
-        help="bayes: leave the cheapest mode once none of its configs is this likely to beat "
-        "its best (ImprovementGridSampler.cheap_first_below)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--incumbent", choices=("measured", "posterior"),
-        help="bayes: the best a pick must beat: the lowest measured log $/run, or the lowest "
-        "posterior mean over the measured configs (ImprovementGridSampler.incumbent)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--interaction-prior-fit", type=lambda v: tuple(float(x) for x in v.split(",")),
-        help="bayes: comma-separated sds; at each pick the interaction prior's sd is the one "
-        "of these with the highest marginal likelihood (ImprovementGridSampler."
-        "interaction_prior_fit)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--explore-below", type=float,
-        help="bayes: when no config is this likely to improve, pick the one the model knows "
-        "least (ImprovementGridSampler.explore_below; 0: never)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--explore-by", choices=("spread", "random"),
-        help="bayes: with --explore-below, the config the model knows least, or one at random "
-        "(ImprovementGridSampler.explore_by)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--explore-first", type=int,
-        help="bayes: the first N measured picks cover what the model knows least under a "
-        "wide interaction prior (ImprovementGridSampler.explore_first)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--expected-pairs-sd", type=float,
-        help="bayes: the interaction prior's sd of the knob pairs expected to interact "
-        "(sweeper.search_model.EXPECTED_PAIRS; ImprovementGridSampler.expected_pairs_sd; 0: off; "
-        "with --expected-pairs-fit '', the fit being the default)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--expected-pairs-fit", type=lambda v: tuple(float(x) for x in v.split(",") if x),
-        help="bayes: comma-separated sds; at each pick the expected pairs' interaction prior "
-        "sd is the one of these with the highest marginal likelihood (ImprovementGridSampler."
-        "expected_pairs_fit; the default 0.05,0.1,0.2,0.4; '': off, --expected-pairs-sd)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--noise-fit", type=lambda v: tuple(float(x) for x in v.split(",")),
-        help="bayes: comma-separated noise sds, chosen at each pick by the marginal likelihood "
-        "jointly with the fitted priors (ImprovementGridSampler.noise_fit)",
-    )  # fmt: skip
+    for name, kwargs, what in _SAMPLER_FLAGS:
+        parser.add_argument("--" + name.replace("_", "-"), help=f"bayes: {what}", **kwargs)
     parser.add_argument(
         "--budget-s",
         help="comma-separated measurement-seconds budgets: each seed runs until its budget is "
@@ -881,28 +906,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     grid = list(space.search.grid())
     missing = sum(1 for c in grid if c not in table)
     overrides = {
-        name: value
-        for name in (
-            "cost_weight",
-            "cost_window",
-            "cost_after",
-            "cost_against",
-            "cost_cooling",
-            "cost_acquisition",
-            "cheap_draws",
-            "cost_explore_below",
-            "cheap_first",
-            "cheap_first_below",
-            "incumbent",
-            "interaction_prior_fit",
-            "explore_below",
-            "explore_by",
-            "explore_first",
-            "expected_pairs_sd",
-            "expected_pairs_fit",
-            "noise_fit",
-        )
-        if (value := getattr(args, name)) is not None
+        name: value for name, *_ in _SAMPLER_FLAGS if (value := getattr(args, name)) is not None
     }
     jobs = [
         (str(args.space), str(args.table), sampler, metric, seed, overrides)
