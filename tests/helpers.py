@@ -284,9 +284,23 @@ def _environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _TEST_ENV}
 
 
-def script_space(command: list[str], *, search: str = "", form: str = "flags") -> Space:
+def make_tiny_job(out: Path, records: int) -> Path:
+    """The stand-in for a user's own job at ``out`` (``scripts/tiny_job.py``): a tiny Llama
+    directory written by save_pretrained, its tokenizer, and ``records`` chat records."""
+    made = subprocess.run(
+        [sys.executable, "scripts/tiny_job.py", "--out", str(out), "--records", str(records)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return out
+
+
+def script_space(
+    command: list[str], *, search: str = "", form: str = "flags", length: bool = True
+) -> Space:
     """A script space (engine: script) running ``command`` with its knobs as ``form``, read
-    from the words only (nothing here needs my-job/ to exist)."""
+    from the words only (nothing here needs my-job/ to exist); ``length``: it lists
+    max_seq_length [256] (without: the data chooses, ``sweeper.seqlen.resolve``)."""
     import json
 
     from sweeper.space import parse_space
@@ -301,5 +315,5 @@ def script_space(command: list[str], *, search: str = "", form: str = "flags") -
         "  samples: 1000\n"
         "  epochs: 1\n"
         f"  script: {{command: {json.dumps(command)}, knobs: {form}}}\n"
-        f"search:\n  max_seq_length: [256]\n{search}"
+        "search:\n" + ("  max_seq_length: [256]\n" if length else "") + search
     )

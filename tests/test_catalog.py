@@ -10,6 +10,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -332,6 +333,17 @@ def _measured(store: Store, name: str) -> MeasuredStudy:
     )
 
 
+def _offers(store: Store, anchor: str, **kwargs: Any) -> OfferTable:
+    """The offer table of the stored study ``anchor`` against the shipped catalog."""
+    return offer_table(
+        [_measured(store, anchor)],
+        anchor=anchor,
+        catalog=load_catalog(),
+        measurement_of=lambda s, n: store.get_trial(s, n).measurement,  # type: ignore[union-attr]
+        **kwargs,
+    )
+
+
 def test_the_rest_api_refuses_a_bad_offer_in_the_clis_words(storage_url: str) -> None:
     """A walk's `gpus=2x H100-SXM` and `1000x h100-sxm` gave pydantic's raw "String should
     match pattern '^\\s*(?:(\\d{1,3})...'", where the CLI says what an offer is."""
@@ -352,11 +364,9 @@ def test_multi_gpu_offers_are_never_priced_as_measured(sqlite_url: str) -> None:
     scaling efficiency each would need, from one GPU's figures, and no hours of its own."""
     store = _store_with(sqlite_url, (_h100(), "h100"))
     try:
-        table = offer_table(
-            [_measured(store, "h100")],
-            anchor="h100",
-            catalog=load_catalog(),
-            measurement_of=lambda s, n: store.get_trial(s, n).measurement,  # type: ignore[union-attr]
+        table = _offers(
+            store,
+            "h100",
             constraints=Constraints(max_hours=24),
             gpus=["h100-sxm", "a100-40gb", "h200-sxm"],
             offers=["2x h100-sxm", "4x a100-40gb"],
@@ -663,11 +673,9 @@ def test_a_study_priced_as_a_catalog_gpu_but_measured_on_a_cpu_has_one_row_of_th
     cpu["study"]["hardware_name"] = "H100 SXM 80GB"
     store = _store_with(sqlite_url, (cpu, "cpu"))
     try:
-        table = offer_table(
-            [_measured(store, "cpu")],
-            anchor="cpu",
-            catalog=load_catalog(),
-            measurement_of=lambda s, n: store.get_trial(s, n).measurement,  # type: ignore[union-attr]
+        table = _offers(
+            store,
+            "cpu",
             constraints=Constraints(),
             gpus=["h100-sxm"],
             offers=["2x h100-sxm"],

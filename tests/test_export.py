@@ -73,6 +73,20 @@ def _recommendation(url: str, study: str):  # noqa: ANN202
         store.dispose()
 
 
+def _one_trial_study(url: str, study: str, space_yaml: str, config: dict = CONFIG):  # noqa: ANN202
+    """A study of ``space_yaml`` with one complete trial of ``config``: its recommendation and
+    its stored space."""
+    store = Store(url)
+    try:
+        store.upsert_study(study, **(STUDY_FIELDS | {"space_yaml": space_yaml}))
+        store.start_trial(study, 0, config)
+        store.finish_trial(study, 0, "complete", samples_per_s=50.0, it_per_s=1.5,
+                           hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
+    finally:
+        store.dispose()
+    return _recommendation(url, study)
+
+
 def _call_kwargs(text: str, name: str) -> dict:
     """The literal keyword arguments of the one call to ``name`` in generated code."""
     tree = ast.parse(text)  # valid Python
@@ -202,13 +216,7 @@ SCRIPT_SPACE = CPU_SPACE.replace(
 
 
 def test_the_command_export_is_the_users_command_with_the_measured_flags(url: str) -> None:
-    store = Store(url)
-    store.upsert_study("mine", **(STUDY_FIELDS | {"space_yaml": SCRIPT_SPACE}))
-    store.start_trial("mine", 0, CONFIG)
-    store.finish_trial("mine", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
-                       hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
-    store.dispose()
-    rec, space_yaml = _recommendation(url, "mine")
+    rec, space_yaml = _one_trial_study(url, "mine", SCRIPT_SPACE)
     text = render(rec, "command", space_yaml)
     command = shlex.split(text.strip().splitlines()[-1])
     assert command[:4] == ["python", "train.py", "--output_dir", "my out"]  # quoted as given
@@ -238,13 +246,7 @@ def test_the_command_export_of_an_accelerate_line_says_the_winner_in_its_options
         "  samples: 10000\n  engine: script\n  script: {command: [accelerate, launch, "
         "--mixed-precision=bf16, --num_processes, '8', train.py, --lr, '1']}\n",
     )
-    store = Store(url)
-    store.upsert_study("launched", **(STUDY_FIELDS | {"space_yaml": space_yaml}))
-    store.start_trial("launched", 0, CONFIG | {"precision": "fp16"})
-    store.finish_trial("launched", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
-                       hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
-    store.dispose()
-    rec, stored_yaml = _recommendation(url, "launched")
+    rec, stored_yaml = _one_trial_study(url, "launched", space_yaml, CONFIG | {"precision": "fp16"})
     text = render(rec, "command", stored_yaml)
     command = shlex.split(text.strip().splitlines()[-1])
     assert command[:9] == [
@@ -341,13 +343,7 @@ def test_a_script_studys_own_adapter_is_said_in_its_snippets(url: str) -> None:
     parameters; its sft and trainer snippets fine-tuned the whole model without a word."""
     script = "  engine: script\n  script: {command: [python, train.py], knobs: sft_flags}\n"
     space_yaml = CPU_SPACE.replace("  samples: 10000\n", f"  samples: 10000\n{script}")
-    store = Store(url)
-    store.upsert_study("lora", **(STUDY_FIELDS | {"space_yaml": space_yaml}))
-    store.start_trial("lora", 0, CONFIG)
-    store.finish_trial("lora", 0, "complete", samples_per_s=50.0, it_per_s=1.5,
-                       hours_per_run=10.0, cost_per_run_usd=25.0)  # fmt: skip
-    store.dispose()
-    rec, stored_yaml = _recommendation(url, "lora")
+    rec, stored_yaml = _one_trial_study(url, "lora", space_yaml)
     adapted = rec.model_copy(update={"n_params": 184_000, "trainable_params": 28_700})
     for fmt in ("sft", "trainer"):
         text = render(adapted, fmt, stored_yaml)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, make_tiny_job
 
 
 def test_init_without_a_terminal_names_the_missing_option(tmp_path: Path) -> None:
@@ -199,11 +199,7 @@ def test_init_lora_writes_the_adapter_and_the_base_s_quantization(tmp_path: Path
 @pytest.mark.torch  # doctor loads the tiny model and counts the adapter peft builds on it
 def test_init_lora_space_trains_an_adapter_on_the_tiny_job(tmp_path: Path) -> None:
     job = tmp_path / "job"
-    made = subprocess.run(
-        [sys.executable, "scripts/tiny_job.py", "--out", str(job), "--records", "60"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
+    make_tiny_job(job, 60)
     out = tmp_path / "lora.yaml"
     ran, said = _init(tmp_path, "--model", str(job / "model"), "--data", str(job / "chats.jsonl"),
                       "--price", "0.1", "--hardware", "CPU", "--device", "cpu", "--lora",

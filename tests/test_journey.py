@@ -13,8 +13,6 @@ off (a ``trial:`` section and the budget below), so the test takes minutes on 2 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ import yaml
 
 from sweeper.recommend import coverage_length
 from sweeper.store import Store
-from tests.helpers import REPO, run_sweeper
+from tests.helpers import make_tiny_job, run_sweeper
 
 pytestmark = pytest.mark.torch
 
@@ -38,11 +36,7 @@ trial:
 
 def test_a_new_users_own_fine_tune_gets_an_answer(tmp_path: Path, cache_dir: Path) -> None:
     job = tmp_path / "my-job"
-    made = subprocess.run(
-        [sys.executable, "scripts/tiny_job.py", "--out", str(job), "--records", "200"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
+    make_tiny_job(job, 200)
     assert (job / "model" / "config.json").is_file() and (
         job / "model" / "tokenizer.json"
     ).is_file()

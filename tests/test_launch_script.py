@@ -23,7 +23,7 @@ from sweeper.errors import BLOCK_FIX, asked_ran
 from sweeper.space_script import program_problem
 from sweeper.store import Store
 from sweeper.sweep.run import SweepReport
-from tests.helpers import STUDY_FIELDS, TINY_SPACE, run_sweeper
+from tests.helpers import STUDY_FIELDS, TINY_SPACE, run_sweeper, script_space
 
 
 def _script_space(tmp_path: Path, command: list[str], cwd: str | None = None) -> Path:
@@ -341,25 +341,16 @@ def test_a_length_the_data_chose_is_the_scripts_own_where_the_script_keeps_its_o
     is recorded as the script's own. The one length the data chose is not an ask; lengths the
     data chose several of, or a length the user listed, are."""
     from sweeper import seqlen
-    from sweeper.space import parse_space
     from sweeper.trial.protocol import ChildRequest
     from sweeper.trial.script import owned
 
     stats = {"token_percentiles": list(range(100, 301, 2)), "tokens_max": 300}
 
     def owned_after_auto(search: str) -> set[str]:
-        space = parse_space(
-            "study: mine\n"
-            "hardware: {name: CPU, usd_per_hour: 0.10, device: cpu}\n"
-            "workload:\n"
-            "  model: {id: my-job/model}\n"
-            "  dataset: {path: my-job/chats.jsonl, messages_field: messages}\n"
-            "  engine: script\n"
-            "  samples: 1000\n"
-            "  epochs: 1\n"
-            "  script: {command: [python, train.py], knobs: flags}\n"
-            f"search:\n  per_device_batch_size: [2, 4]\n{search}"
-        )
+        space = script_space(
+            ["python", "train.py"], search="  per_device_batch_size: [2, 4]\n" + search,
+            length=False,
+        )  # fmt: skip
         resolved = seqlen.resolve(space, stats)
         config = next(resolved.search.grid())
         return owned(ChildRequest.for_space("trial", resolved, "/tmp", config=config))

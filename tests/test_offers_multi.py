@@ -13,11 +13,9 @@ import copy
 
 import pytest
 
-from sweeper.catalog import load_catalog
 from sweeper.compare import compare
-from sweeper.offers import offer_table
 from sweeper.recommend import Constraints
-from tests.test_catalog import _h100, _measured, _store_with
+from tests.test_catalog import _h100, _offers, _store_with
 
 PRICE = 2.5  # the recorded study's $ per H100-hour
 
@@ -53,11 +51,9 @@ def test_one_and_two_device_rows_are_measured_and_unmeasured_counts_say_why(
 ) -> None:
     store = _store_with(sqlite_url, (_with_two_device_twins(), "h100"))
     try:
-        table = offer_table(
-            [_measured(store, "h100")],
-            anchor="h100",
-            catalog=load_catalog(),
-            measurement_of=lambda s, n: store.get_trial(s, n).measurement,  # type: ignore[union-attr]
+        table = _offers(
+            store,
+            "h100",
             constraints=Constraints(max_hours=24),
             gpus=["h100-sxm", "a100-40gb", "h200-sxm"],
             offers=["2x h100-sxm", "2x a100-40gb", "4x a100-40gb"],
