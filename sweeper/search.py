@@ -469,12 +469,16 @@ class ImprovementGridSampler(_CandidateSampler):
                 free = self._unlike(free, failures, rows, log_runs if soft else None)
         if self.fits is not None:  # the best config that can finish, by the same scores
             free = [i for i in free if self.fits(self.candidates[i])] or free
-        free = self._cheap_first(free, seen)
+        free, log_p_cheap = self._cheap_first(free, seen)
         if not rows:  # nothing measured yet
             if self.cheap_draws:  # a draw tells as much from the cheapest compile mode
                 free = self._cheapest(free, seen.took)
             return self._light_first(free) if oom else int(self.rng.choice(free))
-        log_p = self._log_p_improves(np.array(rows), np.array(values), free)
+        log_p = (
+            self._log_p_improves(np.array(rows), np.array(values), free)
+            if log_p_cheap is None
+            else log_p_cheap  # the cheap phase's, of these same configs: one fit a pick
+        )
         if len(rows) < self.explore_first:  # a design first: what the model knows least
             log_p = self._log_spread(np.array(rows), np.array(values), free, pair_sd=0.5)
         elif self.explore_below > 0 and float(log_p.max()) < math.log(self.explore_below):
@@ -504,22 +508,24 @@ class ImprovementGridSampler(_CandidateSampler):
             )
         ]
 
-    def _cheap_first(self, free: list[int], seen: _History) -> list[int]:
+    def _cheap_first(self, free: list[int], seen: _History) -> tuple[list[int], np.ndarray | None]:
         """``free``, or while the search is learning in the cheapest compile mode
-        (``cheap_first``) the configs of that mode."""
+        (``cheap_first``) the configs of that mode, with their log P(improves) where the
+        phase computed it (None otherwise)."""
         ran = seen.rows + seen.contended  # a contended measurement counts as run here: on a
         # machine shared throughout, the model learns nothing, and the dear modes must still run
         if self.cheap_first <= 0 or len(ran) >= self.cheap_first:
-            return free
+            return free, None
         cheap = self._cheapest(free, seen.took)
         modes = {self._mode(i) for i in cheap}
         if len(cheap) == len(free) or any(self._mode(i) not in modes for i in ran):
-            return free  # one mode left, or a dearer mode measured: the search is past it
-        if seen.rows:
-            log_p = self._log_p_improves(np.array(seen.rows), np.array(seen.values), cheap)
-            if float(log_p.max()) < math.log(self.cheap_first_below):
-                return free
-        return cheap
+            return free, None  # one mode left, or a dearer mode measured: past it
+        if not seen.rows:
+            return cheap, None
+        log_p = self._log_p_improves(np.array(seen.rows), np.array(seen.values), cheap)
+        if float(log_p.max()) < math.log(self.cheap_first_below):
+            return free, None
+        return cheap, log_p
 
     def _history(self, trials: list[FrozenTrial]) -> _History:
         """What the trials told: the configs measured (log $/run), those that failed and how,
