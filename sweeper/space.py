@@ -384,8 +384,35 @@ def load_space(path: str | Path, *, runs_here: bool = False) -> Space:
         if problem is not None:
             raise SpaceError(problem)
     if runs_here:
+        _check_paths(space, str(path), lines)
         _check_data(space, str(path), lines)
     return space
+
+
+def _check_paths(space: Space, source: str, lines: yamllines.Lines) -> None:
+    """A data file, model or tokenizer directory the space names and this machine lacks,
+    said with its line at once (the prepare step, a child, said it 15-18 s in, exit 1)."""
+    workload = space.workload
+    data = workload.dataset.path
+    if data is not None and not Path(data).expanduser().exists():
+        line = yamllines.line_for(("workload", "dataset", "path"), lines)
+        raise SpaceError(
+            f"{source}:{line}: workload.dataset.path: no such file or directory "
+            f"{Path(data).expanduser().resolve()}; give your .jsonl, .json, .parquet, .csv or "
+            ".txt file, or a save_to_disk directory (a relative path is read from where you "
+            "run sweeper)"
+        )
+    for field, given in (("model", workload.model.id), ("tokenizer", workload.tokenizer.id)):
+        # a path, not a hub id (as the prepare step tells them apart: open_tokenizer)
+        if given is None or not given.startswith(("/", "./", "../", "~")):
+            continue
+        if not Path(given).expanduser().is_dir():
+            line = yamllines.line_for(("workload", field, "id"), lines)
+            raise SpaceError(
+                f"{source}:{line}: workload.{field}.id: {given} is not a directory on this "
+                "machine; give the directory save_pretrained wrote (check the path's "
+                "spelling), or a hub id"
+            )
 
 
 def _check_data(space: Space, source: str, lines: yamllines.Lines) -> None:

@@ -144,6 +144,37 @@ def test_bad_data_names_its_lines_at_once_and_writes_nothing(
     assert "\U0001f4af" not in result.stderr and not db.exists()
 
 
+def test_a_missing_data_file_or_model_directory_is_said_with_its_line_at_once(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """A walk's misspelt model directory and data file: launch showed 15-18 s of "preparing",
+    then the prepare step's message without the space's line, exit 1 (which the Kubernetes
+    recipe retries). Now exit 2 with file:line, at once, nothing written, as bad records are."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    generated = "    generate:\n      samples: 400\n      median_chars: 300\n"
+    text = TINY_SPACE.read_text().replace(generated, f"    path: {data}\n")
+    db = tmp_path / "sweeper.db"
+    cases = (
+        (f"path: {data}", f"path: {tmp_path / 'chat.jsonl'}", 14,
+         f"workload.dataset.path: no such file or directory {tmp_path / 'chat.jsonl'}"),
+        ("    arch: llama\n    size: tiny\n", f"    id: {tmp_path / 'modle'}\n", 9,
+         f"workload.model.id: {tmp_path / 'modle'} is not a directory on this machine"),
+        ("    vocab_size: 512\n", "    id: ./modle\n", 12,
+         "workload.tokenizer.id: ./modle is not a directory on this machine"),
+    )  # fmt: skip
+    for replaced, written, line, said in cases:
+        space = tmp_path / "space.yaml"
+        assert replaced in text
+        space.write_text(text.replace(replaced, written))
+        for command in (("launch", "--storage", f"sqlite:///{db}"), ("doctor",)):
+            result = _sweeper(*command, "--space", str(space), env=env, timeout=60)
+            assert result.returncode == 2, (command, result.stderr)
+            told = " ".join(result.stderr.split())
+            assert f"{space}:{line}: {said}" in told and "Traceback" not in told, told
+            assert "preparing" not in told and not db.exists()
+
+
 def test_a_second_launch_beside_a_live_worker_refuses_without_join(
     tmp_path: Path, env: dict[str, str]
 ) -> None:
