@@ -92,12 +92,28 @@ def scaling_of(trials: Iterable[Any]) -> list[Scaling]:
                 )
             )
             continue
+        shared = [x for x in (t, one) if getattr(x, "contended", False)]
         out.append(
             Scaling(
                 **common,
                 single_trial_number=one.number,
                 single_samples_per_s=one.samples_per_s,
-                efficiency=t.samples_per_s / (n * one.samples_per_s),
+                efficiency=None if shared else t.samples_per_s / (n * one.samples_per_s),
+                note=_shared_note(t, one, shared) if shared else "",
             )
         )
     return out
+
+
+def _shared_note(group: Any, one: Any, shared: list[Any]) -> str:
+    """Why a pair measured on a shared machine gives no efficiency: other work slows each
+    trial by its own factor (a walk's 2-core CPU said 1365% from a 1-device trial beside busy
+    loops), so their ratio says how busy the machine was, not how the config scales."""
+    named = " and ".join(f"#{x.number}" for x in shared)
+    ratio = group.samples_per_s / one.samples_per_s
+    return (
+        f"no scaling efficiency: {named} {'was' if len(shared) == 1 else 'were'} measured only "
+        f"while the machine was shared ({ratio:.2f}× #{one.number}'s samples/s on 1 device, a "
+        "ratio of how busy the machine was, not of how the config scales); measure both again "
+        "on a quiet machine"
+    )

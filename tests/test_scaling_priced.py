@@ -120,3 +120,30 @@ def test_rest_and_study_page_show_the_scaling(sqlite_url: str, store: Store) -> 
     text = re.sub(r"\s+", " ", page)
     assert "Scaling: #1 on 2 devices (ddp): 1.80× one device&#39;s samples/s, 90%" in text
     assert "Scaling: #3 on 4 devices (ddp): no scaling efficiency" in text
+
+
+def test_a_pair_measured_on_a_shared_machine_gives_no_efficiency(store: Store) -> None:
+    """A walk's 2-core CPU: the 1-device trial ran beside busy loops (its step 4.08 s, 0.35 s
+    calm) and `best` said "27.30× one device's samples/s, 1365% scaling efficiency" as a fact,
+    and the dashboard in bold. A shared machine slows each trial by its own factor: the pair's
+    ratio is said as such, with no efficiency, and a calm pair gives one again."""
+    from sweeper.noise import Sample, pool
+
+    hours = _hours(100)
+    shared = Sample("trial", hours * PRICE, hours, 100.0, None, None, 0.05, contended=True,
+                    contention="other processes used 1.9 of the 2 CPUs")  # fmt: skip
+    store.record_estimates("scale", {0: (pool([shared]), [shared])})
+    fast = best(store, "scale", Constraints(max_hours=3))
+    rows = {s.trial_number: s for s in fast.scaling}
+    assert rows[1].efficiency is None and rows[2].efficiency is None
+    assert rows[2].single_trial_number == 0 and rows[2].single_samples_per_s == 100.0
+    assert rows[2].text() == (
+        "#2 on 2 devices (fsdp2): no scaling efficiency: #0 was measured only while the machine "
+        "was shared (1.90× #0's samples/s on 1 device, a ratio of how busy the machine was, not "
+        "of how the config scales); measure both again on a quiet machine"
+    )
+    assert rows[3].efficiency is None and "is not measured" in rows[3].note  # no twin: as before
+    calm = Sample("rerun", hours * PRICE, hours, 100.0, None, None, 0.05)
+    store.record_estimates("scale", {0: (pool([shared, calm]), [shared, calm])})
+    again = {s.trial_number: s for s in best(store, "scale", Constraints(max_hours=3)).scaling}
+    assert again[2].efficiency == pytest.approx(190 / (2 * 100)) and again[2].note == ""
