@@ -406,12 +406,14 @@ def unmeasured(
     measured: dict[str, Mapping[str, Any]] = {}
     last: dict[str, TrialMetrics] = {}
     running: set[str] = set()
+    asked_running: list[TrialMetrics] = []  # running trials: asked for, not yet measured
     for trial in trials:
         config = trial.config or {}
         if trial.state == "complete":
             measured[key(config)] = config
         elif trial.state == "running":
             running.add(key(config))
+            asked_running.append(trial)
         else:
             last[key(config)] = trial  # rows come in number order: the latest ending wins
     ended: dict[str, int] = {}
@@ -423,6 +425,7 @@ def unmeasured(
             kind = f"{kind} predicted"
         ended[kind] = ended.get(kind, 0) + 1
     values: dict[str, list[Any]] = {}
+    untried: dict[str, list[Any]] = {}
     for knob, choices in listed.items():
         ran = [config.get(knob) for config in measured.values()]
         if not any(value is not None for value in ran):
@@ -430,10 +433,13 @@ def unmeasured(
         missing = [value for value in choices if value not in ran]
         if missing:
             values[knob] = missing
+            asked = [(t.config or {}).get(knob) for t in [*last.values(), *asked_running]]
+            if never := [value for value in missing if value not in asked]:
+                untried[knob] = never
     if not ended and not values:
         return None
     ordered = dict(sorted(ended.items(), key=lambda item: (-item[1], item[0])))
-    return Unmeasured(configs=sum(ended.values()), ended=ordered, values=values)
+    return Unmeasured(configs=sum(ended.values()), ended=ordered, values=values, untried=untried)
 
 
 def why_none(store: Store, study: str) -> str:

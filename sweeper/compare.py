@@ -240,6 +240,7 @@ def _measured(
         usd_per_hour=row.usd_per_hour,
         recommendation=recommendation,
         candidates=sorted(candidates, key=lambda c: c.key),
+        devices_listed=facts.listed.get("devices"),
     )
 
 

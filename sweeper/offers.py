@@ -75,6 +75,7 @@ class MeasuredStudy:
     usd_per_hour: float
     recommendation: Recommendation | None  # under the constraints; None: none meets them
     candidates: Sequence[Candidate]  # its non-truncating completed trials, cheapest first
+    devices_listed: Sequence[int] | None = None  # its search.devices (None: not known)
 
 
 _NOT_ASKED = (
@@ -127,7 +128,9 @@ def offer_table(
         ran_on = sorted({device_count(c.trial.config) for c in study.candidates}) or [1]
         if key is not None:
             measured_keys.update((key, n) for n in ran_on)
-            scalings[key] = scaling_of(c.trial for c in study.candidates)
+            scalings[key] = scaling_of(
+                (c.trial for c in study.candidates), study.name, study.devices_listed
+            )
         if study.name == anchor or (key is not None and key in wanted):
             for n in ran_on:
                 row = _measured_row(study, key, catalog, records, constraints, n)
@@ -374,7 +377,9 @@ def _measured_row(
         scaled = next(
             (
                 s
-                for s in scaling_of(c.trial for c in study.candidates)
+                for s in scaling_of(
+                    (c.trial for c in study.candidates), study.name, study.devices_listed
+                )
                 if s.trial_number == figures["trial_number"]
             ),
             None,

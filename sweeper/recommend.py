@@ -566,7 +566,9 @@ def decide(
         cheapest_cost_per_run_usd=None if passed_over is None else passed_over.cost,
         contended=basis.contended,
         devices=device_count(config),
-        scaling=tuple(scaling_of(c.trial for c in candidates)),
+        scaling=tuple(
+            scaling_of((c.trial for c in candidates), facts.name, facts.listed.get("devices"))
+        ),
     )
     return recommendation, eligible
 

@@ -29,6 +29,9 @@ class Unmeasured(BaseModel):
     # or pruned (an out-of-memory predicted from a lighter config's)
     ended: dict[str, int] = {}
     values: dict[str, list[Any]] = {}  # knob → the listed values no completed trial ran
+    # of those, the values no trial asked for at all (the budget ended first, or preflight
+    # dropped them on this machine): no failure to read about
+    untried: dict[str, list[Any]] = {}
 
     def text(self) -> str:
         """One line, the configs and values the answer could not weigh.
@@ -38,8 +41,14 @@ class Unmeasured(BaseModel):
         ... # doctest: +NORMALIZE_WHITESPACE
         not measured, so not ruled out on merit: 2 configs the sweep tried whose trials all
         ended without a measurement (1 oom, 1 error), and listed values no completed trial
-        ran: quantization 4bit; devices 2 (the study page has each failure's message; launch
-        said what it dropped on this machine)
+        ran: quantization 4bit; devices 2 (the study page has each failure's message)
+        >>> print(Unmeasured(values={"per_device_batch_size": [4, 8]},
+        ...     untried={"per_device_batch_size": [4, 8]}).text())
+        ... # doctest: +NORMALIZE_WHITESPACE
+        not measured, so not ruled out on merit: listed values no completed trial ran:
+        per_device_batch_size 4, 8 (no trial asked for per_device_batch_size 4, 8: the sweep
+        ended first, or launch dropped them on this machine and said why; launch the study
+        again to measure what this machine can run)
         """
         parts = []
         if self.configs:
@@ -54,11 +63,26 @@ class Unmeasured(BaseModel):
                 for knob, listed in self.values.items()
             )
             parts.append(f"listed values no completed trial ran: {said}")
+        tails = []
+        failed = {k: [v for v in vs if v not in self.untried.get(k, [])]
+                  for k, vs in self.values.items()}  # fmt: skip
+        if self.configs or any(failed.values()):
+            tails.append("the study page has each failure's message")
+        if self.untried:
+            said = "; ".join(
+                f"{knob} {', '.join(_value_text(v) for v in listed)}"
+                for knob, listed in self.untried.items()
+            )
+            tails.append(
+                f"no trial asked for {said}: the sweep ended first, or launch dropped "
+                f"{'it' if sum(map(len, self.untried.values())) == 1 else 'them'} on this "
+                "machine and said why; launch the study again to measure what this machine "
+                "can run"
+            )
         return (
             "not measured, so not ruled out on merit: "
             + ", and ".join(parts)
-            + " (the study page has each failure's message; launch said what it dropped on "
-            "this machine)"
+            + (f" ({'; '.join(tails)})" if tails else "")
         )
 
 

@@ -15,7 +15,7 @@ its efficiency beats the ratio of the prices.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -58,10 +58,14 @@ def single_key(config: Mapping[str, Any]) -> str:
     return json.dumps(one, sort_keys=True, default=str)
 
 
-def scaling_of(trials: Iterable[Any]) -> list[Scaling]:
+def scaling_of(
+    trials: Iterable[Any], study: str | None = None, devices_listed: Sequence[int] | None = None
+) -> list[Scaling]:
     """The scaling of each multi-device trial among ``trials`` (completed trials with
     ``number``, ``config`` and ``samples_per_s``: ``TrialMetrics``), fewest devices and
-    cheapest-numbered first. Only configs are normalized where a multi-device trial exists."""
+    cheapest-numbered first. Only configs are normalized where a multi-device trial exists.
+    ``study`` and its ``devices_listed`` (search.devices) make a missing twin's advice one
+    the study can follow."""
     listed = [t for t in trials if t.samples_per_s and t.samples_per_s > 0]
     groups = [t for t in listed if device_count(t.config) > 1]
     if not groups:
@@ -83,14 +87,7 @@ def scaling_of(trials: Iterable[Any]) -> list[Scaling]:
             "samples_per_s": t.samples_per_s,
         }
         if one is None:
-            out.append(
-                Scaling(
-                    **common,
-                    note="no scaling efficiency: the same config on 1 device is not measured "
-                    "in this study (list 1 in search.devices and run it, e.g. "
-                    "`sweeper launch --study NAME --n-trials N`, or queue it from the API)",
-                )
-            )
+            out.append(Scaling(**common, note=_missing_note(study, devices_listed, n)))
             continue
         shared = [x for x in (t, one) if getattr(x, "contended", False)]
         out.append(
@@ -116,4 +113,24 @@ def _shared_note(group: Any, one: Any, shared: list[Any]) -> str:
         f"while the machine was shared ({ratio:.2f}× #{one.number}'s samples/s on 1 device, a "
         "ratio of how busy the machine was, not of how the config scales); measure both again "
         "on a quiet machine"
+    )
+
+
+def _missing_note(study: str | None, devices_listed: Sequence[int] | None, n: int) -> str:
+    """How to measure a group's missing 1-device twin. A study keeps its search lists (a
+    changed list is refused), and the API queues only configs of them: a walk followed the
+    old advice ("list 1 in search.devices and run it, e.g. `sweeper launch --study NAME`, or
+    queue it from the API") down three refused routes."""
+    head = "no scaling efficiency: the same config on 1 device is not measured in this study"
+    name = study or "NAME"
+    if devices_listed is not None and 1 not in devices_listed:
+        return (
+            f"{head}, and its search.devices {list(devices_listed)} lists no 1, which a study "
+            f"keeps: to measure both, launch the space as a new study whose search.devices "
+            f"lists 1 and {n} (study: {name}-scaling)"
+        )
+    return (
+        f"{head} yet: queue it (POST /api/studies/{name}/trials with the config at devices 1, "
+        f"data_parallel null; the running sweep or the next `sweeper launch --study {name}` "
+        "measures it)"
     )

@@ -772,6 +772,8 @@ def test_best_says_which_configs_and_values_no_trial_measured(sqlite_url: str) -
     assert r.unmeasured.configs == 2 and r.unmeasured.ended == {"error": 1, "oom predicted": 1}
     # accumulation 1 is listed and never completed; prefetch_factor applied to nothing
     assert r.unmeasured.values == {"gradient_accumulation_steps": [1]}
+    assert r.unmeasured.untried == {}  # each was asked for and failed: read the failures
+    assert "(the study page has each failure's message)" in " ".join(_printed(r).split())
     line = (
         "not measured, so not ruled out on merit: 2 configs the sweep tried whose trials all "
         "ended without a measurement (1 error, 1 oom predicted), and listed values no "
@@ -812,3 +814,34 @@ def test_best_says_which_configs_and_values_no_trial_measured(sqlite_url: str) -
     r = best(store, "tiny")
     assert r.unmeasured is None and "not ruled out on merit" not in _printed(r)
     store.dispose()
+
+
+def test_values_no_trial_asked_for_are_said_as_such_not_as_failures(sqlite_url: str) -> None:
+    """A walk's sweep stopped at its --max-minutes after one batch size; `best` said the other
+    two "(the study page has each failure's message; launch said what it dropped ...)",
+    though none failed and preflight dropped nothing."""
+    store = Store(sqlite_url)
+    store.migrate()
+    store.upsert_study("tiny", **(STUDY_FIELDS | {"space_yaml": TINY_SPACE.read_text()}))
+    for number, (accumulation, attention) in enumerate(((1, "sdpa"), (2, "eager"))):
+        config = tiny_config(  # batch 2 only; the space lists 2 and 4
+            per_device_batch_size=2,
+            gradient_accumulation_steps=accumulation,
+            attn_implementation=attention,
+        )
+        store.start_trial("tiny", number, config.model_dump())
+        store.finish_trial(
+            "tiny", number, "complete", samples_per_s=10.0 + number, it_per_s=1.0,
+            hours_per_run=10.0 - number, cost_per_run_usd=25.0 - number,
+        )  # fmt: skip
+    r = best(store, "tiny")
+    store.dispose()
+    assert r.unmeasured is not None and r.unmeasured.configs == 0
+    assert r.unmeasured.values == r.unmeasured.untried == {"per_device_batch_size": [4]}
+    said = " ".join(_printed(r).split())
+    assert (
+        "listed values no completed trial ran: per_device_batch_size 4 (no trial asked for "
+        "per_device_batch_size 4: the sweep ended first, or launch dropped it on this machine "
+        "and said why; launch the study again to measure what this machine can run)"
+    ) in said, said
+    assert "failure" not in said.split("not ruled out on merit")[1].split(")")[0]

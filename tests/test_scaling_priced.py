@@ -147,3 +147,40 @@ def test_a_pair_measured_on_a_shared_machine_gives_no_efficiency(store: Store) -
     store.record_estimates("scale", {0: (pool([shared, calm]), [shared, calm])})
     again = {s.trial_number: s for s in best(store, "scale", Constraints(max_hours=3)).scaling}
     assert again[2].efficiency == pytest.approx(190 / (2 * 100)) and again[2].note == ""
+
+
+def test_a_missing_twins_advice_is_a_route_the_study_takes(sqlite_url: str) -> None:
+    """A walk followed "list 1 in search.devices and run it, e.g. `sweeper launch --study
+    NAME`, or queue it from the API" down three refused routes (a changed list, the stored
+    lists, a 422 "devices = 1 is not among search.devices [2]") with a literal NAME. The
+    advice names the study; where 1 is listed the queue it names takes the twin (202), and
+    where it is not, it says a study keeps its lists (and the queue refuses, as said)."""
+    store = Store(sqlite_url)
+    store.migrate()
+    texts = {}
+    for name, devices in (("both", "[1, 2]"), ("two", "[2]")):
+        texts[name] = TINY_SPACE.read_text().replace(
+            "search:\n", f"search:\n  devices: {devices}\n  data_parallel: [ddp]\n"
+        )
+        store.upsert_study(name, **(STUDY_FIELDS | {"space_yaml": texts[name]}))
+        store.start_trial(name, 0, _config(4, 2, 2, "ddp"))
+        store.finish_trial(name, 0, "complete", samples_per_s=150.0, it_per_s=1.0,
+                           hours_per_run=3.0, cost_per_run_usd=15.0)  # fmt: skip
+    notes = {name: best(store, name).scaling[0].note for name in texts}
+    store.dispose()
+    from sweeper.store.optuna import create_or_load_study, optuna_storage
+
+    for name in texts:  # as the studies' first launch made them
+        create_or_load_study(name, optuna_storage(sqlite_url), seed=0)
+    assert "NAME" not in notes["both"] + notes["two"]
+    assert "POST /api/studies/both/trials" in notes["both"], notes["both"]
+    assert "`sweeper launch --study both`" in notes["both"]
+    assert "search.devices [2] lists no 1, which a study keeps" in notes["two"], notes["two"]
+    assert "(study: two-scaling)" in notes["two"]
+    twin = {"config": _config(4, 2, 1) | {"data_parallel": None}}
+    with TestClient(create_app(sqlite_url, api_token="secret")) as client:
+        auth = {"Authorization": "Bearer secret"}
+        queued = client.post("/api/studies/both/trials", json=twin, headers=auth)
+        refused = client.post("/api/studies/two/trials", json=twin, headers=auth)
+    assert queued.status_code == 202, queued.text
+    assert refused.status_code == 422 and "devices" in refused.text, refused.text
