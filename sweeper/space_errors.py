@@ -29,6 +29,14 @@ def _named_loc(message: str) -> tuple[Any, ...]:
     return where + ((found.group(3),) if found.group(3) else ())
 
 
+_AUTO_TAG = "literal['auto']"  # pydantic's name of the `auto` branch of a union
+
+
+def _plain(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``loc`` without pydantic's names of union branches (``list[constrained-int]``)."""
+    return tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
+
+
 def problem_lines(
     error: ValidationError, model: type[BaseModel], source: str, lines: yamllines.Lines
 ) -> list[str]:
@@ -37,12 +45,30 @@ def problem_lines(
     `hardware:` read line 7 before line 3); ``model``: the space's class, whose tree says where
     a misplaced key belongs."""
     problems: list[tuple[int, str]] = []
-    for err in error.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    errors = error.errors()
+    # a list or `auto` (search.max_seq_length): pydantic says both branches' errors, and a
+    # walk read "Input should be a valid integer (got 'auto')" beside "Input should be 'auto'
+    # (got ['auto', 100000])" with no word of what to write. The `auto` branch's error goes;
+    # the list branch's says both forms
+    auto_fields = {_plain(e["loc"]) for e in errors if _AUTO_TAG in e["loc"]}
+    for err in errors:
+        loc = _plain(err["loc"])
+        if _AUTO_TAG in err["loc"]:
+            continue
         if not loc:  # a check of the whole space that names where it looked
             loc = _named_loc(err["msg"].removeprefix("Value error, "))
         field = yamllines.dotted(loc)
-        if err["type"] == "extra_forbidden":
+        if loc in auto_fields or loc[:-1] in auto_fields and isinstance(loc[-1], int):
+            head = (
+                "auto stands alone, not in a list"
+                if err.get("input") == "auto"
+                else f"{err['msg']} (got {err.get('input')!r})"
+            )
+            message = (
+                f"{head}: write `{loc[-1] if loc in auto_fields else loc[-2]}: auto` (the "
+                "lengths picked from the data), or a list of whole numbers, e.g. [512, 1024]"
+            )
+        elif err["type"] == "extra_forbidden":
             message = (
                 misplaced_key(model, loc)
                 or spelled_like(model, loc)

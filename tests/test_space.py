@@ -89,6 +89,28 @@ def test_errors_name_file_line_and_field(replace: str, by: str, expected: str) -
     assert f"tiny.yaml{expected}" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("lengths", "said"),
+    [
+        ("[auto, 100000]", "[0]: auto stands alone, not in a list: write `max_seq_length: auto`"),
+        (
+            "[512, x]",
+            "[1]: Input should be a valid integer (got 'x'): write `max_seq_length: auto`",
+        ),
+        ("autoo", ": Input should be a valid list (got 'autoo'): write `max_seq_length: auto`"),
+    ],
+)
+def test_a_length_list_or_auto_is_one_line_with_both_forms(lengths: str, said: str) -> None:
+    """A walk's `max_seq_length: [auto, 100000]` gave pydantic's two branches ("a valid
+    integer (got 'auto')", "Input should be 'auto' (got [...])") and no word of what to
+    write: one line a mistake, saying both forms."""
+    with pytest.raises(SpaceError) as info:
+        parse_space(_broken("  max_seq_length: [64]", f"  max_seq_length: {lengths}"), "t.yaml")
+    told = str(info.value).splitlines()
+    assert told == [f"t.yaml:25: search.max_seq_length{said} (the lengths picked from the "
+                    "data), or a list of whole numbers, e.g. [512, 1024]"], told  # fmt: skip
+
+
 def test_several_errors_are_said_in_the_file_s_line_order(tmp_path: Path) -> None:
     """pydantic reports a space's errors in its fields' order (hardware before search); a
     walk's file with search: above hardware: read line 7 before line 3. The CLI says them by
