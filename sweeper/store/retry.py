@@ -52,10 +52,30 @@ def disk_full(error: BaseException) -> bool:
     return False
 
 
+# Postgres refusing this connection for good: the database, the role or the password is
+# not there (SQLSTATE 3D000, 28000, 28P01; at connect time psycopg gives only the server's
+# words). Waiting does not create them: a walk's missing database was "lost; retrying" 10 s
+_REFUSED_FOR_GOOD = ("3D000", "28000", "28P01")
+_REFUSED_WORDS = ("does not exist", "password authentication failed", "no pg_hba.conf entry")
+
+
+def refused_for_good(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is the server refusing this connection for a
+    reason waiting cannot change (a database or role that does not exist, a bad password)."""
+    for current in _chain(error):
+        orig = getattr(current, "orig", current)
+        if getattr(orig, "sqlstate", None) in _REFUSED_FOR_GOOD:
+            return True
+        if "FATAL:" in str(orig) and any(words in str(orig) for words in _REFUSED_WORDS):
+            return True
+    return False
+
+
 def connection_lost(error: BaseException) -> bool:
     """Whether ``error`` (or what caused it) says the database connection went away; a full
-    disk is not (it is said at once, see ``disk_full``)."""
-    if disk_full(error):
+    disk is not (it is said at once, see ``disk_full``), nor a connection the server refuses
+    for good (``refused_for_good``)."""
+    if disk_full(error) or refused_for_good(error):
         return False
     for current in _chain(error):
         if isinstance(current, OperationalError | InterfaceError):
