@@ -278,7 +278,7 @@ def print_leaderboard(url: str, study: str, top: int = 10) -> None:
         console.print(
             f"  failed earlier, their configs measured since: "
             f"{', '.join(f'#{n}' for n in sorted(fixed))} (the study page and "
-            "GET /api/studies/NAME/trials keep them)",
+            f"GET /api/studies/{study}/trials keep them)",
             highlight=False,
         )
     for t in failed:

@@ -411,6 +411,7 @@ def test_a_failure_whose_config_was_measured_since_is_not_warned_of(
     print_leaderboard(f"sqlite:///{tmp_path / 'o.db'}", "s")
     out = " ".join(capsys.readouterr().out.split())
     assert "failed earlier, their configs measured since: #0, #1" in out, out
+    assert "GET /api/studies/s/trials keep them" in out and "NAME" not in out, out
     assert "failed #2 " in out and "failed #0" not in out and "failed #1" not in out, out
 
 
