@@ -250,7 +250,21 @@ def run_workers(
         code = 143 if terminated else 130
         raise FleetError(f"{said}; each worker marked its running trial", code) from None
     if failed:
+        _reap_killed(url, name, [processes[i][1].pid for i, _, code in failed if code < 0], say)
         _failed(failed, len(processes), name)
+
+
+def _reap_killed(url: str, name: str, pids: list[int], say: Callable[[str], None]) -> None:
+    """The trials of the workers killed by a signal (``pids``) lost now, not once their
+    heartbeats have aged, as a reaper would have them (``sweeper.sweep.worker.reap_killed``)."""
+    if not pids:
+        return
+    from sweeper.sweep.worker import reap_killed
+
+    try:
+        reap_killed(url, name, pids)
+    except Exception as e:  # noqa: BLE001 - the database is away: the next launch reaps it
+        say(f"the killed worker's trial is not marked lost yet: {e}")
 
 
 def _failed(failed: list[tuple[int, Path, int]], workers: int, name: str) -> None:
@@ -273,9 +287,8 @@ def _failed(failed: list[tuple[int, Path, int]], workers: int, name: str) -> Non
         # killed mid-trial (kill -9, the OOM killer): no handler marked its trial
         said += (
             f". A trial a killed worker was running is marked lost (failure kind lost) "
-            f"and its config queued again once the worker has missed its heartbeats: "
-            f"`sweeper launch --study {name} --fill` (with this --storage) runs it and "
-            "any other trial the study lacks"
+            f"and its config queued again: `sweeper launch --study {name} --fill` (with this "
+            "--storage) runs it and any other trial the study lacks"
         )
     raise FleetError(said, code=1)
 

@@ -11,7 +11,7 @@ from datetime import datetime
 import optuna
 
 from sweeper.errors import SweeperError
-from sweeper.joining import gone_here
+from sweeper.joining import gone_here, process_alive
 from sweeper.search import WORKER_ATTR
 from sweeper.space import Space
 from sweeper.store import Store
@@ -154,3 +154,38 @@ class Worker:
 def _age_s(started: datetime | None) -> float:
     """Seconds since ``started``, an Optuna time (naive, this machine's local time)."""
     return float("inf") if started is None else (datetime.now() - started).total_seconds()
+
+
+def reap_killed(url: str, study: str, pids: list[int]) -> list[int]:
+    """Mark the running trials of this host's workers ``pids``, which the caller saw die
+    (``launch --workers``: a worker killed by a signal, its exit collected), lost and queue
+    their configs again now, as a reaper does once a worker's heartbeats have aged. A walk's
+    `kill -9` of one of two workers left its trial running and the study "running" after the
+    launch ended: the other worker had finished before the dead one missed three heartbeats,
+    and no worker was left to reap it. Returns the trial numbers marked lost."""
+    from sweeper.settings import Settings
+    from sweeper.space import parse_space
+    from sweeper.store.optuna import optuna_storage
+    from sweeper.sweep.prepare import resolve_lengths
+
+    grace_s, here = Settings().worker_grace_s, socket.gethostname()
+    store = Store(url)
+    try:
+        gone = [
+            w.id
+            for w in store.live_workers(study, grace_s)
+            if w.host == here and w.pid in pids and not process_alive(w.pid)
+        ]
+        lost = store.reap(study, grace_s, gone)
+        if not lost:
+            return []
+        row = store.get_study(study)
+        space = resolve_lengths(parse_space(row.space_yaml, f"study {study!r}"), row.dataset_stats)
+        storage = optuna_storage(url)
+        optuna_study = optuna.load_study(study_name=study, storage=storage)
+        for trial in lost:
+            fail_trial(storage, study, trial.number)
+            enqueue_lost(store, optuna_study, space, trial)
+        return [trial.number for trial in lost]
+    finally:
+        store.dispose()
