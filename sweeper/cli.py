@@ -545,8 +545,9 @@ def best_command(
         list[str] | None,
         typer.Option(
             "--gpu",
-            help="a catalog GPU type to show (repeatable); N x key for N of them "
-            "(--gpu '2x h100-sxm' --gpu '4x a100-40gb')",
+            help="a catalog GPU type to show (repeatable, or comma-separated as the "
+            "dashboard's form takes them); N x key for N of them (--gpu '2x h100-sxm' "
+            "--gpu '4x a100-40gb', or --gpu 'h100-sxm,2x h100-sxm')",
         ),
     ] = None,
 ) -> None:
@@ -555,6 +556,8 @@ def best_command(
     from sweeper.recommend import best
     from sweeper.verdict import study_knob_effects
 
+    if gpus:  # a walk typed the dashboard's comma list: "... is not an offer"
+        gpus = [offer.strip() for given in gpus for offer in given.split(",") if offer.strip()]
     across_hardware = across_hardware or catalog is not None or bool(gpus)
     if across_hardware and usd_per_hour is not None:
         raise fail("--usd-per-hour re-prices one study; drop it with --across-hardware", 2)

@@ -198,6 +198,11 @@ def test_best_across_hardware_prices_every_gpu_from_the_cli(sqlite_url: str) -> 
 
     table = subprocess.run(run + gpus, capture_output=True, text=True, env=env)
     assert table.returncode == 0, table.stderr
+    # the dashboard form's comma list, as a walk typed it: the same table
+    listed = ["--gpu", "h200-sxm, a100-40gb,rtx-4090"]
+    assert subprocess.run(run + listed, capture_output=True, text=True, env=env).stdout == (
+        table.stdout
+    )
     assert "estimate" in table.stdout and "predicted OOM" in table.stdout
     assert "cheapest that meets them: H100 SXM 80GB" in table.stdout
     # the recommended trial (#5) ties with #4, which the front shows a few cents cheaper: the
