@@ -170,8 +170,12 @@ def test_a_missing_twins_advice_is_a_route_the_study_takes(sqlite_url: str) -> N
     store.dispose()
     from sweeper.store.optuna import create_or_load_study, optuna_storage
 
-    for name in texts:  # as the studies' first launch made them
-        create_or_load_study(name, optuna_storage(sqlite_url), seed=0)
+    storage = optuna_storage(sqlite_url)
+    try:
+        for name in texts:  # as the studies' first launch made them
+            create_or_load_study(name, storage, seed=0)
+    finally:
+        storage.engine.dispose()  # an unclosed connection is an error on Python 3.13
     assert "NAME" not in notes["both"] + notes["two"]
     assert "POST /api/studies/both/trials" in notes["both"], notes["both"]
     assert "`sweeper launch --study both`" in notes["both"]

@@ -182,10 +182,13 @@ def reap_killed(url: str, study: str, pids: list[int]) -> list[int]:
         row = store.get_study(study)
         space = resolve_lengths(parse_space(row.space_yaml, f"study {study!r}"), row.dataset_stats)
         storage = optuna_storage(url)
-        optuna_study = optuna.load_study(study_name=study, storage=storage)
-        for trial in lost:
-            fail_trial(storage, study, trial.number)
-            enqueue_lost(store, optuna_study, space, trial)
+        try:
+            optuna_study = optuna.load_study(study_name=study, storage=storage)
+            for trial in lost:
+                fail_trial(storage, study, trial.number)
+                enqueue_lost(store, optuna_study, space, trial)
+        finally:
+            storage.engine.dispose()
         return [trial.number for trial in lost]
     finally:
         store.dispose()
