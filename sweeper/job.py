@@ -19,6 +19,12 @@ class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def names_a_local_path(given: str) -> bool:
+    """Whether a model or tokenizer id is written as a path of this machine, not a hub id
+    (``/``, ``./``, ``../``, ``~``): the prepare step and the space's check tell them apart so."""
+    return given.startswith(("/", "./", "../", "~"))
+
+
 class ModelSpec(Frozen):
     """Either a Hugging Face id / local path, or an architecture built with random weights."""
 

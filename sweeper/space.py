@@ -28,7 +28,7 @@ from sweeper import knobs, yamllines
 from sweeper.catalog import OFFER_PATTERN
 from sweeper.errors import SpaceError
 from sweeper.job import Frozen as _Frozen
-from sweeper.job import Workload
+from sweeper.job import Workload, names_a_local_path
 from sweeper.knobs import (
     KNOBS,
     AttnImplementation,
@@ -403,8 +403,7 @@ def _check_paths(space: Space, source: str, lines: yamllines.Lines) -> None:
             "run sweeper)"
         )
     for field, given in (("model", workload.model.id), ("tokenizer", workload.tokenizer.id)):
-        # a path, not a hub id (as the prepare step tells them apart: open_tokenizer)
-        if given is None or not given.startswith(("/", "./", "../", "~")):
+        if given is None or not names_a_local_path(given):  # a hub id: the prepare step's
             continue
         if not Path(given).expanduser().is_dir():
             line = yamllines.line_for(("workload", field, "id"), lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.errors import TrialError, json_line_error
-from sweeper.job import CHATML, GeneratedCorpus, Workload
+from sweeper.job import CHATML, GeneratedCorpus, Workload, names_a_local_path
 from sweeper.trial.protocol import DatasetFormat, PreparedData
 
 SPECIAL_TOKENS = {"pad_token": "<|pad|>", "bos_token": "<|bos|>", "eos_token": "<|eos|>"}
@@ -298,7 +298,7 @@ def open_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     the EOS token (as Trainer's examples do)."""
     from transformers import AutoTokenizer
 
-    local = path.startswith(("/", "./", "../", "~"))
+    local = names_a_local_path(path)
     if local and not Path(path).expanduser().is_dir():
         # a path, not a hub id: say so rather than the hub's "Repo id must be in the form"
         raise TrialError(
